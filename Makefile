@@ -1,0 +1,40 @@
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: test serve install install-dev lint bench openapi clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Runtime install: the package and its dependencies, torch pinned by constraints.txt.
+install: $(BIN)/python
+	$(PIP) install --quiet -c constraints.txt -e .
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install-dev: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check methods service model_registry tests benchmarks
+	$(BIN)/mypy
+
+serve: install
+	$(BIN)/attrserve serve --host 127.0.0.1 --port 8000
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+openapi: install
+	$(BIN)/attrserve openapi > openapi/openapi.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,51 @@
+"""attrserve's attribution engine: Captum's catalogue in pure torch, exact and fast.
+
+    import methods
+    res = methods.attribute(model, x, "integrated_gradients", target=1)
+    res.attributions, res.convergence_delta
+"""
+
+from methods.api import attribute, available
+from methods.call import Result
+from methods.engine.batching import memory_budget, set_memory_budget
+from methods.errors import (
+    AttributionError,
+    BaselineError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    ModelError,
+    TargetError,
+    UnknownMethodError,
+    UnknownParameterError,
+    UnsupportedModelError,
+)
+from methods.registry import MethodInfo
+
+__all__ = [
+    "AttributionError",
+    "BaselineError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "MethodInfo",
+    "ModelError",
+    "Result",
+    "TargetError",
+    "UnknownMethodError",
+    "UnknownParameterError",
+    "UnsupportedModelError",
+    "attribute",
+    "available",
+    "infidelity",
+    "memory_budget",
+    "sensitivity_max",
+    "set_memory_budget",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The metrics arrive with the layer/neuron engine; imported lazily to keep import light.
+    if name in ("infidelity", "sensitivity_max"):
+        from methods import metrics
+
+        return getattr(metrics, name)
+    raise AttributeError(f"module 'methods' has no attribute {name!r}")

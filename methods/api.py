@@ -1,0 +1,121 @@
+"""``methods.attribute`` and ``methods.available``: the engine's public entry points."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from methods import registry
+from methods.call import Call, Output, Result
+from methods.engine.batching import check_batch_size
+from methods.engine.guard import is_torchscript, model_guard
+from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
+from methods.engine.targets import make_target
+from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
+from methods.params import parse_params
+from methods.registry import MethodInfo
+
+
+def available() -> list[MethodInfo]:
+    """Every registered method with its kind, needs, and parameter JSON schema."""
+    return [s.info() for s in registry.specs()]
+
+
+def attribute(
+    model: Any,
+    inputs: Any,
+    method: str,
+    target: Any = None,
+    baselines: Any = None,
+    additional_forward_args: Any = None,
+    internal_batch_size: Any = None,
+    perturbations_per_eval: Any = None,
+    noise_tunnel: dict[str, Any] | None = None,
+    seed: int | None = None,
+    return_convergence_delta: bool = False,
+    **params: Any,
+) -> Result:
+    """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
+
+    Arguments follow Captum's vocabulary and semantics (CONTRACT section 2); method-specific
+    parameters are keyword arguments with Captum's names.
+    """
+    spec = registry.get(method)
+    p = parse_params(spec.params, method, params)
+    if not callable(model):
+        raise InvalidTypeError(
+            f"model must be a torch.nn.Module or a callable, got {type(model).__name__}",
+            argument="model",
+        )
+    if spec.needs_hooks and is_torchscript(model):
+        raise UnsupportedModelError(
+            f"{method} needs to intercept the model's modules and operations during the "
+            "forward pass, which TorchScript models do not allow; use a hook-free method "
+            "(saliency, input_x_gradient, integrated_gradients, gradient_shap or a perturbation "
+            "method), or pass the eager nn.Module",
+            argument="method",
+        )
+    xs, as_tuple = format_inputs(inputs)
+    if spec.differentiates_inputs:
+        check_floating(xs, method)
+    if return_convergence_delta and not spec.returns_delta:
+        raise InvalidArgumentError(
+            f"{method} has no convergence delta; return_convergence_delta must be false",
+            argument="return_convergence_delta",
+        )
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidTypeError(f"seed must be an int or None, got {seed!r}", argument="seed")
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=xs[0].device)
+        generator.manual_seed(seed)
+    call = Call(
+        method=method,
+        model=model,
+        forward=Forward(model, format_args(additional_forward_args)),
+        inputs=xs,
+        target=make_target(target, int(xs[0].shape[0])),
+        baselines=baselines,
+        internal_batch_size=check_batch_size(internal_batch_size, "internal_batch_size"),
+        perturbations_per_eval=check_batch_size(perturbations_per_eval, "perturbations_per_eval"),
+        generator=generator,
+        return_delta=bool(return_convergence_delta),
+    )
+    with model_guard(model):
+        if noise_tunnel is not None:
+            from methods.noise_tunnel import run_noise_tunnel
+
+            out, nt_echo = run_noise_tunnel(spec, call, p, noise_tunnel)
+        else:
+            out = spec.fn(call, p)
+            nt_echo = None
+    return _result(spec, call, p, out, as_tuple, nt_echo)
+
+
+def _result(
+    spec: registry.MethodSpec,
+    call: Call,
+    p: Any,
+    out: Output,
+    as_tuple: bool,
+    nt_echo: dict[str, Any] | None,
+) -> Result:
+    echo: dict[str, Any] = {
+        k: v for k, v in p.model_dump().items() if v is None or isinstance(v, (int, float, str, bool))
+    }
+    if spec.batching == "internal_batch_size":
+        echo["internal_batch_size"] = call.internal_batch_size
+    elif spec.batching == "perturbations_per_eval":
+        echo["perturbations_per_eval"] = call.perturbations_per_eval
+    echo.update(out.echo)
+    if nt_echo is not None:
+        echo["noise_tunnel"] = nt_echo
+    form = as_tuple if out.as_tuple is None else out.as_tuple
+    return Result(
+        attributions=restore_form(out.attributions, form),
+        convergence_delta=out.delta if call.return_delta else None,
+        outputs=out.outputs,
+        params=echo,
+        method=spec.name,
+    )

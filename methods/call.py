@@ -1,0 +1,73 @@
+"""What a method receives (``Call``) and returns (``Output``), and the public ``Result``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from methods.engine.batching import BatchSize
+from methods.engine.inputs import Forward, Tensors
+from methods.engine.targets import Target
+
+
+@dataclass(frozen=True)
+class Call:
+    """One attribution request, normalised by the engine; methods read, never mutate, it."""
+
+    method: str
+    model: Any
+    forward: Forward
+    inputs: Tensors
+    target: Target
+    baselines: Any
+    internal_batch_size: BatchSize = None
+    perturbations_per_eval: BatchSize = None
+    generator: torch.Generator | None = None
+    return_delta: bool = False
+
+    @property
+    def n(self) -> int:
+        return int(self.inputs[0].shape[0])
+
+    def replace(self, **changes: Any) -> Call:
+        return dataclasses.replace(self, **changes)
+
+    def randn(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        return torch.randn(shape, generator=self.generator, dtype=like.dtype, device=like.device)
+
+    def rand(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        return torch.rand(shape, generator=self.generator, dtype=like.dtype, device=like.device)
+
+    def randint(self, high: int, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        return torch.randint(high, shape, generator=self.generator, device=device)
+
+
+@dataclass
+class Output:
+    """A method's answer. ``attributions`` is always a tuple here; the API restores the form."""
+
+    attributions: Tensors
+    delta: Tensor | None = None
+    #: the targeted model output for each example (the value being attributed), if computed
+    outputs: Tensor | None = None
+    #: effective parameters decided at run time (chosen batch sizes, steps used, ...)
+    echo: dict[str, Any] = field(default_factory=dict)
+    #: for layer methods: whether the layer produced a tuple; None mirrors the inputs' form
+    as_tuple: bool | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """The result of ``methods.attribute``."""
+
+    attributions: Tensor | tuple[Tensor, ...]
+    convergence_delta: Tensor | None
+    #: the model's output at the target for each example, when the method computed it
+    outputs: Tensor | None
+    #: every effective parameter: defaults, chosen batch sizes, steps used
+    params: dict[str, Any]
+    method: str

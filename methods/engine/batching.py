@@ -1,0 +1,113 @@
+"""Chunking expanded evaluations under a memory budget.
+
+Methods describe *what* to evaluate (n_steps x N rows, nt_samples x N rows, ...); this module
+decides how many rows go into one forward. ``None`` means everything at once, an int is the
+caller's cap on rows per forward, ``"auto"`` sizes the chunk from the memory budget using a
+measured cost per row, and on an out-of-memory error halves the chunk and retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+import torch
+from torch import Tensor
+
+from methods.errors import InvalidArgumentError
+
+BatchSize = int | Literal["auto"] | None
+T = TypeVar("T")
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes per engine call; a setting of the service
+_memory_budget = DEFAULT_MEMORY_BUDGET
+
+
+def set_memory_budget(nbytes: int) -> None:
+    """Set the working-memory budget that ``"auto"`` batch sizes are derived from."""
+    global _memory_budget
+    if nbytes < 1:
+        raise InvalidArgumentError("the memory budget must be positive", argument="memory_budget")
+    _memory_budget = int(nbytes)
+
+
+def memory_budget() -> int:
+    return _memory_budget
+
+
+def check_batch_size(value: object, argument: str) -> BatchSize:
+    if value is None or value == "auto":
+        return value  # type: ignore[return-value]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(
+            f"{argument} must be None, 'auto' or an integer >= 1, got {value!r}", argument=argument
+        )
+    return value
+
+
+def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: int = 0) -> int:
+    """Bytes one forward+backward row holds: what autograd saves for backward, measured.
+
+    ``run`` performs one grad-enabled forward over ``n_rows`` rows; tensors saved for the
+    backward pass are counted by storage (parameters excluded, they are not per-row).
+    """
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal total
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        try:
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # e.g. sparse or meta tensors
+            total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return max(1, total // max(1, n_rows) + extra_per_row)
+
+
+def rows_per_chunk(
+    spec: BatchSize, total_rows: int, row_bytes: Callable[[], int], granule: int = 1
+) -> int:
+    """Rows per forward, a multiple of ``granule`` (e.g. the number of examples) where possible."""
+    if spec is None:
+        return total_rows
+    if spec == "auto":
+        # 3x: activations, their gradients and the allocator's slack.
+        rows = memory_budget() // (3 * row_bytes())
+    else:
+        rows = int(spec)
+    rows = max(granule, (rows // granule) * granule) if rows >= granule else max(1, rows)
+    return min(total_rows, rows)
+
+
+def run_chunks(
+    total: int, per_chunk: int, fn: Callable[[int, int], T], *, retry_oom: bool
+) -> tuple[list[T], int]:
+    """Call ``fn(start, end)`` over [0, total) in chunks; returns results and the chunk used.
+
+    With ``retry_oom`` an out-of-memory error halves the chunk and repeats that chunk only.
+    """
+    results: list[T] = []
+    start = 0
+    per_chunk = max(1, per_chunk)
+    while start < total:
+        end = min(total, start + per_chunk)
+        try:
+            results.append(fn(start, end))
+        except torch.OutOfMemoryError:
+            if not retry_oom or per_chunk == 1:
+                raise
+            per_chunk = max(1, per_chunk // 2)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            continue
+        start = end
+    return results, per_chunk

@@ -1,0 +1,136 @@
+"""Inputs, additional forward arguments and the model call, with Captum's semantics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from methods.errors import AttributionError, InvalidArgumentError, InvalidTypeError, ModelError
+
+Tensors = tuple[Tensor, ...]
+TensorOrTensors = Tensor | Sequence[Tensor]
+
+
+def format_inputs(inputs: object) -> tuple[Tensors, bool]:
+    """Return ``inputs`` as a tuple of tensors and whether the caller passed a tuple."""
+    if isinstance(inputs, Tensor):
+        xs: Tensors = (inputs,)
+        as_tuple = False
+    elif isinstance(inputs, (tuple, list)) and inputs:
+        for i, x in enumerate(inputs):
+            if not isinstance(x, Tensor):
+                raise InvalidTypeError(
+                    f"inputs[{i}] must be a torch.Tensor, got {type(x).__name__}",
+                    argument="inputs",
+                )
+        xs = tuple(inputs)
+        as_tuple = True
+    else:
+        raise InvalidTypeError(
+            f"inputs must be a Tensor or a non-empty tuple of Tensors, got {type(inputs).__name__}",
+            argument="inputs",
+        )
+    n = None
+    for i, x in enumerate(xs):
+        if x.dim() == 0:
+            raise InvalidArgumentError(
+                f"inputs[{i}] is 0-dimensional; dim 0 must index the examples",
+                argument="inputs",
+            )
+        if n is None:
+            n = x.shape[0]
+        elif x.shape[0] != n:
+            raise InvalidArgumentError(
+                f"every input must have the same number of examples (dim 0): inputs[0] has {n}, "
+                f"inputs[{i}] has {x.shape[0]}",
+                argument="inputs",
+            )
+    if n == 0:
+        raise InvalidArgumentError("inputs hold no examples (dim 0 is 0)", argument="inputs")
+    return xs, as_tuple
+
+
+def restore_form(xs: Tensors, as_tuple: bool) -> Tensor | Tensors:
+    return xs if as_tuple else xs[0]
+
+
+def format_args(args: object) -> tuple[Any, ...]:
+    """Captum's rule: None -> (), a tuple as is, anything else a 1-tuple."""
+    if args is None:
+        return ()
+    if isinstance(args, tuple):
+        return args
+    return (args,)
+
+
+def expand_args(args: tuple[Any, ...], n: int, *, interleave: bool) -> tuple[Any, ...]:
+    """Expand every tensor argument with dim >= 1 ``n`` times along dim 0.
+
+    ``interleave`` keeps each example's copies together (x0, x0, x1, x1); otherwise the batch is
+    tiled (x0, x1, x0, x1), which is what step-major schedules need.
+    """
+    if n == 1 or not args:
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, Tensor) and a.dim() >= 1:
+            a = a.repeat_interleave(n, dim=0) if interleave else a.repeat((n,) + (1,) * (a.dim() - 1))
+        out.append(a)
+    return tuple(out)
+
+
+def tile(x: Tensor, n: int) -> Tensor:
+    return x if n == 1 else x.repeat((n,) + (1,) * (x.dim() - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """The model bound to its additional forward arguments: ``forward(inputs) -> output``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+    def __call__(self, inputs: Tensors) -> Tensor:
+        try:
+            out = self.fn(*inputs, *self.args)
+        except (AttributionError, torch.OutOfMemoryError):
+            raise
+        except Exception as exc:  # the model's own failure, reported as such
+            raise ModelError(
+                f"the model raised {type(exc).__name__}: {exc}", argument="inputs"
+            ) from exc
+        return as_output_tensor(out, like=inputs[0])
+
+    def expanded(self, n: int, *, interleave: bool = False) -> Forward:
+        if n == 1 or not self.args:
+            return self
+        return Forward(self.fn, expand_args(self.args, n, interleave=interleave))
+
+
+def as_output_tensor(out: object, like: Tensor) -> Tensor:
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, (int, float)) and not isinstance(out, bool):
+        # Captum allows a Python number as a scalar-per-batch output.
+        dtype = torch.float64 if isinstance(out, float) else torch.int64
+        return torch.tensor([out], dtype=dtype, device=like.device)
+    raise InvalidTypeError(
+        f"the model must return a Tensor, got {type(out).__name__}; wrap it in a function "
+        "returning the logits tensor",
+        argument="model",
+    )
+
+
+def check_floating(xs: Tensors, method: str) -> None:
+    for i, x in enumerate(xs):
+        if not (x.is_floating_point() or x.is_complex()):
+            raise InvalidTypeError(
+                f"{method} differentiates the model with respect to its inputs, but inputs[{i}] "
+                f"has dtype {x.dtype}; pass floating-point inputs, or for token ids use "
+                "layer_integrated_gradients on the embedding layer",
+                argument="inputs",
+            )

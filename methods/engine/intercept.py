@@ -1,0 +1,200 @@
+"""Hook-free backward rules for non-linearities, functional or module, reused or not.
+
+Captum's DeepLift, GuidedBackprop and Deconvolution hook ``nn.ReLU``-style *modules*, so a
+model that calls ``F.relu``/``torch.sigmoid`` or reuses one module silently gets plain
+gradients or crashes. Here each non-linear *call* is intercepted with a ``TorchFunctionMode``
+while the model runs and replaced by an autograd function whose forward value is unchanged
+and whose backward applies the method's rule to that call's own input and output. Every call
+is handled on its own, so functional ops, reused modules and module ops all behave alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+#: rule(x, y, grad_out, plain_grad_in, call) -> grad_in, where call = (func, args, kwargs)
+Rule = Callable[[Tensor, Tensor, Tensor, Tensor, tuple[Any, ...]], Tensor]
+
+RELU = (F.relu, torch.relu, Tensor.relu, F.relu_, torch.relu_, Tensor.relu_)
+ELEMENTWISE = (
+    *RELU,
+    F.elu, F.elu_, F.leaky_relu, F.leaky_relu_,
+    torch.sigmoid, torch.sigmoid_, Tensor.sigmoid, Tensor.sigmoid_, F.sigmoid,
+    torch.tanh, torch.tanh_, Tensor.tanh, Tensor.tanh_, F.tanh,
+    F.softplus,
+)  # fmt: skip
+SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
+MAXPOOL = {F.max_pool1d: 1, F.max_pool2d: 2, F.max_pool3d: 3}
+INPLACE = {F.relu_, torch.relu_, Tensor.relu_, F.elu_, F.leaky_relu_, torch.sigmoid_,
+           Tensor.sigmoid_, torch.tanh_, Tensor.tanh_}  # fmt: skip
+
+
+class _Ruled(torch.autograd.Function):
+    """y = fn(x) forward; backward replaced by ``rule`` (given the plain gradient too)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor], rule: Rule, call: Any) -> Tensor:  # type: ignore[override]
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(True)
+            y = fn(xd)
+        ctx.xd, ctx.y, ctx.rule, ctx.call = xd, y, rule, call
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        (plain,) = torch.autograd.grad(ctx.y, ctx.xd, grad_out)
+        grad_in = ctx.rule(ctx.xd.detach(), ctx.y.detach(), grad_out, plain, ctx.call)
+        ctx.xd = ctx.y = None
+        return grad_in, None, None, None
+
+
+def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
+    return func in INPLACE or bool(kwargs.get("inplace", False))
+
+
+class _RuleMode(TorchFunctionMode):
+    def __init__(self, rules: dict[Any, Rule]) -> None:
+        super().__init__()
+        self.rules = rules
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        rule = self.rules.get(func)
+        if rule is None or not args or not isinstance(args[0], Tensor):
+            return func(*args, **kwargs)
+        if func in MAXPOOL and (kwargs.get("return_indices") or (len(args) > 6 and args[6])):
+            return func(*args, **kwargs)
+        x = args[0]
+        if not x.requires_grad:  # nothing to propagate through this call
+            return func(*args, **kwargs)
+        inplace = _is_inplace(func, kwargs)
+        out_kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+        base = _OUT_OF_PLACE.get(func, func)
+
+        def fn(t: Tensor) -> Tensor:
+            return base(t, *args[1:], **out_kwargs)
+
+        y = _Ruled.apply(x, fn, rule, (base, args[1:], out_kwargs))
+        if inplace:
+            return x.copy_(y)
+        return y
+
+
+_OUT_OF_PLACE: dict[Any, Any] = {
+    F.relu_: F.relu, torch.relu_: torch.relu, Tensor.relu_: torch.relu,
+    F.elu_: F.elu, F.leaky_relu_: F.leaky_relu, torch.sigmoid_: torch.sigmoid,
+    Tensor.sigmoid_: torch.sigmoid, torch.tanh_: torch.tanh, Tensor.tanh_: torch.tanh,
+}  # fmt: skip
+
+
+@contextmanager
+def rules(mapping: dict[Any, Rule]) -> Iterator[None]:
+    """Apply ``mapping`` (torch function -> backward rule) to every call made inside."""
+    with _RuleMode(mapping):
+        yield
+
+
+# --- DeepLift's rescale and max rules (Shrikumar et al. 2017, https://arxiv.org/abs/1704.02685)
+
+
+def _halves_ok(x: Tensor) -> bool:
+    return x.dim() >= 1 and x.shape[0] % 2 == 0
+
+
+def _diffs(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    xi, xr = x.chunk(2)
+    yi, yr = y.chunk(2)
+    dx, dy = xi - xr, yi - yr
+    return torch.cat([dx, dx]), torch.cat([dy, dy])
+
+
+def rescale_rule(eps: float) -> Rule:
+    def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
+        if not _halves_ok(x):
+            return plain
+        dx, dy = _diffs(x, y)
+        return torch.where(dx.abs() < eps, plain, g * dy / dx)
+
+    return rule
+
+
+def softmax_rule(eps: float) -> Rule:
+    def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
+        if not _halves_ok(x):
+            return plain
+        dx, dy = _diffs(x, y)
+        unnorm = torch.where(dx.abs() < eps, plain, g * dy / dx)
+        # Captum 0.9.0 centres the multipliers over the whole doubled tensor; kept for parity.
+        return unnorm - unnorm.sum() / plain.numel()
+
+    return rule
+
+
+_UNPOOL = {1: F.max_unpool1d, 2: F.max_unpool2d, 3: F.max_unpool3d}
+
+
+def maxpool_rule(eps: float) -> Rule:
+    def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
+        if not _halves_ok(x):
+            return plain
+        func, rest, kwargs = call
+        dims = MAXPOOL[func]
+        params = _pool_params(rest, kwargs)
+        xi, xr = x.chunk(2)
+        yi, yr = y.chunk(2)
+        dx = torch.cat([xi - xr, xi - xr])
+        ymax = torch.max(yi, yr)
+        dy = torch.cat([ymax - yr, yi - ymax])
+        _, indices = func(x, *params[:5], return_indices=True)
+        kernel, stride, padding = params[0], params[1], params[2]
+        if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0):
+            stride = kernel
+        unpooled = _UNPOOL[dims](g * dy, indices, kernel, stride, padding, output_size=list(x.shape))
+        a, b = unpooled.chunk(2)
+        summed = a + b
+        return torch.where(dx.abs() < eps, plain, torch.cat([summed, summed]) / dx)
+
+    return rule
+
+
+def _pool_params(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    names = ["kernel_size", "stride", "padding", "dilation", "ceil_mode"]
+    defaults: list[Any] = [None, None, 0, 1, False]
+    values = list(rest[:5]) + defaults[len(rest[:5]) :]
+    for i, name in enumerate(names):
+        if name in kwargs:
+            values[i] = kwargs[name]
+    return values
+
+
+def deeplift_rules(eps: float) -> dict[Any, Rule]:
+    mapping: dict[Any, Rule] = {}
+    for f in ELEMENTWISE:
+        mapping[f] = rescale_rule(eps)
+    for f in SOFTMAX:
+        mapping[f] = softmax_rule(eps)
+    for f in MAXPOOL:
+        mapping[f] = maxpool_rule(eps)
+    return mapping
+
+
+# --- Guided backprop (Springenberg et al. 2015) and deconvolution (Zeiler & Fergus 2014)
+
+
+def _guided(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
+    return F.relu(plain)
+
+
+def _deconv(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
+    return F.relu(g)
+
+
+GUIDED_BACKPROP: dict[Any, Rule] = dict.fromkeys(RELU, _guided)
+DECONVOLUTION: dict[Any, Rule] = dict.fromkeys(RELU, _deconv)

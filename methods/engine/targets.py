@@ -1,0 +1,206 @@
+"""Targets: which scalar of the model output each example is attributed to (Captum's forms)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from methods.errors import TargetError
+
+TargetKind = Literal["none", "index", "per_example", "per_example_tuple"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A normalised target for a batch of ``rows`` forward rows.
+
+    - ``none``: the output already holds one scalar per example.
+    - ``index``: the same index tuple for every example (``out[:, *index]``).
+    - ``per_example``: one class index per row (2-D outputs), a LongTensor of shape (rows,).
+    - ``per_example_tuple``: one index tuple per row, a LongTensor of shape (rows, k).
+    """
+
+    kind: TargetKind
+    index: tuple[Any, ...] = ()
+    rows: Tensor | None = None
+
+    def expand(self, n: int, *, interleave: bool = False) -> Target:
+        if n == 1 or self.rows is None:
+            return self
+        rows = (
+            self.rows.repeat_interleave(n, dim=0)
+            if interleave
+            else self.rows.repeat((n,) + (1,) * (self.rows.dim() - 1))
+        )
+        return Target(self.kind, self.index, rows)
+
+    def to(self, device: torch.device) -> Target:
+        if self.rows is None or self.rows.device == device:
+            return self
+        return Target(self.kind, self.index, self.rows.to(device))
+
+    def select_rows(self, out: Tensor) -> Tensor:
+        """The targeted part of ``out``: (rows, ...) with the target's dims removed."""
+        if self.kind == "none":
+            return out
+        if out.dim() == 0:
+            raise TargetError(
+                "the model returned a 0-d output; a target needs an output whose dim 0 "
+                "indexes the examples",
+                argument="target",
+            )
+        if self.kind == "index":
+            if len(self.index) > out.dim() - 1:
+                raise TargetError(
+                    f"target {self.index} has {len(self.index)} indices but the model output "
+                    f"{tuple(out.shape)} has only {out.dim() - 1} dims after the batch dim",
+                    argument="target",
+                )
+            for d, i in enumerate(self.index):
+                size = out.shape[d + 1]
+                if isinstance(i, int) and not -size <= i < size:
+                    raise TargetError(
+                        f"target index {i} is out of range for output dim {d + 1} of size "
+                        f"{size} (output shape {tuple(out.shape)})",
+                        argument="target",
+                    )
+            return out[(slice(None), *self.index)]
+        rows = self._rows()
+        if rows.shape[0] != out.shape[0]:
+            raise TargetError(
+                f"target has {rows.shape[0]} entries but the model output has {out.shape[0]} "
+                "rows; give one target per example",
+                argument="target",
+            )
+        idx = rows.to(out.device)
+        if idx.dim() == 1:
+            idx = idx.unsqueeze(1)
+        k = idx.shape[1]
+        if k > out.dim() - 1:
+            raise TargetError(
+                f"per-example targets index {k} dims but the model output {tuple(out.shape)} "
+                f"has only {out.dim() - 1} dims after the batch dim",
+                argument="target",
+            )
+        sizes = torch.tensor(out.shape[1 : 1 + k], device=idx.device)
+        bad = (idx < -sizes) | (idx >= sizes)
+        if bool(bad.any()):
+            r, d = (int(v) for v in bad.nonzero()[0])
+            raise TargetError(
+                f"target {int(idx[r, d])} for example {r} is out of range for output dim "
+                f"{d + 1} of size {int(sizes[d])} (output shape {tuple(out.shape)})",
+                argument="target",
+            )
+        idx = torch.where(idx < 0, idx + sizes, idx)
+        ar = torch.arange(out.shape[0], device=out.device)
+        return out[(ar, *idx.unbind(1))]
+
+    def select(self, out: Tensor) -> Tensor:
+        """One scalar per row, shape (rows,): what gradient methods differentiate."""
+        sel = self.select_rows(out)
+        if sel.dim() == 0:
+            raise TargetError(
+                "the model returned a 0-d output; gradient methods need one scalar per "
+                "example (an output of shape (N,) or (N, 1))",
+                argument="target",
+            )
+        if sel[0].numel() != 1:
+            hint = (
+                "pass a target (an int, one per example, or an index tuple)"
+                if self.kind == "none"
+                else "the target must select exactly one element per example"
+            )
+            raise TargetError(
+                f"the model output {tuple(out.shape)} gives {sel[0].numel()} values per example "
+                f"for target {self.describe()}; {hint}",
+                argument="target",
+            )
+        return sel.reshape(sel.shape[0])
+
+    def describe(self) -> Any:
+        if self.kind == "none":
+            return None
+        if self.kind == "index":
+            return self.index[0] if len(self.index) == 1 else list(self.index)
+        return self._rows().tolist()
+
+    def _rows(self) -> Tensor:
+        if self.rows is None:
+            raise TypeError(f"a {self.kind!r} target carries no rows")
+        return self.rows
+
+
+NONE = Target("none")
+
+
+def _index_entry(v: object, where: str) -> int | slice:
+    if isinstance(v, bool):
+        raise TargetError(f"{where} must be an int, got bool", argument="target")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, slice):
+        return v
+    if isinstance(v, Tensor) and v.numel() == 1 and not v.is_floating_point():
+        return int(v.item())
+    raise TargetError(f"{where} must be an int, got {type(v).__name__}", argument="target")
+
+
+def make_target(target: object, n_examples: int) -> Target:
+    """Normalise any of Captum's target forms for a batch of ``n_examples``."""
+    if target is None:
+        return NONE
+    if isinstance(target, Tensor):
+        if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+            raise TargetError(
+                f"a target tensor must hold integers, got dtype {target.dtype}", argument="target"
+            )
+        if target.numel() == 1:
+            return Target("index", (int(target.item()),))
+        if target.dim() == 1:
+            target = target.tolist()
+        elif target.dim() == 2:
+            target = [tuple(r) for r in target.tolist()]
+        else:
+            raise TargetError(
+                f"a target tensor must be 0-d, (N,) or (N, k), got shape {tuple(target.shape)}",
+                argument="target",
+            )
+    if isinstance(target, (int, slice)) and not isinstance(target, bool):
+        return Target("index", (target,))
+    if isinstance(target, tuple):
+        if not target:
+            raise TargetError("an empty tuple is not a target", argument="target")
+        return Target("index", tuple(_index_entry(v, "each entry of a tuple target") for v in target))
+    if isinstance(target, list):
+        if len(target) != n_examples:
+            raise TargetError(
+                f"a list target needs one entry per example: got {len(target)} entries for "
+                f"{n_examples} examples",
+                argument="target",
+            )
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in target):
+            return Target("per_example", rows=torch.tensor(target, dtype=torch.long))
+        if all(isinstance(t, (tuple, list)) for t in target):
+            lengths = {len(t) for t in target}
+            if len(lengths) != 1 or 0 in lengths:
+                raise TargetError(
+                    "per-example tuple targets must all have the same non-zero length",
+                    argument="target",
+                )
+            rows = [[_index_entry(v, "per-example target entries") for v in t] for t in target]
+            if any(isinstance(v, slice) for r in rows for v in r):
+                raise TargetError("per-example targets cannot hold slices", argument="target")
+            return Target("per_example_tuple", rows=torch.tensor(rows, dtype=torch.long))
+        raise TargetError(
+            "a list target must hold ints (one class per example) or tuples (one index per "
+            "example), not a mix",
+            argument="target",
+        )
+    raise TargetError(
+        "target must be None, an int, a tuple of ints, a list (one per example) or an integer "
+        f"tensor, got {type(target).__name__}",
+        argument="target",
+    )

@@ -1,0 +1,47 @@
+"""The engine's one error hierarchy.
+
+Every error names the argument at fault (``argument``) and says what was expected, so the
+service can turn it into a field-level problem report without parsing messages.
+"""
+
+from __future__ import annotations
+
+
+class AttributionError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+    def __init__(self, message: str, *, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+class InvalidArgumentError(AttributionError, ValueError):
+    """An argument has the right type but a value the method cannot use."""
+
+
+class InvalidTypeError(AttributionError, TypeError):
+    """An argument (or the model's output) has a type the method cannot use."""
+
+
+class UnknownMethodError(InvalidArgumentError):
+    """No method is registered under the requested name."""
+
+
+class UnknownParameterError(InvalidArgumentError):
+    """A keyword parameter the method does not take."""
+
+
+class TargetError(InvalidArgumentError):
+    """``target`` does not select one scalar per example of the model output."""
+
+
+class BaselineError(InvalidArgumentError):
+    """``baselines`` cannot be matched against ``inputs``."""
+
+
+class UnsupportedModelError(AttributionError, TypeError):
+    """The method cannot run on this kind of model (e.g. hooks on TorchScript)."""
+
+
+class ModelError(AttributionError, RuntimeError):
+    """The model itself raised while being evaluated."""

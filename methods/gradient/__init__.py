@@ -1,0 +1,1 @@
+"""Gradient attribution methods, one module per method."""

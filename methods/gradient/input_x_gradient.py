@@ -1,0 +1,18 @@
+"""Input x Gradient: each input element times the target's gradient with respect to it.
+
+Shrikumar et al. 2016, https://arxiv.org/abs/1605.01713
+"""
+
+from __future__ import annotations
+
+from methods.call import Call, Output
+from methods.engine.gradients import gradients
+from methods.params import NoParams
+from methods.registry import register
+
+
+@register("input_x_gradient", kind="gradient", params=NoParams)
+def input_x_gradient(call: Call, p: NoParams) -> Output:
+    """Input times the gradient of the targeted output with respect to it."""
+    grads, selected = gradients(call.forward, call.inputs, call.target)
+    return Output(tuple(x * g for x, g in zip(call.inputs, grads, strict=True)), outputs=selected)

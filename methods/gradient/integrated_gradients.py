@@ -1,0 +1,147 @@
+"""Integrated Gradients: the path integral of gradients from the baseline to the input.
+
+Sundararajan et al. 2017, https://arxiv.org/abs/1703.01365. With ``n_steps="auto"`` the
+fewest steps on a fixed ladder whose convergence delta is within ``delta_tolerance`` are used,
+reusing every gradient already computed where the rule's points nest.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from methods.call import Call, Output
+from methods.engine.baselines import format_baselines
+from methods.engine.inputs import Tensors
+from methods.engine.path import completeness_delta, endpoint_outputs, path_gradient_sum
+from methods.engine.quadrature import ApproximationMethod, rule_tensors
+from methods.errors import InvalidArgumentError
+from methods.params import MethodParams
+from methods.registry import register
+
+
+class IntegratedGradientsParams(MethodParams):
+    n_steps: int | Literal["auto"] = Field(
+        50, description="integration points, or 'auto' for the fewest meeting delta_tolerance"
+    )
+    approximation_method: ApproximationMethod = Field(
+        "gausslegendre", description="quadrature rule along the path"
+    )
+    multiply_by_inputs: bool = Field(
+        True, description="multiply the integrated gradient by (inputs - baselines)"
+    )
+    delta_tolerance: float = Field(
+        0.01,
+        gt=0,
+        description="n_steps='auto' only: largest accepted |convergence delta|, as a fraction "
+        "of |f(inputs) - f(baselines)| per example",
+    )
+
+
+#: Ladders for n_steps="auto". Riemann grids nest when refined (left/right/trapezoid by
+#: halving the spacing, middle by thirds), so each rung evaluates only the new points.
+LADDERS: dict[str, tuple[int, ...]] = {
+    "gausslegendre": (4, 8, 16, 32, 64, 128, 256, 512),
+    "riemann_trapezoid": (5, 9, 17, 33, 65, 129, 257, 513),
+    "riemann_left": (4, 8, 16, 32, 64, 128, 256, 512),
+    "riemann_right": (4, 8, 16, 32, 64, 128, 256, 512),
+    "riemann_middle": (3, 9, 27, 81, 243, 729),
+}
+
+
+def _check_steps(p: IntegratedGradientsParams) -> None:
+    if p.n_steps != "auto" and p.n_steps < 1:
+        raise InvalidArgumentError(f"n_steps must be >= 1, got {p.n_steps}", argument="n_steps")
+
+
+@register(
+    "integrated_gradients",
+    kind="gradient",
+    params=IntegratedGradientsParams,
+    returns_delta=True,
+    batching="internal_batch_size",
+)
+def integrated_gradients(call: Call, p: IntegratedGradientsParams) -> Output:
+    """Integrated gradients from the baselines (default zeros) to the inputs."""
+    _check_steps(p)
+    xs = call.inputs
+    bs = format_baselines(call.baselines, xs)
+    if p.n_steps == "auto":
+        return _auto(call, p, xs, bs)
+    alphas, weights = rule_tensors(p.approximation_method, p.n_steps, xs[0].dtype, xs[0].device)
+    grads, echo = path_gradient_sum(call, xs, bs, alphas, weights)
+    attrs = _finish(grads, xs, bs, p.multiply_by_inputs)
+    out = Output(attrs, echo=echo)
+    if call.return_delta:
+        fx, fb = endpoint_outputs(call, xs, bs)
+        out.delta, out.outputs = completeness_delta(attrs, fx, fb), fx
+    return out
+
+
+def _finish(grads: Tensors, xs: Tensors, bs: Tensors, mbi: bool) -> Tensors:
+    if not mbi:
+        return grads
+    return tuple((x - b) * g for x, b, g in zip(xs, bs, grads, strict=True))
+
+
+def _new_points(method: str, n: int, prev: int | None) -> tuple[list[float], list[float], float]:
+    """Points added at rung ``n`` after rung ``prev``, their unit weights, and the step h."""
+    if method == "riemann_trapezoid":
+        h = 1.0 / (n - 1)
+        idx = range(n) if prev is None else range(1, n, 2)
+        units = [0.5 if prev is None and i in (0, n - 1) else 1.0 for i in idx]
+        return [i * h for i in idx], units, h
+    if method in ("riemann_left", "riemann_right"):
+        if prev is None:
+            first = 1 if method == "riemann_right" else 0
+            idx = list(range(first, n + first))
+        else:  # halving the spacing adds the odd multiples of 1/n
+            idx = list(range(1, n, 2))
+        return [i / n for i in idx], [1.0] * len(idx), 1.0 / n
+    if method == "riemann_middle":
+        idx = range(n) if prev is None else [i for i in range(n) if i % 3 != 1]
+        return [(i + 0.5) / n for i in idx], [1.0] * len(idx), 1.0 / n
+    raise InvalidArgumentError(f"no nested ladder for {method}", argument="approximation_method")
+
+
+def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) -> Output:
+    if not p.multiply_by_inputs:
+        raise InvalidArgumentError(
+            "n_steps='auto' stops on the convergence delta, which needs multiply_by_inputs=True",
+            argument="n_steps",
+        )
+    fx, fb = endpoint_outputs(call, xs, bs)
+    dtype, device = xs[0].dtype, xs[0].device
+    tol = p.delta_tolerance * (fx - fb).abs().to(dtype)
+    method = p.approximation_method
+    ladder = LADDERS[method]
+    acc: Tensors | None = None
+    prev: int | None = None
+    attrs: Tensors = ()
+    delta = torch.zeros_like(fx)
+    evaluated = 0
+    echo: dict[str, object] = {}
+    for n in ladder:
+        if method == "gausslegendre":
+            alphas, weights = rule_tensors(method, n, dtype, device)
+            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights)
+            h = 1.0
+            evaluated += n
+        else:
+            pts, units, h = _new_points(method, n, prev)
+            alphas = torch.tensor(pts, dtype=dtype, device=device)
+            weights = torch.tensor(units, dtype=dtype, device=device)
+            part, echo = path_gradient_sum(call, xs, bs, alphas, weights)
+            grads = part if acc is None else tuple(a + q for a, q in zip(acc, part, strict=True))
+            acc = grads
+            evaluated += len(pts)
+        attrs = _finish(tuple(g * h for g in grads), xs, bs, True)
+        delta = completeness_delta(attrs, fx, fb)
+        prev = n
+        if bool((delta.abs() <= tol).all()):
+            break
+    converged = bool((delta.abs() <= tol).all())
+    echo.update(n_steps=prev, n_steps_evaluated=evaluated, converged=converged)
+    return Output(attrs, delta=delta, outputs=fx, echo=echo)

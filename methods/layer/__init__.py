@@ -1,0 +1,1 @@
+"""Layer attribution methods, one module per method."""

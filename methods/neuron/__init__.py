@@ -1,0 +1,1 @@
+"""Neuron attribution methods, one module per method."""

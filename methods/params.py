@@ -1,0 +1,55 @@
+"""Method parameters: one frozen pydantic model per method, whose JSON schema is published."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema
+
+from methods.errors import InvalidArgumentError, InvalidTypeError, UnknownParameterError
+
+TENSOR_SCHEMA: dict[str, Any] = {
+    "description": "A tensor: nested lists, or {dtype, shape, b64} (the service's tensor codec).",
+    "anyOf": [
+        {"type": "array", "items": {}},
+        {
+            "type": "object",
+            "properties": {
+                "dtype": {"type": "string"},
+                "shape": {"type": "array", "items": {"type": "integer"}},
+                "b64": {"type": "string"},
+            },
+            "required": ["dtype", "shape", "b64"],
+        },
+    ],
+}
+
+#: A tensor, or a tuple of tensors (one per input). Python callers pass torch tensors.
+TensorParam = Annotated[Any, WithJsonSchema(TENSOR_SCHEMA)]
+#: Python-only values (callables); the service never accepts them.
+PythonOnly = Annotated[Any, WithJsonSchema({"description": "Python API only (a callable)."})]
+
+
+class MethodParams(BaseModel):
+    """Base of every method's parameters: immutable, unknown names rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class NoParams(MethodParams):
+    """This method takes no parameters beyond the shared ones."""
+
+
+def parse_params(model: type[MethodParams], method: str, params: dict[str, Any]) -> MethodParams:
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(str(p) for p in err["loc"]) or "params"
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(model.model_fields) or "none"
+            raise UnknownParameterError(
+                f"{method} has no parameter {name!r}; its parameters are: {known}", argument=name
+            ) from None
+        kind = InvalidTypeError if err["type"].endswith("_type") else InvalidArgumentError
+        raise kind(f"{method}: parameter {name!r}: {err['msg']}", argument=name) from None

@@ -1,0 +1,1 @@
+"""Perturbation attribution methods, one module per method."""
