@@ -1,0 +1,66 @@
+"""What the registry knows about a served model, before and after loading.
+
+This module fixes the interface between ``model_registry`` (which builds specs from
+models.toml or the built-in demo registry, and loads them) and ``service`` (which validates
+requests against specs and runs the engine on loaded models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: its name, dtype and shape (None marks a free dim; dim 0 is the batch)."""
+
+    name: str
+    dtype: str  # torch dtype name without the prefix: "float32", "int64", ...
+    shape: tuple[int | None, ...]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)  # validated when the spec is built
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """The model output per example (without the batch dim) and optional class labels."""
+
+    shape: tuple[int | None, ...]
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    version: str
+    description: str
+    source: str  # "builtin:NAME", "torchscript:PATH", "export:PATH", "python:pkg.mod:factory"
+    device: str  # "auto" | "cpu" | "cuda:N" as configured
+    dtype: str  # working floating dtype of the model's parameters
+    inputs: tuple[InputSpec, ...]
+    output: OutputSpec
+    layers: tuple[str, ...] = ()  # dotted module paths exposed for layer/neuron methods
+    embedding_layer: str | None = None  # token models: where gradient methods attach
+    weights: str | None = None  # optional weights file for python: sources
+    #: per-model overrides of the server's batching defaults
+    internal_batch_size: int | str | None = None
+    perturbations_per_eval: int | str | None = None
+
+
+@dataclass
+class LoadedModel:
+    """A spec with its model resident on a device (what a worker holds)."""
+
+    spec: ModelSpec
+    model: Any  # nn.Module, ScriptModule, or ExportedProgram module: callable(*inputs)
+    device: torch.device
+    is_torchscript: bool = False
+    #: token models: text -> (ids LongTensor [N, L], tokens list[list[str]])
+    tokenizer: Callable[[Sequence[str]], tuple[torch.Tensor, list[list[str]]]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
