@@ -198,3 +198,14 @@ def _deconv(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor
 
 GUIDED_BACKPROP: dict[Any, Rule] = dict.fromkeys(RELU, _guided)
 DECONVOLUTION: dict[Any, Rule] = dict.fromkeys(RELU, _deconv)
+
+
+def ruled(forward: Any, mapping: dict[Any, Rule]) -> Any:
+    """``forward`` with ``mapping`` applied while the model runs (not during backward)."""
+    fn = forward.fn
+
+    def wrapped(*args: Any) -> Any:
+        with _RuleMode(mapping):
+            return fn(*args)
+
+    return type(forward)(wrapped, forward.args)
