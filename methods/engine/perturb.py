@@ -1,0 +1,269 @@
+"""Batched, forward-only evaluation of perturbed inputs (the perturbation methods' engine).
+
+Perturbation methods describe *what* to evaluate as data: a boolean matrix saying, per
+perturbation and feature, whether the feature keeps its input value (``coalition_inputs``), or a
+list of boxes (occlusion). This module evaluates those perturbations as a few large forwards
+under ``no_grad``: ``Evaluator.run`` asks the method for one chunk of perturbations at a time,
+each built as one tensor of ``k * N`` rows, and sizes ``k`` from ``perturbations_per_eval``
+(an int, or ``"auto"``/``None``: as many as the memory budget allows).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from methods.call import Call
+from methods.engine.batching import memory_budget
+from methods.engine.inputs import Tensors
+from methods.errors import InvalidArgumentError, InvalidTypeError
+
+#: Bytes per second a CPU forward can plausibly allocate and write. A forward cannot create
+#: activations faster than memory takes writes, so time x this rate bounds (generously) what an
+#: unmeasured forward allocated; used to size "auto" chunks on CPU without instrumenting the model.
+CPU_WRITE_RATE = 16e9
+
+Build = Callable[[int, int], Tensors]
+Inspect = Callable[[int, int, Tensors], None]
+
+
+@dataclass(frozen=True)
+class FeatureMasks:
+    """Feature masks with ids made compact: ``index[i]`` maps each element of input ``i`` to a
+    feature 0..F-1; shape (m, *inputs[i].shape[1:]) with m = 1 (shared) or N (per example)."""
+
+    index: Tensors
+    #: the caller's feature id for each compact index, ascending
+    ids: Tensor
+
+    @property
+    def n_features(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def rows(self) -> int:
+        return max(int(i.shape[0]) for i in self.index)
+
+
+def format_feature_mask(feature_mask: object, xs: Tensors, method: str) -> FeatureMasks:
+    """Captum's feature masks: None (each scalar its own feature, ids running across inputs), or
+    one integer tensor per input broadcastable to it, with dim 0 of 1 or N. An id used in several
+    inputs is one feature, perturbed together."""
+    n = int(xs[0].shape[0])
+    if feature_mask is None:
+        masks, start = [], 0
+        for x in xs:
+            size = x[0:1].numel()
+            masks.append(torch.arange(start, start + size, device=x.device).reshape(x[0:1].shape))
+            start += size
+        raw: tuple[Tensor, ...] = tuple(masks)
+    else:
+        given = feature_mask if isinstance(feature_mask, (tuple, list)) else (feature_mask,)
+        if len(given) != len(xs):
+            raise InvalidArgumentError(
+                f"{method}: feature_mask has {len(given)} entries but there are {len(xs)} "
+                "inputs; give one mask per input",
+                argument="feature_mask",
+            )
+        pairs = enumerate(zip(given, xs, strict=True))
+        raw = tuple(_check_mask(m, x, i, n, method) for i, (m, x) in pairs)
+    flat = torch.cat([m.reshape(-1).to(xs[0].device) for m in raw])
+    ids, inverse = torch.unique(flat, sorted=True, return_inverse=True)
+    index, pos = [], 0
+    for m, x in zip(raw, xs, strict=True):
+        part = inverse[pos : pos + m.numel()].reshape(m.shape).to(x.device)
+        pos += m.numel()
+        index.append(part.expand(int(m.shape[0]), *x.shape[1:]))
+    return FeatureMasks(tuple(index), ids)
+
+
+def _check_mask(m: object, x: Tensor, i: int, n: int, method: str) -> Tensor:
+    where = f"feature_mask[{i}]"
+    if not isinstance(m, Tensor):
+        raise InvalidTypeError(
+            f"{method}: {where} must be an integer Tensor, got {type(m).__name__}",
+            argument="feature_mask",
+        )
+    if m.is_floating_point() or m.is_complex() or m.dtype == torch.bool:
+        raise InvalidTypeError(
+            f"{method}: {where} must hold integer feature ids, got dtype {m.dtype}",
+            argument="feature_mask",
+        )
+    if m.dim() == 0:
+        return m.reshape((1,) * x.dim())
+    shape = (1,) * (x.dim() - m.dim()) + tuple(m.shape)
+    ok = m.dim() <= x.dim() and all(
+        a in (1, b) for a, b in zip(shape[1:], x.shape[1:], strict=True)
+    )
+    if not ok or shape[0] not in (1, n):
+        raise InvalidArgumentError(
+            f"{method}: {where} has shape {tuple(m.shape)}, which does not fit inputs[{i}] of "
+            f"shape {tuple(x.shape)}; expected (1 or {n}, *{tuple(x.shape[1:])}) or a shape "
+            "broadcastable to it",
+            argument="feature_mask",
+        )
+    return m.reshape(shape)
+
+
+def coalition_inputs(masks: FeatureMasks, keep: Tensor, on: Tensors, off: Tensors) -> Tensors:
+    """One batch of ``k * N`` rows, copy-major: row ``j * N + n`` is example ``n`` with every
+    feature ``f`` where ``keep[j, n or 0, f]`` taken from ``on``, every other from ``off``.
+
+    ``keep``: bool (k, 1 or N, F); ``on``/``off``: per input, (N, ...) tensors.
+    """
+    k, zr, _ = keep.shape
+    out = []
+    for idx, a, b in zip(masks.index, on, off, strict=True):
+        m, rest = int(idx.shape[0]), tuple(idx.shape[1:])
+        r = max(m, zr)
+        flat = idx.reshape(m, -1)
+        if zr == 1:
+            sel = keep[:, 0][:, flat]  # (k, m, E): plain indexing, cheaper than gather
+        else:
+            sel = torch.gather(keep, 2, flat.expand(r, -1).unsqueeze(0).expand(k, r, -1))
+        sel = sel.reshape(k, r, *rest)
+        n = int(a.shape[0])
+        out.append(torch.where(sel, a, b).reshape(k * n, *a.shape[1:]))
+    return tuple(out)
+
+
+def spread(values: Tensor, masks: FeatureMasks, xs: Tensors, method: str) -> Tensors:
+    """Per-feature values back onto input elements.
+
+    ``values``: (F, O0, *O). Returns per input (O0, *O, *input.shape[1:]) with element ``e`` of
+    output row ``o`` taking its feature's value (the mask's dim 0 pairs with O0).
+    """
+    f, o0 = int(values.shape[0]), int(values.shape[1])
+    orest = tuple(values.shape[2:])
+    v = values.reshape(f, o0, -1).permute(1, 2, 0)  # (O0, Orest, F)
+    out = []
+    for idx, x in zip(masks.index, xs, strict=True):
+        m = int(idx.shape[0])
+        if m not in (1, o0):
+            raise InvalidArgumentError(
+                f"{method}: a per-example feature_mask (dim 0 = {m}) needs one output row per "
+                f"example, but the targeted output has {o0} rows; pass a target, or a mask "
+                "with dim 0 of 1",
+                argument="feature_mask",
+            )
+        flat = idx.reshape(m, 1, -1).expand(o0, v.shape[1], -1)
+        out.append(torch.gather(v, 2, flat).reshape(o0, *orest, *x.shape[1:]))
+    return tuple(out)
+
+
+@dataclass
+class Evaluator:
+    """Runs chunks of perturbations through the model; see ``start``."""
+
+    call: Call
+    #: shape of the targeted output for one unperturbed batch (a 0-d output counts as (1,))
+    out_shape: tuple[int, ...]
+    #: whether dim 0 of the output grows with the batch; if not, one perturbation per forward
+    per_example: bool
+    #: estimated bytes one perturbation (N rows) holds during its forward
+    perturbation_bytes: int
+    used: int = 0
+    _subcalls: dict[int, Call] = field(default_factory=dict)
+
+    def forward(self, inputs: Tensors, k: int) -> Tensor:
+        """Targeted output of ``k`` stacked copies of the batch, shape (k, *out_shape)."""
+        sub = self._subcalls.get(k)
+        if sub is None:
+            sub = self.call.replace(
+                forward=self.call.forward.expanded(k), target=self.call.target.expand(k)
+            )
+            self._subcalls[k] = sub
+        with torch.no_grad():
+            out = sub.target.select_rows(sub.forward(inputs))
+        out = out.reshape(1) if out.dim() == 0 else out
+        expected = (k * self.out_shape[0], *self.out_shape[1:])
+        if tuple(out.shape) != expected:
+            raise _ShapeMismatch(tuple(out.shape), expected)
+        return out.reshape(k, *self.out_shape)
+
+    def per_chunk(self, total: int) -> int:
+        if not self.per_example:
+            return 1
+        spec = self.call.perturbations_per_eval
+        if isinstance(spec, int):
+            return max(1, min(spec, total))
+        # "auto" (and None): 3x covers the inputs, the activations and the allocator's slack.
+        return max(1, min(total, memory_budget() // (3 * self.perturbation_bytes)))
+
+    def run(self, total: int, build: Build, inspect: Inspect | None = None) -> Tensor:
+        """Evaluate perturbations 0..total-1; ``build(s, e)`` returns their ``(e-s)*N`` rows."""
+        parts: list[Tensor] = []
+        per = self.per_chunk(total)
+        auto = not isinstance(self.call.perturbations_per_eval, int)
+        s = 0
+        while s < total:
+            e = min(total, s + per)
+            inputs = build(s, e)
+            try:
+                parts.append(self.forward(inputs, e - s))
+            except torch.OutOfMemoryError:
+                if not auto or per == 1:
+                    raise
+                per = max(1, per // 2)
+                continue
+            except _ShapeMismatch as exc:
+                if e - s == 1:
+                    raise InvalidArgumentError(
+                        f"{self.call.method}: the model's output changed shape between calls "
+                        f"({exc.got} instead of {exc.expected}); perturbation methods need a "
+                        "deterministic output shape",
+                        argument="model",
+                    ) from None
+                # The output does not grow with the batch (it aggregates over examples):
+                # fall back to one perturbation per forward, as Captum requires there.
+                self.per_example, per = False, 1
+                continue
+            if inspect is not None:
+                inspect(s, e, inputs)
+            self.used = max(self.used, e - s)
+            s = e
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+class _ShapeMismatch(Exception):
+    def __init__(self, got: tuple[int, ...], expected: tuple[int, ...]) -> None:
+        super().__init__()
+        self.got, self.expected = got, expected
+
+
+def start(call: Call, inputs: Tensors) -> tuple[Evaluator, Tensor]:
+    """Evaluate ``inputs`` (one unperturbed batch of N rows) and set up the evaluator."""
+    n = call.n
+    dev = inputs[0].device
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = call.target.select_rows(call.forward(inputs))
+    elapsed = time.perf_counter() - t0
+    out = out.reshape(1) if out.dim() == 0 else out
+    io = sum(x.numel() * x.element_size() for x in inputs) + out.numel() * out.element_size()
+    if cuda:
+        torch.cuda.synchronize(dev)
+        made = torch.cuda.max_memory_allocated(dev) - base
+    else:
+        made = int(elapsed * CPU_WRITE_RATE)
+    per_example = out.dim() >= 1 and int(out.shape[0]) == n
+    ev = Evaluator(
+        call=call,
+        out_shape=tuple(out.shape),
+        per_example=per_example,
+        perturbation_bytes=max(1, 2 * io, made),
+    )
+    return ev, out
+
+
+def echo(ev: Evaluator) -> dict[str, object]:
+    return {"perturbations_per_eval": ev.used or 1}
