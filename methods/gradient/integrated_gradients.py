@@ -45,8 +45,9 @@ class IntegratedGradientsParams(MethodParams):
 LADDERS: dict[str, tuple[int, ...]] = {
     "gausslegendre": (4, 8, 16, 32, 64, 128, 256, 512),
     "riemann_trapezoid": (5, 9, 17, 33, 65, 129, 257, 513),
-    "riemann_left": (4, 8, 16, 32, 64, 128, 256, 512),
-    "riemann_right": (4, 8, 16, 32, 64, 128, 256, 512),
+    # first-order rules converge slowly: a longer ladder, cheap since each rung reuses the last
+    "riemann_left": (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+    "riemann_right": (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
     "riemann_middle": (3, 9, 27, 81, 243, 729),
 }
 

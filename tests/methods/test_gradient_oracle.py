@@ -1,0 +1,155 @@
+"""Captum 0.9.0's verified oracle values (captum-reference section 4.3) and the axioms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import methods
+from tests import captum_models as cm
+
+T = torch.tensor
+
+
+def test_ig_basic_model2_both_rules() -> None:  # oracle 1
+    x = (T([3.0]), T([1.0]))
+    for approx in ("riemann_right", "gausslegendre"):
+        r = methods.attribute(
+            cm.BasicModel2(), x, "integrated_gradients", n_steps=500,
+            approximation_method=approx, return_convergence_delta=True,
+        )  # fmt: skip
+        torch.testing.assert_close(r.attributions, (T([1.5]), T([-0.5])), atol=0.05, rtol=0)
+        assert float(r.convergence_delta.abs().max()) < 0.05
+
+
+def test_ig_multilayer_values_and_trapezoid() -> None:  # oracle 2
+    x = T([[1.5, 2.0, 1.3], [0.5, 0.1, 2.3], [1.5, 2.0, 1.3]])
+    expected = T([[4.5, 6, 3.9], [1.5, 0.3, 6.9], [4.5, 6, 3.9]])
+    m = cm.MultiLayer()
+    for approx in ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle"):
+        a = methods.attribute(m, x, "integrated_gradients", target=0, approximation_method=approx)
+        torch.testing.assert_close(a.attributions, expected, atol=1e-4, rtol=1e-4)
+    # Captum gives 0.98x here (weights summing to (n-1)/n); the true trapezoid rule is exact.
+    trap = methods.attribute(
+        m, x, "integrated_gradients", target=0, approximation_method="riemann_trapezoid",
+        return_convergence_delta=True,
+    )  # fmt: skip
+    torch.testing.assert_close(trap.attributions, expected, atol=1e-4, rtol=1e-4)
+    assert float(trap.convergence_delta.abs().max()) < 1e-4
+    flat = methods.attribute(m, x, "integrated_gradients", target=0, multiply_by_inputs=False)
+    torch.testing.assert_close(flat.attributions, torch.full((3, 3), 3.0), atol=1e-4, rtol=0)
+
+
+def test_deeplift_oracles() -> None:  # oracles 3, 4, 6
+    r = methods.attribute(
+        cm.ReLUDeepLiftModel(), (T([[1.0]]), T([[2.0]])), "deeplift",
+        baselines=(T([[0.0]]), T([[0.0]])), return_convergence_delta=True,
+    )  # fmt: skip
+    torch.testing.assert_close(r.attributions, (T([[2.0]]), T([[1.0]])))
+    r = methods.attribute(
+        cm.ReLUDeepLiftModel(), (T([[1.0]]), T([[2.0]])), "deeplift", multiply_by_inputs=False
+    )
+    torch.testing.assert_close(r.attributions, (T([[2.0]]), T([[0.5]])))
+    r = methods.attribute(
+        cm.LinearMaxPoolLinear(), torch.ones(2, 4), "deeplift", target=0,
+        baselines=T([[1.0, 2, 3, 9], [4, 8, 6, 7]]), return_convergence_delta=True,
+    )  # fmt: skip
+    torch.testing.assert_close(r.attributions, T([[0.0, 0, 0, -8], [0, -7, 0, 0]]))
+    torch.testing.assert_close(r.convergence_delta, torch.zeros(2))
+    base = T([[0.0, 0, 0], [1, 1, 1]])
+    r = methods.attribute(
+        cm.ReLULinearModel(), (T([[-10.0, 1, -5], [2, 3, 4]]), T([[3.0, 3, 1], [2.3, 5, 4]])),
+        "deeplift_shap", baselines=(base, base), return_convergence_delta=True,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        r.attributions, (T([[-2.0, 0, 0], [4.5, 2.5, 0]]), T([[5.0, 7.5, 0], [3.6, 13.5, 0]]))
+    )
+    torch.testing.assert_close(r.convergence_delta, torch.zeros(4), atol=1e-5, rtol=0)
+
+
+def test_deeplift_functional_basic_model2_is_right() -> None:
+    # Captum returns (3, -1) with delta 1.0 here (functional relus get plain gradients).
+    r = methods.attribute(
+        cm.BasicModel2(), (T([3.0]), T([1.0])), "deeplift", return_convergence_delta=True
+    )
+    torch.testing.assert_close(r.attributions, (T([1.5]), T([-0.5])))
+    assert float(r.convergence_delta.abs().max()) < 1e-6
+
+
+def test_guided_backprop_and_deconvolution_oracles() -> None:  # oracle 17
+    ci = torch.arange(16.0).view(1, 1, 4, 4)
+    gbp = methods.attribute(cm.ConvNetOneConv(), ci, "guided_backprop", target=0)
+    torch.testing.assert_close(
+        gbp.attributions[0, 0], T([[0.0, 1, 1, 1], [1, 3, 3, 2], [1, 3, 3, 2], [1, 2, 2, 1]])
+    )
+    dec = methods.attribute(cm.ConvNetOneConv(), ci, "deconvolution", target=0)
+    torch.testing.assert_close(
+        dec.attributions[0, 0], T([[2.0, 3, 3, 1], [3, 5, 5, 2], [3, 5, 5, 2], [1, 2, 2, 1]])
+    )
+
+
+def test_gradient_basics_and_target_forms() -> None:  # oracles 20, 21
+    sal = methods.attribute(cm.BasicModel(), T([1.0, 2, 3, 0, -1, 7]), "saliency")
+    torch.testing.assert_close(sal.attributions, T([0.0, 0, 0, 1, 1, 0]))
+    ixg = methods.attribute(cm.MultiLayer(), T([[20.0, 50, 30]]), "input_x_gradient", target=0)
+    torch.testing.assert_close(ixg.attributions, T([[80.0, 200, 120]]))
+    s = methods.attribute(cm.MultiLayer(), T([[1.0, -2, 3]]), "saliency", target=1, abs=False)
+    torch.testing.assert_close(s.attributions, T([[3.0, 3, 3]]))
+    x = T([[1.0, 2, 3], [4, 5, 6]])
+    md = dict(additional_forward_args=(None, True), abs=False)
+    a = methods.attribute(cm.MultiLayer(), x, "saliency", target=(1, 1, 1), **md)
+    torch.testing.assert_close(a.attributions, T([[24.0] * 3, [32.0] * 3]))
+    a = methods.attribute(cm.MultiLayer(), x, "saliency", target=[(0, 0, 0), (1, 1, 1)], **md)
+    torch.testing.assert_close(a.attributions, T([[3.0] * 3, [32.0] * 3]))
+    for t in (T([0, 1]), [0, 1]):
+        a = methods.attribute(cm.MultiLayer(), x, "saliency", target=t, abs=False)
+        torch.testing.assert_close(a.attributions, T([[3.0] * 3, [4.0] * 3]))
+    for t in (T(1), [1, 0]):  # the gradient does not depend on the class here
+        a = methods.attribute(cm.MultiLayer(), x, "saliency", target=t, abs=False)
+        torch.testing.assert_close(a.attributions, T([[3.0] * 3, [4.0] * 3]))
+
+
+@pytest.mark.parametrize("name", ["integrated_gradients", "deeplift"])
+def test_completeness(name: str) -> None:
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 7), nn.ReLU(), nn.Linear(7, 2))
+    m = m.double()
+    x, b = torch.randn(6, 5, dtype=torch.float64), torch.randn(1, 5, dtype=torch.float64)
+    r = methods.attribute(m, x, name, target=1, baselines=b, return_convergence_delta=True)
+    with torch.no_grad():
+        gap = m(x)[:, 1] - m(b)[:, 1]
+    torch.testing.assert_close(r.attributions.sum(1), gap + r.convergence_delta)
+    # IG's quadrature error at the ReLU kinks is small but not zero; DeepLift is exact.
+    assert float(r.convergence_delta.abs().max()) < (1e-2 if name == "integrated_gradients" else 1e-10)
+
+
+def test_saliency_of_a_linear_model_is_abs_weights() -> None:
+    torch.manual_seed(2)
+    lin = nn.Linear(6, 3).double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    r = methods.attribute(lin, x, "saliency", target=2)
+    torch.testing.assert_close(r.attributions, lin.weight[2].abs().expand(4, 6).detach())
+
+
+def test_ig_auto_steps_meet_the_tolerance() -> None:
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)).double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    for approx, tol in (
+        ("gausslegendre", 1e-3), ("riemann_trapezoid", 1e-3), ("riemann_middle", 1e-3),
+        ("riemann_left", 1e-2), ("riemann_right", 1e-2),
+    ):  # fmt: skip
+        r = methods.attribute(
+            m, x, "integrated_gradients", n_steps="auto", delta_tolerance=tol,
+            approximation_method=approx, return_convergence_delta=True,
+        )  # fmt: skip
+        with torch.no_grad():
+            gap = (m(x) - m(torch.zeros_like(x))).squeeze(1).abs()
+        assert r.params["converged"]
+        assert bool((r.convergence_delta.abs() <= tol * gap).all())
+        # the same number of steps, run directly, gives the same attributions
+        direct = methods.attribute(
+            m, x, "integrated_gradients", n_steps=r.params["n_steps"], approximation_method=approx
+        )
+        torch.testing.assert_close(r.attributions, direct.attributions, rtol=1e-9, atol=1e-12)
