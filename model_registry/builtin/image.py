@@ -1,0 +1,62 @@
+"""``image-cnn``: 3x32x32 images in, 4 classes out; the class is the quadrant of a bright square.
+
+Ground truth: each image is dim noise in [0, 0.3) with one bright square (side 4 to 8, every
+channel in [0.8, 1]) lying wholly inside one 16x16 quadrant; the class is that quadrant, in
+row-major order (top-left, top-right, bottom-left, bottom-right). A faithful attribution puts
+most of its mass on the square, hence in that quadrant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+SIZE = 32
+NOISE = 0.3
+LABELS = ("top-left", "top-right", "bottom-left", "bottom-right")
+LAYERS = ("features.0", "features.3", "classifier.1")
+
+
+class ImageCNN(nn.Module):
+    """conv-relu-pool x2 then a linear read-out; flattening keeps where the square was."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16 * 8 * 8, len(LABELS)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def quadrant_mask(quadrant: int) -> torch.Tensor:
+    """A bool [32, 32] mask of one quadrant (0..3, row-major)."""
+    half = SIZE // 2
+    mask = torch.zeros(SIZE, SIZE, dtype=torch.bool)
+    r, c = divmod(quadrant, 2)
+    mask[r * half : (r + 1) * half, c * half : (c + 1) * half] = True
+    return mask
+
+
+def make_data(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` images [n, 3, 32, 32] and their quadrant classes [n] (uniform over the four)."""
+    half = SIZE // 2
+    x = torch.rand(n, 3, SIZE, SIZE, generator=generator) * NOISE
+    y = torch.randint(0, len(LABELS), (n,), generator=generator)
+    side = torch.randint(4, 9, (n,), generator=generator)
+    # position of the square's corner inside its quadrant, drawn so the square fits
+    u = torch.rand(n, 2, generator=generator)
+    colour = 0.8 + 0.2 * torch.rand(n, 3, generator=generator)
+    for i in range(n):  # data generation only: a handful of thousand images, once
+        s = int(side[i])
+        r0 = int(u[i, 0] * (half - s + 1)) + (int(y[i]) // 2) * half
+        c0 = int(u[i, 1] * (half - s + 1)) + (int(y[i]) % 2) * half
+        x[i, :, r0 : r0 + s, c0 : c0 + s] = colour[i].view(3, 1, 1)
+    return x, y

@@ -1,0 +1,118 @@
+"""``text-classifier``: token ids in, (negative, positive) out; sentiment words decide.
+
+Ground truth: training sentences are neutral filler words with one or two sentiment words of a
+single polarity; the class is that polarity. The model is a bag of embeddings (masked mean over
+the non-pad tokens) read out by a small MLP, so the sentiment word carries the decision and a
+faithful per-token attribution ranks it first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+LABELS = ("negative", "positive")
+LAYERS = ("embedding", "fc1", "fc2")
+EMBEDDING_LAYER = "embedding"
+PAD, UNK = "[PAD]", "[UNK]"
+PAD_ID, UNK_ID = 0, 1
+
+NEGATIVE = (
+    "bad", "terrible", "awful", "boring", "hate", "hated", "worst", "poor", "dull",
+    "horrible", "disappointing", "waste", "ugly", "mediocre", "weak", "annoying",
+)  # fmt: skip
+POSITIVE = (
+    "good", "great", "excellent", "wonderful", "love", "loved", "amazing", "best",
+    "fantastic", "enjoyable", "brilliant", "delightful", "superb", "fun", "beautiful", "perfect",
+)  # fmt: skip
+NEUTRAL = (
+    "the", "a", "an", "movie", "film", "plot", "story", "acting", "actors", "this", "that",
+    "it", "was", "is", "were", "and", "of", "to", "in", "with", "very", "really", "quite",
+    "ending", "music", "script", "characters", "scene", "scenes", "i", "we", "they",
+    "director", "performance", "so", "too", "at", "for", "on", "book", "show", "cast",
+)  # fmt: skip
+#: the fixed vocabulary; an id is a position in this tuple (the weights depend on the order)
+VOCAB: tuple[str, ...] = (PAD, UNK, *NEGATIVE, *POSITIVE, *NEUTRAL)
+EMBED_DIM = 16
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+class WordTokenizer:
+    """Lower-cases, splits on whitespace and punctuation (dropped), maps words to ids.
+
+    ``tokenizer(texts)`` returns ``(ids, tokens)``: ``ids`` is an int64 [N, L] tensor padded
+    with ``PAD_ID`` (0) to the longest text in the batch (L >= 1); ``tokens[i]`` lists the
+    words of text i, so ``tokens[i][j]`` is the word at ``ids[i, j]`` and positions
+    ``j >= len(tokens[i])`` are padding. Out-of-vocabulary words keep their spelling in
+    ``tokens`` and get ``UNK_ID`` (1) in ``ids``.
+    """
+
+    def __init__(self, vocab: Sequence[str] = VOCAB, max_length: int | None = None) -> None:
+        self.vocab = tuple(vocab)
+        self.index = {w: i for i, w in enumerate(self.vocab)}
+        self.max_length = max_length
+
+    def split(self, text: str) -> list[str]:
+        words = _WORD.findall(text.lower())
+        return words if self.max_length is None else words[: self.max_length]
+
+    def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[list[str]]]:
+        if isinstance(texts, str):  # a bare string would be split into characters
+            raise TypeError("texts must be a sequence of strings, not a single string")
+        tokens = [self.split(t) for t in texts]
+        length = max([1, *(len(t) for t in tokens)])
+        ids = torch.full((len(tokens), length), PAD_ID, dtype=torch.long)
+        for i, words in enumerate(tokens):
+            if words:
+                ids[i, : len(words)] = torch.tensor([self.index.get(w, UNK_ID) for w in words])
+        return ids, tokens
+
+
+class TextClassifier(nn.Module):
+    """Embedding -> masked mean over non-pad tokens -> Linear -> ReLU -> Linear."""
+
+    def __init__(self, vocab_size: int = len(VOCAB), dim: int = EMBED_DIM) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=PAD_ID)
+        self.fc1 = nn.Linear(dim, 16)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(16, len(LABELS))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # The mask comes from the ids, not the embeddings, so layer methods that replace the
+        # embedding output (layer integrated gradients) still average over the same tokens.
+        mask = (ids != PAD_ID).unsqueeze(-1).to(self.embedding.weight.dtype)
+        emb = self.embedding(ids)
+        pooled = (emb * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return self.fc2(self.relu(self.fc1(pooled)))
+
+
+def make_data(
+    n: int, generator: torch.Generator, max_len: int = 12
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` padded id rows [n, max_len] and their polarity classes [n].
+
+    Each row has 3..max_len tokens: neutral filler (about 5% of it unknown words) with one or
+    two sentiment words of the row's polarity at random positions.
+    """
+    n_neg, n_pos, n_neu = len(NEGATIVE), len(POSITIVE), len(NEUTRAL)
+    first_neg, first_pos = 2, 2 + n_neg
+    first_neu = first_pos + n_pos
+    y = torch.randint(0, 2, (n,), generator=generator)
+    lengths = torch.randint(3, max_len + 1, (n,), generator=generator)
+    ids = first_neu + torch.randint(0, n_neu, (n, max_len), generator=generator)
+    # some filler is out-of-vocabulary, so the UNK embedding learns to be neutral too
+    ids[torch.rand(n, max_len, generator=generator) < 0.05] = UNK_ID
+    ids[torch.arange(max_len).expand(n, max_len) >= lengths[:, None]] = PAD_ID
+    n_sent = torch.randint(1, 3, (n,), generator=generator)
+    for k in range(2):
+        pos = (torch.rand(n, generator=generator) * lengths).long()
+        word = torch.randint(0, n_neg, (n,), generator=generator)
+        sentiment = torch.where(y == 1, first_pos + word % n_pos, first_neg + word)
+        rows = torch.nonzero(n_sent > k).squeeze(1)
+        ids[rows, pos[rows]] = sentiment[rows]
+    return ids, y
