@@ -1,0 +1,50 @@
+"""Shapley value sampling: mean marginal contributions over random feature permutations.
+
+Castro et al. 2009, https://doi.org/10.1016/j.cor.2008.04.004, in Captum's form (the baselines
+stand for absent features). Every prefix of every permutation is one coalition; distinct ones
+are evaluated once, all in batched forwards. Contributions along a permutation telescope, so
+the attributions sum to f(inputs) - f(baselines) to the working dtype's precision.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from methods.call import Call, Output
+from methods.engine.baselines import format_baselines
+from methods.engine.coalitions import credit_permutations, evaluate, permutation_prefixes
+from methods.engine.perturb import echo, format_feature_mask, spread, start
+from methods.perturbation.shapley_values import ShapleyValuesParams, working_dtype
+from methods.registry import register
+
+
+class ShapleyValueSamplingParams(ShapleyValuesParams):
+    n_samples: int = Field(25, gt=0, description="number of random feature permutations")
+
+
+@register(
+    "shapley_value_sampling",
+    kind="perturbation",
+    params=ShapleyValueSamplingParams,
+    batching="perturbations_per_eval",
+    differentiates_inputs=False,
+    stochastic=True,
+)
+def shapley_value_sampling(call: Call, p: ShapleyValueSamplingParams) -> Output:
+    """Shapley values estimated from n_samples random permutations of the features.
+
+    Shape: targeted output shape + input.shape[1:], as Captum.
+    """
+    xs = call.inputs
+    masks = format_feature_mask(p.feature_mask, xs, call.method)
+    f = masks.n_features
+    bs = format_baselines(call.baselines, xs)
+    ev, initial = start(call, xs)
+    like = torch.empty(0, device=xs[0].device)
+    perms = torch.argsort(call.rand((p.n_samples, f), like), dim=1)
+    prefixes = permutation_prefixes(perms)  # (S, F + 1, F)
+    values, _ = evaluate(ev, masks, prefixes.reshape(-1, 1, f), xs, bs)
+    values = values.to(working_dtype(initial)).reshape(p.n_samples, f + 1, *ev.out_shape)
+    phi = credit_permutations(perms, values)
+    return Output(spread(phi, masks, xs, call.method), echo=echo(ev))

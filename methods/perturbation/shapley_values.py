@@ -1,0 +1,72 @@
+"""Exact Shapley values over feature groups (Shapley 1953), with the baselines as "absent".
+
+Captum averages over all F! permutations (F! x F forwards). Every permutation step is the
+difference of two coalitions, so the same numbers come from evaluating each of the 2**F
+coalitions once and weighting them: phi = A v (``coalitions.exact_shapley_matrix``).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from methods.call import Call, Output
+from methods.engine.baselines import format_baselines
+from methods.engine.coalitions import (
+    MAX_EXACT_FEATURES,
+    all_coalitions,
+    evaluate,
+    exact_shapley_matrix,
+)
+from methods.engine.perturb import echo, format_feature_mask, spread, start
+from methods.errors import InvalidArgumentError
+from methods.params import MethodParams, TensorParam
+from methods.registry import register
+
+
+class ShapleyValuesParams(MethodParams):
+    feature_mask: TensorParam = Field(
+        None,
+        description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
+        "elements sharing an id (also across inputs) form one player. Default: every scalar",
+    )
+
+
+def working_dtype(out: torch.Tensor) -> torch.dtype:
+    """Accumulate in the output's floating dtype (Captum always uses float32)."""
+    return out.dtype if out.is_floating_point() else torch.get_default_dtype()
+
+
+@register(
+    "shapley_values",
+    kind="perturbation",
+    params=ShapleyValuesParams,
+    batching="perturbations_per_eval",
+    differentiates_inputs=False,
+)
+def shapley_values(call: Call, p: ShapleyValuesParams) -> Output:
+    """Exact Shapley values of feature groups; refuses more than 16 features (2**F forwards).
+
+    Shape: targeted output shape + input.shape[1:], as Captum.
+    """
+    xs = call.inputs
+    masks = format_feature_mask(p.feature_mask, xs, call.method)
+    f = masks.n_features
+    if f > MAX_EXACT_FEATURES:
+        raise InvalidArgumentError(
+            f"shapley_values: the inputs have {f} features, more than the {MAX_EXACT_FEATURES} "
+            f"exact Shapley values allow (2**F model evaluations); group them with "
+            "feature_mask, or use shapley_value_sampling",
+            argument="feature_mask",
+        )
+    bs = format_baselines(call.baselines, xs)
+    ev, initial = start(call, xs)
+    coalitions = all_coalitions(f, xs[0].device)
+    values, _ = evaluate(ev, masks, coalitions.unsqueeze(1), xs, bs)
+    dtype = working_dtype(initial)
+    a = exact_shapley_matrix(coalitions, dtype)
+    v = values.reshape(values.shape[0], -1).to(dtype)
+    # Rows of A sum to zero, so subtracting v(empty) changes nothing but the rounding: a
+    # feature-independent output then gets exactly zero.
+    phi = (a @ (v - v[0])).reshape(f, *ev.out_shape)
+    return Output(spread(phi, masks, xs, call.method), echo=echo(ev))
