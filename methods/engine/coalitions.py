@@ -73,7 +73,7 @@ def exact_shapley_matrix(coalitions: Tensor, dtype: torch.dtype) -> Tensor:
 def permutation_prefixes(perms: Tensor) -> Tensor:
     """For permutations (S, F): the coalitions after each step, bool (S, F + 1, F), step 0
     empty and step F full."""
-    s, f = perms.shape
+    f = int(perms.shape[1])
     rank = torch.argsort(perms, dim=1)  # rank[s, i]: position of feature i in permutation s
     steps = torch.arange(f + 1, device=perms.device).view(1, f + 1, 1)
     return rank.unsqueeze(1) < steps
