@@ -51,6 +51,10 @@ class ModelSpec:
     #: per-model overrides of the server's batching defaults
     internal_batch_size: int | str | None = None
     perturbations_per_eval: int | str | None = None
+    #: directory that relative paths in ``source``/``weights`` resolve against (the directory of
+    #: the models.toml that declared the model; None: the current directory). ``python:``
+    #: sources may also import modules that sit there.
+    base_dir: str | None = None
 
 
 @dataclass

@@ -124,7 +124,9 @@ def metadata(name: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {list(RECIPES)}; default: all")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"any of {list(RECIPES)}; default: all"
+    )
     parser.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output directory")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(RECIPES))
