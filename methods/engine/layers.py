@@ -1,0 +1,387 @@
+"""Layers: find a module by dotted path, and read or replace what it sees during a forward.
+
+Every hook lives inside a context manager and is removed in ``finally``, also when the
+forward raises. A *tap* on a layer records the tensors the layer receives (``to_input``) or
+returns, and can hand the rest of the model something else in their place:
+
+- ``mode="read"``: record, change nothing (activations, neuron values, gradients that must
+  flow back through the layer to the inputs).
+- ``mode="cut"``: give the rest of the model fresh leaves holding the same values, so the
+  gradient of the output with respect to the layer is exactly ``grad(out, tap.leaves)`` and the
+  backward pass stops at the layer (token-id inputs need no gradient at all).
+- ``mode="swap"``: give the rest of the model the tensors in ``tap.replacement`` (layer
+  integrated gradients: the interpolated activations), as leaves to differentiate.
+
+Layer results are tuples here; the API returns a tuple when the layer has several tensors
+(Captum's rule), a single tensor otherwise.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from methods.engine.inputs import Forward, Tensors
+from methods.engine.targets import Target
+from methods.errors import AttributionError, InvalidArgumentError, UnsupportedModelError
+
+TapMode = Literal["read", "cut", "swap"]
+
+
+def resolve(model: Any, path: object) -> nn.Module:
+    """The submodule at dotted ``path`` (as ``model.get_submodule``), or an error naming the
+    nearest valid paths."""
+    if not isinstance(model, nn.Module):
+        raise UnsupportedModelError(
+            "layer and neuron methods hook a module of the model, so the model must be a "
+            f"torch.nn.Module, got {type(model).__name__}",
+            argument="layer",
+        )
+    if not isinstance(path, str) or not path:
+        raise InvalidArgumentError(
+            f"layer must be a non-empty dotted module path such as 'features.3', got {path!r}",
+            argument="layer",
+        )
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        names = [n for n, _ in model.named_modules() if n]
+        close = difflib.get_close_matches(path, names, n=5, cutoff=0.3)
+        shown = close or names[:10]
+        label = "nearest valid layers" if close else "valid layers include"
+        raise InvalidArgumentError(
+            f"the model has no layer {path!r}; {label}: {', '.join(shown) or 'none'}",
+            argument="layer",
+        ) from None
+
+
+class _Stop(AttributionError):
+    """Raised from a hook to end the forward once the layer has been seen."""
+
+
+@dataclass
+class Tap:
+    """What a tapped layer saw in the last forward (tensors only, in call order)."""
+
+    path: str
+    to_input: bool
+    mode: TapMode
+    stop: bool = False
+    replacement: Tensors | None = None
+    values: Tensors = ()
+    leaves: Tensors = ()
+    calls: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.values, self.leaves, self.calls = (), (), 0
+
+    def check_ran(self) -> None:
+        if self.calls == 0:
+            raise InvalidArgumentError(
+                f"layer {self.path!r} did not run during the forward pass; pick a module the "
+                "model calls",
+                argument="layer",
+            )
+        if self.calls > 1:
+            raise InvalidArgumentError(
+                f"layer {self.path!r} ran {self.calls} times in one forward pass; layer "
+                "attribution needs a module that runs once (pick a module that is not reused)",
+                argument="layer",
+            )
+
+    def _new(self, values: Tensors) -> Tensors | None:
+        """The tensors the rest of the model gets instead of ``values`` (None: unchanged)."""
+        self.calls += 1
+        if self.calls > 1 and self.mode != "read":
+            return None  # reported by check_ran after the forward
+        self.values = values
+        if self.mode == "read":
+            return None
+        if self.mode == "cut":
+            self.leaves = tuple(
+                v.detach().requires_grad_(v.is_floating_point() or v.is_complex()) for v in values
+            )
+        else:
+            rep = self.replacement or ()
+            if len(rep) != len(values):
+                raise InvalidArgumentError(
+                    f"layer {self.path!r} produced {len(values)} tensors but {len(rep)} "
+                    "replacements were given",
+                    argument="layer",
+                )
+            self.leaves = rep
+        # Clones, so in-place operations after the layer (ReLU(inplace=True)) leave the
+        # leaves intact; gradients with respect to the leaves are unchanged by the clone.
+        return tuple(leaf.clone() for leaf in self.leaves)
+
+
+def _split(obj: Any) -> tuple[Tensors, Callable[[Tensors], Any]]:
+    """The tensors in a hook's value and how to rebuild the value with other tensors."""
+    if isinstance(obj, Tensor):
+        return (obj,), lambda ts: ts[0]
+    if isinstance(obj, (tuple, list)):
+        pos = [i for i, v in enumerate(obj) if isinstance(v, Tensor)]
+        kind = type(obj)
+
+        def rebuild(ts: Tensors) -> Any:
+            items = list(obj)
+            for i, t in zip(pos, ts, strict=True):
+                items[i] = t
+            return tuple(items) if kind is tuple else items
+
+        return tuple(obj[i] for i in pos), rebuild
+    return (), lambda ts: obj
+
+
+@contextmanager
+def tap(
+    module: nn.Module,
+    path: str,
+    *,
+    to_input: bool = False,
+    mode: TapMode = "read",
+    stop: bool = False,
+    replacement: Tensors | None = None,
+) -> Iterator[Tap]:
+    """Hook ``module`` for the duration of the block; the hook is always removed."""
+    t = Tap(path=path, to_input=to_input, mode=mode, stop=stop, replacement=replacement)
+
+    def on_value(value: Any) -> Any:
+        tensors, rebuild = _split(value)
+        if not tensors:
+            raise InvalidArgumentError(
+                f"layer {path!r} {'received' if to_input else 'returned'} no tensors",
+                argument="layer",
+            )
+        new = t._new(tensors)
+        if t.stop:
+            raise _Stop("layer reached")
+        return None if new is None else rebuild(new)
+
+    if to_input:
+        handle = module.register_forward_pre_hook(lambda m, args: on_value(args))
+    else:
+        handle = module.register_forward_hook(lambda m, args, out: on_value(out))
+    try:
+        yield t
+    finally:
+        handle.remove()
+
+
+def run(forward: Forward, xs: Tensors, t: Tap) -> Tensor | None:
+    """Run ``forward`` with ``t`` active; the output, or None when the tap stopped it early."""
+    t.reset()
+    try:
+        out = forward(xs)
+    except _Stop:
+        out = None
+    if not t.stop or t.calls == 0:
+        t.check_ran()
+    return out
+
+
+def layer_gradients(
+    forward: Forward,
+    xs: Tensors,
+    target: Target,
+    module: nn.Module,
+    path: str,
+    to_input: bool,
+    replacement: Tensors | None = None,
+) -> tuple[Tensors, Tensors, Tensor]:
+    """d(targeted output)/d(layer), the layer's own values, and the targeted outputs.
+
+    With ``replacement`` the layer's values are replaced by it (and the gradient is with
+    respect to it): layer integrated gradients' activation swap.
+    """
+    mode: TapMode = "cut" if replacement is None else "swap"
+    with torch.enable_grad(), tap(
+        module, path, to_input=to_input, mode=mode, replacement=replacement
+    ) as t:
+        out = run(forward, xs, t)
+        selected = target.select(out)  # type: ignore[arg-type]  # a "cut"/"swap" tap never stops
+        leaves = t.leaves
+        wanted = [leaf for leaf in leaves if leaf.requires_grad]
+        grads = (
+            torch.autograd.grad(selected.sum(), wanted, allow_unused=True) if wanted else ()
+        )
+    it = iter(grads)
+    full = tuple((next(it) if leaf.requires_grad else None) for leaf in leaves)
+    return (
+        tuple(torch.zeros_like(v) if g is None else g for g, v in zip(full, leaves, strict=True)),
+        tuple(v.detach() for v in t.values),
+        selected.detach(),
+    )
+
+
+def activations(
+    forward: Forward, xs: Tensors, module: nn.Module, path: str, to_input: bool
+) -> Tensors:
+    """The layer's values for ``xs`` (no grad; the forward stops at the layer)."""
+    with torch.no_grad(), tap(module, path, to_input=to_input, stop=True) as t:
+        run(forward, xs, t)
+    return tuple(v.detach() for v in t.values)
+
+
+# --- neurons
+
+
+def select_neuron(values: Tensors, selector: Any) -> Tensor:
+    """One value per row of the layer: Captum's ``neuron_selector`` semantics.
+
+    An int or a tuple of ints/slices indexes the layer's (single) tensor without its batch
+    dim, slice selections are summed; a callable receives the layer's tensor (a tuple when it
+    has several) and must return one value per row.
+    """
+    rows = values[0].shape[0]
+    if callable(selector):
+        out = selector(values if len(values) > 1 else values[0])
+        if not isinstance(out, Tensor) or out.shape[0] != rows or out[0].numel() != 1:
+            raise InvalidArgumentError(
+                f"neuron_selector (a callable) must return a tensor of shape ({rows},), one "
+                f"value per example, got {getattr(out, 'shape', type(out).__name__)}",
+                argument="neuron_selector",
+            )
+        return out.reshape(rows)
+    if len(values) > 1:
+        raise InvalidArgumentError(
+            f"the layer has {len(values)} tensors; select a neuron with a callable "
+            "neuron_selector",
+            argument="neuron_selector",
+        )
+    index = (selector,) if isinstance(selector, int) else tuple(selector)
+    v = values[0]
+    if len(index) > v.dim() - 1:
+        raise InvalidArgumentError(
+            f"neuron_selector {selector!r} has {len(index)} indices but the layer's tensor "
+            f"{tuple(v.shape)} has {v.dim() - 1} dims after the batch dim",
+            argument="neuron_selector",
+        )
+    for d, i in enumerate(index):
+        if isinstance(i, int) and not -v.shape[d + 1] <= i < v.shape[d + 1]:
+            raise InvalidArgumentError(
+                f"neuron_selector index {i} is out of range for layer dim {d + 1} of size "
+                f"{v.shape[d + 1]} (layer shape {tuple(v.shape)})",
+                argument="neuron_selector",
+            )
+    sel = v[(slice(None), *index)]
+    if any(isinstance(i, slice) for i in index):
+        return sel.reshape(rows, -1).sum(1)
+    if sel[0].numel() != 1:
+        raise InvalidArgumentError(
+            f"neuron_selector {selector!r} selects {sel[0].numel()} values per example from "
+            f"the layer of shape {tuple(v.shape)}; give an index for every dim, or slices "
+            "(which are summed)",
+            argument="neuron_selector",
+        )
+    return sel.reshape(rows)
+
+
+def check_selector(selector: Any) -> Any:
+    """Normalise a ``neuron_selector``: an int, a tuple of ints/slices, or a callable."""
+    if callable(selector):
+        return selector
+    if isinstance(selector, bool):
+        raise InvalidArgumentError("neuron_selector must not be a bool", argument="neuron_selector")
+    if isinstance(selector, int):
+        return selector
+    if isinstance(selector, (tuple, list)) and selector:
+        out = []
+        for i in selector:
+            if isinstance(i, bool) or not isinstance(i, (int, slice)):
+                raise InvalidArgumentError(
+                    f"neuron_selector entries must be ints or slices, got {i!r}",
+                    argument="neuron_selector",
+                )
+            out.append(i)
+        return tuple(out)
+    raise InvalidArgumentError(
+        "neuron_selector must be an int, a non-empty tuple of ints/slices, or a callable, got "
+        f"{selector!r}",
+        argument="neuron_selector",
+    )
+
+
+def neuron_gradients(
+    forward: Forward,
+    xs: Tensors,
+    module: nn.Module,
+    path: str,
+    to_input: bool,
+    selector: Any,
+) -> tuple[Tensors, Tensor]:
+    """d(selected neuron)/d(inputs) and the neuron's values; the forward stops at the layer."""
+    with torch.enable_grad(), tap(module, path, to_input=to_input, stop=True) as t:
+        leaves = tuple(x.detach().requires_grad_(True) for x in xs)
+        run(forward, leaves, t)
+        neuron = select_neuron(t.values, selector)
+        if not neuron.requires_grad:
+            grads: tuple[Tensor | None, ...] = (None,) * len(leaves)
+        else:
+            grads = torch.autograd.grad(neuron.sum(), leaves, allow_unused=True)
+    return (
+        tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs, strict=True)),
+        neuron.detach(),
+    )
+
+
+def tile(xs: Tensors, k: int) -> Tensors:
+    """Each input repeated ``k`` times along dim 0, batch-tiled (step-major, as paths are)."""
+    if k == 1:
+        return xs
+    return tuple(x.repeat((k,) + (1,) * (x.dim() - 1)) for x in xs)
+
+
+# --- paths in input space, gradients at the layer (internal influence, conductance)
+
+
+def layer_path(
+    call: Any,
+    xs: Tensors,
+    bs: Tensors,
+    alphas: Tensor,
+    module: nn.Module,
+    path: str,
+    to_input: bool,
+) -> tuple[Tensors, Tensors, dict[str, Any]]:
+    """Layer gradients and values at every point b + alpha_k (x - b), step-major.
+
+    Returns (gradients, values), each of K*N rows in the order (step, example), and the
+    chosen ``internal_batch_size``. Steps are chunked as ``path_gradient_sum`` chunks them.
+    """
+    from methods.engine.batching import run_chunks
+    from methods.engine.path import steps_per_chunk
+
+    n, k_total = call.n, int(alphas.shape[0])
+    diffs = tuple(x - b for x, b in zip(xs, bs, strict=True))
+
+    def at(sub: Any, points: Tensors) -> tuple[Tensors, Tensors]:
+        grads, values, _ = layer_gradients(
+            sub.forward, points, sub.target, module, path, to_input
+        )
+        return grads, values
+
+    def chunk(s: int, e: int) -> tuple[Tensors, Tensors]:
+        k = e - s
+        sub = call.replace(forward=call.forward.expanded(k), target=call.target.expand(k))
+        a = alphas[s:e]
+        points = tuple(
+            (b.unsqueeze(0) + a.view(k, *([1] * d.dim())).to(d.dtype) * d.unsqueeze(0)).reshape(
+                k * n, *d.shape[1:]
+            )
+            for b, d in zip(bs, diffs, strict=True)
+        )
+        return at(sub, points)
+
+    per = steps_per_chunk(call, k_total, xs, lambda c, pts: at(c, pts)[0])
+    parts, used = run_chunks(k_total, per, chunk, retry_oom=call.internal_batch_size == "auto")
+    grads = tuple(torch.cat([p[0][i] for p in parts]) for i in range(len(parts[0][0])))
+    values = tuple(torch.cat([p[1][i] for p in parts]) for i in range(len(parts[0][1])))
+    return grads, values, {"internal_batch_size": used * n}

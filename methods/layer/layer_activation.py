@@ -1,0 +1,24 @@
+"""Layer Activation: the layer's output (or input) itself, from a forward that stops there."""
+
+from __future__ import annotations
+
+from methods.call import Call, Output
+from methods.engine import layers
+from methods.layer._common import LayerParams, layer_output, target_layer
+from methods.registry import register
+
+
+@register(
+    "layer_activation",
+    kind="layer",
+    params=LayerParams,
+    needs_hooks=True,
+    differentiates_inputs=False,
+)
+def layer_activation(call: Call, p: LayerParams) -> Output:
+    """The layer's activations for the inputs (computed without gradients)."""
+    module = target_layer(call, p)
+    values = layers.activations(
+        call.forward, call.inputs, module, p.layer, p.attribute_to_layer_input
+    )
+    return layer_output(values)

@@ -1,0 +1,90 @@
+"""Layer Integrated Gradients: integrated gradients in a layer's activation space.
+
+Sundararajan et al. 2017, https://arxiv.org/abs/1703.01365 (applied to a layer, as Captum's
+``LayerIntegratedGradients``). The layer's values for the inputs and for the baselines come
+from one forward that stops at the layer; along the path the layer's output (or input) is
+replaced by the interpolated activation and the gradient taken with respect to it. For token
+models the layer is the embedding: baselines are token ids (e.g. the pad id) and
+``methods.tokens.per_token`` sums the result over the embedding dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from methods.call import Call, Output
+from methods.engine import layers
+from methods.engine.baselines import format_baselines
+from methods.engine.inputs import Tensors
+from methods.engine.path import completeness_delta, path_gradient_sum
+from methods.engine.quadrature import ApproximationMethod, rule_tensors
+from methods.layer._common import LayerParams, layer_output, target_layer
+from methods.registry import register
+
+
+class LayerIntegratedGradientsParams(LayerParams):
+    n_steps: int = Field(50, ge=1, description="integration points along the path")
+    approximation_method: ApproximationMethod = Field(
+        "gausslegendre", description="quadrature rule along the path"
+    )
+    multiply_by_inputs: bool = Field(
+        True, description="multiply by (layer(inputs) - layer(baselines))"
+    )
+
+
+def endpoint_values(
+    call: Call, xs: Tensors, bs: Tensors, module: torch.nn.Module, path: str, to_input: bool
+) -> tuple[Tensors, Tensors, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Layer values at the inputs and at the baselines from one doubled forward; with
+    ``call.return_delta`` the forward runs to the end and also gives f(inputs), f(baselines)."""
+    n = call.n
+    both = tuple(torch.cat([x, b]) for x, b in zip(xs, bs, strict=True))
+    fwd = call.forward.expanded(2)
+    need_out = call.return_delta
+    with torch.no_grad(), layers.tap(module, path, to_input=to_input, stop=not need_out) as t:
+        out = layers.run(fwd, both, t)
+    vals = tuple(v.detach() for v in t.values)
+    ends = None
+    if need_out and out is not None:
+        sel = call.target.expand(2).select(out)
+        ends = (sel[:n], sel[n:])
+    return tuple(v[:n] for v in vals), tuple(v[n:] for v in vals), ends
+
+
+@register(
+    "layer_integrated_gradients",
+    kind="layer",
+    params=LayerIntegratedGradientsParams,
+    needs_hooks=True,
+    returns_delta=True,
+    batching="internal_batch_size",
+    differentiates_inputs=False,
+)
+def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) -> Output:
+    """Integrated gradients with respect to a layer's activations (e.g. token embeddings)."""
+    module = target_layer(call, p)
+    xs = call.inputs
+    bs = format_baselines(call.baselines, xs)
+    to_input = p.attribute_to_layer_input
+    ax, ab, ends = endpoint_values(call, xs, bs, module, p.layer, to_input)
+    n = call.n
+
+    def grad_fn(sub: Call, points: Tensors) -> Tensors:
+        k = points[0].shape[0] // n
+        leaves = tuple(pt.detach().requires_grad_(True) for pt in points)
+        grads, _, _ = layers.layer_gradients(
+            sub.forward, layers.tile(xs, k), sub.target, module, p.layer, to_input, leaves
+        )
+        return grads
+
+    alphas, weights = rule_tensors(p.approximation_method, p.n_steps, ax[0].dtype, ax[0].device)
+    grads, echo = path_gradient_sum(call, ax, ab, alphas, weights, grad_fn=grad_fn)
+    if p.multiply_by_inputs:
+        attrs = tuple((x - b) * g for x, b, g in zip(ax, ab, grads, strict=True))
+    else:
+        attrs = grads
+    out = layer_output(attrs, echo=echo)
+    if ends is not None:
+        out.delta, out.outputs = completeness_delta(attrs, *ends), ends[0]
+    return out
