@@ -1,0 +1,78 @@
+"""``create_app(settings)``: the FastAPI app, its routes, errors, body limit and worker pool."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import methods
+from service import problems, registry
+from service.errors import ServiceError
+from service.limits import BodyLimit
+from service.pool.pool import WorkerPool
+from service.responses import OrjsonResponse
+from service.routers import attributions, catalog, health
+from service.settings import Settings
+from service.state import AppState
+from service.telemetry import Telemetry
+
+DESCRIPTION = (
+    "Attributions for PyTorch models over HTTP: Captum's catalogue, exact and fast. "
+    "Errors are application/problem+json (RFC 9457)."
+)
+
+
+def worker_count(settings: Settings) -> int:
+    if settings.workers is not None:
+        return settings.workers
+    import torch
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
+def create_app(settings: Settings | None = None, *, start_workers: bool = True) -> FastAPI:
+    """Build the app; the worker pool starts with the app's lifespan."""
+    settings = settings or Settings.from_env()
+    try:
+        specs = registry.load_specs(settings.models)
+    except registry.registry_error() as exc:
+        raise SystemExit(f"attrserve: cannot load the model registry: {exc}") from None
+    telemetry = Telemetry()
+    pool = WorkerPool(settings, specs, telemetry, worker_count(settings) if start_workers else 0)
+    state = AppState(
+        settings=settings,
+        specs={s.id: s for s in specs},
+        pool=pool,
+        telemetry=telemetry,
+        method_names=frozenset(m.name for m in methods.available()),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+
+    from service import __version__
+
+    app = FastAPI(
+        title="attrserve",
+        version=__version__,
+        description=DESCRIPTION,
+        default_response_class=OrjsonResponse,
+        lifespan=lifespan,
+    )
+    app.state.attrserve = state
+    problems.install(app)
+    app.include_router(health.router)
+    app.include_router(catalog.router)
+    app.include_router(attributions.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+__all__ = ["ServiceError", "create_app"]

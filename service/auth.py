@@ -1,0 +1,35 @@
+"""Optional API keys: 401 without a valid key, 403 for a model outside the key's list."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from service.errors import Forbidden, Unauthorized
+from service.settings import ApiKey, Settings
+
+
+def presented_key(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def authenticate(settings: Settings, request: Request) -> ApiKey | None:
+    """The matching key (None when the server has no keys); raises 401 otherwise."""
+    if not settings.api_keys:
+        return None
+    given = presented_key(request)
+    if given:
+        for k in settings.api_keys:
+            if k.matches(given):
+                return k
+    raise Unauthorized(
+        "a valid API key is required (Authorization: Bearer <key> or X-API-Key)",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def authorize(key: ApiKey | None, model_id: str) -> None:
+    if key is not None and not key.allows(model_id):
+        raise Forbidden(f"this API key may not use model {model_id!r}")

@@ -1,0 +1,121 @@
+"""One job on one loaded model: arrays -> tensors -> ``methods.attribute`` -> arrays."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import methods
+from model_registry.spec import LoadedModel
+from service.errors import InvalidRequest
+from service.pool.jobs import Job, Reply
+from service.targets import to_engine
+
+
+def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+def _convert(value: Any, device: torch.device) -> Any:
+    if isinstance(value, np.ndarray):
+        return _tensor(value, device)
+    if isinstance(value, tuple):
+        return tuple(_convert(v, device) for v in value)
+    if isinstance(value, list):
+        return [_convert(v, device) for v in value]
+    return value
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu").numpy()
+
+
+def _select(out: torch.Tensor, target: Any, n: int) -> torch.Tensor:
+    """The model output at the engine target, one value per example."""
+    if target is None:
+        return out.reshape(n, -1)[:, 0]
+    if isinstance(target, int):
+        return out[:, target]
+    if isinstance(target, tuple):
+        return out[(slice(None), *target)]
+    rows = torch.tensor(target, device=out.device)
+    ar = torch.arange(n, device=out.device)
+    if rows.dim() == 1:
+        return out[ar, rows]
+    return out[(ar, *rows.unbind(1))]
+
+
+def _forward(lm: LoadedModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    with torch.no_grad():
+        out = lm.model(*xs)
+    if not isinstance(out, torch.Tensor):
+        raise InvalidRequest("the model did not return one tensor", loc=("body", "target"))
+    return out
+
+
+def run_job(lm: LoadedModel, job: Job) -> Reply:
+    t0 = time.perf_counter()
+    device = lm.device
+    tokens = None
+    if job.texts:
+        if lm.tokenizer is None:
+            raise InvalidRequest(
+                f"model {job.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
+            )
+        ids, tokens = lm.tokenizer(list(job.texts))
+        xs: tuple[torch.Tensor, ...] = (ids.to(device),)
+    else:
+        xs = tuple(_tensor(a, device) for a in job.arrays)
+    n = int(xs[0].shape[0])
+    out: torch.Tensor | None = None
+    wire = job.target
+    if wire is not None and wire["kind"] == "predicted":
+        out = _forward(lm, xs)
+        wire = {"kind": "per_example", "rows": out.argmax(dim=-1).tolist()}
+    target = to_engine(wire)
+    params = {k: _convert(v, device) for k, v in job.params.items()}
+    if job.attributed_layer is not None:
+        params["layer"] = job.attributed_layer
+    res = methods.attribute(
+        lm.model,
+        xs if len(xs) > 1 else xs[0],
+        job.method,
+        target=target,
+        baselines=_convert(job.baselines, device),
+        internal_batch_size=job.internal_batch_size,
+        perturbations_per_eval=job.perturbations_per_eval,
+        noise_tunnel=job.noise_tunnel,
+        seed=job.seed,
+        return_convergence_delta=job.return_delta,
+        **params,
+    )
+    attrs = res.attributions
+    as_tuple = isinstance(attrs, tuple)
+    parts = list(attrs) if isinstance(attrs, tuple) else [attrs]
+    if job.attributed_layer is not None:  # one score per token: sum over the embedding dim
+        parts = [(p.abs() if job.post_abs else p).sum(dim=-1) for p in parts]
+    if res.outputs is not None and res.outputs.numel() == n:
+        selected = res.outputs.reshape(n)
+    else:
+        selected = _select(out if out is not None else _forward(lm, xs), target, n)
+    return Reply(
+        job_id=job.id,
+        attributions=[_numpy(p) for p in parts],
+        as_tuple=as_tuple,
+        delta=None if res.convergence_delta is None else _numpy(res.convergence_delta),
+        outputs=_numpy(selected),
+        target=None if wire is None else _rows(wire, n),
+        tokens=tokens,
+        params=res.params,
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
+def _rows(wire: dict[str, Any], n: int) -> list[Any]:
+    if wire["kind"] == "index":
+        idx = wire["index"]
+        return [idx[0] if len(idx) == 1 else list(idx)] * n
+    return list(wire["rows"])

@@ -1,0 +1,61 @@
+"""What crosses the process boundary: jobs, batches and replies, as plain picklable data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.targets import WireTarget
+
+
+@dataclass
+class Job:
+    """One validated request, ready for the engine (arrays stay numpy until the worker)."""
+
+    id: int
+    model_id: str
+    method: str  # the method the engine runs
+    arrays: tuple[np.ndarray, ...]
+    texts: tuple[str, ...]
+    target: WireTarget
+    baselines: Any
+    params: dict[str, Any]
+    internal_batch_size: int | str | None
+    perturbations_per_eval: int | str | None
+    noise_tunnel: dict[str, Any] | None
+    seed: int | None
+    return_delta: bool
+    deadline: float  # time.time() after which the work is abandoned
+    n: int
+    cost: int
+    #: token models: the embedding layer a rewritten gradient method attributes to (summed)
+    attributed_layer: str | None = None
+    #: saliency rewritten onto a layer: take the absolute value before summing
+    post_abs: bool = False
+    #: requests with equal keys may be merged into one engine call; None: never merged
+    key: tuple[Any, ...] | None = None
+
+
+@dataclass
+class Batch:
+    id: int
+    jobs: list[Job]
+
+
+@dataclass
+class Reply:
+    """A job's answer; ``error`` is ``ServiceError.to_data()`` when it failed."""
+
+    job_id: int
+    attributions: list[np.ndarray] = field(default_factory=list)
+    as_tuple: bool = False
+    delta: np.ndarray | None = None
+    outputs: np.ndarray | None = None
+    target: list[Any] | None = None
+    tokens: list[list[str]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    compute_ms: float = 0.0
+    merged: int = 1
+    error: dict[str, Any] | None = None

@@ -1,0 +1,162 @@
+"""Dynamic batching: which jobs may share one engine call, and merging/splitting them.
+
+Only engine calls that are separable per example are merged: inputs are concatenated, targets
+become one entry per example, and baselines/params must be identical (so they broadcast).
+Seeded stochastic requests are never merged: their numbers would depend on their companions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import orjson
+
+from service.pool.jobs import Job, Reply
+from service.targets import per_example
+
+#: methods whose result for one example depends on the other examples in the call
+BATCH_COUPLED = frozenset({"feature_permutation", "kernel_shap", "lime"})
+#: methods whose tensor baselines are a distribution shared by every example
+DISTRIBUTION_BASELINES = frozenset(
+    {
+        "gradient_shap",
+        "deeplift_shap",
+        "layer_gradient_shap",
+        "layer_deeplift_shap",
+        "neuron_gradient_shap",
+        "neuron_deeplift_shap",
+    }
+)
+
+
+def _digest(value: Any) -> Any:
+    """A hashable fingerprint of params/baselines; None when a tensor is per example."""
+    if isinstance(value, np.ndarray):
+        h = hashlib.blake2b(value.tobytes(), digest_size=12).hexdigest()
+        return ("array", str(value.dtype), value.shape, h)
+    if isinstance(value, (list, tuple)):
+        return tuple(_digest(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _digest(v)) for k, v in value.items()))
+    return value
+
+
+def _broadcasts(value: Any, method: str) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 or value.shape[0] == 1 or method in DISTRIBUTION_BASELINES
+    if isinstance(value, (list, tuple)):
+        return all(_broadcasts(v, method) for v in value)
+    if isinstance(value, dict):
+        return all(_broadcasts(v, method) for v in value.values())
+    return True
+
+
+def _target_form(job: Job) -> Any:
+    t = job.target
+    if t is None:
+        return None
+    if t["kind"] in ("index", "per_example"):
+        return "class" if t["kind"] == "per_example" or len(t["index"]) == 1 else len(t["index"])
+    if t["kind"] == "per_example_tuple":
+        return len(t["rows"][0])
+    return t["kind"]
+
+
+def merge_key(job: Job, stochastic: bool) -> tuple[Any, ...] | None:
+    """Jobs with equal keys give the same numbers merged as one by one; None: never merge."""
+    if job.texts or job.method in BATCH_COUPLED:
+        return None
+    if (stochastic or job.noise_tunnel is not None) and job.seed is not None:
+        return None
+    if job.params.get("n_steps") == "auto":  # stops when *every* example has converged
+        return None
+    if not _broadcasts(job.params, job.method) or not _broadcasts(job.baselines, job.method):
+        return None
+    params = orjson.dumps(
+        {k: v for k, v in job.params.items() if not isinstance(v, np.ndarray)},
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return (
+        job.model_id,
+        job.method,
+        params,
+        _digest(job.params),
+        _digest(job.baselines),
+        _target_form(job),
+        tuple((a.dtype.str, a.shape[1:]) for a in job.arrays),
+        job.internal_batch_size,
+        job.perturbations_per_eval,
+        _digest(job.noise_tunnel),
+        job.return_delta,
+        job.attributed_layer,
+        job.post_abs,
+    )
+
+
+def merge(jobs: list[Job]) -> Job:
+    """One job computing every job's examples (same key assumed)."""
+    first = jobs[0]
+    n = sum(j.n for j in jobs)
+    arrays = tuple(
+        np.concatenate([j.arrays[i] for j in jobs], axis=0) for i in range(len(first.arrays))
+    )
+    target = first.target
+    if target is not None and target["kind"] != "predicted":
+        parts = [per_example(j.target, j.n) for j in jobs]
+        rows = [r for p in parts if p is not None for r in p["rows"]]
+        target = {"kind": parts[0]["kind"] if parts[0] else "per_example", "rows": rows}
+    return Job(
+        id=first.id,
+        model_id=first.model_id,
+        method=first.method,
+        arrays=arrays,
+        texts=(),
+        target=target,
+        baselines=first.baselines,
+        params=first.params,
+        internal_batch_size=first.internal_batch_size,
+        perturbations_per_eval=first.perturbations_per_eval,
+        noise_tunnel=first.noise_tunnel,
+        seed=None,
+        return_delta=first.return_delta,
+        deadline=max(j.deadline for j in jobs),
+        n=n,
+        cost=sum(j.cost for j in jobs),
+        attributed_layer=first.attributed_layer,
+        post_abs=first.post_abs,
+        key=first.key,
+    )
+
+
+def _cut(arr: np.ndarray | None, total: int, start: int, n: int) -> np.ndarray | None:
+    if arr is None:
+        return None
+    if arr.ndim == 0 or arr.shape[0] % total:
+        return arr
+    k = arr.shape[0] // total  # rows per example (e.g. one delta per sample)
+    return arr[start * k : (start + n) * k]
+
+
+def split(reply: Reply, jobs: list[Job]) -> list[Reply]:
+    """The merged reply cut back into one reply per job, in order."""
+    total = sum(j.n for j in jobs)
+    out: list[Reply] = []
+    start = 0
+    for j in jobs:
+        out.append(
+            Reply(
+                job_id=j.id,
+                attributions=[_cut(a, total, start, j.n) for a in reply.attributions],  # type: ignore[misc]
+                as_tuple=reply.as_tuple,
+                delta=_cut(reply.delta, total, start, j.n),
+                outputs=_cut(reply.outputs, total, start, j.n),
+                target=None if reply.target is None else reply.target[start : start + j.n],
+                params=reply.params,
+                compute_ms=reply.compute_ms,
+                merged=len(jobs),
+            )
+        )
+        start += j.n
+    return out

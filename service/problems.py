@@ -1,0 +1,82 @@
+"""The one problem+json envelope (RFC 9457), and the one place errors are mapped to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from methods.errors import AttributionError
+from service.errors import (
+    BodyTooLarge,
+    InvalidRequest,
+    MalformedRequest,
+    ServiceError,
+    from_engine,
+)
+from service.responses import ProblemResponse
+
+TYPE_BASE = "https://attrserve.dev/problems/"
+
+
+def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + err.code,
+        "title": err.title,
+        "status": err.status,
+        "detail": err.detail,
+        "errors": err.errors,
+    }
+    if instance:
+        body["instance"] = instance
+    return ProblemResponse(body, status_code=err.status, headers=err.headers or None)
+
+
+def _validation(exc: RequestValidationError) -> ServiceError:
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+    if any(e["type"] in ("json_invalid", "model_attributes_type") for e in errors) or any(
+        e["loc"] == ["body"] and e["type"] == "missing" for e in errors
+    ):
+        detail = "the request body is not a JSON object: " + "; ".join(e["msg"] for e in errors)
+        return MalformedRequest(detail, errors=errors)
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"][1:]) or "body"
+    return InvalidRequest(f"{where}: {first['msg']}", errors=errors)
+
+
+def _http(exc: HTTPException) -> ServiceError:
+    err = ServiceError(str(exc.detail))
+    err.status = exc.status_code
+    err.code = "http_" + str(exc.status_code)
+    err.title = str(exc.detail)
+    if exc.status_code == 413:
+        return BodyTooLarge(str(exc.detail))
+    return err
+
+
+def to_service_error(exc: Exception) -> ServiceError:
+    """Map any exception the app may see to a service error (the one mapping)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return _validation(exc)
+    if isinstance(exc, AttributionError):
+        return from_engine(exc)
+    if isinstance(exc, HTTPException):
+        return _http(exc)
+    return ServiceError("internal error: " + type(exc).__name__)
+
+
+def install(app: FastAPI) -> None:
+    """Route every error class through ``problem``."""
+
+    async def handle(request: Request, exc: Exception) -> ProblemResponse:
+        return problem(to_service_error(exc), request.url.path)
+
+    for cls in (ServiceError, RequestValidationError, AttributionError, HTTPException, Exception):
+        app.add_exception_handler(cls, handle)

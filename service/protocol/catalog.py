@@ -1,0 +1,71 @@
+"""Schemas of the catalogue routes: models, methods, health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class InputInfo(BaseModel):
+    name: str
+    dtype: str
+    shape: list[int | None] = Field(description="null marks a free dim (dim 0: examples)")
+
+
+class OutputInfo(BaseModel):
+    shape: list[int | None] = Field(description="per example, without the batch dim")
+    labels: list[str]
+
+
+class ModelInfo(BaseModel):
+    id: str
+    version: str
+    description: str
+    device: str
+    inputs: list[InputInfo]
+    output: OutputInfo
+    layers: list[str]
+    embedding_layer: str | None = None
+    tokenizer: bool = Field(False, description="accepts raw text inputs")
+    methods: list[str] = Field(description="methods this model can serve")
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class MethodInfoOut(BaseModel):
+    name: str
+    kind: str
+    needs_hooks: bool
+    returns_delta: bool
+    stochastic: bool
+    description: str
+    params: dict[str, Any] = Field(description="JSON schema of the method's parameters")
+
+
+class MethodList(BaseModel):
+    methods: list[MethodInfoOut]
+
+
+class WorkerStatus(BaseModel):
+    index: int
+    pid: int | None
+    state: str
+    restarts: int
+
+
+class Health(BaseModel):
+    status: str
+    workers: list[WorkerStatus] = Field(default_factory=list)
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details (application/problem+json)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, Any]] = Field(description='[{"loc": [...], "msg": "..."}]')

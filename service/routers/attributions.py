@@ -1,0 +1,70 @@
+"""POST /v1/models/{model_id}/attributions."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Header, Request
+
+from service.auth import authenticate, authorize
+from service.problems import to_service_error
+from service.protocol.attributions import EXAMPLES, AttributionRequest, AttributionResponse
+from service.protocol.catalog import Problem
+from service.responses import OrjsonResponse
+from service.serving import attributions
+from service.state import AppState, get_state
+
+router = APIRouter(tags=["attributions"])
+State = Annotated[AppState, Depends(get_state)]
+ERRORS = {
+    code: {"model": Problem, "description": text}
+    for code, text in {
+        400: "malformed body",
+        401: "missing or wrong API key",
+        403: "key not allowed here",
+        404: "unknown model or method",
+        413: "body over the limit",
+        422: "cannot be served (shape, dtype, NaN, target, method, limits)",
+        429: "queue full (Retry-After)",
+        503: "not ready or worker lost",
+        504: "deadline passed",
+    }.items()
+}
+
+
+@router.post(
+    "/v1/models/{model_id}/attributions",
+    response_model=AttributionResponse,
+    response_class=OrjsonResponse,
+    responses=ERRORS,  # type: ignore[arg-type]
+)
+async def attribute(
+    model_id: str,
+    state: State,
+    request: Request,
+    body: Annotated[AttributionRequest, Body(openapi_examples=EXAMPLES)],  # type: ignore[arg-type]
+    x_deadline_ms: Annotated[
+        float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
+    ] = None,
+) -> OrjsonResponse:
+    """Compute attributions for a batch of examples with one method."""
+    started = time.perf_counter()
+    tel = state.telemetry
+    status = 200
+    try:
+        authorize(authenticate(state.settings, request), model_id)
+        spec = state.spec(model_id)
+        result, _ = await attributions.attribute(
+            state.settings, state.pool, spec, body, x_deadline_ms, started
+        )
+        return OrjsonResponse(result)
+    except Exception as exc:
+        status = to_service_error(exc).status
+        raise
+    finally:
+        # label values come from the catalogue only, never from free user text
+        model = model_id if model_id in state.specs else "_unknown"
+        method = body.method if body.method in state.method_names else "_unknown"
+        tel.requests.labels(model, method, str(status)).inc()
+        tel.latency.labels(model, method).observe(time.perf_counter() - started)

@@ -1,0 +1,42 @@
+"""GET /v1/models, /v1/models/{model_id}, /v1/methods."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from service.auth import authenticate, authorize
+from service.protocol.catalog import MethodList, ModelInfo, ModelList, Problem
+from service.serving import catalog
+from service.state import AppState, get_state
+
+router = APIRouter(tags=["catalog"])
+State = Annotated[AppState, Depends(get_state)]
+ERRORS = {401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}}
+
+
+@router.get("/v1/models", response_model=ModelList, responses=ERRORS)
+async def list_models(state: State, request: Request) -> ModelList:
+    """Every served model (those the API key may use)."""
+    key = authenticate(state.settings, request)
+    infos = [
+        catalog.model_info(s, state.pool.model_info.get(s.id))
+        for s in state.specs.values()
+        if key is None or key.allows(s.id)
+    ]
+    return ModelList(models=infos)
+
+
+@router.get("/v1/models/{model_id}", response_model=ModelInfo, responses=ERRORS)
+async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
+    """One model: inputs, output, layers and the methods it serves."""
+    authorize(authenticate(state.settings, request), model_id)
+    return catalog.model_info(state.spec(model_id), state.pool.model_info.get(model_id))
+
+
+@router.get("/v1/methods", response_model=MethodList, responses=ERRORS)
+async def list_methods(state: State, request: Request) -> MethodList:
+    """Every registered method with its parameters' JSON schema."""
+    authenticate(state.settings, request)
+    return catalog.method_list()

@@ -1,0 +1,54 @@
+"""Health and metrics: always open, never authenticated."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
+
+from service.protocol.catalog import Health, Problem
+from service.responses import OrjsonResponse
+from service.state import AppState, get_state
+
+router = APIRouter()
+State = Annotated[AppState, Depends(get_state)]
+
+
+@router.get("/v1/health/live", response_model=Health, tags=["health"])
+async def live() -> Health:
+    """The process is up."""
+    return Health(status="ok")
+
+
+@router.get(
+    "/v1/health/ready",
+    response_model=Health,
+    tags=["health"],
+    responses={503: {"model": Health, "description": "a worker is not ready"}},
+)
+async def ready(state: State) -> OrjsonResponse:
+    """200 once every worker has loaded its models, else 503."""
+    ok = state.pool.ready
+    state.telemetry.workers_ready.set(
+        sum(w["state"] in ("ready", "busy") for w in state.pool.status())
+    )
+    body = {"status": "ready" if ok else "not_ready", "workers": state.pool.status()}
+    return OrjsonResponse(body, status_code=200 if ok else 503)
+
+
+@router.get(
+    "/metrics",
+    tags=["health"],
+    response_class=Response,
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+        500: {"model": Problem},
+    },
+)
+async def metrics(state: State) -> Response:
+    """Prometheus metrics: requests, latency, queue depth, merged batch sizes, restarts."""
+    state.telemetry.workers_ready.set(
+        sum(w["state"] in ("ready", "busy") for w in state.pool.status())
+    )
+    state.telemetry.queue_depth.set(state.pool.queue_depth())
+    return Response(state.telemetry.render(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,49 @@
+"""Serving the catalogue: models as the registry declares them, methods as the engine lists them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import methods
+from model_registry.spec import ModelSpec
+from service import support
+from service.protocol.catalog import (
+    InputInfo,
+    MethodInfoOut,
+    MethodList,
+    ModelInfo,
+    OutputInfo,
+)
+
+
+def model_info(spec: ModelSpec, loaded: dict[str, Any] | None) -> ModelInfo:
+    loaded = loaded or {}
+    return ModelInfo(
+        id=spec.id,
+        version=spec.version,
+        description=spec.description,
+        device=str(loaded.get("device", spec.device)),
+        inputs=[InputInfo(name=i.name, dtype=i.dtype, shape=list(i.shape)) for i in spec.inputs],
+        output=OutputInfo(shape=list(spec.output.shape), labels=list(spec.output.labels)),
+        layers=list(spec.layers),
+        embedding_layer=spec.embedding_layer,
+        tokenizer=bool(loaded.get("tokenizer", support.token_model(spec))),
+        methods=support.served_methods(spec),
+    )
+
+
+def method_list() -> MethodList:
+    return MethodList(
+        methods=[
+            MethodInfoOut(
+                name=m.name,
+                kind=m.kind,
+                needs_hooks=m.needs_hooks,
+                returns_delta=m.returns_delta,
+                stochastic=m.stochastic,
+                description=m.description,
+                params=m.params,
+            )
+            for m in methods.available()
+        ]
+    )

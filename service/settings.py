@@ -1,0 +1,116 @@
+"""The service's one settings object, read from ``ATTRSERVE_*`` environment variables once.
+
+Every field can be set as ``ATTRSERVE_<FIELD>`` (upper case); list and dict fields take JSON.
+The object is frozen and passed down from ``create_app``; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PREFIX = "ATTRSERVE_"
+
+BatchSize = int | Literal["auto"] | None
+
+
+class ApiKey(BaseModel):
+    """One API key (or its SHA-256 hex digest) and the models it may use (``*`` for all)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str | None = Field(None, description="the key itself")
+    sha256: str | None = Field(None, description="hex SHA-256 of the key, instead of the key")
+    models: tuple[str, ...] = Field(("*",), description="model ids this key may use")
+
+    def matches(self, presented: str) -> bool:
+        if self.key is not None and self.key == presented:
+            return True
+        if self.sha256 is not None:
+            return hashlib.sha256(presented.encode()).hexdigest() == self.sha256.lower()
+        return False
+
+    def allows(self, model_id: str) -> bool:
+        return "*" in self.models or model_id in self.models
+
+
+class Settings(BaseModel):
+    """Server settings; each is the environment variable ``ATTRSERVE_<NAME>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field("127.0.0.1", description="address `attrserve serve` binds")
+    port: int = Field(8000, ge=0, le=65535, description="port `attrserve serve` binds")
+    models: str | None = Field(None, description="models.toml path; unset serves the demo models")
+    workers: int | None = Field(
+        None, ge=0, description="worker processes (unset: one per GPU, else one)"
+    )
+    queue_size: int = Field(64, ge=1, description="requests waiting for a worker before 429")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with 429")
+    batching: bool = Field(True, description="merge compatible concurrent requests")
+    batch_window_ms: float = Field(2.0, ge=0, description="how long a batch stays open")
+    batch_max_cost: int = Field(
+        8192, ge=1, description="largest merged batch, in estimated forward rows"
+    )
+    deadline_ms: float = Field(30000, gt=0, description="default per-request deadline")
+    max_deadline_ms: float = Field(300000, gt=0, description="largest deadline a request may ask")
+    max_body_bytes: int = Field(16 << 20, ge=1, description="largest request body (413 above)")
+    max_tensor_elements: int = Field(
+        4 << 20, ge=1, description="largest tensor in a request, in elements"
+    )
+    max_batch_size: int = Field(256, ge=1, description="most examples in one request")
+    max_n_steps: int = Field(1024, ge=1, description="largest n_steps")
+    max_n_samples: int = Field(1024, ge=1, description="largest n_samples / nt_samples")
+    max_cost: int = Field(
+        2_000_000, ge=1, description="largest estimated cost of a request, in forward rows"
+    )
+    internal_batch_size: BatchSize = Field(
+        "auto", description="default internal_batch_size (models may override)"
+    )
+    perturbations_per_eval: BatchSize = Field(
+        "auto", description="default perturbations_per_eval (models may override)"
+    )
+    max_internal_batch_size: int = Field(4096, ge=1, description="cap on internal_batch_size")
+    max_perturbations_per_eval: int = Field(4096, ge=1, description="cap on perturbations_per_eval")
+    memory_budget_bytes: int = Field(
+        1 << 30, ge=1, description="working memory per engine call ('auto' batch sizes)"
+    )
+    torch_threads: int | None = Field(None, ge=1, description="torch threads per worker")
+    api_keys: tuple[ApiKey, ...] = Field(
+        (), description='JSON list of {"key"|"sha256", "models"}; empty: no authentication'
+    )
+    log_level: str = Field("info", description="uvicorn log level")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read every ``ATTRSERVE_*`` variable (JSON for structured fields); overrides win."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, field in cls.model_fields.items():
+            raw = env.get(PREFIX + name.upper())
+            if raw is None:
+                continue
+            values[name] = _parse(raw, field.annotation)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            var = PREFIX + str(first["loc"][0]).upper() if first["loc"] else PREFIX
+            raise SystemExit(f"invalid setting {var}: {first['msg']}") from None
+
+
+def _parse(raw: str, annotation: Any) -> Any:
+    text = raw.strip()
+    if text == "" or text.lower() in ("none", "null"):
+        return None
+    if text[:1] in "[{":
+        return json.loads(text)
+    if text.lower() in ("true", "false") and annotation is bool:
+        return text.lower() == "true"
+    return text

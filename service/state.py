@@ -1,0 +1,36 @@
+"""What the routes share: settings, model specs, the pool and the metrics (one per app)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from model_registry.spec import ModelSpec
+from service.errors import UnknownModel
+from service.pool.pool import WorkerPool
+from service.settings import Settings
+from service.telemetry import Telemetry
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    specs: dict[str, ModelSpec]
+    pool: WorkerPool
+    telemetry: Telemetry
+    method_names: frozenset[str]
+
+    def spec(self, model_id: str) -> ModelSpec:
+        try:
+            return self.specs[model_id]
+        except KeyError:
+            raise UnknownModel(
+                f"unknown model {model_id!r}; served models: {sorted(self.specs)}",
+                loc=("path", "model_id"),
+            ) from None
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.attrserve
+    return state

@@ -1,0 +1,58 @@
+"""Prometheus metrics, in a registry of the app's own (so several apps can coexist in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "attrserve_requests",
+            "Attribution requests by model, method and HTTP status",
+            ["model", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "attrserve_request_latency_seconds",
+            "Attribution request latency (whole request)",
+            ["model", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute = Histogram(
+            "attrserve_compute_seconds",
+            "Engine time per request (shared when merged)",
+            ["model", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "attrserve_queue_depth", "Requests waiting for a worker", registry=r
+        )
+        self.batch_size = Histogram(
+            "attrserve_batch_requests",
+            "Requests merged into one engine call",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.merged = Counter(
+            "attrserve_merged_requests", "Requests answered by a merged engine call", registry=r
+        )
+        self.restarts = Counter(
+            "attrserve_worker_restarts", "Worker processes restarted", registry=r
+        )
+        self.rejected = Counter(
+            "attrserve_queue_rejections", "Requests rejected with 429 (queue full)", registry=r
+        )
+        self.workers_ready = Gauge(
+            "attrserve_workers_ready", "Workers with their models loaded", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
