@@ -1,0 +1,89 @@
+"""Weighted linear surrogate models in torch, batched over examples (no scikit-learn).
+
+Each fitter takes X (B, S, F), y (B, S) and sample weights w (B, S) and fits B independent
+models at once; objectives follow scikit-learn's so LIME and Kernel SHAP mean what Captum's do:
+
+- ``least_squares``: sum w (y - X b - c)^2 (``LinearRegression``), minimum-norm when singular;
+  ``ridge > 0`` adds ridge * |b|^2 (``Ridge(alpha=ridge)``).
+- ``lasso``: sum w (y - X b - c)^2 / (2 sum w) + alpha |b|_1 (``Lasso(alpha)``), by FISTA.
+- ``constrained_least_squares``: no intercept, sum b fixed (Kernel SHAP's efficiency constraint).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _center(x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Weighted means removed, so the intercept drops out of the fit."""
+    wn = w / w.sum(1, keepdim=True)
+    xm = (wn.unsqueeze(2) * x).sum(1)
+    ym = (wn * y).sum(1)
+    return x - xm.unsqueeze(1), y - ym.unsqueeze(1), xm, ym
+
+
+def _solve(x: Tensor, y: Tensor, w: Tensor, ridge: float) -> Tensor:
+    """argmin_b sum w (y - X b)^2 + ridge |b|^2, minimum-norm; shape (B, F)."""
+    sw = w.clamp(min=0).sqrt()
+    a = sw.unsqueeze(2) * x
+    rhs = sw * y
+    b, _, f = x.shape
+    if ridge > 0:
+        eye = torch.eye(f, dtype=x.dtype, device=x.device).expand(b, f, f) * ridge**0.5
+        a = torch.cat([a, eye], dim=1)
+        rhs = torch.cat([rhs, torch.zeros(b, f, dtype=x.dtype, device=x.device)], dim=1)
+    # gelsd (SVD) gives the minimum-norm answer on rank-deficient designs, like scipy's lstsq;
+    # CUDA offers only gels, which needs full rank.
+    driver = "gelsd" if x.device.type == "cpu" else "gels"
+    return torch.linalg.lstsq(a, rhs.unsqueeze(2), driver=driver).solution.squeeze(2)
+
+
+def least_squares(
+    x: Tensor, y: Tensor, w: Tensor, *, ridge: float = 0.0, intercept: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Weighted least squares (ridge if ``ridge`` > 0): coefficients (B, F) and intercepts (B,)."""
+    if not intercept:
+        coef = _solve(x, y, w, ridge)
+        return coef, torch.zeros_like(coef[:, 0])
+    xc, yc, xm, ym = _center(x, y, w)
+    coef = _solve(xc, yc, w, ridge)
+    return coef, ym - (coef * xm).sum(1)
+
+
+def lasso(
+    x: Tensor, y: Tensor, w: Tensor, alpha: float, *, max_iter: int = 1000, tol: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """Weighted lasso with intercept by FISTA (Beck & Teboulle 2009) on the Gram matrix."""
+    xc, yc, xm, ym = _center(x, y, w)
+    wn = (w / w.sum(1, keepdim=True)).unsqueeze(2)
+    gram = xc.transpose(1, 2) @ (wn * xc)  # (B, F, F)
+    corr = (xc.transpose(1, 2) @ (wn.squeeze(2) * yc).unsqueeze(2)).squeeze(2)  # (B, F)
+    lip = torch.linalg.eigvalsh(gram)[:, -1].clamp(min=1e-12).unsqueeze(1)
+    coef = torch.zeros_like(corr)
+    z, t = coef, 1.0
+    for it in range(max_iter):
+        grad = (gram @ z.unsqueeze(2)).squeeze(2) - corr
+        u = z - grad / lip
+        new = u.sign() * (u.abs() - alpha / lip).clamp(min=0)
+        t_next = (1 + (1 + 4 * t * t) ** 0.5) / 2
+        z = new + ((t - 1) / t_next) * (new - coef)
+        step = (new - coef).abs().max()
+        coef, t = new, t_next
+        if it > 0 and step <= tol * max(1.0, float(coef.abs().max())):
+            break
+    return coef, ym - (coef * xm).sum(1)
+
+
+def constrained_least_squares(x: Tensor, y: Tensor, w: Tensor, total: Tensor) -> Tensor:
+    """argmin_b sum w (y - X b)^2 subject to sum(b) = total (B,), no intercept; (B, F).
+
+    The last coefficient is eliminated: b_F = total - sum_{j<F} b_j.
+    """
+    f = x.shape[2]
+    if f == 1:
+        return total.unsqueeze(1)
+    last = x[:, :, -1]
+    reduced = x[:, :, :-1] - last.unsqueeze(2)
+    head = _solve(reduced, y - last * total.unsqueeze(1), w, 0.0)
+    return torch.cat([head, (total - head.sum(1)).unsqueeze(1)], dim=1)
