@@ -113,7 +113,8 @@ def coalition_inputs(masks: FeatureMasks, keep: Tensor, on: Tensors, off: Tensor
     """One batch of ``k * N`` rows, copy-major: row ``j * N + n`` is example ``n`` with every
     feature ``f`` where ``keep[j, n or 0, f]`` taken from ``on``, every other from ``off``.
 
-    ``keep``: bool (k, 1 or N, F); ``on``/``off``: per input, (N, ...) tensors.
+    ``keep``: bool (k, 1 or N, F); ``on``/``off``: per input, (N, ...) tensors, or (k, N, ...)
+    for values that differ per perturbation.
     """
     k, zr, _ = keep.shape
     out = []
@@ -126,8 +127,7 @@ def coalition_inputs(masks: FeatureMasks, keep: Tensor, on: Tensors, off: Tensor
         else:
             sel = torch.gather(keep, 2, flat.expand(r, -1).unsqueeze(0).expand(k, r, -1))
         sel = sel.reshape(k, r, *rest)
-        n = int(a.shape[0])
-        out.append(torch.where(sel, a, b).reshape(k * n, *a.shape[1:]))
+        out.append(torch.where(sel, a, b).reshape(k * int(a.shape[-len(rest) - 1]), *rest))
     return tuple(out)
 
 
