@@ -1,0 +1,22 @@
+"""Neuron Deconvolution: the deconvolution gradient of one neuron with respect to the inputs.
+
+Zeiler & Fergus 2014, https://arxiv.org/abs/1311.2901. Every ReLU call (module or functional, reused or not) passes on relu(gradient w.r.t. the ReLU output).
+"""
+
+from __future__ import annotations
+
+from methods.call import Call, Output
+from methods.engine import intercept, layers
+from methods.neuron._common import NeuronParams, neuron_target
+from methods.registry import register
+
+
+@register("neuron_deconvolution", kind="neuron", params=NeuronParams, needs_hooks=True)
+def neuron_deconvolution(call: Call, p: NeuronParams) -> Output:
+    """Deconvolution gradient of the selected neuron with respect to each input."""
+    module, selector = neuron_target(call, p)
+    forward = intercept.ruled(call.forward, intercept.DECONVOLUTION)
+    grads, _ = layers.neuron_gradients(
+        forward, call.inputs, module, p.layer, p.attribute_to_neuron_input, selector
+    )
+    return Output(grads)

@@ -1,0 +1,22 @@
+"""Neuron Guided Backpropagation: the guided_backprop gradient of one neuron with respect to the inputs.
+
+Springenberg et al. 2015, https://arxiv.org/abs/1412.6806. Every ReLU call (module or functional, reused or not) passes on relu(gradient w.r.t. the ReLU input).
+"""
+
+from __future__ import annotations
+
+from methods.call import Call, Output
+from methods.engine import intercept, layers
+from methods.neuron._common import NeuronParams, neuron_target
+from methods.registry import register
+
+
+@register("neuron_guided_backprop", kind="neuron", params=NeuronParams, needs_hooks=True)
+def neuron_guided_backprop(call: Call, p: NeuronParams) -> Output:
+    """Guided Backpropagation gradient of the selected neuron with respect to each input."""
+    module, selector = neuron_target(call, p)
+    forward = intercept.ruled(call.forward, intercept.GUIDED_BACKPROP)
+    grads, _ = layers.neuron_gradients(
+        forward, call.inputs, module, p.layer, p.attribute_to_neuron_input, selector
+    )
+    return Output(grads)
