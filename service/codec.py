@@ -55,6 +55,8 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
             f"{_where(loc)} is a ragged nested list; every row must have the same length", loc=loc
         ) from None
     if arr.dtype.kind not in "biuf":
+        if arr.dtype == object and any(v is None for v in arr.ravel()):
+            raise InvalidRequest(f"{_where(loc)} holds null (NaN is not a valid input)", loc=loc)
         raise InvalidRequest(f"{_where(loc)} must hold only numbers", loc=loc)
     if arr.size > max_elements:
         raise LimitExceeded(

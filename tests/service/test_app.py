@@ -1,0 +1,171 @@
+"""The app without workers: catalogue routes, every check made before the queue, errors, keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import ApiKey, Settings
+
+X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
+ATTR = "/v1/models/tabular-mlp/attributions"
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    settings = Settings(max_body_bytes=200_000, max_n_steps=500, max_cost=100_000)
+    with TestClient(create_app(settings, start_workers=False)) as c:
+        yield c
+
+
+def problem(r: object, status: int) -> dict[str, object]:
+    assert r.status_code == status, r.text  # type: ignore[attr-defined]
+    assert r.headers["content-type"] == "application/problem+json"  # type: ignore[attr-defined]
+    body: dict[str, object] = r.json()  # type: ignore[attr-defined]
+    assert body["status"] == status and body["title"] and body["type"] and body["detail"]
+    return body
+
+
+def test_health_and_catalogue(client: TestClient) -> None:
+    assert client.get("/v1/health/live").json() == {"status": "ok"}
+    assert client.get("/v1/health/ready").status_code == 503  # no worker has loaded
+    models = {m["id"]: m for m in client.get("/v1/models").json()["models"]}
+    assert {"tabular-mlp", "image-cnn", "text-classifier"} <= set(models)
+    tab = client.get("/v1/models/tabular-mlp").json()
+    assert tab["inputs"] == [{"name": "x", "dtype": "float32", "shape": [None, 8]}]
+    assert tab["output"]["labels"] and "integrated_gradients" in tab["methods"]
+    text = models["text-classifier"]
+    assert text["embedding_layer"] == "embedding" and text["tokenizer"] is True
+    methods = {m["name"]: m for m in client.get("/v1/methods").json()["methods"]}
+    assert "n_steps" in methods["integrated_gradients"]["params"]["properties"]
+    assert b"attrserve_requests" in client.get("/metrics").content
+
+
+def test_unknown_model_and_method(client: TestClient) -> None:
+    problem(client.get("/v1/models/nope"), 404)
+    body = problem(
+        client.post("/v1/models/nope/attributions", json={"method": "saliency", "inputs": X}), 404
+    )
+    assert body["errors"][0]["loc"] == ["path", "model_id"]  # type: ignore[index]
+    body = problem(
+        client.post(ATTR, json={"method": "integrated_gradient", "inputs": X, "target": 1}), 404
+    )
+    assert "integrated_gradients" in str(body["detail"])
+
+
+def test_malformed_body_is_400(client: TestClient) -> None:
+    problem(
+        client.post(ATTR, content=b"{not json", headers={"content-type": "application/json"}), 400
+    )
+    problem(client.post(ATTR, content=b"[1, 2]", headers={"content-type": "application/json"}), 400)
+
+
+def test_schema_errors_are_422_with_loc(client: TestClient) -> None:
+    body = problem(client.post(ATTR, json={"inputs": X}), 422)
+    assert body["errors"][0]["loc"] == ["body", "method"]  # type: ignore[index]
+    body = problem(client.post(ATTR, json={"method": "saliency", "inputs": X, "bogus": 1}), 422)
+    assert body["errors"][0]["loc"] == ["body", "bogus"]  # type: ignore[index]
+
+
+def test_body_limit_is_413(client: TestClient) -> None:
+    big = {"method": "saliency", "inputs": [[0.5] * 8] * 20_000, "target": 0}
+    problem(
+        client.post(ATTR, content=orjson.dumps(big), headers={"content-type": "application/json"}),
+        413,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "match"),
+    [
+        ({"inputs": [[0.1] * 7]}, ["body", "inputs"], "dim 1 must be 8"),
+        ({"inputs": [[float("nan")] * 8]}, ["body", "inputs"], "NaN"),
+        ({"inputs": [[float("inf")] * 8]}, ["body", "inputs"], "infinity"),
+        ({"inputs": [[None] * 8]}, ["body", "inputs"], "null"),
+        (
+            {"inputs": {"dtype": "int64", "shape": [1, 8], "b64": ""}},
+            ["body", "inputs", "dtype"],
+            "float32",
+        ),
+        ({"target": 7}, ["body", "target"], "out of range"),
+        ({"target": "cat"}, ["body", "target"], "unknown label"),
+        ({"target": None}, ["body", "target"], "required"),
+        ({"params": {"n_steps": 10_000}}, ["body", "params", "n_steps"], "limit"),
+        ({"params": {"n_steps": 400}, "inputs": [[0.1] * 8] * 256}, ["body"], "cost"),
+        ({"inputs": [[0.1] * 8] * 300}, ["body", "inputs"], "examples"),
+        ({"internal_batch_size": 10**6}, ["body", "internal_batch_size"], "cap"),
+        ({"inputs": ["some text"]}, ["body", "inputs"], "no tokenizer"),
+        (
+            {"method": "layer_conductance", "params": {"layer": "nope"}},
+            ["body", "params", "layer"],
+            "not exposed",
+        ),
+    ],
+)
+def test_unservable_requests_are_422(
+    client: TestClient, body: dict[str, object], loc: list[object], match: str
+) -> None:
+    req = {"method": "integrated_gradients", "inputs": X, "target": 1, **body}
+    # json.dumps, not orjson: it writes NaN and Infinity literals, as many clients do
+    err = problem(
+        client.post(ATTR, content=json.dumps(req), headers={"content-type": "application/json"}),
+        422,
+    )
+    assert err["errors"][0]["loc"] == loc  # type: ignore[index]
+    assert match in str(err["detail"])
+
+
+def test_no_workers_is_503(client: TestClient) -> None:
+    problem(client.post(ATTR, json={"method": "saliency", "inputs": X, "target": 1}), 503)
+
+
+def test_api_keys() -> None:
+    keys = (
+        ApiKey(key="tab-only", models=("tabular-mlp",)),
+        ApiKey(sha256=hashlib.sha256(b"all-models").hexdigest()),
+    )
+    with TestClient(create_app(Settings(api_keys=keys), start_workers=False)) as c:
+        assert c.get("/v1/health/live").status_code == 200
+        assert c.get("/v1/health/ready").status_code == 503  # open, just not ready
+        assert c.get("/metrics").status_code == 200
+        problem(c.get("/v1/models"), 401)
+        problem(c.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+        listed = c.get("/v1/models", headers={"X-API-Key": "tab-only"}).json()["models"]
+        assert [m["id"] for m in listed] == ["tabular-mlp"]
+        problem(c.get("/v1/models/image-cnn", headers={"X-API-Key": "tab-only"}), 403)
+        problem(
+            c.post(
+                "/v1/models/image-cnn/attributions",
+                json={"method": "saliency", "inputs": X},
+                headers={"X-API-Key": "tab-only"},
+            ),
+            403,
+        )
+        problem(c.post(ATTR, json={"method": "saliency", "inputs": X}), 401)
+        ok = c.get("/v1/models/image-cnn", headers={"Authorization": "Bearer all-models"})
+        assert ok.status_code == 200
+
+
+def test_settings_from_env() -> None:
+    s = Settings.from_env(
+        {
+            "ATTRSERVE_WORKERS": "2",
+            "ATTRSERVE_BATCHING": "false",
+            "ATTRSERVE_INTERNAL_BATCH_SIZE": "64",
+            "ATTRSERVE_PERTURBATIONS_PER_EVAL": "auto",
+            "ATTRSERVE_API_KEYS": '[{"key": "k", "models": ["tabular-mlp"]}]',
+            "ATTRSERVE_MODELS": "",
+            "UNRELATED": "x",
+        }
+    )
+    assert s.workers == 2 and s.batching is False and s.internal_batch_size == 64
+    assert s.perturbations_per_eval == "auto" and s.models is None
+    assert s.api_keys[0].allows("tabular-mlp") and not s.api_keys[0].allows("image-cnn")
+    with pytest.raises(SystemExit, match="ATTRSERVE_WORKERS"):
+        Settings.from_env({"ATTRSERVE_WORKERS": "many"})

@@ -1,0 +1,140 @@
+"""The tensor codec and wire targets, without an app."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model_registry.spec import InputSpec, ModelSpec, OutputSpec
+from service import codec
+from service.errors import InvalidRequest, LimitExceeded
+from service.targets import resolve_target
+from tests.service.helpers import b64
+
+TAB = ModelSpec(
+    "t",
+    "1",
+    "",
+    "builtin:x",
+    "cpu",
+    "float32",
+    (InputSpec("x", "float32", (None, 4)),),
+    OutputSpec((3,), ("a", "b", "c")),
+)
+TWO = ModelSpec(
+    "two",
+    "1",
+    "",
+    "python:m:f",
+    "cpu",
+    "float32",
+    (InputSpec("a", "float32", (None, 3)), InputSpec("b", "float32", (None, 2))),
+    OutputSpec((2,)),
+)
+TOK = ModelSpec(
+    "tok",
+    "1",
+    "",
+    "builtin:x",
+    "cpu",
+    "float32",
+    (InputSpec("ids", "int64", (None, None)),),
+    OutputSpec((2,), ("neg", "pos")),
+    embedding_layer="emb",
+)
+
+
+def dec(raw: object, spec: ModelSpec = TAB) -> codec.DecodedInputs:
+    return codec.decode_inputs(raw, spec, max_elements=1000, max_batch=8)
+
+
+def test_nested_list_and_b64_agree() -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 7
+    a = dec(x.tolist()).arrays[0]
+    b = dec(b64(x)).arrays[0]
+    c = dec([b64(x)]).arrays[0]
+    assert a.dtype == b.dtype == np.float32
+    np.testing.assert_array_equal(a, x)
+    np.testing.assert_array_equal(b, x)
+    np.testing.assert_array_equal(c, x)
+
+
+def test_encode_roundtrip_base64() -> None:
+    x = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float64)
+    enc = codec.encode_tensor(x, "base64")
+    back = codec.decode_tensor(enc, ("body", "x"), 100)
+    np.testing.assert_array_equal(back, x)
+    assert codec.encode_tensor(x, "json") is not None
+
+
+def test_inputs_by_position_and_name() -> None:
+    a, b = [[1.0, 2.0, 3.0]], [[4.0, 5.0]]
+    by_pos = dec([a, b], TWO)
+    by_name = dec({"b": b, "a": a}, TWO)
+    for p, q in zip(by_pos.arrays, by_name.arrays, strict=True):
+        np.testing.assert_array_equal(p, q)
+    with pytest.raises(InvalidRequest, match="missing"):
+        dec({"a": a}, TWO)
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ([[1.0, 2.0, 3.0]], r"dim 1 must be 4"),
+        ([1.0, 2.0, 3.0, 4.0], r"2 dims"),
+        ([[1.0, 2.0], [1.0]], "ragged"),
+        ([[1.0, "a", 3.0, 4.0]], "only numbers"),
+        ([[1.0, float("nan"), 3.0, 4.0]], "NaN"),
+        ({"dtype": "float64", "shape": [1, 4], "b64": ""}, "takes float32"),
+        ({"dtype": "float32", "shape": [1, 4], "b64": "AAAA"}, "holds 3 bytes"),
+        ({"dtype": "complex", "shape": [1, 4], "b64": ""}, "dtype must be one of"),
+        ({"dtype": "float32", "shape": [1, 4], "b64": "%%%"}, "not valid base64"),
+    ],
+)
+def test_bad_inputs(raw: object, match: str) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        dec(raw)
+
+
+def test_limits() -> None:
+    with pytest.raises(LimitExceeded, match="elements"):
+        codec.decode_inputs([[0.0] * 4] * 300, TAB, max_elements=1000, max_batch=1000)
+    with pytest.raises(LimitExceeded, match="examples"):
+        dec([[0.0] * 4] * 9)
+
+
+def test_int_inputs_reject_floats_and_texts_need_tokenizer() -> None:
+    with pytest.raises(InvalidRequest, match="integers"):
+        dec([[1.5, 2.0]], TOK)
+    assert dec([[1, 2, 3]], TOK).arrays[0].dtype == np.int64
+    assert dec(["a text", "another"], TOK).texts == ("a text", "another")
+    with pytest.raises(InvalidRequest, match="no tokenizer"):
+        dec(["a text"])
+
+
+def test_targets() -> None:
+    out = TAB.output
+    assert resolve_target(1, out, 2) == {"kind": "index", "index": [1]}
+    assert resolve_target("c", out, 2) == {"kind": "index", "index": [2]}
+    assert resolve_target([0, "b"], out, 2) == {"kind": "per_example", "rows": [0, 1]}
+    assert resolve_target({"index": [2]}, out, 1) == {"kind": "index", "index": [2]}
+    assert resolve_target("predicted", out, 3) == {"kind": "predicted"}
+    for bad, match in [
+        (3, "out of range"),
+        ("z", "unknown label"),
+        ([0], "one entry per"),
+        (None, "required"),
+        ({"index": [0, 1]}, "2 indices"),
+    ]:
+        with pytest.raises(InvalidRequest, match=match):
+            resolve_target(bad, out, 2)
+    assert resolve_target(None, OutputSpec((1,)), 2) is None
+
+
+def test_baselines() -> None:
+    inputs = dec([[0.0] * 4] * 2)
+    assert codec.decode_baselines(0.5, TAB, inputs, 100) == 0.5
+    (b,) = codec.decode_baselines([0.1] * 4, TAB, inputs, 100)  # type: ignore[misc]
+    assert b.shape == (1, 4)
+    with pytest.raises(InvalidRequest, match="must match"):
+        codec.decode_baselines([[0.1] * 3], TAB, inputs, 100)
