@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import methods
-from service import problems, registry
+import model_registry
+from service import problems
 from service.errors import ServiceError
 from service.limits import BodyLimit
 from service.pool.pool import WorkerPool
@@ -36,8 +37,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     """Build the app; the worker pool starts with the app's lifespan."""
     settings = settings or Settings.from_env()
     try:
-        specs = registry.load_specs(settings.models)
-    except registry.registry_error() as exc:
+        specs = model_registry.load_specs(settings.models)
+    except model_registry.RegistryError as exc:
         raise SystemExit(f"attrserve: cannot load the model registry: {exc}") from None
     telemetry = Telemetry()
     pool = WorkerPool(settings, specs, telemetry, worker_count(settings) if start_workers else 0)

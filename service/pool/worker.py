@@ -29,12 +29,12 @@ def worker_main(
         import torch
 
         import methods
-        from service import registry
+        import model_registry
 
         if options.get("torch_threads"):
             torch.set_num_threads(int(options["torch_threads"]))
         methods.set_memory_budget(int(options["memory_budget_bytes"]))
-        models = {s.id: registry.load(s) for s in specs}
+        models = {s.id: model_registry.load(s) for s in specs}
         for lm in models.values():
             _warm_up(lm)
     except BaseException as exc:  # report why, then exit: the parent decides on restarts
