@@ -1,0 +1,59 @@
+"""Neuron DeepLift: DeepLift (Rescale rule) of one neuron of a layer.
+
+Shrikumar et al. 2017, https://arxiv.org/abs/1704.02685, with the neuron in place of the
+model output; every non-linear call is intercepted, functional or module, reused or not.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from methods.call import Call, Output
+from methods.engine import layers
+from methods.engine.baselines import format_baselines
+from methods.engine.inputs import Tensors
+from methods.gradient.deeplift import DeepLiftParams, apply_multipliers, multipliers
+from methods.neuron._common import NeuronSelector, neuron_target
+from methods.registry import register
+
+
+class NeuronDeepLiftParams(DeepLiftParams):
+    layer: str = Field(
+        ..., description="dotted path of the module holding the neuron, as in get_submodule"
+    )
+    neuron_selector: NeuronSelector = Field(
+        ...,
+        description="the neuron: an index into the layer's output without the batch dim (an "
+        "int or a list of ints); Python callers may also pass a tuple with slices (summed) or "
+        "a callable layer_output -> one value per example",
+    )
+    attribute_to_neuron_input: bool = Field(
+        False, description="select the neuron from the layer's input instead of its output"
+    )
+
+
+def neuron_deeplift_rows(
+    call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: Tensors
+) -> Tensors:
+    module, selector = neuron_target(call, p)  # type: ignore[arg-type]
+    with layers.tap(module, p.layer, to_input=p.attribute_to_neuron_input) as t:
+        t.reset()
+        mults, _, _ = multipliers(
+            call, xs, bs, call.target, p.eps,
+            grad_fn=lambda out: layers.select_neuron(t.values, selector),
+        )  # fmt: skip
+        t.check_ran()
+    return apply_multipliers(p, mults, xs, bs)
+
+
+@register(
+    "neuron_deeplift",
+    kind="neuron",
+    params=NeuronDeepLiftParams,
+    needs_hooks=True,
+)
+def neuron_deeplift(call: Call, p: NeuronDeepLiftParams) -> Output:
+    """DeepLift attributions of the selected neuron against the baselines (default zeros)."""
+    xs = call.inputs
+    bs = format_baselines(call.baselines, xs)
+    return Output(neuron_deeplift_rows(call, p, xs, bs))
