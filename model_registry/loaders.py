@@ -118,7 +118,11 @@ def _load_builtin(spec: ModelSpec, source: Source) -> tuple[nn.Module, Any]:
 def _load_torchscript(spec: ModelSpec, source: Source, device: torch.device) -> nn.Module:
     path = _existing(source.path(spec.base_dir), spec, "source")
     try:
-        return torch.jit.load(str(path), map_location=device)
+        with warnings.catch_warnings():
+            # torch >= 2.9 deprecates TorchScript for new code; serving a user's existing file
+            # is what this source is for, so the notice would only be noise in the server log.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.load(str(path), map_location=device)
     except Exception as e:  # torch raises RuntimeError, ValueError, zipfile errors...
         raise RegistryError(
             f"{str(path)!r} is not a loadable TorchScript file: {e}", model=spec.id, field="source"
@@ -232,8 +236,9 @@ def _load_weights(model: nn.Module, path: Path, spec: ModelSpec) -> None:
     try:
         model.load_state_dict(state)
     except RuntimeError as e:  # names the missing/unexpected keys and shape mismatches
+        flat = " ".join(str(e).split())  # torch's message spans lines; keep log entries whole
         raise RegistryError(
-            f"weights {str(path)!r} do not fit the model: {e}", model=spec.id, field="weights"
+            f"weights {str(path)!r} do not fit the model: {flat}", model=spec.id, field="weights"
         ) from e
 
 
@@ -285,8 +290,14 @@ def check_forward(loaded: LoadedModel) -> None:
             out = loaded.model(*xs)
     except Exception as e:
         shapes = ", ".join(f"{i.name}: {i.dtype}{[2, *i.shape[1:]]}" for i in spec.inputs)
+        hint = ""
+        if loaded.extra.get("source_kind") == "export":
+            hint = (
+                " (an exported program must be exported with a dynamic batch dim, e.g. "
+                "dynamic_shapes=({0: torch.export.Dim('batch')},))"
+            )
         raise RegistryError(
-            f"a forward pass on zeros shaped as declared ({shapes}) failed: "
+            f"a forward pass on zeros shaped as declared ({shapes}) failed{hint}: "
             f"{type(e).__name__}: {e}",
             model=spec.id,
             field="inputs",
