@@ -10,7 +10,6 @@ each built as one tensor of ``k * N`` rows, and sizes ``k`` from ``perturbations
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,10 +21,9 @@ from methods.engine.batching import memory_budget
 from methods.engine.inputs import Tensors
 from methods.errors import InvalidArgumentError, InvalidTypeError
 
-#: Bytes per second a CPU forward can plausibly allocate and write. A forward cannot create
-#: activations faster than memory takes writes, so time x this rate bounds (generously) what an
-#: unmeasured forward allocated; used to size "auto" chunks on CPU without instrumenting the model.
-CPU_WRITE_RATE = 16e9
+#: For integer inputs nothing can be measured on CPU: assume a forward holds this many times
+#: the input's bytes (8-byte ids to 4 x 768-byte embeddings would be 384; then a few layers).
+INTEGER_INPUT_BLOWUP = 4096
 
 Build = Callable[[int, int], Tensors]
 Inspect = Callable[[int, int, Tensors], None]
@@ -236,33 +234,72 @@ class _ShapeMismatch(Exception):
 
 
 def start(call: Call, inputs: Tensors) -> tuple[Evaluator, Tensor]:
-    """Evaluate ``inputs`` (one unperturbed batch of N rows) and set up the evaluator."""
-    n = call.n
+    """Evaluate ``inputs`` (one unperturbed batch of N rows) and set up the evaluator.
+
+    For ``"auto"`` chunks this forward also measures what one batch holds: the peak allocation
+    on CUDA; elsewhere the tensors autograd would save (every activation the backward needs,
+    an upper bound on what a no_grad forward keeps alive), recorded with grad enabled on the
+    floating inputs. The measure is deterministic, so the chunking, and therefore the
+    rounding, is the same on every call.
+    """
     dev = inputs[0].device
-    cuda = dev.type == "cuda"
-    if cuda:
+    io = sum(x.numel() * x.element_size() for x in inputs)
+    auto = not isinstance(call.perturbations_per_eval, int)
+    made = 0
+    if auto and dev.type == "cuda":
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = call.target.select_rows(call.forward(inputs))
-    elapsed = time.perf_counter() - t0
-    out = out.reshape(1) if out.dim() == 0 else out
-    io = sum(x.numel() * x.element_size() for x in inputs) + out.numel() * out.element_size()
-    if cuda:
+        out = _plain(call, inputs)
         torch.cuda.synchronize(dev)
         made = torch.cuda.max_memory_allocated(dev) - base
+    elif auto and any(x.is_floating_point() for x in inputs):
+        out, made = _measured(call, inputs)
     else:
-        made = int(elapsed * CPU_WRITE_RATE)
-    per_example = out.dim() >= 1 and int(out.shape[0]) == n
+        out = _plain(call, inputs)
+    if made == 0:
+        # Nothing measurable (integer inputs: token ids, masks): assume a generous blow-up,
+        # as from ids to embeddings.
+        made = io * INTEGER_INPUT_BLOWUP
+    out = out.reshape(1) if out.dim() == 0 else out
+    io += out.numel() * out.element_size()
     ev = Evaluator(
         call=call,
         out_shape=tuple(out.shape),
-        per_example=per_example,
+        per_example=out.dim() >= 1 and int(out.shape[0]) == call.n,
         perturbation_bytes=max(1, 2 * io, made),
     )
     return ev, out
+
+
+def _plain(call: Call, inputs: Tensors) -> Tensor:
+    with torch.no_grad():
+        return call.target.select_rows(call.forward(inputs)).detach()
+
+
+def _measured(call: Call, inputs: Tensors) -> tuple[Tensor, int]:
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal total
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        try:
+            key = t.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):  # sparse, meta, ...
+            total += t.numel() * t.element_size()
+        return t
+
+    leaves = tuple(
+        x.detach().requires_grad_(True) if x.is_floating_point() else x for x in inputs
+    )
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = call.target.select_rows(call.forward(leaves))
+    return out.detach(), total
 
 
 def echo(ev: Evaluator) -> dict[str, object]:
