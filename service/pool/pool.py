@@ -213,6 +213,8 @@ class WorkerPool:
                 e.dispatched = now
             w.state, w.batch = "busy", pending
             self.telemetry.batch_size.observe(len(pending.entries))
+            if len(pending.entries) > 1:
+                self.telemetry.merged.inc(len(pending.entries))
             try:
                 assert w.conn is not None
                 w.conn.send(Batch(pending.id, [e.job for e in pending.entries]))

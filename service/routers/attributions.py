@@ -58,6 +58,7 @@ async def attribute(
         result, _ = await attributions.attribute(
             state.settings, state.pool, spec, body, x_deadline_ms, started
         )
+        tel.compute.labels(model_id, body.method).observe(result["timing_ms"]["compute"] / 1e3)
         return OrjsonResponse(result)
     except Exception as exc:
         status = to_service_error(exc).status

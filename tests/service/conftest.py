@@ -1,0 +1,147 @@
+"""A real ``attrserve serve`` in a subprocess on a free port, with real worker processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+MODELS_TOML = """
+[[models]]
+id = "tabular-mlp"
+source = "builtin:tabular-mlp"
+
+[[models]]
+id = "image-cnn"
+source = "builtin:image-cnn"
+
+[[models]]
+id = "text-classifier"
+source = "builtin:text-classifier"
+
+[[models]]
+id = "two-input"
+source = "python:tests.service.factory:two_input"
+labels = ["first", "second"]
+inputs = [{ name = "a", dtype = "float32", shape = ["N", 3] },
+          { name = "b", dtype = "float32", shape = ["N", 2] }]
+
+[[models]]
+id = "scripted"
+source = "torchscript:scripted.pt"
+labels = ["no", "yes"]
+inputs = [{ name = "x", dtype = "float32", shape = ["N", 4] }]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self, **kw: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kw)  # type: ignore[arg-type]
+
+    def ready(self) -> dict[str, object]:
+        body: dict[str, object] = httpx.get(self.url + "/v1/health/ready", timeout=5).json()
+        return body
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise RuntimeError("server exited:\n" + self.log.read_text())
+            try:
+                if httpx.get(self.url + "/v1/health/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("server not ready:\n" + self.log.read_text())
+
+
+def models_dir(tmp: Path) -> Path:
+    (tmp / "models.toml").write_text(MODELS_TOML)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():  # torch deprecates TorchScript; serving old files is the point
+        warnings.simplefilter("ignore")
+        from tests.service.factory import linear_script
+
+        linear_script().save(str(tmp / "scripted.pt"))
+    return tmp / "models.toml"
+
+
+def start_server(tmp: Path, **settings: object) -> Server:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
+    env["ATTRSERVE_TORCH_THREADS"] = env.get("ATTRSERVE_TORCH_THREADS", "1")
+    log = tmp / f"server-{port}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--models",
+        str(models_dir(tmp)),
+    ]
+    with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        server.wait_ready()
+    except Exception:
+        proc.kill()
+        raise
+    return server
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(15)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait(5)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The main server: one worker, batching on with a window wide enough to merge reliably."""
+    s = start_server(tmp_path_factory.mktemp("main"), workers=1, batch_window_ms=25)
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with a tiny queue and no batching: for 429, 504 and a killed worker."""
+    keys = '[{"key": "k-tight", "models": ["tabular-mlp", "image-cnn"]}]'
+    s = start_server(
+        tmp_path_factory.mktemp("tight"), workers=1, queue_size=1, batching="false", api_keys=keys
+    )
+    yield s
+    stop_server(s)
