@@ -1,0 +1,217 @@
+"""HTTP load benchmark: attrserve (batching on and off) against a minimal Captum FastAPI server.
+
+    python -m benchmarks.load [--clients 16] [--duration 5] [--max-requests 2000]
+
+N concurrent httpx clients send identical-shape requests (one example each) for a bounded
+duration and count; throughput and p50/p99 latency are printed per server, model and method.
+The "HTTP overhead" line is one client's p50 latency minus the server-reported compute time
+for one small request. Not a timed test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = [
+    ("tabular-mlp", "saliency"),
+    ("tabular-mlp", "integrated_gradients"),
+    ("image-cnn", "saliency"),
+    ("image-cnn", "integrated_gradients"),
+]
+
+
+# -- the server a user would otherwise write ---------------------------------------------------
+def minimal_app() -> Any:
+    """FastAPI + Captum directly: one request, one Captum call (no batching, no workers)."""
+    import torch
+    from captum.attr import IntegratedGradients, Saliency
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    import model_registry
+
+    models = {s.id: model_registry.load(s).model for s in model_registry.builtin_specs()[:2]}
+    app = FastAPI()
+
+    class Req(BaseModel):
+        method: str
+        inputs: list[Any]
+        target: int
+
+    @app.post("/v1/models/{model_id}/attributions")
+    def attribute(model_id: str, req: Req) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        model = models[model_id]
+        x = torch.tensor(req.inputs, dtype=torch.float32)
+        if req.method == "saliency":
+            a = Saliency(model).attribute(x, target=req.target)
+        else:
+            a = IntegratedGradients(model).attribute(x, target=req.target)
+        compute = (time.perf_counter() - t0) * 1e3
+        return {"attributions": a.tolist(), "timing_ms": {"compute": compute}}
+
+    return app
+
+
+# -- servers -----------------------------------------------------------------------------------
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(kind: str, **settings: Any) -> tuple[subprocess.Popen[bytes], str]:
+    port = _port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
+    env["ATTRSERVE_LOG_LEVEL"] = "warning"
+    if kind == "minimal":
+        cmd = [sys.executable, "-m", "benchmarks.load", "--serve-minimal", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    url = f"http://127.0.0.1:{port}"
+    probe = "/docs" if kind == "minimal" else "/v1/health/ready"
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        try:
+            if httpx.get(url + probe, timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"{kind} server did not start")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+# -- load --------------------------------------------------------------------------------------
+def body(model: str, method: str, rng: np.random.Generator) -> dict[str, Any]:
+    shape = (1, 8) if model == "tabular-mlp" else (1, 3, 32, 32)
+    return {"method": method, "inputs": rng.random(shape, dtype=np.float32).tolist(), "target": 0}
+
+
+async def load(
+    url: str, model: str, method: str, clients: int, duration: float, max_requests: int
+) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    bodies = [body(model, method, rng) for _ in range(64)]
+    latencies: list[float] = []
+    computes: list[float] = []
+    errors = 0
+    end = time.perf_counter() + duration
+    path = f"/v1/models/{model}/attributions"
+
+    async def client(i: int, ac: httpx.AsyncClient) -> None:
+        nonlocal errors
+        k = i
+        while time.perf_counter() < end and len(latencies) + errors < max_requests:
+            t0 = time.perf_counter()
+            r = await ac.post(path, json=bodies[k % len(bodies)])
+            if r.status_code == 200:
+                latencies.append((time.perf_counter() - t0) * 1e3)
+                computes.append(float(r.json()["timing_ms"]["compute"]))
+            else:
+                errors += 1
+            k += clients
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as ac:
+        for b in bodies[:3]:  # warm up
+            await ac.post(path, json=b)
+        started = time.perf_counter()
+        await asyncio.gather(*(client(i, ac) for i in range(clients)))
+        elapsed = time.perf_counter() - started
+    lat = np.array(latencies or [float("nan")])
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50": float(np.percentile(lat, 50)),
+        "p99": float(np.percentile(lat, 99)),
+        "n": len(latencies),
+        "errors": errors,
+        "compute_p50": statistics.median(computes) if computes else float("nan"),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="benchmarks.load", description=__doc__)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per scenario")
+    p.add_argument("--max-requests", type=int, default=5000, help="cap per scenario")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--serve-minimal", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve_minimal is not None:
+        import uvicorn
+
+        uvicorn.run(minimal_app(), host="127.0.0.1", port=args.serve_minimal, log_level="warning")
+        return
+    servers = {
+        "attrserve (batching on)": ("attrserve", {"batching": "true", "workers": args.workers}),
+        "attrserve (batching off)": ("attrserve", {"batching": "false", "workers": args.workers}),
+        "minimal FastAPI+Captum": ("minimal", {}),
+    }
+    rows: list[tuple[str, str, str, int, dict[str, float]]] = []
+    overhead: dict[str, float] = {}
+    for name, (kind, settings) in servers.items():
+        proc, url = start(kind, **settings)
+        try:
+            one = asyncio.run(load(url, "tabular-mlp", "saliency", 1, min(2.0, args.duration), 500))
+            overhead[name] = one["p50"] - one["compute_p50"]
+            for model, method in SCENARIOS:
+                for clients in sorted({1, args.clients}):
+                    r = asyncio.run(
+                        load(url, model, method, clients, args.duration, args.max_requests)
+                    )
+                    rows.append((name, model, method, clients, r))
+                    print(
+                        f"{name:26} {model:12} {method:21} c={clients:<3} "
+                        f"{r['rps']:8.1f} req/s  p50 {r['p50']:7.2f} ms  "
+                        f"p99 {r['p99']:7.2f} ms  errors {r['errors']}",
+                        flush=True,
+                    )
+        finally:
+            stop(proc)
+    print("\n| server | model | method | clients | req/s | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for name, model, method, clients, r in rows:
+        print(
+            f"| {name} | {model} | {method} | {clients} | {r['rps']:.1f} | {r['p50']:.2f} "
+            f"| {r['p99']:.2f} |"
+        )
+    print("\nHTTP overhead, one client, tabular saliency (p50 latency - p50 compute):")
+    for name, ms in overhead.items():
+        print(f"  {name:26} {ms:6.2f} ms")
+    by = {(n, mo, me, c): r["rps"] for n, mo, me, c, r in rows}
+    key = ("tabular-mlp", "integrated_gradients", args.clients)
+    on = by.get(("attrserve (batching on)", *key), float("nan"))
+    off = by.get(("attrserve (batching off)", *key), float("nan"))
+    mini = by.get(("minimal FastAPI+Captum", *key), float("nan"))
+    print(
+        f"\ntabular IG at {args.clients} clients: batching on/off = {on / off:.2f}x, "
+        f"on/minimal Captum = {on / mini:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
