@@ -2,8 +2,9 @@
 
 Selvaraju et al. 2017, https://arxiv.org/abs/1610.02391. The Grad-CAM map of ``layer`` is
 interpolated to each input's spatial size (dims after the channel dim) and multiplies the
-guided-backprop gradients of that input. Where Captum returns an empty tensor with a warning
-(an input the map cannot be interpolated to), this raises an error naming the input.
+guided-backprop gradients of that input; an input without spatial dims is scaled by the
+(N, 1) map of a 2-D layer. Where Captum returns an empty tensor with a warning (an input the
+map cannot be interpolated to), this raises an error naming the input.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def guided_gradcam(call: Call, p: GuidedGradCamParams) -> Output:
     out = []
     for i, (g, x) in enumerate(zip(gbp, call.inputs, strict=True)):
         size = tuple(x.shape[2:])
+        if not size and cam.dim() == 2:  # no spatial dims: the (N, 1) map scales each example
+            out.append(g * cam)
+            continue
         try:
             up = F.interpolate(cam, size=size, mode=p.interpolate_mode)
         except (RuntimeError, ValueError, NotImplementedError) as exc:
