@@ -61,6 +61,13 @@ def format_feature_mask(feature_mask: object, xs: Tensors, method: str) -> Featu
         raw: tuple[Tensor, ...] = tuple(masks)
     else:
         given = feature_mask if isinstance(feature_mask, (tuple, list)) else (feature_mask,)
+        for i, m in enumerate(given):
+            if not isinstance(m, Tensor):
+                raise InvalidTypeError(
+                    f"{method}: feature_mask must be an integer Tensor or a tuple of them (one "
+                    f"per input); entry {i} is {type(m).__name__}",
+                    argument="feature_mask",
+                )
         if len(given) != len(xs):
             raise InvalidArgumentError(
                 f"{method}: feature_mask has {len(given)} entries but there are {len(xs)} "
@@ -82,10 +89,7 @@ def format_feature_mask(feature_mask: object, xs: Tensors, method: str) -> Featu
 def _check_mask(m: object, x: Tensor, i: int, n: int, method: str) -> Tensor:
     where = f"feature_mask[{i}]"
     if not isinstance(m, Tensor):
-        raise InvalidTypeError(
-            f"{method}: {where} must be an integer Tensor, got {type(m).__name__}",
-            argument="feature_mask",
-        )
+        raise InvalidTypeError(f"{method}: {where} must be a Tensor", argument="feature_mask")
     if m.is_floating_point() or m.is_complex() or m.dtype == torch.bool:
         raise InvalidTypeError(
             f"{method}: {where} must hold integer feature ids, got dtype {m.dtype}",
