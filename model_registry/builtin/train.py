@@ -41,15 +41,15 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "tabular-mlp": Recipe(
-        tabular.TabularMLP, tabular.make_data, n_train=4096, epochs=60, batch_size=256,
+        tabular.TabularMLP, tabular.make_data, n_train=4096, epochs=40, batch_size=512,
         lr=1e-2, weight_decay=1e-3, seed=1,
     ),
     "image-cnn": Recipe(
-        image.ImageCNN, image.make_data, n_train=2048, epochs=4, batch_size=64, lr=3e-3,
+        image.ImageCNN, image.make_data, n_train=1024, epochs=6, batch_size=128, lr=5e-3,
         weight_decay=3e-2, seed=2,
     ),
     "text-classifier": Recipe(
-        text.TextClassifier, text.make_data, n_train=4096, epochs=20, batch_size=128,
+        text.TextClassifier, text.make_data, n_train=4096, epochs=10, batch_size=128,
         lr=1e-2, weight_decay=1e-3, seed=3,
     ),
 }  # fmt: skip

@@ -96,7 +96,7 @@ def check_tiny(loaded: model_registry.LoadedModel, reference: nn.Module | None =
         torch.testing.assert_close(out, reference(X))
     # the engine runs on what the registry loaded
     res = methods.attribute(loaded.model, X, "integrated_gradients", target=1)
-    assert res.attributions.shape == X.shape
+    assert isinstance(res.attributions, torch.Tensor) and res.attributions.shape == X.shape
 
 
 def test_python_factory_with_safetensors_weights(tmp_path: Path, factory_module: str) -> None:

@@ -1,0 +1,81 @@
+"""The built-in demo models: committed weights load and are accurate; retraining reproduces
+them; the text tokenizer keeps tokens aligned with ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import model_registry
+from model_registry import RegistryError, builtin
+from model_registry.builtin import text, train
+
+NAMES = list(builtin.BUILTINS)
+
+
+def loaded(name: str) -> model_registry.LoadedModel:
+    (spec,) = [s for s in model_registry.builtin_specs() if s.id == name]
+    return model_registry.load(spec)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_weights_are_accurate_on_fresh_data(name: str) -> None:
+    m = loaded(name)
+    assert m.device == torch.device("cpu") and not m.model.training
+    assert train.accuracy(name, m.model) >= 0.95
+    assert m.spec.output.shape == (len(m.spec.output.labels),)
+    assert set(m.spec.layers) <= {n for n, _ in m.model.named_modules()}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_retraining_reproduces_the_committed_model(name: str) -> None:
+    # Same platform: bit for bit (train.py is single-threaded and deterministic). Another CPU
+    # may round differently along the way, so what must hold everywhere is the same answers.
+    fresh = train.RECIPES[name].build()
+    fresh.load_state_dict(train.train(name))
+    fresh.eval()
+    committed = loaded(name).model
+    x, _ = train.RECIPES[name].make_data(1000, torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        agree = (fresh(x).argmax(1) == committed(x).argmax(1)).double().mean()
+    assert agree >= 0.99
+
+
+def test_weights_stay_small() -> None:
+    sizes = [builtin.WEIGHTS_DIR.joinpath(f"{n}.safetensors").stat().st_size for n in NAMES]
+    assert max(sizes) < 300_000
+
+
+def test_tokenizer_aligns_tokens_with_ids() -> None:
+    tok = loaded("text-classifier").tokenizer
+    assert tok is not None
+    ids, tokens = tok(["The plot was GREAT!", "awful, zorblax film", ""])
+    assert tokens == [["the", "plot", "was", "great"], ["awful", "zorblax", "film"], []]
+    assert ids.dtype == torch.int64 and ids.shape == (3, 4)
+    index = {w: i for i, w in enumerate(text.VOCAB)}
+    assert ids[0].tolist() == [index["the"], index["plot"], index["was"], index["great"]]
+    assert ids[1].tolist() == [index["awful"], text.UNK_ID, index["film"], text.PAD_ID]
+    assert ids[2].tolist() == [text.PAD_ID] * 4
+    assert tok([""])[0].shape == (1, 1)  # never a zero-length sequence
+    with pytest.raises(TypeError, match="not a single string"):
+        tok("a bare string")
+
+
+def test_padding_does_not_change_the_prediction() -> None:
+    m = loaded("text-classifier")
+    assert m.tokenizer is not None
+    ids, _ = m.tokenizer(["what a great film", "what a great film and a very long tail of words"])
+    padded = torch.cat([ids[:1, :4], torch.zeros(1, ids.shape[1] - 4, dtype=torch.long)], 1)
+    torch.testing.assert_close(m.model(ids[:1, :4]), m.model(padded))
+
+
+def test_weights_for_another_vocabulary_are_refused(tmp_path: Path) -> None:
+    src = builtin.WEIGHTS_DIR / "text-classifier.safetensors"
+    meta = {"attrserve": json.dumps({"vocab": ["[PAD]", "[UNK]", "other"]})}
+    save_file(load_file(str(src)), str(tmp_path / "t.safetensors"), metadata=meta)
+    with pytest.raises(RegistryError, match="different vocabulary"):
+        builtin.build("text-classifier", tmp_path / "t.safetensors")
