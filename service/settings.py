@@ -24,9 +24,11 @@ class ApiKey(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    key: str | None = Field(None, description="the key itself")
-    sha256: str | None = Field(None, description="hex SHA-256 of the key, instead of the key")
-    models: tuple[str, ...] = Field(("*",), description="model ids this key may use")
+    key: str | None = Field(default=None, description="the key itself")
+    sha256: str | None = Field(
+        default=None, description="hex SHA-256 of the key, instead of the key"
+    )
+    models: tuple[str, ...] = Field(default=("*",), description="model ids this key may use")
 
     def matches(self, presented: str) -> bool:
         if self.key is not None and self.key == presented:
@@ -44,47 +46,59 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = Field("127.0.0.1", description="address `attrserve serve` binds")
-    port: int = Field(8000, ge=0, le=65535, description="port `attrserve serve` binds")
-    models: str | None = Field(None, description="models.toml path; unset serves the demo models")
+    host: str = Field(default="127.0.0.1", description="address `attrserve serve` binds")
+    port: int = Field(default=8000, ge=0, le=65535, description="port `attrserve serve` binds")
+    models: str | None = Field(
+        default=None, description="models.toml path; unset serves the demo models"
+    )
     workers: int | None = Field(
-        None, ge=0, description="worker processes (unset: one per GPU, else one)"
+        default=None, ge=0, description="worker processes (unset: one per GPU, else one)"
     )
-    queue_size: int = Field(64, ge=1, description="requests waiting for a worker before 429")
-    retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with 429")
-    batching: bool = Field(True, description="merge compatible concurrent requests")
-    batch_window_ms: float = Field(2.0, ge=0, description="how long a batch stays open")
+    queue_size: int = Field(
+        default=64, ge=1, description="requests waiting for a worker before 429"
+    )
+    retry_after_s: int = Field(default=1, ge=0, description="Retry-After seconds sent with 429")
+    batching: bool = Field(default=True, description="merge compatible concurrent requests")
+    batch_window_ms: float = Field(default=2.0, ge=0, description="how long a batch stays open")
     batch_max_cost: int = Field(
-        8192, ge=1, description="largest merged batch, in estimated forward rows"
+        default=8192, ge=1, description="largest merged batch, in estimated forward rows"
     )
-    deadline_ms: float = Field(30000, gt=0, description="default per-request deadline")
-    max_deadline_ms: float = Field(300000, gt=0, description="largest deadline a request may ask")
-    max_body_bytes: int = Field(16 << 20, ge=1, description="largest request body (413 above)")
+    deadline_ms: float = Field(default=30000, gt=0, description="default per-request deadline")
+    max_deadline_ms: float = Field(
+        default=300000, gt=0, description="largest deadline a request may ask"
+    )
+    max_body_bytes: int = Field(
+        default=16 << 20, ge=1, description="largest request body (413 above)"
+    )
     max_tensor_elements: int = Field(
-        4 << 20, ge=1, description="largest tensor in a request, in elements"
+        default=4 << 20, ge=1, description="largest tensor in a request, in elements"
     )
-    max_batch_size: int = Field(256, ge=1, description="most examples in one request")
-    max_n_steps: int = Field(1024, ge=1, description="largest n_steps")
-    max_n_samples: int = Field(1024, ge=1, description="largest n_samples / nt_samples")
+    max_batch_size: int = Field(default=256, ge=1, description="most examples in one request")
+    max_n_steps: int = Field(default=1024, ge=1, description="largest n_steps")
+    max_n_samples: int = Field(default=1024, ge=1, description="largest n_samples / nt_samples")
     max_cost: int = Field(
-        2_000_000, ge=1, description="largest estimated cost of a request, in forward rows"
+        default=2_000_000, ge=1, description="largest estimated cost of a request, in forward rows"
     )
     internal_batch_size: BatchSize = Field(
-        "auto", description="default internal_batch_size (models may override)"
+        default="auto", description="default internal_batch_size (models may override)"
     )
     perturbations_per_eval: BatchSize = Field(
-        "auto", description="default perturbations_per_eval (models may override)"
+        default="auto", description="default perturbations_per_eval (models may override)"
     )
-    max_internal_batch_size: int = Field(4096, ge=1, description="cap on internal_batch_size")
-    max_perturbations_per_eval: int = Field(4096, ge=1, description="cap on perturbations_per_eval")
+    max_internal_batch_size: int = Field(
+        default=4096, ge=1, description="cap on internal_batch_size"
+    )
+    max_perturbations_per_eval: int = Field(
+        default=4096, ge=1, description="cap on perturbations_per_eval"
+    )
     memory_budget_bytes: int = Field(
-        1 << 30, ge=1, description="working memory per engine call ('auto' batch sizes)"
+        default=1 << 30, ge=1, description="working memory per engine call ('auto' batch sizes)"
     )
-    torch_threads: int | None = Field(None, ge=1, description="torch threads per worker")
+    torch_threads: int | None = Field(default=None, ge=1, description="torch threads per worker")
     api_keys: tuple[ApiKey, ...] = Field(
-        (), description='JSON list of {"key"|"sha256", "models"}; empty: no authentication'
+        default=(), description='JSON list of {"key"|"sha256", "models"}; empty: no authentication'
     )
-    log_level: str = Field("info", description="uvicorn log level")
+    log_level: str = Field(default="info", description="uvicorn log level")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

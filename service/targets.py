@@ -36,7 +36,9 @@ def _class(v: object, out: OutputSpec, loc: Loc) -> int:
 
 def _check_index(index: list[Any], out: OutputSpec, loc: Loc) -> None:
     if not index or not all(_is_int(i) for i in index):
-        raise InvalidRequest(f"a target index must be a non-empty list of ints, got {index}", loc)
+        raise InvalidRequest(
+            f"a target index must be a non-empty list of ints, got {index}", loc=loc
+        )
     if len(index) > len(out.shape):
         raise InvalidRequest(
             f"target {index} has {len(index)} indices; the model output per example has "
@@ -84,10 +86,10 @@ def resolve_target(raw: Any, out: OutputSpec, n: int) -> WireTarget:
         if all(isinstance(t, dict) for t in raw):
             rows = [_index_obj(t, out, (*LOC, i)) for i, t in enumerate(raw)]
             if len({len(r) for r in rows}) != 1:
-                raise InvalidRequest("per-example index targets must have the same length", LOC)
+                raise InvalidRequest("per-example index targets must have the same length", loc=LOC)
             return {"kind": "per_example_tuple", "rows": rows}
-        rows = [_class(t, out, (*LOC, i)) for i, t in enumerate(raw)]
-        return {"kind": "per_example", "rows": rows}
+        classes = [_class(t, out, (*LOC, i)) for i, t in enumerate(raw)]
+        return {"kind": "per_example", "rows": classes}
     raise InvalidRequest(f"unsupported target {raw!r}", loc=LOC)
 
 

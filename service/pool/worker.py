@@ -77,12 +77,16 @@ def _warm_up(lm: Any) -> None:
         )
         for i in spec.inputs
     )
-    method, extra = "integrated_gradients", {"n_steps": 2}
+    method = "integrated_gradients"
+    extra: dict[str, Any] = {"n_steps": 2}
+    layer: dict[str, Any] = {}
     if spec.embedding_layer is not None and not xs[0].is_floating_point():
-        method, extra = "layer_integrated_gradients", {"layer": spec.embedding_layer, "n_steps": 2}
+        method, layer = "layer_integrated_gradients", {"layer": spec.embedding_layer}
     target = 0 if spec.output.shape and spec.output.shape[0] not in (None, 1) else None
     with contextlib.suppress(Exception):  # best effort; real requests report real errors
-        methods.attribute(lm.model, xs if len(xs) > 1 else xs[0], method, target=target, **extra)
+        methods.attribute(
+            lm.model, xs if len(xs) > 1 else xs[0], method, target=target, **extra, **layer
+        )
 
 
 def _error(job: Job, err: ServiceError) -> Reply:
@@ -91,7 +95,8 @@ def _error(job: Job, err: ServiceError) -> Reply:
 
 def _safe(run: Any, models: dict[str, Any], job: Job) -> Reply:
     try:
-        return run(models[job.model_id], job)  # type: ignore[no-any-return]
+        reply: Reply = run(models[job.model_id], job)
+        return reply
     except ServiceError as err:
         return _error(job, err)
     except Exception as exc:

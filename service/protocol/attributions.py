@@ -112,18 +112,24 @@ class AttributionRequest(BaseModel):
     target: Target = None
     baselines: Baselines = None
     params: dict[str, Any] = Field(
-        default_factory=dict, description="method parameters (Captum's names; see GET /v1/methods)"
+        default_factory=dict,
+        description="method parameters (Captum's names; see GET /v1/methods)",
     )
     internal_batch_size: BatchSize = None
     perturbations_per_eval: BatchSize = None
     noise_tunnel: dict[str, Any] | None = Field(
-        None, description="wrap the method in SmoothGrad/VarGrad: {nt_type, nt_samples, stdevs}"
+        default=None,
+        description="wrap the method in SmoothGrad/VarGrad: {nt_type, nt_samples, stdevs}",
     )
-    seed: int | None = Field(None, description="seed for stochastic methods (reproducible)")
-    return_convergence_delta: bool = Field(False, description="also return the delta")
-    output_encoding: Literal["json", "base64"] = Field("json", description="tensor encoding")
+    seed: int | None = Field(default=None, description="seed for stochastic methods (reproducible)")
+    return_convergence_delta: bool = Field(default=False, description="also return the delta")
+    output_encoding: Literal["json", "base64"] = Field(
+        default="json", description="tensor encoding"
+    )
     deadline_ms: float | None = Field(
-        None, gt=0, description="abandon the request after this long (504); default a setting"
+        default=None,
+        gt=0,
+        description="abandon the request after this long (504); default a setting",
     )
 
 
@@ -139,15 +145,18 @@ class AttributionResponse(BaseModel):
     model_id: str
     model_version: str
     method: str = Field(description="the method that ran (a layer method on token models)")
-    requested_method: str | None = Field(None, description="set when the method was rewritten")
+    requested_method: str | None = Field(
+        default=None, description="set when the method was rewritten"
+    )
     attributed_layer: str | None = Field(
-        None, description="token models: the embedding layer attributed (summed over its dim)"
+        default=None,
+        description="token models: the embedding layer attributed (summed over its dim)",
     )
     attributions: Any = Field(description="a tensor, or a list of tensors (multi-input models)")
     convergence_delta: Any = None
     target: list[Any] | None = Field(description="the resolved target, one per example")
     outputs: Any = Field(description="the model's output at the target, per example")
-    tokens: list[list[str]] | None = Field(None, description="raw-text inputs: the tokens")
+    tokens: list[list[str]] | None = Field(default=None, description="raw-text inputs: the tokens")
     params: dict[str, Any] = Field(description="every effective parameter")
-    merged_requests: int = Field(1, description="requests merged into the engine call")
+    merged_requests: int = Field(default=1, description="requests merged into the engine call")
     timing_ms: TimingMs

@@ -27,7 +27,7 @@ class ModelInfo(BaseModel):
     output: OutputInfo
     layers: list[str]
     embedding_layer: str | None = None
-    tokenizer: bool = Field(False, description="accepts raw text inputs")
+    tokenizer: bool = Field(default=False, description="accepts raw text inputs")
     methods: list[str] = Field(description="methods this model can serve")
 
 

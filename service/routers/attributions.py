@@ -43,7 +43,7 @@ async def attribute(
     model_id: str,
     state: State,
     request: Request,
-    body: Annotated[AttributionRequest, Body(openapi_examples=EXAMPLES)],  # type: ignore[arg-type]
+    body: Annotated[AttributionRequest, Body(openapi_examples=EXAMPLES)],
     x_deadline_ms: Annotated[
         float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
     ] = None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
@@ -13,7 +13,11 @@ from service.state import AppState, get_state
 
 router = APIRouter(tags=["catalog"])
 State = Annotated[AppState, Depends(get_state)]
-ERRORS = {401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem},
+    403: {"model": Problem},
+    404: {"model": Problem},
+}
 
 
 @router.get("/v1/models", response_model=ModelList, responses=ERRORS)
