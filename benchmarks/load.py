@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from pydantic import BaseModel
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = [
@@ -34,22 +35,22 @@ SCENARIOS = [
 
 
 # -- the server a user would otherwise write ---------------------------------------------------
+class Req(BaseModel):
+    method: str
+    inputs: list[Any]
+    target: int
+
+
 def minimal_app() -> Any:
     """FastAPI + Captum directly: one request, one Captum call (no batching, no workers)."""
     import torch
     from captum.attr import IntegratedGradients, Saliency
     from fastapi import FastAPI
-    from pydantic import BaseModel
 
     import model_registry
 
     models = {s.id: model_registry.load(s).model for s in model_registry.builtin_specs()[:2]}
     app = FastAPI()
-
-    class Req(BaseModel):
-        method: str
-        inputs: list[Any]
-        target: int
 
     @app.post("/v1/models/{model_id}/attributions")
     def attribute(model_id: str, req: Req) -> dict[str, Any]:
