@@ -1,0 +1,142 @@
+"""LRP: Captum parity, Captum's oracle values and rules, and what Captum gets wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from captum.attr import LRP
+from torch import nn
+
+import methods
+from tests import zoo
+from tests.methods.captum_models import ConvNetOneConv
+
+F64 = torch.float64
+
+
+class SimpleLRPModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3, bias=False)
+        self.relu = nn.ReLU()
+        self.linear2 = nn.Linear(3, 1, bias=False)
+        self.dropout = nn.Dropout(p=0.01)
+        with torch.no_grad():
+            self.linear.weight.fill_(2.0)
+            self.linear2.weight.fill_(3.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.linear2(self.relu(self.linear(x))))
+
+
+class SimpleFunctional(SimpleLRPModel):
+    """The same network with a functional ReLU and F.linear: Captum's hooks miss both."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.relu(self.linear(x)), self.linear2.weight)
+
+
+@pytest.mark.parametrize("case", ["mlp", "cnn", "multidim", "conv_twin"])
+def test_parity_on_the_model_matrix(case: str) -> None:
+    c = zoo.by_name(case)
+    ref, ref_delta = LRP(c.model).attribute(c.inputs, target=c.target, return_convergence_delta=True)
+    r = methods.attribute(c.model, c.inputs, "lrp", target=c.target, return_convergence_delta=True)
+    torch.testing.assert_close(r.attributions, ref.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(r.convergence_delta, ref_delta, rtol=1e-10, atol=1e-10)
+
+
+def test_oracles() -> None:
+    m = SimpleLRPModel().double().eval()
+    x = torch.tensor([[1.0, 2.0, 3.0]], dtype=F64)
+    r = methods.attribute(m, x, "lrp", return_convergence_delta=True)
+    torch.testing.assert_close(r.attributions, torch.tensor([[18.0, 36.0, 54.0]], dtype=F64))
+    assert float(r.convergence_delta.abs().max()) < 1e-7  # epsilon = 1e-9 absorbs a little
+    xb = torch.tensor([[1.0, 2.0, 3.0], [3.0, 6.0, 9.0]], dtype=F64)
+    r = methods.attribute(m, xb, "lrp", target=0).attributions
+    torch.testing.assert_close(r, torch.tensor([[18.0, 36, 54], [54, 108, 162]], dtype=F64))
+    conv = ConvNetOneConv().double()
+    ci = torch.arange(16.0, dtype=F64).view(1, 1, 4, 4)
+    r = methods.attribute(conv, ci, "lrp", target=int(conv(ci).argmax()), return_convergence_delta=True)
+    want = torch.tensor([[0, 1, 2, 3], [0, 5, 6, 7], [0, 9, 10, 11], [0, 0, 0, 0]], dtype=F64)
+    torch.testing.assert_close(r.attributions, want.view(1, 1, 4, 4))
+
+
+RULE_CASES = [
+    ({"linear": {"rule": "gamma", "gamma": 1.0}, "linear2": "gamma"}, [28 / 3, 104 / 3, 52]),
+    ({"linear": "alpha1_beta0", "linear2": "alpha1_beta0"}, [12, 33.6, 50.4]),
+    ({"linear": "identity", "linear2": "epsilon"}, [24, 36, 36]),
+]
+
+
+@pytest.mark.parametrize(("rules", "want"), RULE_CASES)
+def test_captum_rule_oracles(rules: dict[str, Any], want: list[float]) -> None:
+    m = SimpleLRPModel().double().eval()
+    with torch.no_grad():
+        m.linear.weight[0][0] = -2
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    x = torch.tensor([[1.0, 2.0, 3.0]], dtype=F64)
+    r = methods.attribute(m, x, "lrp", rules=rules).attributions
+    torch.testing.assert_close(r, torch.tensor([want], dtype=F64))
+    for k, v in m.state_dict().items():  # the rules never touch the weights
+        assert torch.equal(v, state[k])
+
+
+def test_z_plus_equals_alpha1_beta0_without_bias() -> None:
+    c = zoo.by_name("mlp")
+    zp = methods.attribute(c.model, c.inputs, "lrp", target=c.target,
+                           rules={"net.0": "z_plus"}).attributions  # fmt: skip
+    ab = methods.attribute(c.model, c.inputs, "lrp", target=c.target,
+                           rules={"net.0": {"rule": "alpha1_beta0", "set_bias_to_zero": True}}
+                           ).attributions  # fmt: skip
+    torch.testing.assert_close(zp, ab)
+
+
+def test_functional_twin_gets_the_module_numbers() -> None:
+    a = SimpleLRPModel().double().eval()
+    b = SimpleFunctional().double().eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.tensor([[1.0, -2.0, 3.0], [0.5, 2.0, -1.0]], dtype=F64)
+    ra = methods.attribute(a, x, "lrp", target=0).attributions
+    rb = methods.attribute(b, x, "lrp", target=0).attributions
+    torch.testing.assert_close(ra, rb)
+
+
+def test_reused_module_is_propagated_per_call() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.out = nn.Linear(3, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(F.relu(self.lin(F.relu(self.lin(x)))))
+
+    class Unrolled(nn.Module):
+        def __init__(self, t: Twice) -> None:
+            super().__init__()
+            self.a, self.b, self.out = t.lin, nn.Linear(3, 3), t.out
+            self.b.load_state_dict(t.lin.state_dict())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(F.relu(self.b(F.relu(self.a(x)))))
+
+    torch.manual_seed(3)
+    t = Twice().double()
+    u = Unrolled(t).double()
+    x = torch.randn(4, 3, dtype=F64)
+    with pytest.raises(RuntimeError):
+        LRP(t).attribute(x)  # Captum: a module used twice is refused
+    torch.testing.assert_close(
+        methods.attribute(t, x, "lrp").attributions, methods.attribute(u, x, "lrp").attributions
+    )
+
+
+def test_bad_rules_name_the_argument() -> None:
+    c = zoo.by_name("mlp")
+    for rules in ({"net.9": "epsilon"}, {"net.0": "nope"}, {"net.0": {"rule": "gamma", "x": 1}}):
+        with pytest.raises(methods.InvalidArgumentError) as e:
+            methods.attribute(c.model, c.inputs, "lrp", target=0, rules=rules)
+        assert e.value.argument == "rules"
