@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks against Captum (run: python -m benchmarks)."""

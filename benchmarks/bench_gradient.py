@@ -1,0 +1,102 @@
+"""Gradient methods, ours vs Captum, side by side in one process (issue: engine I).
+
+Run: python -m benchmarks.bench_gradient
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from captum.attr import DeepLift, IntegratedGradients, Saliency
+from torch import nn
+
+import methods
+from benchmarks.timing import max_abs_diff, median_ms, setup_torch, table
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3)
+    ).eval()
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, 10),
+    ).eval()  # fmt: skip
+
+
+def floor_ms(model: nn.Module, x: torch.Tensor, target: int, n_steps: int) -> float:
+    """One batched forward+backward over exactly the N * n_steps rows IG evaluates."""
+    rows = x.repeat(n_steps, *([1] * (x.dim() - 1)))
+
+    def run() -> None:
+        leaf = rows.detach().requires_grad_(True)
+        torch.autograd.grad(model(leaf)[:, target].sum(), leaf)
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        return median_ms(run)
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(True)
+
+
+def main() -> None:
+    setup_torch()
+    warnings.simplefilter("ignore")
+    rows: list[list[object]] = []
+    cases = [("MLP 20-64-64-3, N=4", mlp(), torch.randn(4, 20)),
+             ("CNN 3x64x64, N=8", cnn(), torch.randn(8, 3, 64, 64))]  # fmt: skip
+    for label, model, x in cases:
+        t = 1
+        runs = {
+            "saliency": (
+                lambda m=model, x=x: methods.attribute(m, x, "saliency", target=t).attributions,
+                lambda m=model, x=x: Saliency(m).attribute(x, target=t),
+            ),
+            "integrated_gradients n=50": (
+                lambda m=model, x=x: methods.attribute(
+                    m, x, "integrated_gradients", target=t, n_steps=50
+                ).attributions,
+                lambda m=model, x=x: IntegratedGradients(m).attribute(x, target=t, n_steps=50),
+            ),
+            "deeplift": (
+                lambda m=model, x=x: methods.attribute(m, x, "deeplift", target=t).attributions,
+                lambda m=model, x=x: DeepLift(m).attribute(x, target=t),
+            ),
+        }
+        for name, (ours, theirs) in runs.items():
+            ours_ms, theirs_ms = median_ms(ours), median_ms(theirs)
+            rows.append([label, name, ours_ms, theirs_ms, ours_ms / theirs_ms,
+                         max_abs_diff(ours(), theirs())])  # fmt: skip
+        fl = floor_ms(model, x, t, 50)
+        ig_ms = median_ms(runs["integrated_gradients n=50"][0])
+        rows.append([label, "IG n=50 vs raw fwd+bwd floor", ig_ms, fl, ig_ms / fl, "-"])
+        captum_ig = median_ms(runs["integrated_gradients n=50"][1])
+        with torch.no_grad():
+            gap = (model(x) - model(torch.zeros_like(x)))[:, t].abs()
+        for tol in (1e-2, 1e-3):
+            res = methods.attribute(model, x, "integrated_gradients", target=t, n_steps="auto",
+                                    delta_tolerance=tol, return_convergence_delta=True)  # fmt: skip
+
+            def run(m: nn.Module = model, x: torch.Tensor = x, tol: float = tol) -> object:
+                return methods.attribute(m, x, "integrated_gradients", target=t,
+                                         n_steps="auto", delta_tolerance=tol)  # fmt: skip
+
+            auto_ms = median_ms(run)
+            worst = float((res.convergence_delta.abs() / gap).max())
+            rows.append([
+                label, f"IG n_steps=auto tol {tol:.1%} -> {res.params['n_steps']} steps "
+                f"(converged={res.params['converged']}, worst |delta|/gap {worst:.2g})",
+                auto_ms, captum_ig, auto_ms / captum_ig, "vs Captum n=50",
+            ])  # fmt: skip
+    print(table(["case", "method", "ours ms", "Captum ms (or floor)", "ratio", "max |diff|"], rows))
+
+
+if __name__ == "__main__":
+    main()
