@@ -55,6 +55,36 @@ class _Ruled(torch.autograd.Function):
         return grad_in, None, None, None
 
 
+class _RuledAnalytic(torch.autograd.Function):
+    """As ``_Ruled`` for ops whose derivative is a cheap function of (x, y): no subgraph."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor], rule: Rule, call: Any,  # type: ignore[override]
+                deriv: Callable[[Tensor, Tensor], Tensor]) -> Tensor:  # fmt: skip
+        y = fn(x)
+        ctx.save_for_backward(x, y)
+        ctx.rule, ctx.call, ctx.deriv = rule, call, deriv
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, y = ctx.saved_tensors
+        plain = grad_out * ctx.deriv(x, y)
+        return ctx.rule(x, y, grad_out, plain, ctx.call), None, None, None, None
+
+
+def _d_relu(x: Tensor, y: Tensor) -> Tensor:
+    return (x > 0).to(x.dtype)
+
+
+def _d_sigmoid(x: Tensor, y: Tensor) -> Tensor:
+    return y * (1 - y)
+
+
+def _d_tanh(x: Tensor, y: Tensor) -> Tensor:
+    return 1 - y * y
+
+
 def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
     return func in INPLACE or bool(kwargs.get("inplace", False))
 
@@ -81,7 +111,13 @@ class _RuleMode(TorchFunctionMode):
         def fn(t: Tensor) -> Tensor:
             return base(t, *args[1:], **out_kwargs)
 
-        y = _Ruled.apply(x, fn, rule, (base, args[1:], out_kwargs))
+        # an in-place call overwrites x afterwards, so the rule must keep its own copy
+        src = x.clone() if inplace else x
+        deriv = _ANALYTIC.get(func)
+        if deriv is not None:
+            y = _RuledAnalytic.apply(src, fn, rule, (base, args[1:], out_kwargs), deriv)
+        else:
+            y = _Ruled.apply(src, fn, rule, (base, args[1:], out_kwargs))
         if inplace:
             return x.copy_(y)
         return y
@@ -91,6 +127,14 @@ _OUT_OF_PLACE: dict[Any, Any] = {
     F.relu_: F.relu, torch.relu_: torch.relu, Tensor.relu_: torch.relu,
     F.elu_: F.elu, F.leaky_relu_: F.leaky_relu, torch.sigmoid_: torch.sigmoid,
     Tensor.sigmoid_: torch.sigmoid, torch.tanh_: torch.tanh, Tensor.tanh_: torch.tanh,
+}  # fmt: skip
+
+
+_ANALYTIC: dict[Any, Callable[[Tensor, Tensor], Tensor]] = {
+    **dict.fromkeys(RELU, _d_relu),
+    **dict.fromkeys((torch.sigmoid, torch.sigmoid_, Tensor.sigmoid, Tensor.sigmoid_, F.sigmoid),
+                    _d_sigmoid),
+    **dict.fromkeys((torch.tanh, torch.tanh_, Tensor.tanh, Tensor.tanh_, F.tanh), _d_tanh),
 }  # fmt: skip
 
 

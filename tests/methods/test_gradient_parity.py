@@ -231,3 +231,39 @@ def test_functional_twin_equals_module_twin(case: str, name: str) -> None:
         a = methods.attribute(module_model, x, name, target=target).attributions
         b = methods.attribute(functional_model, x, name, target=target).attributions
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+class _InPlace(torch.nn.Module):
+    """In-place non-linearities, as modules and as tensor methods."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(4, 6)
+        self.act = torch.nn.ReLU(inplace=True)
+        self.l2 = torch.nn.Linear(6, 6)
+        self.elu = torch.nn.ELU(inplace=True)
+        self.l3 = torch.nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l3(self.elu(self.l2(self.act(self.l1(x)))))
+
+
+class _InPlaceMethods(_InPlace):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.l1(x)
+        h.relu_()
+        return self.l3(self.elu(self.l2(h)))
+
+
+@pytest.mark.parametrize("name", ["deeplift", "guided_backprop", "deconvolution"])
+def test_in_place_non_linearities(name: str) -> None:
+    torch.manual_seed(4)
+    module_model = _InPlace().double().eval()
+    method_model = _InPlaceMethods().double().eval()
+    method_model.load_state_dict(module_model.state_dict())
+    x = torch.randn(3, 4, dtype=torch.float64)
+    cls = {"deeplift": DeepLift, "guided_backprop": GuidedBackprop,
+           "deconvolution": Deconvolution}[name]  # fmt: skip
+    ref = cls(module_model).attribute(x, target=1)
+    _close(methods.attribute(module_model, x, name, target=1).attributions, ref)
+    _close(methods.attribute(method_model, x, name, target=1).attributions, ref)
