@@ -52,17 +52,19 @@ def main() -> None:
     rows: list[list[object]] = []
     cases = [("MLP 20-64-64-3, N=4", mlp(), torch.randn(4, 20)),
              ("CNN 3x64x64, N=8", cnn(), torch.randn(8, 3, 64, 64))]  # fmt: skip
+    t = 1  # the class attributed in every case
     for label, model, x in cases:
-        t = 1
         runs = {
             "saliency": (
                 lambda m=model, x=x: methods.attribute(m, x, "saliency", target=t).attributions,
                 lambda m=model, x=x: Saliency(m).attribute(x, target=t),
             ),
             "integrated_gradients n=50": (
-                lambda m=model, x=x: methods.attribute(
-                    m, x, "integrated_gradients", target=t, n_steps=50
-                ).attributions,
+                lambda m=model, x=x: (
+                    methods.attribute(
+                        m, x, "integrated_gradients", target=t, n_steps=50
+                    ).attributions
+                ),
                 lambda m=model, x=x: IntegratedGradients(m).attribute(x, target=t, n_steps=50),
             ),
             "deeplift": (

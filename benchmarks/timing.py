@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 
-def median_ms(fn: Callable[[], Any], *, repeat: int = 30, warmup: int = 3, budget_s: float = 5.0) -> float:
+def median_ms(
+    fn: Callable[[], Any], *, repeat: int = 30, warmup: int = 3, budget_s: float = 5.0
+) -> float:
     for _ in range(warmup):
         fn()
     times: list[float] = []

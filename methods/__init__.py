@@ -1,8 +1,8 @@
 """attrserve's attribution engine: Captum's catalogue in pure torch, exact and fast.
 
-    import methods
-    res = methods.attribute(model, x, "integrated_gradients", target=1)
-    res.attributions, res.convergence_delta
+import methods
+res = methods.attribute(model, x, "integrated_gradients", target=1)
+res.attributions, res.convergence_delta
 """
 
 from methods.api import attribute, available

@@ -102,7 +102,9 @@ def _result(
     nt_echo: dict[str, Any] | None,
 ) -> Result:
     echo: dict[str, Any] = {
-        k: v for k, v in p.model_dump().items() if v is None or isinstance(v, (int, float, str, bool))
+        k: v
+        for k, v in p.model_dump().items()
+        if v is None or isinstance(v, (int, float, str, bool))
     }
     if spec.batching == "internal_batch_size":
         echo["internal_batch_size"] = call.internal_batch_size

@@ -6,6 +6,7 @@ arguments to use, so the parity, conformance and axiom suites can all iterate ov
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ class MLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...] = (6, 16, 16, 3)) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
             layers.append(nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(nn.ReLU())
@@ -163,16 +164,41 @@ def cases() -> list[Case]:
     """Fresh instances of every case (tests may not share mutable models)."""
     return [
         Case("mlp", _init(MLP(), 1), _x((4, 6), 2), [0, 2, 1, 2], layers=("net.0", "net.2")),
-        Case("cnn", _init(CNN(), 3), _x((3, 3, 8, 8), 4), 1, layers=("conv1", "pool1", "conv2"),
-             tags={"conv"}),
-        Case("two_input", _init(TwoInput(), 5), (_x((3, 4), 6), _x((3, 3), 7)), [2, 0, 1],
-             additional_forward_args=(0.5,), baselines=(0.1, _x((1, 3), 8)), layers=("a", "out"),
-             tags={"multi_input"}),
-        Case("multidim", _init(MultiDim(), 9), _x((3, 5), 10), [(0, 1), (1, 2), (1, 0)],
-             layers=("lin",), tags={"multidim"}),
+        Case(
+            "cnn",
+            _init(CNN(), 3),
+            _x((3, 3, 8, 8), 4),
+            1,
+            layers=("conv1", "pool1", "conv2"),
+            tags={"conv"},
+        ),
+        Case(
+            "two_input",
+            _init(TwoInput(), 5),
+            (_x((3, 4), 6), _x((3, 3), 7)),
+            [2, 0, 1],
+            additional_forward_args=(0.5,),
+            baselines=(0.1, _x((1, 3), 8)),
+            layers=("a", "out"),
+            tags={"multi_input"},
+        ),
+        Case(
+            "multidim",
+            _init(MultiDim(), 9),
+            _x((3, 5), 10),
+            [(0, 1), (1, 2), (1, 0)],
+            layers=("lin",),
+            tags={"multidim"},
+        ),
         Case("module_twin", _init(ModuleTwin(), 11), _x((4, 5), 12), 2, layers=("l2", "l4")),
-        Case("conv_twin", _init(ConvModuleTwin(), 13), _x((2, 2, 6, 6), 14), 1, layers=("conv",),
-             tags={"conv"}),
+        Case(
+            "conv_twin",
+            _init(ConvModuleTwin(), 13),
+            _x((2, 2, 6, 6), 14),
+            1,
+            layers=("conv",),
+            tags={"conv"},
+        ),
     ]
 
 

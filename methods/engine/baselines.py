@@ -42,7 +42,7 @@ def format_baselines(baselines: object, xs: Tensors) -> Tensors:
     for i, (b, x) in enumerate(zip(_per_input(baselines, xs), xs, strict=True)):
         if b is None:
             out.append(torch.zeros_like(x))
-        elif isinstance(b, bool) or isinstance(b, (int, float)):
+        elif isinstance(b, (bool, int, float)):
             out.append(torch.full_like(x, b))
         elif isinstance(b, Tensor):
             if b.is_complex() and not x.is_complex():

@@ -37,7 +37,7 @@ def memory_budget() -> int:
 
 def check_batch_size(value: object, argument: str) -> BatchSize:
     if value is None or value == "auto":
-        return value  # type: ignore[return-value]
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(
             f"{argument} must be None, 'auto' or an integer >= 1, got {value!r}", argument=argument
@@ -79,11 +79,8 @@ def rows_per_chunk(
     """Rows per forward, a multiple of ``granule`` (e.g. the number of examples) where possible."""
     if spec is None:
         return total_rows
-    if spec == "auto":
-        # 3x: activations, their gradients and the allocator's slack.
-        rows = memory_budget() // (3 * row_bytes())
-    else:
-        rows = int(spec)
+    # "auto" - 3x: activations, their gradients and the allocator's slack.
+    rows = memory_budget() // (3 * row_bytes()) if spec == "auto" else int(spec)
     rows = max(granule, (rows // granule) * granule) if rows >= granule else max(1, rows)
     return min(total_rows, rows)
 

@@ -78,7 +78,11 @@ def expand_args(args: tuple[Any, ...], n: int, *, interleave: bool) -> tuple[Any
     out = []
     for a in args:
         if isinstance(a, Tensor) and a.dim() >= 1:
-            a = a.repeat_interleave(n, dim=0) if interleave else a.repeat((n,) + (1,) * (a.dim() - 1))
+            a = (
+                a.repeat_interleave(n, dim=0)
+                if interleave
+                else a.repeat((n,) + (1,) * (a.dim() - 1))
+            )
         out.append(a)
     return tuple(out)
 

@@ -40,7 +40,9 @@ class _Ruled(torch.autograd.Function):
     """y = fn(x) forward; backward replaced by ``rule`` (given the plain gradient too)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor], rule: Rule, call: Any) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor], rule: Rule, call: Any
+    ) -> Tensor:
         with torch.enable_grad():
             xd = x.detach().requires_grad_(True)
             y = fn(xd)
@@ -48,7 +50,7 @@ class _Ruled(torch.autograd.Function):
         return y.detach()
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         (plain,) = torch.autograd.grad(ctx.y, ctx.xd, grad_out)
         grad_in = ctx.rule(ctx.xd.detach(), ctx.y.detach(), grad_out, plain, ctx.call)
         ctx.xd = ctx.y = None
@@ -59,15 +61,21 @@ class _RuledAnalytic(torch.autograd.Function):
     """As ``_Ruled`` for ops whose derivative is a cheap function of (x, y): no subgraph."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor], rule: Rule, call: Any,  # type: ignore[override]
-                deriv: Callable[[Tensor, Tensor], Tensor]) -> Tensor:  # fmt: skip
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        fn: Callable[[Tensor], Tensor],
+        rule: Rule,
+        call: Any,
+        deriv: Callable[[Tensor, Tensor], Tensor],
+    ) -> Tensor:
         y = fn(x)
         ctx.save_for_backward(x, y)
         ctx.rule, ctx.call, ctx.deriv = rule, call, deriv
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         x, y = ctx.saved_tensors
         plain = grad_out * ctx.deriv(x, y)
         return ctx.rule(x, y, grad_out, plain, ctx.call), None, None, None, None
@@ -200,7 +208,9 @@ def maxpool_rule(eps: float) -> Rule:
         kernel, stride, padding = params[0], params[1], params[2]
         if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0):
             stride = kernel
-        unpooled = _UNPOOL[dims](g * dy, indices, kernel, stride, padding, output_size=list(x.shape))
+        unpooled = _UNPOOL[dims](
+            g * dy, indices, kernel, stride, padding, output_size=list(x.shape)
+        )
         a, b = unpooled.chunk(2)
         summed = a + b
         return torch.where(dx.abs() < eps, plain, torch.cat([summed, summed]) / dx)
@@ -220,12 +230,12 @@ def _pool_params(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
 
 def deeplift_rules(eps: float) -> dict[Any, Rule]:
     mapping: dict[Any, Rule] = {}
-    for f in ELEMENTWISE:
-        mapping[f] = rescale_rule(eps)
-    for f in SOFTMAX:
-        mapping[f] = softmax_rule(eps)
-    for f in MAXPOOL:
-        mapping[f] = maxpool_rule(eps)
+    for elementwise in ELEMENTWISE:
+        mapping[elementwise] = rescale_rule(eps)
+    for softmax in SOFTMAX:
+        mapping[softmax] = softmax_rule(eps)
+    for pool in MAXPOOL:
+        mapping[pool] = maxpool_rule(eps)
     return mapping
 
 

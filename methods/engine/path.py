@@ -64,9 +64,7 @@ def path_gradient_sum(
         k = e - s
         sub = expanded.get(k)
         if sub is None:
-            sub = call.replace(
-                forward=call.forward.expanded(k), target=call.target.expand(k)
-            )
+            sub = call.replace(forward=call.forward.expanded(k), target=call.target.expand(k))
             expanded[k] = sub
         a = alphas[s:e]
         points = tuple(

@@ -31,7 +31,9 @@ APPROXIMATION_METHODS: tuple[str, ...] = (
 def rule(method: str, n: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """``(alphas, weights)`` of ``method`` with ``n`` points."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise InvalidArgumentError(f"n_steps must be an integer >= 1, got {n!r}", argument="n_steps")
+        raise InvalidArgumentError(
+            f"n_steps must be an integer >= 1, got {n!r}", argument="n_steps"
+        )
     k = np.arange(n, dtype=np.float64)
     if method == "gausslegendre":
         nodes, w = np.polynomial.legendre.leggauss(n)

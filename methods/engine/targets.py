@@ -173,7 +173,9 @@ def make_target(target: object, n_examples: int) -> Target:
     if isinstance(target, tuple):
         if not target:
             raise TargetError("an empty tuple is not a target", argument="target")
-        return Target("index", tuple(_index_entry(v, "each entry of a tuple target") for v in target))
+        return Target(
+            "index", tuple(_index_entry(v, "each entry of a tuple target") for v in target)
+        )
     if isinstance(target, list):
         if len(target) != n_examples:
             raise TargetError(

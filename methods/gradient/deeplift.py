@@ -62,9 +62,7 @@ def multipliers(
     return mults, sel[:n], sel[n:]
 
 
-def apply_multipliers(
-    p: DeepLiftParams, mults: Tensors, xs: Tensors, bs: Tensors
-) -> Tensors:
+def apply_multipliers(p: DeepLiftParams, mults: Tensors, xs: Tensors, bs: Tensors) -> Tensors:
     if p.custom_attribution_func is not None:
         return _custom(p.custom_attribution_func, mults, xs, bs)
     if not p.multiply_by_inputs:

@@ -74,7 +74,8 @@ def gradient_shap(call: Call, p: GradientShapParams) -> Output:
             fwd = type(fwd)(
                 fwd.fn,
                 tuple(
-                    a[s:e] if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == rows
+                    a[s:e]
+                    if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == rows
                     else a
                     for a in fwd.args
                 ),

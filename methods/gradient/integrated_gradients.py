@@ -91,7 +91,7 @@ def _new_points(method: str, n: int, prev: int | None) -> tuple[list[float], lis
     """Points added at rung ``n`` after rung ``prev``, their unit weights, and the step h."""
     if method == "riemann_trapezoid":
         h = 1.0 / (n - 1)
-        idx = range(n) if prev is None else range(1, n, 2)
+        idx: list[int] = list(range(n)) if prev is None else list(range(1, n, 2))
         units = [0.5 if prev is None and i in (0, n - 1) else 1.0 for i in idx]
         return [i * h for i in idx], units, h
     if method in ("riemann_left", "riemann_right"):
@@ -102,7 +102,7 @@ def _new_points(method: str, n: int, prev: int | None) -> tuple[list[float], lis
             idx = list(range(1, n, 2))
         return [i / n for i in idx], [1.0] * len(idx), 1.0 / n
     if method == "riemann_middle":
-        idx = range(n) if prev is None else [i for i in range(n) if i % 3 != 1]
+        idx = list(range(n)) if prev is None else [i for i in range(n) if i % 3 != 1]
         return [(i + 0.5) / n for i in idx], [1.0] * len(idx), 1.0 / n
     raise InvalidArgumentError(f"no nested ladder for {method}", argument="approximation_method")
 

@@ -66,7 +66,9 @@ def test_structure_determinism_and_model_untouched(spec: registry.MethodSpec, ca
             assert a.dtype == x.dtype
     assert r1.method == spec.name
     if spec.returns_delta:
-        r3 = methods.attribute(c.model, c.inputs, spec.name, seed=7, return_convergence_delta=True, **kw)
+        r3 = methods.attribute(
+            c.model, c.inputs, spec.name, seed=7, return_convergence_delta=True, **kw
+        )
         assert r3.convergence_delta is not None and r3.convergence_delta.dim() == 1
 
 

@@ -121,7 +121,9 @@ def test_completeness(name: str) -> None:
         gap = m(x)[:, 1] - m(b)[:, 1]
     torch.testing.assert_close(r.attributions.sum(1), gap + r.convergence_delta)
     # IG's quadrature error at the ReLU kinks is small but not zero; DeepLift is exact.
-    assert float(r.convergence_delta.abs().max()) < (1e-2 if name == "integrated_gradients" else 1e-10)
+    assert float(r.convergence_delta.abs().max()) < (
+        1e-2 if name == "integrated_gradients" else 1e-10
+    )
 
 
 def test_saliency_of_a_linear_model_is_abs_weights() -> None:

@@ -46,7 +46,9 @@ def _common(c: zoo.Case) -> dict[str, Any]:
 def test_saliency(case: str, abs_: bool) -> None:
     c = zoo.by_name(case)
     ref = Saliency(c.model).attribute(c.inputs, abs=abs_, **_common(c))
-    _close(methods.attribute(c.model, c.inputs, "saliency", abs=abs_, **_common(c)).attributions, ref)
+    _close(
+        methods.attribute(c.model, c.inputs, "saliency", abs=abs_, **_common(c)).attributions, ref
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
