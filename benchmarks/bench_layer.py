@@ -1,0 +1,103 @@
+"""Layer methods, ours vs Captum, side by side in one process (issue: engine III).
+
+Layer integrated gradients on a tiny BERT (token ids, attention mask as an additional forward
+argument) and Grad-CAM on a CNN. Run: python -m benchmarks.bench_layer
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from captum.attr import LayerGradCam, LayerIntegratedGradients
+from torch import nn
+
+import methods
+from benchmarks.timing import max_abs_diff, setup_torch, table
+
+
+def paired_ms(ours: Callable[[], Any], theirs: Callable[[], Any], repeat: int = 15) -> tuple[float, float]:
+    """Medians of alternating runs, so load from other processes hits both sides alike."""
+    for _ in range(2):
+        ours(), theirs()
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(repeat):
+        for fn, acc in ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a)):
+            t0 = time.perf_counter()
+            fn()
+            acc.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(a), statistics.median(b)
+
+
+class BertLogits(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import BertConfig, BertForSequenceClassification
+
+        cfg = BertConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, max_position_embeddings=64, num_labels=2,
+        )  # fmt: skip
+        self.m = BertForSequenceClassification(cfg).eval()
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=ids, attention_mask=mask).logits
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, 10),
+    ).eval()  # fmt: skip
+
+
+def main() -> None:
+    setup_torch()
+    warnings.simplefilter("ignore")
+    rows: list[list[object]] = []
+
+    bert = BertLogits()
+    ids = torch.randint(1, 1000, (4, 32))
+    mask = torch.ones_like(ids)
+    mask[2:, 24:] = 0
+    emb = "m.bert.embeddings.word_embeddings"
+    lig = LayerIntegratedGradients(bert, bert.get_submodule(emb))
+    for n_steps in (20, 50):
+        def ours(n: int = n_steps) -> torch.Tensor:
+            return methods.attribute(bert, ids, "layer_integrated_gradients", target=1, baselines=0,
+                                     additional_forward_args=(mask,), layer=emb,
+                                     n_steps=n).attributions  # fmt: skip
+
+        def theirs(n: int = n_steps) -> torch.Tensor:
+            return lig.attribute(ids, baselines=0, target=1, additional_forward_args=(mask,),
+                                 n_steps=n)  # fmt: skip
+
+        o, t = paired_ms(ours, theirs)
+        rows.append([f"tiny BERT (2x64, L=32, N=4): layer_integrated_gradients n={n_steps}",
+                     o, t, o / t, max_abs_diff(ours(), theirs())])  # fmt: skip
+
+    model = cnn()
+    x = torch.randn(16, 3, 64, 64)
+    for layer in ("3", "0"):
+        gc = LayerGradCam(model, model.get_submodule(layer))
+
+        def ours_gc(layer: str = layer) -> torch.Tensor:
+            return methods.attribute(model, x, "layer_gradcam", target=1, layer=layer).attributions
+
+        def theirs_gc(gc: LayerGradCam = gc) -> torch.Tensor:
+            return gc.attribute(x, target=1)
+
+        o, t = paired_ms(ours_gc, theirs_gc, repeat=25)
+        rows.append([f"CNN 3x64x64, N=16: layer_gradcam layer {layer}", o, t, o / t,
+                     max_abs_diff(ours_gc(), theirs_gc())])  # fmt: skip
+    print(table(["case", "ours ms", "Captum ms", "ratio", "max |diff|"], rows))
+
+
+if __name__ == "__main__":
+    main()
