@@ -20,7 +20,9 @@ import methods
 from benchmarks.timing import max_abs_diff, setup_torch, table
 
 
-def paired_ms(ours: Callable[[], Any], theirs: Callable[[], Any], repeat: int = 15) -> tuple[float, float]:
+def paired_ms(
+    ours: Callable[[], Any], theirs: Callable[[], Any], repeat: int = 15
+) -> tuple[float, float]:
     """Medians of alternating runs, so load from other processes hits both sides alike."""
     for _ in range(2):
         ours(), theirs()
@@ -40,9 +42,14 @@ class BertLogits(nn.Module):
         from transformers import BertConfig, BertForSequenceClassification
 
         cfg = BertConfig(
-            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=128, max_position_embeddings=64, num_labels=2,
-        )  # fmt: skip
+            vocab_size=1000,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            num_labels=2,
+        )
         self.m = BertForSequenceClassification(cfg).eval()
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -51,10 +58,16 @@ class BertLogits(nn.Module):
 
 def cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, 10),
-    ).eval()  # fmt: skip
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(32 * 16, 10),
+    ).eval()
 
 
 def main() -> None:
@@ -69,18 +82,34 @@ def main() -> None:
     emb = "m.bert.embeddings.word_embeddings"
     lig = LayerIntegratedGradients(bert, bert.get_submodule(emb))
     for n_steps in (20, 50):
+
         def ours(n: int = n_steps) -> torch.Tensor:
-            return methods.attribute(bert, ids, "layer_integrated_gradients", target=1, baselines=0,
-                                     additional_forward_args=(mask,), layer=emb,
-                                     n_steps=n).attributions  # fmt: skip
+            return methods.attribute(
+                bert,
+                ids,
+                "layer_integrated_gradients",
+                target=1,
+                baselines=0,
+                additional_forward_args=(mask,),
+                layer=emb,
+                n_steps=n,
+            ).attributions
 
         def theirs(n: int = n_steps) -> torch.Tensor:
-            return lig.attribute(ids, baselines=0, target=1, additional_forward_args=(mask,),
-                                 n_steps=n)  # fmt: skip
+            return lig.attribute(
+                ids, baselines=0, target=1, additional_forward_args=(mask,), n_steps=n
+            )
 
         o, t = paired_ms(ours, theirs)
-        rows.append([f"tiny BERT (2x64, L=32, N=4): layer_integrated_gradients n={n_steps}",
-                     o, t, o / t, max_abs_diff(ours(), theirs())])  # fmt: skip
+        rows.append(
+            [
+                f"tiny BERT (2x64, L=32, N=4): layer_integrated_gradients n={n_steps}",
+                o,
+                t,
+                o / t,
+                max_abs_diff(ours(), theirs()),
+            ]
+        )
 
     model = cnn()
     x = torch.randn(16, 3, 64, 64)
@@ -94,8 +123,15 @@ def main() -> None:
             return gc.attribute(x, target=1)
 
         o, t = paired_ms(ours_gc, theirs_gc, repeat=25)
-        rows.append([f"CNN 3x64x64, N=16: layer_gradcam layer {layer}", o, t, o / t,
-                     max_abs_diff(ours_gc(), theirs_gc())])  # fmt: skip
+        rows.append(
+            [
+                f"CNN 3x64x64, N=16: layer_gradcam layer {layer}",
+                o,
+                t,
+                o / t,
+                max_abs_diff(ours_gc(), theirs_gc()),
+            ]
+        )
     print(table(["case", "ours ms", "Captum ms", "ratio", "max |diff|"], rows))
 
 

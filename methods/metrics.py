@@ -144,7 +144,9 @@ def infidelity(
                 if normalize
                 else [((s - diffs) ** 2).sum(1)]
             )
-            totals = parts if totals is None else [t + q for t, q in zip(totals, parts, strict=True)]
+            totals = (
+                parts if totals is None else [t + q for t, q in zip(totals, parts, strict=True)]
+            )
     assert totals is not None  # at least one chunk
     if normalize:
         ss, sd, dd = totals
@@ -174,8 +176,14 @@ def infidelity_perturb_func_decorator(
             for i, (x, xp) in enumerate(zip(xs, ps, strict=True)):
                 d = x - xp
                 if multiply_by_inputs:
-                    den = x - bs[i] if bs is not None else (x - baselines if baselines is not None else x)
-                    d = torch.where(den == 0, torch.zeros_like(d), d / torch.where(den == 0, 1, den))
+                    den = (
+                        x - bs[i]
+                        if bs is not None
+                        else (x - baselines if baselines is not None else x)
+                    )
+                    d = torch.where(
+                        den == 0, torch.zeros_like(d), d / torch.where(den == 0, 1, den)
+                    )
                 out.append(d)
             single = isinstance(inputs, Tensor)
             return (out[0] if single else tuple(out)), perturbed
@@ -228,7 +236,10 @@ def sensitivity_max(
         with torch.no_grad():
             expl = _tuple(explanation_func(perturbed, **kw), "explanation")
         diff = torch.cat(
-            [(b.repeat_interleave(k, dim=0) - e).reshape(n * k, -1) for b, e in zip(base, expl, strict=True)],
+            [
+                (b.repeat_interleave(k, dim=0) - e).reshape(n * k, -1)
+                for b, e in zip(base, expl, strict=True)
+            ],
             dim=1,
         )
         dn = torch.linalg.norm(diff, ord=norm_ord, dim=1) if norm_ord != "fro" else diff.norm(dim=1)
@@ -238,7 +249,9 @@ def sensitivity_max(
     return best
 
 
-def _expand_kwargs(kwargs: dict[str, Any], xs: tuple[Tensor, ...], n: int, k: int) -> dict[str, Any]:
+def _expand_kwargs(
+    kwargs: dict[str, Any], xs: tuple[Tensor, ...], n: int, k: int
+) -> dict[str, Any]:
     out = dict(kwargs)
     if "additional_forward_args" in out and out["additional_forward_args"] is not None:
         args = format_args(out["additional_forward_args"])

@@ -10,7 +10,7 @@ from methods.errors import InvalidArgumentError
 def per_token(attributions: Tensor | tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
     """One score per token: embedding-layer attributions (N, L, E) summed over E -> (N, L)."""
     if isinstance(attributions, tuple):
-        return tuple(_one(a) for a in attributions)  # type: ignore[misc]
+        return tuple(_one(a) for a in attributions)
     return _one(attributions)
 
 

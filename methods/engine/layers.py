@@ -202,16 +202,15 @@ def layer_gradients(
     respect to it): layer integrated gradients' activation swap.
     """
     mode: TapMode = "cut" if replacement is None else "swap"
-    with torch.enable_grad(), tap(
-        module, path, to_input=to_input, mode=mode, replacement=replacement
-    ) as t:
+    with (
+        torch.enable_grad(),
+        tap(module, path, to_input=to_input, mode=mode, replacement=replacement) as t,
+    ):
         out = run(forward, xs, t)
         selected = target.select(out)  # type: ignore[arg-type]  # a "cut"/"swap" tap never stops
         leaves = t.leaves
         wanted = [leaf for leaf in leaves if leaf.requires_grad]
-        grads = (
-            torch.autograd.grad(selected.sum(), wanted, allow_unused=True) if wanted else ()
-        )
+        grads = torch.autograd.grad(selected.sum(), wanted, allow_unused=True) if wanted else ()
     it = iter(grads)
     full = tuple((next(it) if leaf.requires_grad else None) for leaf in leaves)
     return (
@@ -252,8 +251,7 @@ def select_neuron(values: Tensors, selector: Any) -> Tensor:
         return out.reshape(rows)
     if len(values) > 1:
         raise InvalidArgumentError(
-            f"the layer has {len(values)} tensors; select a neuron with a callable "
-            "neuron_selector",
+            f"the layer has {len(values)} tensors; select a neuron with a callable neuron_selector",
             argument="neuron_selector",
         )
     index = (selector,) if isinstance(selector, int) else tuple(selector)
@@ -363,9 +361,7 @@ def layer_path(
     diffs = tuple(x - b for x, b in zip(xs, bs, strict=True))
 
     def at(sub: Any, points: Tensors) -> tuple[Tensors, Tensors]:
-        grads, values, _ = layer_gradients(
-            sub.forward, points, sub.target, module, path, to_input
-        )
+        grads, values, _ = layer_gradients(sub.forward, points, sub.target, module, path, to_input)
         return grads, values
 
     def chunk(s: int, e: int) -> tuple[Tensors, Tensors]:

@@ -145,7 +145,13 @@ class _Relevance(torch.autograd.Function):
     """y = f(a) forward; backward a * vjp(f'(a), g / stab(f'(a))), or g for identity."""
 
     @staticmethod
-    def forward(ctx: Any, a: Tensor, f: Callable[[Tensor], Tensor], fp: Callable[[Tensor], Tensor] | None, rule: Rule) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        a: Tensor,
+        f: Callable[[Tensor], Tensor],
+        fp: Callable[[Tensor], Tensor] | None,
+        rule: Rule,
+    ) -> Tensor:
         with torch.enable_grad():
             ad = a.detach().requires_grad_(True)
             zp = (fp or f)(ad)
@@ -154,7 +160,7 @@ class _Relevance(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, None, None]:
         ad, zp, rule = ctx.ad, ctx.zp, ctx.rule
         ctx.ad = ctx.zp = None
         if rule.name == "identity":
@@ -173,11 +179,11 @@ class _Relevance(torch.autograd.Function):
 
 class _PassThrough(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, a: Tensor, f: Callable[[Tensor], Tensor]) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, a: Tensor, f: Callable[[Tensor], Tensor]) -> Tensor:
         return f(a.detach())
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
         return g, None
 
 

@@ -65,7 +65,7 @@ def scale(relevance: Tensors, output: torch.Tensor) -> Tensors:
 
 def conservation_delta(relevance: Tensors, output: torch.Tensor) -> torch.Tensor:
     n = output.shape[0]
-    return output.flatten() - sum(r.reshape(n, -1).sum(1) for r in relevance)  # type: ignore[return-value]
+    return output.flatten() - sum(r.reshape(n, -1).sum(1) for r in relevance)
 
 
 @register("lrp", kind="gradient", params=LRPParams, needs_hooks=True, returns_delta=True)

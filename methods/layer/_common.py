@@ -55,13 +55,15 @@ def shap_samples(
     rows = n * k
     idx = call.randint(dist[0].shape[0], (rows,), xs[0].device)
     noisy = tuple(
-        x.repeat_interleave(k, dim=0) + (call.randn((rows, *x.shape[1:]), x) * stdevs if stdevs > 0 else 0)
+        x.repeat_interleave(k, dim=0)
+        + (call.randn((rows, *x.shape[1:]), x) * stdevs if stdevs > 0 else 0)
         for x in xs
     )
     bs = tuple(d[idx] for d in dist)
     alphas = call.rand((rows,), xs[0])
     points = tuple(
-        b + alphas.view(-1, *([1] * (x.dim() - 1))) * (x - b) for x, b in zip(noisy, bs, strict=True)
+        b + alphas.view(-1, *([1] * (x.dim() - 1))) * (x - b)
+        for x, b in zip(noisy, bs, strict=True)
     )
     sub = call.replace(
         inputs=noisy,

@@ -91,7 +91,7 @@ def run_layer_rows(
 
 def delta(attrs: Tensors, fx: Tensor, fb: Tensor) -> Tensor:
     rows = fx.shape[0]
-    return sum(a.reshape(rows, -1).sum(1) for a in attrs) - (fx - fb)  # type: ignore[return-value]
+    return sum(a.reshape(rows, -1).sum(1) for a in attrs) - (fx - fb)
 
 
 @register(

@@ -35,6 +35,4 @@ def layer_deeplift_shap(call: Call, p: LayerDeepLiftParams) -> Output:
     )
     attrs, fx, fb, echo = run_layer_rows(sub, xs, bs, sub.target, module, p)
     mean = tuple(a.reshape(n, b, *a.shape[1:]).mean(1) for a in attrs)
-    return layer_output(
-        mean, delta=delta(attrs, fx, fb), outputs=fx.reshape(n, b)[:, 0], echo=echo
-    )
+    return layer_output(mean, delta=delta(attrs, fx, fb), outputs=fx.reshape(n, b)[:, 0], echo=echo)

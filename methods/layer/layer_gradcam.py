@@ -25,9 +25,7 @@ class LayerGradCamParams(LayerParams):
     )
 
 
-def gradcam(
-    grads: Tensors, values: Tensors, relu: bool, summation: bool
-) -> Tensors:
+def gradcam(grads: Tensors, values: Tensors, relu: bool, summation: bool) -> Tensors:
     out = []
     for g, v in zip(grads, values, strict=True):
         w = g.mean(dim=tuple(range(2, g.dim())), keepdim=True) if g.dim() > 2 else g

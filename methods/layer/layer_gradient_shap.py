@@ -39,9 +39,7 @@ def layer_gradient_shap(call: Call, p: LayerGradientShapParams) -> Output:
     module = target_layer(call, p)
     sub, noisy, bs, points = shap_samples(call, p.n_samples, p.stdevs, "layer_gradient_shap")
     to_input = p.attribute_to_layer_input
-    grads, _, _ = layers.layer_gradients(
-        sub.forward, points, sub.target, module, p.layer, to_input
-    )
+    grads, _, _ = layers.layer_gradients(sub.forward, points, sub.target, module, p.layer, to_input)
     rows = points[0].shape[0]
     both = tuple(torch.cat([x, b]) for x, b in zip(noisy, bs, strict=True))
     with torch.no_grad(), layers.tap(module, p.layer, to_input=to_input) as t:
@@ -56,4 +54,4 @@ def layer_gradient_shap(call: Call, p: LayerGradientShapParams) -> Output:
     attrs = tuple(a.reshape(n, k, *a.shape[1:]).mean(1) for a in per_row)
     sel = sub.target.expand(2).select(out)  # type: ignore[arg-type]
     total = sum(a.reshape(rows, -1).sum(1) for a in per_row)
-    return layer_output(attrs, delta=total - (sel[:rows] - sel[rows:]))  # type: ignore[operator]
+    return layer_output(attrs, delta=total - (sel[:rows] - sel[rows:]))

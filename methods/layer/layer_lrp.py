@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from methods.call import Call, Output
 from methods.engine import layers
-from methods.gradient.lrp import LRPParams, conservation_delta, parse_rules, relevance_forward, scale
+from methods.gradient.lrp import (
+    LRPParams,
+    conservation_delta,
+    parse_rules,
+    relevance_forward,
+    scale,
+)
 from methods.layer._common import LayerParams, layer_output, target_layer
 from methods.registry import register
 
@@ -34,6 +40,4 @@ def layer_lrp(call: Call, p: LayerLRPParams) -> Output:
         forward, call.inputs, call.target, module, p.layer, p.attribute_to_layer_input
     )
     relevance = scale(grads, selected)
-    return layer_output(
-        relevance, delta=conservation_delta(relevance, selected), outputs=selected
-    )
+    return layer_output(relevance, delta=conservation_delta(relevance, selected), outputs=selected)

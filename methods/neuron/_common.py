@@ -49,7 +49,10 @@ def neuron_target(call: Call, p: NeuronParams) -> tuple[nn.Module, Any]:
 
 
 def neuron_grad_fn(
-    module: nn.Module, p: NeuronParams, selector: Any, wrap: Callable[[Forward], Forward] | None = None
+    module: nn.Module,
+    p: NeuronParams,
+    selector: Any,
+    wrap: Callable[[Forward], Forward] | None = None,
 ) -> GradFn:
     """A ``path_gradient_sum`` gradient function: d(neuron)/d(points), target ignored."""
 

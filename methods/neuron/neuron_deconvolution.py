@@ -1,6 +1,7 @@
-"""Neuron Deconvolution: the deconvolution gradient of one neuron with respect to the inputs.
+"""Neuron Deconvolution: the deconvolution gradient of one neuron w.r.t. the inputs.
 
-Zeiler & Fergus 2014, https://arxiv.org/abs/1311.2901. Every ReLU call (module or functional, reused or not) passes on relu(gradient w.r.t. the ReLU output).
+Zeiler & Fergus 2014, https://arxiv.org/abs/1311.2901. Every ReLU call (module or
+functional, reused or not) passes on relu(gradient w.r.t. the ReLU output).
 """
 
 from __future__ import annotations

@@ -32,9 +32,7 @@ class NeuronDeepLiftParams(DeepLiftParams):
     )
 
 
-def neuron_deeplift_rows(
-    call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: Tensors
-) -> Tensors:
+def neuron_deeplift_rows(call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: Tensors) -> Tensors:
     module, selector = neuron_target(call, p)  # type: ignore[arg-type]
     with layers.tap(module, p.layer, to_input=p.attribute_to_neuron_input) as t:
         t.reset()

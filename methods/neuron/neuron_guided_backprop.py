@@ -1,6 +1,7 @@
-"""Neuron Guided Backpropagation: the guided_backprop gradient of one neuron with respect to the inputs.
+"""Neuron Guided Backpropagation: guided backprop of one neuron w.r.t. the inputs.
 
-Springenberg et al. 2015, https://arxiv.org/abs/1412.6806. Every ReLU call (module or functional, reused or not) passes on relu(gradient w.r.t. the ReLU input).
+Springenberg et al. 2015, https://arxiv.org/abs/1412.6806. Every ReLU call (module or
+functional, reused or not) passes on relu(gradient w.r.t. the ReLU input).
 """
 
 from __future__ import annotations

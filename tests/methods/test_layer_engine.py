@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -70,8 +71,9 @@ def test_layer_methods_need_a_module() -> None:
 def test_reused_layer_is_an_error_not_a_silent_last_call() -> None:
     m = Reused().double()
     with pytest.raises(methods.InvalidArgumentError) as e:
-        methods.attribute(m, torch.ones(2, 3, dtype=torch.float64), "layer_gradient_x_activation",
-                          layer="lin")  # fmt: skip
+        methods.attribute(
+            m, torch.ones(2, 3, dtype=torch.float64), "layer_gradient_x_activation", layer="lin"
+        )
     assert "2 times" in str(e.value)
     assert not m.lin._forward_hooks
 
@@ -87,16 +89,29 @@ def test_layer_that_does_not_run() -> None:
 def test_tuple_layers_return_tuples_like_captum(to_input: bool) -> None:
     m, x = _tuple_model()
     layer = "split" if not to_input else "join"
-    ours = methods.attribute(m, x, "layer_gradient_x_activation", target=1, layer=layer,
-                             attribute_to_layer_input=to_input).attributions  # fmt: skip
+    ours = methods.attribute(
+        m,
+        x,
+        "layer_gradient_x_activation",
+        target=1,
+        layer=layer,
+        attribute_to_layer_input=to_input,
+    ).attributions
     ref = LayerGradientXActivation(m, m.get_submodule(layer)).attribute(
         x, target=1, attribute_to_layer_input=to_input
     )
     assert isinstance(ours, tuple) and isinstance(ref, tuple) and len(ours) == 2
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b.detach())
-    ours = methods.attribute(m, x, "layer_integrated_gradients", target=1, layer=layer,
-                             attribute_to_layer_input=to_input, n_steps=10).attributions  # fmt: skip
+    ours = methods.attribute(
+        m,
+        x,
+        "layer_integrated_gradients",
+        target=1,
+        layer=layer,
+        attribute_to_layer_input=to_input,
+        n_steps=10,
+    ).attributions
     ref = LayerIntegratedGradients(m, m.get_submodule(layer)).attribute(
         x, target=1, attribute_to_layer_input=to_input, n_steps=10
     )
@@ -109,24 +124,41 @@ def test_tuple_layers_return_tuples_like_captum(to_input: bool) -> None:
 @pytest.mark.parametrize("case", ["mlp", "cnn", "conv_twin"])
 def test_layer_ig_completeness(case: str) -> None:
     c = zoo.by_name(case)
-    r = methods.attribute(c.model, c.inputs, "layer_integrated_gradients", target=c.target,
-                          layer=c.layers[0], n_steps=300, return_convergence_delta=True)  # fmt: skip
+    r = methods.attribute(
+        c.model,
+        c.inputs,
+        "layer_integrated_gradients",
+        target=c.target,
+        layer=c.layers[0],
+        n_steps=300,
+        return_convergence_delta=True,
+    )
     with torch.no_grad():
         fx = c.model(c.inputs)
     scale = float(fx.abs().max())
-    assert float(r.convergence_delta.abs().max()) < 1e-2 * scale  # kinks (ReLU, max-pool) slow quadrature down
+    assert (
+        float(r.convergence_delta.abs().max()) < 1e-2 * scale
+    )  # kinks (ReLU, max-pool) slow quadrature down
 
 
 LAYER_AND_NEURON = [
-    s for s in methods.available() if s.kind in ("layer", "neuron") or s.name in ("lrp", "guided_gradcam")
+    s
+    for s in methods.available()
+    if s.kind in ("layer", "neuron") or s.name in ("lrp", "guided_gradcam")
 ]
 
 
 def _kw(name: str) -> dict[str, Any]:
     kw: dict[str, Any] = {"target": 1}
-    if name.startswith("layer") or name.startswith("neuron") or name in (
-        "internal_influence", "guided_gradcam",
-    ):  # fmt: skip
+    if (
+        name.startswith("layer")
+        or name.startswith("neuron")
+        or name
+        in (
+            "internal_influence",
+            "guided_gradcam",
+        )
+    ):
         kw["layer"] = "conv2"
     if name.startswith("neuron"):
         kw.pop("target")
@@ -150,14 +182,16 @@ def test_no_hooks_or_weight_changes_left_when_the_forward_raises_after_the_layer
 
     handle = c.model.fc.register_forward_pre_hook(boom)
     try:
-        counts = [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                  for m in c.model.modules()]  # fmt: skip
-        try:
+        counts = [
+            (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+            for m in c.model.modules()
+        ]
+        with contextlib.suppress(methods.ModelError):
             methods.attribute(c.model, c.inputs, info.name, **_kw(info.name))
-        except methods.ModelError:
-            pass
-        after = [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                 for m in c.model.modules()]  # fmt: skip
+        after = [
+            (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+            for m in c.model.modules()
+        ]
         assert after == counts
         for k, v in c.model.state_dict().items():
             assert torch.equal(v, state[k])

@@ -48,9 +48,14 @@ def _close(ours: Any, ref: Any, rtol: float = 1e-10, atol: float = 1e-12) -> Non
 
 def _run(c: zoo.Case, name: str, layer: str, to_input: bool, **kw: Any) -> methods.Result:
     return methods.attribute(
-        c.model, c.inputs, name, layer=layer, attribute_to_layer_input=to_input,
-        additional_forward_args=c.additional_forward_args, **kw,
-    )  # fmt: skip
+        c.model,
+        c.inputs,
+        name,
+        layer=layer,
+        attribute_to_layer_input=to_input,
+        additional_forward_args=c.additional_forward_args,
+        **kw,
+    )
 
 
 def _dist(c: zoo.Case) -> Any:
@@ -64,22 +69,38 @@ def _dist(c: zoo.Case) -> Any:
 def test_gradient_layer_methods(case: str, layer: str, to_input: bool) -> None:
     c = zoo.by_name(case)
     mod = c.model.get_submodule(layer)
-    common = {"additional_forward_args": c.additional_forward_args, "attribute_to_layer_input": to_input}
+    common = {
+        "additional_forward_args": c.additional_forward_args,
+        "attribute_to_layer_input": to_input,
+    }
     ref = LayerActivation(c.model, mod).attribute(c.inputs, **common)
     _close(_run(c, "layer_activation", layer, to_input).attributions, ref)
     for mbi in (True, False):
         ref = LayerGradientXActivation(c.model, mod, multiply_by_inputs=mbi).attribute(
             c.inputs, target=c.target, **common
         )
-        ours = _run(c, "layer_gradient_x_activation", layer, to_input, target=c.target,
-                    multiply_by_inputs=mbi)  # fmt: skip
+        ours = _run(
+            c,
+            "layer_gradient_x_activation",
+            layer,
+            to_input,
+            target=c.target,
+            multiply_by_inputs=mbi,
+        )
         _close(ours.attributions, ref)
     for relu, summ in ((False, True), (True, False)):
         ref = LayerGradCam(c.model, mod).attribute(
             c.inputs, target=c.target, relu_attributions=relu, attr_dim_summation=summ, **common
         )
-        ours = _run(c, "layer_gradcam", layer, to_input, target=c.target,
-                    relu_attributions=relu, attr_dim_summation=summ)  # fmt: skip
+        ours = _run(
+            c,
+            "layer_gradcam",
+            layer,
+            to_input,
+            target=c.target,
+            relu_attributions=relu,
+            attr_dim_summation=summ,
+        )
         _close(ours.attributions, ref)
 
 
@@ -97,21 +118,45 @@ def test_path_layer_methods(case: str, layer: str, to_input: bool) -> None:
     ref, ref_delta = LayerIntegratedGradients(c.model, mod).attribute(
         c.inputs, n_steps=20, return_convergence_delta=True, **common
     )
-    ours = _run(c, "layer_integrated_gradients", layer, to_input, n_steps=20, target=c.target,
-                baselines=c.baselines, return_convergence_delta=True)  # fmt: skip
+    ours = _run(
+        c,
+        "layer_integrated_gradients",
+        layer,
+        to_input,
+        n_steps=20,
+        target=c.target,
+        baselines=c.baselines,
+        return_convergence_delta=True,
+    )
     _close(ours.attributions, ref, rtol=IG_RTOL, atol=1e-8)
     torch.testing.assert_close(ours.convergence_delta, ref_delta, rtol=IG_RTOL, atol=1e-6)
 
     ref = InternalInfluence(c.model, mod).attribute(c.inputs, n_steps=12, **common)
-    ours = _run(c, "internal_influence", layer, to_input, n_steps=12, target=c.target,
-                baselines=c.baselines, internal_batch_size=7)  # fmt: skip
+    ours = _run(
+        c,
+        "internal_influence",
+        layer,
+        to_input,
+        n_steps=12,
+        target=c.target,
+        baselines=c.baselines,
+        internal_batch_size=7,
+    )
     _close(ours.attributions, ref, rtol=IG_RTOL, atol=1e-8)
 
     ref, ref_delta = LayerConductance(c.model, mod).attribute(
         c.inputs, n_steps=12, return_convergence_delta=True, **common
     )
-    ours = _run(c, "layer_conductance", layer, to_input, n_steps=12, target=c.target,
-                baselines=c.baselines, return_convergence_delta=True)  # fmt: skip
+    ours = _run(
+        c,
+        "layer_conductance",
+        layer,
+        to_input,
+        n_steps=12,
+        target=c.target,
+        baselines=c.baselines,
+        return_convergence_delta=True,
+    )
     _close(ours.attributions, ref, rtol=IG_RTOL, atol=1e-8)
     torch.testing.assert_close(ours.convergence_delta, ref_delta, rtol=IG_RTOL, atol=1e-6)
 
@@ -121,14 +166,18 @@ def test_path_layer_methods(case: str, layer: str, to_input: bool) -> None:
 def test_layer_deeplift_and_shap(case: str, layer: str, to_input: bool) -> None:
     c = zoo.by_name(case)
     mod = c.model.get_submodule(layer)
-    common = {"additional_forward_args": c.additional_forward_args, "attribute_to_layer_input": to_input,
-              "target": c.target}  # fmt: skip
+    common = {
+        "additional_forward_args": c.additional_forward_args,
+        "attribute_to_layer_input": to_input,
+        "target": c.target,
+    }
     for name, cls, bl in (
         ("layer_deeplift", LayerDeepLift, c.baselines),
         ("layer_deeplift_shap", LayerDeepLiftShap, _dist(c)),
     ):
-        ours = _run(c, name, layer, to_input, target=c.target, baselines=bl,
-                    return_convergence_delta=True)  # fmt: skip
+        ours = _run(
+            c, name, layer, to_input, target=c.target, baselines=bl, return_convergence_delta=True
+        )
         if (case, layer) in RELU_MAXPOOL_CHAIN:
             # Captum's numbers are wrong here; ours are complete: sum = f(x) - f(b)
             torch.testing.assert_close(
@@ -149,9 +198,12 @@ def test_layer_lrp(case: str, layer: str, to_input: bool) -> None:
         pytest.skip("Captum has no LRP rule for this model's modules")
     c = zoo.by_name(case)
     ref, ref_delta = LayerLRP(c.model, c.model.get_submodule(layer)).attribute(
-        c.inputs, target=c.target, additional_forward_args=c.additional_forward_args,
-        attribute_to_layer_input=to_input, return_convergence_delta=True,
-    )  # fmt: skip
+        c.inputs,
+        target=c.target,
+        additional_forward_args=c.additional_forward_args,
+        attribute_to_layer_input=to_input,
+        return_convergence_delta=True,
+    )
     ours = _run(c, "layer_lrp", layer, to_input, target=c.target, return_convergence_delta=True)
     _close(ours.attributions, ref)
     torch.testing.assert_close(ours.convergence_delta, ref_delta, rtol=1e-10, atol=1e-10)
@@ -164,8 +216,14 @@ def test_guided_gradcam(layer: str, to_input: bool) -> None:
     ref = GuidedGradCam(c.model, c.model.get_submodule(layer)).attribute(
         c.inputs, target=c.target, attribute_to_layer_input=to_input
     )
-    ours = methods.attribute(c.model, c.inputs, "guided_gradcam", target=c.target, layer=layer,
-                             attribute_to_layer_input=to_input)  # fmt: skip
+    ours = methods.attribute(
+        c.model,
+        c.inputs,
+        "guided_gradcam",
+        target=c.target,
+        layer=layer,
+        attribute_to_layer_input=to_input,
+    )
     _close(ours.attributions, ref)
 
 
@@ -175,12 +233,18 @@ def test_guided_gradcam(layer: str, to_input: bool) -> None:
 def test_gradcam_oracle_convnet() -> None:
     m, ci = ConvNetOneConv().double(), torch.arange(16.0, dtype=torch.float64).view(1, 1, 4, 4)
     r = methods.attribute(m, ci, "layer_gradcam", target=0, layer="conv1").attributions
-    torch.testing.assert_close(r, torch.tensor([[[[11.25, 13.5], [20.25, 22.5]]]], dtype=torch.float64))
+    torch.testing.assert_close(
+        r, torch.tensor([[[[11.25, 13.5], [20.25, 22.5]]]], dtype=torch.float64)
+    )
     r = methods.attribute(m, ci, "layer_gradcam", target=0, layer="relu1").attributions
     torch.testing.assert_close(r, torch.tensor([[[[0.0, 4.0], [28.0, 32.5]]]], dtype=torch.float64))
     r = methods.attribute(m, ci, "guided_gradcam", target=0, layer="conv1").attributions
-    want = [[0, 11.25, 13.5, 13.5], [11.25, 33.75, 40.5, 27], [20.25, 60.75, 67.5, 45],
-            [20.25, 40.5, 45, 22.5]]  # fmt: skip
+    want = [
+        [0, 11.25, 13.5, 13.5],
+        [11.25, 33.75, 40.5, 27],
+        [20.25, 60.75, 67.5, 45],
+        [20.25, 40.5, 45, 22.5],
+    ]
     torch.testing.assert_close(r, torch.tensor(want, dtype=torch.float64).view(1, 1, 4, 4))
 
 
@@ -191,13 +255,24 @@ def test_layer_oracles_multilayer() -> None:
         return methods.attribute(m, x, name, target=0, layer="linear1", **kw)
 
     t = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
-    torch.testing.assert_close(run("layer_conductance", n_steps=500).attributions,
-                               t([89.9945, 99.9989, 99.9989, 99.9989]), atol=1e-3, rtol=0)  # fmt: skip
-    torch.testing.assert_close(run("internal_influence").attributions, t([0.901794, 1, 1, 1]),
-                               atol=1e-5, rtol=0)  # fmt: skip
-    torch.testing.assert_close(run("layer_integrated_gradients").attributions,
-                               t([90.179367, 100, 100, 100]), atol=1e-4, rtol=0)  # fmt: skip
-    torch.testing.assert_close(run("layer_gradient_x_activation").attributions, t([90, 101, 101, 101]))
+    torch.testing.assert_close(
+        run("layer_conductance", n_steps=500).attributions,
+        t([89.9945, 99.9989, 99.9989, 99.9989]),
+        atol=1e-3,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        run("internal_influence").attributions, t([0.901794, 1, 1, 1]), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        run("layer_integrated_gradients").attributions,
+        t([90.179367, 100, 100, 100]),
+        atol=1e-4,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        run("layer_gradient_x_activation").attributions, t([90, 101, 101, 101])
+    )
     res = run("layer_deeplift", return_convergence_delta=True)
     torch.testing.assert_close(res.attributions, t([90, 100, 100, 100]))
     assert float(res.convergence_delta.abs().max()) < 1e-9

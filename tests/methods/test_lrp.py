@@ -42,7 +42,9 @@ class SimpleFunctional(SimpleLRPModel):
 @pytest.mark.parametrize("case", ["mlp", "cnn", "multidim", "conv_twin"])
 def test_parity_on_the_model_matrix(case: str) -> None:
     c = zoo.by_name(case)
-    ref, ref_delta = LRP(c.model).attribute(c.inputs, target=c.target, return_convergence_delta=True)
+    ref, ref_delta = LRP(c.model).attribute(
+        c.inputs, target=c.target, return_convergence_delta=True
+    )
     r = methods.attribute(c.model, c.inputs, "lrp", target=c.target, return_convergence_delta=True)
     torch.testing.assert_close(r.attributions, ref.detach(), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(r.convergence_delta, ref_delta, rtol=1e-10, atol=1e-10)
@@ -59,7 +61,9 @@ def test_oracles() -> None:
     torch.testing.assert_close(r, torch.tensor([[18.0, 36, 54], [54, 108, 162]], dtype=F64))
     conv = ConvNetOneConv().double()
     ci = torch.arange(16.0, dtype=F64).view(1, 1, 4, 4)
-    r = methods.attribute(conv, ci, "lrp", target=int(conv(ci).argmax()), return_convergence_delta=True)
+    r = methods.attribute(
+        conv, ci, "lrp", target=int(conv(ci).argmax()), return_convergence_delta=True
+    )
     want = torch.tensor([[0, 1, 2, 3], [0, 5, 6, 7], [0, 9, 10, 11], [0, 0, 0, 0]], dtype=F64)
     torch.testing.assert_close(r.attributions, want.view(1, 1, 4, 4))
 
@@ -86,11 +90,16 @@ def test_captum_rule_oracles(rules: dict[str, Any], want: list[float]) -> None:
 
 def test_z_plus_equals_alpha1_beta0_without_bias() -> None:
     c = zoo.by_name("mlp")
-    zp = methods.attribute(c.model, c.inputs, "lrp", target=c.target,
-                           rules={"net.0": "z_plus"}).attributions  # fmt: skip
-    ab = methods.attribute(c.model, c.inputs, "lrp", target=c.target,
-                           rules={"net.0": {"rule": "alpha1_beta0", "set_bias_to_zero": True}}
-                           ).attributions  # fmt: skip
+    zp = methods.attribute(
+        c.model, c.inputs, "lrp", target=c.target, rules={"net.0": "z_plus"}
+    ).attributions
+    ab = methods.attribute(
+        c.model,
+        c.inputs,
+        "lrp",
+        target=c.target,
+        rules={"net.0": {"rule": "alpha1_beta0", "set_bias_to_zero": True}},
+    ).attributions
     torch.testing.assert_close(zp, ab)
 
 

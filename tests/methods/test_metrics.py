@@ -19,11 +19,17 @@ def _noise(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_infidelity_matches_captum() -> None:
     c = zoo.by_name("mlp")
-    attr = methods.attribute(c.model, c.inputs, "integrated_gradients", target=c.target).attributions
+    attr = methods.attribute(
+        c.model, c.inputs, "integrated_gradients", target=c.target
+    ).attributions
     for normalize in (False, True):
         for max_rows in (None, 8):
-            kw = dict(target=c.target, n_perturb_samples=5, max_examples_per_batch=max_rows,
-                      normalize=normalize)  # fmt: skip
+            kw = dict(
+                target=c.target,
+                n_perturb_samples=5,
+                max_examples_per_batch=max_rows,
+                normalize=normalize,
+            )
             torch.manual_seed(3)
             ours = methods.infidelity(c.model, _noise, c.inputs, attr, **kw)
             torch.manual_seed(3)
@@ -67,13 +73,25 @@ def test_sensitivity_max_matches_captum() -> None:
 
     for max_rows in (None, 8):
         torch.manual_seed(4)
-        ours = methods.sensitivity_max(explain, c.inputs, perturb, perturb_radius=0.5,
-                                       n_perturb_samples=6, target=c.target,
-                                       max_examples_per_batch=max_rows)  # fmt: skip
+        ours = methods.sensitivity_max(
+            explain,
+            c.inputs,
+            perturb,
+            perturb_radius=0.5,
+            n_perturb_samples=6,
+            target=c.target,
+            max_examples_per_batch=max_rows,
+        )
         torch.manual_seed(4)
-        ref = captum_sensitivity_max(captum_explain, c.inputs, perturb, perturb_radius=0.5,
-                                     n_perturb_samples=6, target=c.target,
-                                     max_examples_per_batch=max_rows)  # fmt: skip
+        ref = captum_sensitivity_max(
+            captum_explain,
+            c.inputs,
+            perturb,
+            perturb_radius=0.5,
+            n_perturb_samples=6,
+            target=c.target,
+            max_examples_per_batch=max_rows,
+        )
         torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
         assert ours.shape == (4,)
 

@@ -41,9 +41,14 @@ def _close(ours: Any, ref: Any, rtol: float = 1e-10, atol: float = 1e-12) -> Non
 
 
 def _selector(c: zoo.Case, layer: str, to_input: bool) -> Any:
-    act = methods.attribute(c.model, c.inputs, "layer_activation", layer=layer,
-                            additional_forward_args=c.additional_forward_args,
-                            attribute_to_layer_input=to_input).attributions  # fmt: skip
+    act = methods.attribute(
+        c.model,
+        c.inputs,
+        "layer_activation",
+        layer=layer,
+        additional_forward_args=c.additional_forward_args,
+        attribute_to_layer_input=to_input,
+    ).attributions
     sel = tuple(min(1, s - 1) for s in act.shape[1:])
     return sel[0] if len(sel) == 1 else sel
 
@@ -62,9 +67,16 @@ def test_neuron_methods(case: str, layer: str, to_input: bool) -> None:
     args = c.additional_forward_args
 
     def ours(name: str, **kw: Any) -> Any:
-        return methods.attribute(c.model, c.inputs, name, layer=layer, neuron_selector=sel,
-                                 attribute_to_neuron_input=to_input, additional_forward_args=args,
-                                 **kw).attributions  # fmt: skip
+        return methods.attribute(
+            c.model,
+            c.inputs,
+            name,
+            layer=layer,
+            neuron_selector=sel,
+            attribute_to_neuron_input=to_input,
+            additional_forward_args=args,
+            **kw,
+        ).attributions
 
     if (case, layer) in CAPTUM_RAISES:
         g = ours("neuron_gradient")
@@ -72,21 +84,46 @@ def test_neuron_methods(case: str, layer: str, to_input: bool) -> None:
         return
     common = {"additional_forward_args": args, "attribute_to_neuron_input": to_input}
     _close(ours("neuron_gradient"), NeuronGradient(c.model, mod).attribute(c.inputs, sel, **common))
-    _close(ours("neuron_guided_backprop"),
-           NeuronGuidedBackprop(c.model, mod).attribute(c.inputs, sel, **common))  # fmt: skip
-    _close(ours("neuron_deconvolution"),
-           NeuronDeconvolution(c.model, mod).attribute(c.inputs, sel, **common))  # fmt: skip
+    _close(
+        ours("neuron_guided_backprop"),
+        NeuronGuidedBackprop(c.model, mod).attribute(c.inputs, sel, **common),
+    )
+    _close(
+        ours("neuron_deconvolution"),
+        NeuronDeconvolution(c.model, mod).attribute(c.inputs, sel, **common),
+    )
     ref = NeuronIntegratedGradients(c.model, mod).attribute(
         c.inputs, sel, baselines=c.baselines, n_steps=16, **common
     )
-    _close(ours("neuron_integrated_gradients", baselines=c.baselines, n_steps=16,
-                internal_batch_size=9), ref, rtol=IG_RTOL, atol=1e-8)  # fmt: skip
+    _close(
+        ours(
+            "neuron_integrated_gradients", baselines=c.baselines, n_steps=16, internal_batch_size=9
+        ),
+        ref,
+        rtol=IG_RTOL,
+        atol=1e-8,
+    )
     ref = NeuronConductance(c.model, mod).attribute(
-        c.inputs, sel, baselines=c.baselines, target=c.target, n_steps=12, method="gausslegendre",
+        c.inputs,
+        sel,
+        baselines=c.baselines,
+        target=c.target,
+        n_steps=12,
+        method="gausslegendre",
         **common,
     )
-    _close(ours("neuron_conductance", baselines=c.baselines, target=c.target, n_steps=12,
-                approximation_method="gausslegendre"), ref, rtol=IG_RTOL, atol=1e-8)  # fmt: skip
+    _close(
+        ours(
+            "neuron_conductance",
+            baselines=c.baselines,
+            target=c.target,
+            n_steps=12,
+            approximation_method="gausslegendre",
+        ),
+        ref,
+        rtol=IG_RTOL,
+        atol=1e-8,
+    )
     if (case, layer) not in RELU_MAXPOOL_CHAIN:
         ref = NeuronDeepLift(c.model, mod).attribute(c.inputs, sel, baselines=c.baselines, **common)
         _close(ours("neuron_deeplift", baselines=c.baselines), ref)
@@ -98,9 +135,18 @@ def test_neuron_methods(case: str, layer: str, to_input: bool) -> None:
 def test_neuron_conductance_trapezoid_is_captums_times_n_over_n_minus_1() -> None:
     c = zoo.by_name("mlp")
     n = 10
-    ref = NeuronConductance(c.model, c.model.net[2]).attribute(c.inputs, 3, target=c.target, n_steps=n)
-    ours = methods.attribute(c.model, c.inputs, "neuron_conductance", layer="net.2", neuron_selector=3,
-                             target=c.target, n_steps=n).attributions  # fmt: skip
+    ref = NeuronConductance(c.model, c.model.net[2]).attribute(
+        c.inputs, 3, target=c.target, n_steps=n
+    )
+    ours = methods.attribute(
+        c.model,
+        c.inputs,
+        "neuron_conductance",
+        layer="net.2",
+        neuron_selector=3,
+        target=c.target,
+        n_steps=n,
+    ).attributions
     torch.testing.assert_close(ours, ref * n / (n - 1), rtol=1e-6, atol=1e-9)
 
 
@@ -108,19 +154,33 @@ def test_neuron_deeplift_complete_where_captum_breaks_the_chain() -> None:
     c = zoo.by_name("cnn")
     dist = _dist(c)
     sel = (1, 1, 1)
-    r = methods.attribute(c.model, c.inputs, "neuron_deeplift_shap", baselines=dist, layer="pool1",
-                          neuron_selector=sel).attributions  # fmt: skip
-    act = lambda x: methods.attribute(c.model, x, "layer_activation",  # noqa: E731
-                                      layer="pool1").attributions[:, 1, 1, 1]
+    r = methods.attribute(
+        c.model,
+        c.inputs,
+        "neuron_deeplift_shap",
+        baselines=dist,
+        layer="pool1",
+        neuron_selector=sel,
+    ).attributions
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        out = methods.attribute(c.model, x, "layer_activation", layer="pool1").attributions
+        return out[:, 1, 1, 1]
+
     want = (act(c.inputs)[:, None] - act(dist)[None, :]).mean(1)
     torch.testing.assert_close(r.flatten(1).sum(1), want, rtol=1e-10, atol=1e-10)
 
 
 def test_selectors_int_tuple_slice_and_callable() -> None:
-    m, x = MultiLayer().double(), torch.tensor([[0.0, 100.0, 0.0], [1.0, 2.0, 3.0]], dtype=torch.float64)
+    m, x = (
+        MultiLayer().double(),
+        torch.tensor([[0.0, 100.0, 0.0], [1.0, 2.0, 3.0]], dtype=torch.float64),
+    )
 
     def run(sel: Any, name: str = "neuron_gradient", **kw: Any) -> torch.Tensor:
-        return methods.attribute(m, x, name, layer="linear1", neuron_selector=sel, **kw).attributions
+        return methods.attribute(
+            m, x, name, layer="linear1", neuron_selector=sel, **kw
+        ).attributions
 
     torch.testing.assert_close(run(1), run((1,)))
     torch.testing.assert_close(run((slice(1, 3),)), run(1) + run(2))
@@ -138,8 +198,10 @@ def test_selectors_int_tuple_slice_and_callable() -> None:
 
 def test_neuron_conductance_oracle() -> None:
     m, x = MultiLayer().double(), torch.tensor([[0.0, 100.0, 0.0]], dtype=torch.float64)
-    r = methods.attribute(m, x, "neuron_conductance", layer="linear1", neuron_selector=3,
-                          target=0).attributions  # fmt: skip
+    r = methods.attribute(
+        m, x, "neuron_conductance", layer="linear1", neuron_selector=3, target=0
+    ).attributions
     # Captum's 97.999985 is 98 x float32 rounding; ours is the true trapezoid: x 50/49
-    torch.testing.assert_close(r, torch.tensor([[0.0, 100.0, 0.0]], dtype=torch.float64),
-                               rtol=0, atol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        r, torch.tensor([[0.0, 100.0, 0.0]], dtype=torch.float64), rtol=0, atol=1e-4
+    )

@@ -33,10 +33,16 @@ class BertLogits(nn.Module):
         from transformers import BertConfig, BertForSequenceClassification
 
         cfg = BertConfig(
-            vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=32, max_position_embeddings=16, num_labels=2,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        )  # fmt: skip
+            vocab_size=40,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+            num_labels=2,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
         torch.manual_seed(0)
         self.m = BertForSequenceClassification(cfg)
 
@@ -53,8 +59,16 @@ def test_embedding_classifier_matches_captum_and_is_complete() -> None:
     torch.manual_seed(0)
     m = BagClassifier().double().eval()
     ids, _ = _ids()
-    r = methods.attribute(m, ids, "layer_integrated_gradients", target=1, baselines=PAD,
-                          layer="emb", n_steps=64, return_convergence_delta=True)  # fmt: skip
+    r = methods.attribute(
+        m,
+        ids,
+        "layer_integrated_gradients",
+        target=1,
+        baselines=PAD,
+        layer="emb",
+        n_steps=64,
+        return_convergence_delta=True,
+    )
     ref = LayerIntegratedGradients(m, m.emb).attribute(ids, baselines=PAD, target=1, n_steps=64)
     torch.testing.assert_close(r.attributions, ref, rtol=1e-6, atol=1e-9)
     assert float(r.convergence_delta.abs().max()) < 1e-6
@@ -63,10 +77,12 @@ def test_embedding_classifier_matches_captum_and_is_complete() -> None:
     torch.testing.assert_close(scores.sum(1), r.attributions.sum((1, 2)))
     # a reference sequence as the baseline (one row, broadcast to the batch)
     ref_seq = torch.tensor([[2, PAD, PAD, PAD, PAD, 3]])
-    r2 = methods.attribute(m, ids, "layer_integrated_gradients", target=1, baselines=ref_seq,
-                           layer="emb", n_steps=16).attributions  # fmt: skip
-    ref2 = LayerIntegratedGradients(m, m.emb).attribute(ids, baselines=ref_seq.expand(2, -1),
-                                                        target=1, n_steps=16)  # fmt: skip
+    r2 = methods.attribute(
+        m, ids, "layer_integrated_gradients", target=1, baselines=ref_seq, layer="emb", n_steps=16
+    ).attributions
+    ref2 = LayerIntegratedGradients(m, m.emb).attribute(
+        ids, baselines=ref_seq.expand(2, -1), target=1, n_steps=16
+    )
     torch.testing.assert_close(r2, ref2, rtol=1e-6, atol=1e-9)
 
 
@@ -81,13 +97,28 @@ def test_tiny_bert_matches_captum(layer: str) -> None:
     pytest.importorskip("transformers")
     m = BertLogits().double().eval()
     ids, mask = _ids()
-    r = methods.attribute(m, ids, "layer_integrated_gradients", target=1, baselines=PAD,
-                          additional_forward_args=(mask,), layer=layer, n_steps=20,
-                          internal_batch_size=16, return_convergence_delta=True)  # fmt: skip
+    r = methods.attribute(
+        m,
+        ids,
+        "layer_integrated_gradients",
+        target=1,
+        baselines=PAD,
+        additional_forward_args=(mask,),
+        layer=layer,
+        n_steps=20,
+        internal_batch_size=16,
+        return_convergence_delta=True,
+    )
     lig = LayerIntegratedGradients(m, m.get_submodule(layer))
-    ref, ref_delta = lig.attribute(ids, baselines=PAD, target=1, additional_forward_args=(mask,),
-                                   n_steps=20, internal_batch_size=16,
-                                   return_convergence_delta=True)  # fmt: skip
+    ref, ref_delta = lig.attribute(
+        ids,
+        baselines=PAD,
+        target=1,
+        additional_forward_args=(mask,),
+        n_steps=20,
+        internal_batch_size=16,
+        return_convergence_delta=True,
+    )
     torch.testing.assert_close(r.attributions, ref, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(r.convergence_delta, ref_delta, rtol=1e-6, atol=1e-8)
     assert per_token(r.attributions).shape == ids.shape
