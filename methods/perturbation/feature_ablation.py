@@ -10,7 +10,13 @@ from pydantic import Field
 
 from methods.call import Call, Output
 from methods.engine.baselines import format_baselines
-from methods.engine.perturb import coalition_inputs, echo, format_feature_mask, spread, start
+from methods.engine.perturb import (
+    coalition_inputs,
+    echo,
+    evaluate_with_initial,
+    format_feature_mask,
+    spread,
+)
 from methods.params import MethodParams, TensorParam
 from methods.registry import register
 
@@ -40,7 +46,6 @@ def feature_ablation(call: Call, p: FeatureAblationParams) -> Output:
     xs = call.inputs
     masks = format_feature_mask(p.feature_mask, xs, call.method)
     bs = format_baselines(call.baselines, xs)
-    ev, initial = start(call, xs)
     f = masks.n_features
     # Perturbation j keeps every feature except j.
     eye = ~torch.eye(f, dtype=torch.bool, device=xs[0].device)
@@ -48,7 +53,7 @@ def feature_ablation(call: Call, p: FeatureAblationParams) -> Output:
     def build(s: int, e: int) -> tuple[torch.Tensor, ...]:
         return coalition_inputs(masks, eye[s:e].unsqueeze(1), xs, bs)
 
-    ablated = ev.run(f, build)
+    ev, initial, ablated = evaluate_with_initial(call, xs, f, build)
     diff = initial.reshape(1, -1) - ablated.reshape(f, -1)  # (F, n_outputs)
     attrs = spread(diff, masks, xs, call.method)
     return Output(attrs, echo=echo(ev))

@@ -19,7 +19,7 @@ from torch import Tensor
 from methods.call import Call, Output
 from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
-from methods.engine.perturb import echo, start
+from methods.engine.perturb import echo, evaluate_with_initial
 from methods.errors import InvalidArgumentError
 from methods.params import MethodParams
 from methods.registry import register
@@ -158,7 +158,6 @@ def occlusion(call: Call, p: OcclusionParams) -> Output:
     xs = call.inputs
     wins = _windows(xs, p)
     bs = format_baselines(call.baselines, xs)
-    ev, initial = start(call, xs)
     offsets = [0]
     for w in wins:
         offsets.append(offsets[-1] + w.count)
@@ -180,7 +179,7 @@ def occlusion(call: Call, p: OcclusionParams) -> Output:
         return tuple(out)
 
     total = offsets[-1]
-    occluded = ev.run(total, build)
+    ev, initial, occluded = evaluate_with_initial(call, xs, total, build)
     diff = initial.reshape(1, -1) - occluded.reshape(total, -1)
     if not diff.is_floating_point():
         diff = diff.to(torch.get_default_dtype())
