@@ -1,0 +1,51 @@
+"""Neuron Feature Ablation: the change of one neuron when input features are ablated.
+
+Captum's ``NeuronFeatureAblation``: feature ablation (``methods.perturbation.feature_ablation``)
+with the selected neuron as the output; each forward stops once the layer has run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from methods.call import Call, Output
+from methods.engine import layers
+from methods.engine.inputs import Forward
+from methods.engine.targets import NONE
+from methods.neuron._common import NeuronParams, neuron_target
+from methods.params import TensorParam
+from methods.perturbation.feature_ablation import FeatureAblationParams, feature_ablation
+from methods.registry import register
+
+
+class NeuronFeatureAblationParams(NeuronParams):
+    feature_mask: TensorParam = Field(
+        None,
+        description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
+        "elements sharing an id are ablated together. Default: every scalar is its own feature",
+    )
+
+
+@register(
+    "neuron_feature_ablation",
+    kind="neuron",
+    params=NeuronFeatureAblationParams,
+    needs_hooks=True,
+    batching="perturbations_per_eval",
+    differentiates_inputs=False,
+)
+def neuron_feature_ablation(call: Call, p: NeuronFeatureAblationParams) -> Output:
+    """Change of the selected neuron when each input feature is replaced by its baseline."""
+    module, selector = neuron_target(call, p)
+    fn, to_input = call.forward.fn, p.attribute_to_neuron_input
+
+    def neuron(*args: Any) -> Any:
+        with layers.tap(module, p.layer, to_input=to_input, stop=True) as t:
+            layers.run(Forward(fn, ()), args, t)
+        return layers.select_neuron(t.values, selector)
+
+    sub = call.replace(forward=Forward(neuron, call.forward.args), target=NONE)
+    out = feature_ablation(sub, FeatureAblationParams(feature_mask=p.feature_mask))
+    return Output(out.attributions, echo=out.echo)
