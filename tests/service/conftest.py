@@ -39,6 +39,12 @@ inputs = [{ name = "a", dtype = "float32", shape = ["N", 3] },
           { name = "b", dtype = "float32", shape = ["N", 2] }]
 
 [[models]]
+id = "slow"
+source = "python:tests.service.factory:slow"
+labels = ["a", "b"]
+inputs = [{ name = "x", dtype = "float32", shape = ["N", 2] }]
+
+[[models]]
 id = "scripted"
 source = "torchscript:scripted.pt"
 labels = ["no", "yes"]
@@ -139,7 +145,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server with a tiny queue and no batching: for 429, 504 and a killed worker."""
-    keys = '[{"key": "k-tight", "models": ["tabular-mlp", "image-cnn"]}]'
+    keys = '[{"key": "k-tight", "models": ["tabular-mlp", "image-cnn", "slow"]}]'
     s = start_server(
         tmp_path_factory.mktemp("tight"), workers=1, queue_size=1, batching="false", api_keys=keys
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -21,3 +23,19 @@ def linear_script() -> torch.jit.ScriptModule:
     """A TorchScript linear model [N, 4] -> 2 classes (hook methods must be refused)."""
     torch.manual_seed(0)
     return torch.jit.script(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+
+
+class Slow(nn.Module):
+    """[N, 2] -> 2 classes, sleeping 50 ms per forward: a request that takes a known while."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.05)
+        return self.fc(x)
+
+
+def slow() -> nn.Module:
+    return Slow()

@@ -328,16 +328,15 @@ def test_concurrent_requests_merge_and_match_one_by_one(server: Server) -> None:
     assert "attrserve_request_latency_seconds_bucket" in text and "attrserve_queue_depth" in text
 
 
-SLOW = {
-    "method": "integrated_gradients",
-    "target": 0,
-    "params": {"n_steps": 300},
-    "internal_batch_size": 4,
-}
-
-
 def slow_body() -> dict[str, Any]:
-    return {**SLOW, "inputs": b64(image_batch(4)[0])}
+    """About 3 s whatever the machine: 60 forwards of a model that sleeps 50 ms in each."""
+    return {
+        "method": "integrated_gradients",
+        "inputs": [[1.0, 2.0]],
+        "target": 0,
+        "params": {"n_steps": 60},
+        "internal_batch_size": 1,
+    }
 
 
 def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
@@ -369,7 +368,7 @@ def test_tight_api_keys(tight_server: Server) -> None:
 
 def test_tight_queue_full_is_429(tight_server: Server) -> None:
     with tight_server.client(headers=KEY) as c:
-        t, out = _in_thread(lambda: post(c, "image-cnn", slow_body()))
+        t, out = _in_thread(lambda: post(c, "slow", slow_body()))
         time.sleep(0.5)  # the slow request holds the only worker
         quick = {"method": "saliency", "inputs": TAB_X, "target": 0}
         t2, out2 = _in_thread(lambda: post(c, "tabular-mlp", quick))  # fills the queue
@@ -385,7 +384,7 @@ def test_tight_queue_full_is_429(tight_server: Server) -> None:
 def test_tight_deadline_is_504_and_worker_survives(tight_server: Server) -> None:
     with tight_server.client(headers=KEY) as c:
         pid = tight_server.ready()["workers"][0]["pid"]  # type: ignore[index]
-        r = post(c, "image-cnn", slow_body(), headers={"X-Deadline-Ms": "300"})
+        r = post(c, "slow", slow_body(), headers={"X-Deadline-Ms": "300"})
         assert r.status_code == 504, r.text
         ok(post(c, "tabular-mlp", {"method": "saliency", "inputs": TAB_X, "target": 0}))
         assert tight_server.ready()["workers"][0]["pid"] == pid  # type: ignore[index]
@@ -394,7 +393,7 @@ def test_tight_deadline_is_504_and_worker_survives(tight_server: Server) -> None
 def test_tight_killed_worker_is_503_then_recovers(tight_server: Server) -> None:
     with tight_server.client(headers=KEY) as c:
         pid = tight_server.ready()["workers"][0]["pid"]  # type: ignore[index]
-        t, out = _in_thread(lambda: post(c, "image-cnn", slow_body()))
+        t, out = _in_thread(lambda: post(c, "slow", slow_body()))
         time.sleep(1.0)  # mid-request
         os.kill(int(pid), signal.SIGKILL)  # type: ignore[call-overload]
         t.join(60)
