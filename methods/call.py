@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,15 @@ class Call:
     @property
     def n(self) -> int:
         return int(self.inputs[0].shape[0])
+
+    def shape_key(self, *extra: Hashable) -> tuple[Hashable, ...]:
+        """What a row's memory cost depends on: method, per-example shapes, dtypes, args."""
+        xs = tuple((tuple(x.shape[1:]), x.dtype, x.device) for x in self.inputs)
+        args = tuple(
+            (tuple(a.shape[1:]), a.dtype) if isinstance(a, Tensor) else type(a).__name__
+            for a in self.forward.args
+        )
+        return (self.method, xs, args, *extra)
 
     def replace(self, **changes: Any) -> Call:
         return dataclasses.replace(self, **changes)

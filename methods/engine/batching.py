@@ -8,8 +8,9 @@ measured cost per row, and on an out-of-memory error halves the chunk and retrie
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, TypeVar
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -71,6 +72,25 @@ def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: in
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run()
     return max(1, total // max(1, n_rows) + extra_per_row)
+
+
+# Measuring costs a forward pass; a served model sees the same shapes again and again.
+_MEASURED: weakref.WeakKeyDictionary[Any, dict[Hashable, int]] = weakref.WeakKeyDictionary()
+
+
+def measured_once(owner: Any, key: Hashable, measure: Callable[[], int]) -> Callable[[], int]:
+    """``measure`` memoised per (owner, key); owner is the model (held weakly)."""
+
+    def get() -> int:
+        try:
+            per_owner = _MEASURED.setdefault(owner, {})
+        except TypeError:  # not weak-referenceable: measure every time
+            return measure()
+        if key not in per_owner:
+            per_owner[key] = measure()
+        return per_owner[key]
+
+    return get
 
 
 def rows_per_chunk(

@@ -14,7 +14,12 @@ import torch
 from torch import Tensor
 
 from methods.call import Call
-from methods.engine.batching import row_bytes_estimate, rows_per_chunk, run_chunks
+from methods.engine.batching import (
+    measured_once,
+    row_bytes_estimate,
+    rows_per_chunk,
+    run_chunks,
+)
 from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
 
@@ -36,7 +41,11 @@ def steps_per_chunk(call: Call, n_steps: int, probe_points: Tensors, grad_fn: Gr
         rows = rows_per_chunk(
             "auto",
             n_steps * n,
-            lambda: row_bytes_estimate(lambda: grad_fn(call, probe_points), n, extra),
+            measured_once(
+                call.model,
+                call.shape_key("path"),
+                lambda: row_bytes_estimate(lambda: grad_fn(call, probe_points), n, extra),
+            ),
             granule=n,
         )
         return max(1, rows // n)

@@ -19,7 +19,12 @@ from torch import Tensor
 from methods.call import Call, Output
 from methods.engine import intercept
 from methods.engine.baselines import format_baselines
-from methods.engine.batching import row_bytes_estimate, rows_per_chunk, run_chunks
+from methods.engine.batching import (
+    measured_once,
+    row_bytes_estimate,
+    rows_per_chunk,
+    run_chunks,
+)
 from methods.engine.inputs import Tensors
 from methods.engine.targets import Target
 from methods.params import MethodParams, PythonOnly
@@ -92,7 +97,12 @@ def run_rows(
             cx, cb = tuple(x[:probe] for x in xs), tuple(b[:probe] for b in bs)
             return multipliers(sub, cx, cb, _slice_target(target, 0, probe), p.eps)
 
-        per = rows_per_chunk("auto", total, lambda: 2 * row_bytes_estimate(run_probe, probe))
+        measure = measured_once(
+            call.model,
+            call.shape_key("deeplift"),
+            lambda: 2 * row_bytes_estimate(run_probe, probe),
+        )
+        per = rows_per_chunk("auto", total, measure)
     else:
         per = max(1, int(spec) // 2)  # each row is evaluated twice (input and baseline)
 

@@ -14,7 +14,12 @@ from pydantic import Field
 
 from methods.call import Call, Output
 from methods.engine.baselines import format_baseline_distribution
-from methods.engine.batching import row_bytes_estimate, rows_per_chunk, run_chunks
+from methods.engine.batching import (
+    measured_once,
+    row_bytes_estimate,
+    rows_per_chunk,
+    run_chunks,
+)
 from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
 from methods.errors import InvalidArgumentError
@@ -88,7 +93,11 @@ def gradient_shap(call: Call, p: GradientShapParams) -> Output:
     per = rows_per_chunk(
         call.internal_batch_size,
         rows,
-        lambda: row_bytes_estimate(lambda: chunk(0, min(rows, n)), min(rows, n)),
+        measured_once(
+            call.model,
+            call.shape_key("rows"),
+            lambda: row_bytes_estimate(lambda: chunk(0, min(rows, n)), min(rows, n)),
+        ),
         granule=1,
     )
     parts, used = run_chunks(rows, per, chunk, retry_oom=call.internal_batch_size == "auto")
