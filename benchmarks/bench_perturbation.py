@@ -1,12 +1,15 @@
 """Perturbation methods, ours vs Captum at its default and at its best perturbations_per_eval.
 
-Run: python -m benchmarks.bench_perturbation (issue: engine II). Medians, one process.
-Ours runs at its defaults (perturbations_per_eval="auto"). Targets (ours / Captum default): feature_ablation MLP <= 0.05, shapley_value_sampling
-n_samples=25 <= 0.02, occlusion 8x8 windows on the 3x64x64 CNN, N=8 <= 0.5.
+Run: python -m benchmarks.bench_perturbation (issue: engine II). Medians, one process, timed
+round-robin. Ours runs at its defaults (perturbations_per_eval="auto"). Targets (ours / Captum
+default): feature_ablation on the MLP <= 0.05, shapley_value_sampling n_samples=25 <= 0.02,
+occlusion with 8x8 windows on the 3x64x64 CNN, N=8 <= 0.5.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +19,7 @@ from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
 from torch import nn
 
 import methods
-from benchmarks.timing import max_abs_diff, median_ms, setup_torch, table
+from benchmarks.timing import max_abs_diff, setup_torch, table
 
 
 def mlp() -> nn.Module:
@@ -62,6 +65,20 @@ def cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def interleaved_ms(fns: list[Callable[[], Any]], repeat: int, budget_s: float) -> list[float]:
+    """Medians of ``fns`` timed round-robin, so a shared machine's load hits all alike."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    start = time.perf_counter()
+    while len(times[0]) < repeat and (time.perf_counter() - start < budget_s or len(times[0]) < 3):
+        for fn, ts in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(ts) for ts in times]
+
+
 def main() -> None:
     setup_torch()
     # One intra-op thread for both sides: on a shared 2-core machine, thread contention
@@ -70,12 +87,9 @@ def main() -> None:
     warnings.simplefilter("ignore")
     rows: list[list[object]] = []
     for label, ours, theirs, ppes, stochastic in cases():
-        t_ours = median_ms(ours)
-        t_default = median_ms(lambda theirs=theirs: theirs(1), repeat=10, warmup=1, budget_s=20)
-        best = min(
-            (median_ms(lambda p=p, theirs=theirs: theirs(p), repeat=10, warmup=1, budget_s=10), p)
-            for p in ppes
-        )
+        fns = [ours, *(lambda p=p, theirs=theirs: theirs(p) for p in [1, *ppes])]
+        t_ours, t_default, *t_ppes = interleaved_ms(fns, repeat=15, budget_s=60)
+        best = min(zip(t_ppes, ppes, strict=True))
         a, b = ours(), theirs(1)
         # Stochastic methods agree only in distribution; compare what efficiency fixes.
         diff = (
