@@ -269,12 +269,10 @@ def start(call: Call, inputs: Tensors) -> tuple[Evaluator, Tensor]:
         out = _plain(call, inputs)
         torch.cuda.synchronize(dev)
         made = torch.cuda.max_memory_allocated(dev) - base
+        _remember(call, inputs, made)
     else:
         out, made = _measured(call, inputs)
-        if len(_measure_cache) >= _CACHE_SIZE:
-            _measure_cache.pop(next(iter(_measure_cache)))
-        ref = weakref.ref(call.model) if _weakrefable(call.model) else None
-        _measure_cache[_shape_key(call, inputs)] = (ref, made)
+        _remember(call, inputs, made)
     out = out.reshape(1) if out.dim() == 0 else out
     return _evaluator(call, inputs, out, made), out
 
@@ -310,8 +308,13 @@ def evaluate_with_initial(
     when no measuring forward is needed (one forward fewer: on small models the per-call cost
     dominates). Returns the evaluator, f(inputs) and the (total, *out_shape) outputs."""
     made = _known_bytes(call, inputs)
+    if made is None:
+        # Measure once (then cached) but still take the merged path below, so the first call
+        # batches exactly like later ones and returns bit-identical numbers.
+        start(call, inputs)
+        made = _known_bytes(call, inputs) or 0
     spec = call.perturbations_per_eval
-    if made is None or total == 0 or spec == 1:
+    if total == 0 or spec == 1:
         ev, initial = start(call, inputs)
         return ev, initial, ev.run(total, build)
     n = call.n
@@ -342,6 +345,13 @@ def evaluate_with_initial(
 #: and shapes over and over, and the measuring forward costs more than the chunk plan saves
 _CACHE_SIZE = 256
 _measure_cache: dict[tuple[object, ...], tuple[weakref.ref[Any] | None, int]] = {}
+
+
+def _remember(call: Call, inputs: Tensors, made: int) -> None:
+    if len(_measure_cache) >= _CACHE_SIZE:
+        _measure_cache.pop(next(iter(_measure_cache)))
+    ref = weakref.ref(call.model) if _weakrefable(call.model) else None
+    _measure_cache[_shape_key(call, inputs)] = (ref, made)
 
 
 def _weakrefable(obj: object) -> bool:
