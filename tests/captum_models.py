@@ -46,6 +46,30 @@ class MultiLayer(nn.Module):
         return o
 
 
+class MultiInput(nn.Module):
+    """BasicModel_MultiLayer_MultiInput: MultiLayer(scale * (x1 + x2 + x3))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = MultiLayer()
+
+    def forward(
+        self, x1: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor, scale: int
+    ) -> torch.Tensor:
+        return self.model(scale * (x1 + x2 + x3))
+
+
+class BoolInput(nn.Module):
+    """BasicModelBoolInput: MultiLayer(x.float() * 10)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = MultiLayer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x.float() * 10)
+
+
 class ReLUDeepLiftModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -22,7 +22,7 @@ from captum.attr import (
 
 import methods
 from tests import zoo
-from tests.methods.captum_models import ConvNetOneConv, MultiLayer
+from tests.captum_models import ConvNetOneConv, MultiLayer
 
 LAYER_CASES = [(c.name, layer) for c in zoo.cases() for layer in c.layers]
 #: Captum's DeepLift breaks the rescale chain where nn.ReLU feeds nn.MaxPool directly; these

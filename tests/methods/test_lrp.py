@@ -12,7 +12,7 @@ from torch import nn
 
 import methods
 from tests import zoo
-from tests.methods.captum_models import ConvNetOneConv
+from tests.captum_models import ConvNetOneConv
 
 F64 = torch.float64
 

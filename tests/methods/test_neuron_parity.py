@@ -18,7 +18,7 @@ from captum.attr import (
 
 import methods
 from tests import zoo
-from tests.methods.captum_models import MultiLayer
+from tests.captum_models import MultiLayer
 
 #: layers whose neuron Captum cannot differentiate w.r.t. every input (it raises; ours gives 0)
 CAPTUM_RAISES = {("two_input", "a")}

@@ -12,7 +12,7 @@ from captum.attr import FeatureAblation, Occlusion, ShapleyValues
 
 import methods
 from tests import zoo
-from tests.methods.captum_models import BoolInput, ConvNetOneConv, MultiInput, MultiLayer
+from tests.captum_models import BoolInput, ConvNetOneConv, MultiInput, MultiLayer
 
 CASES = [c.name for c in zoo.cases()]
 PPES: list[Any] = [1, 3, "auto"]
