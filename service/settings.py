@@ -59,7 +59,11 @@ class Settings(BaseModel):
     )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After seconds sent with 429")
     batching: bool = Field(default=True, description="merge compatible concurrent requests")
-    batch_window_ms: float = Field(default=2.0, ge=0, description="how long a batch stays open")
+    batch_window_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="extra wait for companions before an idle worker gets a batch (0: none)",
+    )
     batch_max_cost: int = Field(
         default=8192, ge=1, description="largest merged batch, in estimated forward rows"
     )
@@ -96,7 +100,11 @@ class Settings(BaseModel):
     memory_budget_bytes: int = Field(
         default=1 << 30, ge=1, description="working memory per engine call ('auto' batch sizes)"
     )
-    torch_threads: int | None = Field(default=None, ge=1, description="torch threads per worker")
+    torch_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch threads per worker (unset: the cores but one, shared by the workers)",
+    )
     api_keys: tuple[ApiKey, ...] = Field(
         default=(), description='JSON list of {"key"|"sha256", "models"}; empty: no authentication'
     )

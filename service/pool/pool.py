@@ -1,8 +1,11 @@
-"""The parent side of the worker pool: a bounded queue, dynamic batching and dispatch.
+"""The parent side of the worker pool: a bounded queue, adaptive batching and dispatch.
 
-Each worker is a spawned process with one duplex pipe; a reader thread per worker hands its
-messages to the event loop. A batch stays open ``batch_window_ms`` for companions with the same
-merge key, then waits for an idle worker (still accepting companions, up to the cost cap).
+Each worker is a spawned process with one duplex pipe, watched by the event loop itself (no
+reader thread). Dispatch is adaptive: an idle worker gets a request at once; while a worker is
+computing, requests that may share an engine call (same merge key) wait together and go as one
+batch, up to the cost cap. Each worker holds at most one batch in flight plus one ready behind
+it, so it never waits for the parent between batches. ``batch_window_ms`` > 0 also holds a new
+batch open that long for companions even when a worker is idle.
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ from typing import Any
 
 from model_registry.spec import ModelSpec
 from service.errors import NotReady, QueueFull, ServiceError, WorkerLost
+from service.pool import threads
 from service.pool.jobs import Batch, Job, Reply
 from service.pool.worker import worker_main
 from service.settings import Settings
 from service.telemetry import Telemetry
+
+#: batches a worker holds: one computing, one ready behind it
+DEPTH = 2
 
 
 @dataclass
@@ -41,7 +48,7 @@ class Pending:
     entries: list[Entry]
     cost: int
     key: tuple[Any, ...] | None
-    closed: bool = False  # the window has passed: ready for a worker
+    closed: bool = False  # the window (if any) has passed: ready for a worker
 
 
 @dataclass
@@ -50,11 +57,13 @@ class Worker:
     process: BaseProcess | None = None
     conn: Connection | None = None
     state: str = "starting"  # starting | ready | busy | dead | failed
-    batch: Pending | None = None
+    #: batches sent and not answered, oldest (computing) first
+    outstanding: deque[Pending] = field(default_factory=deque)
     restarts: int = 0
     pid: int | None = None
     generation: int = 0
     failures: int = 0
+    watched: int | None = None  # the pipe's fd while the event loop watches it
 
 
 class WorkerPool:
@@ -80,12 +89,15 @@ class WorkerPool:
         import torch
 
         self._gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if self.workers:  # this process only parses and routes: it must not hog cores
+            threads.limit(1)
         for w in self.workers:
             self._spawn(w)
 
     async def stop(self) -> None:
         self._stopping = True
         for w in self.workers:
+            self._unwatch(w)
             if w.conn is not None:
                 with contextlib.suppress(OSError, ValueError):
                     w.conn.send(None)
@@ -96,7 +108,7 @@ class WorkerPool:
                 if w.process.is_alive():
                     w.process.kill()
                     w.process.join(1)
-        for p in list(self._waiting):
+        for p in [*self._waiting, *(p for w in self.workers for p in w.outstanding)]:
             for e in p.entries:
                 if not e.future.done():
                     e.future.set_exception(NotReady("the server is shutting down"))
@@ -107,7 +119,7 @@ class WorkerPool:
         parent, child = self._ctx.Pipe(duplex=True)
         options = {
             "memory_budget_bytes": self.settings.memory_budget_bytes,
-            "torch_threads": self.settings.torch_threads,
+            "torch_threads": threads.worker_threads(self.settings.torch_threads, len(self.workers)),
             "cuda_device": (w.index % self._gpus) if self._gpus else None,
         }
         proc = self._ctx.Process(
@@ -119,15 +131,38 @@ class WorkerPool:
         proc.start()
         child.close()  # so the pipe reports EOF when the worker dies
         w.generation += 1
-        w.process, w.conn, w.state, w.pid, w.batch = proc, parent, "starting", proc.pid, None
-        threading.Thread(
-            target=self._read,
-            args=(w, parent, w.generation),
-            daemon=True,
-            name=f"attrserve-reader-{w.index}",
-        ).start()
+        w.process, w.conn, w.state, w.pid = proc, parent, "starting", proc.pid
+        w.outstanding.clear()
+        self._watch(w, parent, w.generation)
 
-    def _read(self, w: Worker, conn: Connection, generation: int) -> None:
+    def _watch(self, w: Worker, conn: Connection, generation: int) -> None:
+        """Messages from the worker, read on the event loop when its pipe is readable."""
+        assert self._loop is not None
+        try:
+            self._loop.add_reader(conn.fileno(), self._readable, w, conn, generation)
+            w.watched = conn.fileno()
+        except NotImplementedError:  # loops without add_reader: a reader thread instead
+            threading.Thread(
+                target=self._read_thread,
+                args=(w, conn, generation),
+                daemon=True,
+                name=f"attrserve-reader-{w.index}",
+            ).start()
+
+    def _unwatch(self, w: Worker) -> None:
+        if w.watched is not None and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(w.watched)
+        w.watched = None
+
+    def _readable(self, w: Worker, conn: Connection, generation: int) -> None:
+        try:
+            while generation == w.generation and conn.poll():
+                self._on_message(w, generation, conn.recv())
+        except (EOFError, OSError):
+            self._on_dead(w, generation)
+
+    def _read_thread(self, w: Worker, conn: Connection, generation: int) -> None:
         assert self._loop is not None
         while True:
             try:
@@ -145,7 +180,11 @@ class WorkerPool:
         return bool(self.workers) and all(w.state in ("ready", "busy") for w in self.workers)
 
     def queue_depth(self) -> int:
-        return sum(len(p.entries) for p in self._waiting)
+        """Requests not yet computing: in the parent's queue or ready behind a worker's batch."""
+        waiting = sum(len(p.entries) for p in self._waiting)
+        return waiting + sum(
+            len(p.entries) for w in self.workers for p in itertools.islice(w.outstanding, 1, None)
+        )
 
     def status(self) -> list[dict[str, Any]]:
         return [
@@ -173,21 +212,17 @@ class WorkerPool:
             pending.entries.append(entry)
             pending.cost += job.cost
         else:
-            pending = Pending(next(self._ids), [entry], job.cost, key)
+            pending = Pending(next(self._ids), [entry], job.cost, key, closed=True)
             self._waiting.append(pending)
             if key is not None:
                 self._by_key[key] = pending
                 window = self.settings.batch_window_ms / 1e3
                 if window > 0:
+                    pending.closed = False
                     self._loop.call_later(window, self._close, pending)
-                else:
-                    pending.closed = True
-            else:
-                pending.closed = True
         if pending.key is not None and pending.cost >= self.settings.batch_max_cost:
             self._by_key.pop(pending.key, None)
             pending.closed = True
-        self.telemetry.queue_depth.set(self.queue_depth())
         self._dispatch()
         return entry.future
 
@@ -195,32 +230,43 @@ class WorkerPool:
         pending.closed = True
         self._dispatch()
 
+    def _next(self) -> Pending | None:
+        for p in self._waiting:
+            if p.closed:
+                return p
+        return None
+
     def _dispatch(self) -> None:
-        idle = [w for w in self.workers if w.state == "ready"]
-        while idle and self._waiting:
-            pending = next((p for p in self._waiting if p.closed), None)
+        while self._waiting:
+            live = [w for w in self.workers if w.state in ("ready", "busy")]
+            free = [w for w in live if len(w.outstanding) < DEPTH]
+            if not free:
+                break
+            pending = self._next()
             if pending is None:
                 break
             self._waiting.remove(pending)
             if pending.key is not None and self._by_key.get(pending.key) is pending:
                 del self._by_key[pending.key]
             pending.entries = [e for e in pending.entries if not e.future.done()]
-            if not pending.entries:
-                continue
-            w = idle.pop()
-            now = time.perf_counter()
-            for e in pending.entries:
-                e.dispatched = now
-            w.state, w.batch = "busy", pending
-            self.telemetry.batch_size.observe(len(pending.entries))
-            if len(pending.entries) > 1:
-                self.telemetry.merged.inc(len(pending.entries))
-            try:
-                assert w.conn is not None
-                w.conn.send(Batch(pending.id, [e.job for e in pending.entries]))
-            except (OSError, ValueError):
-                self._on_dead(w, w.generation)
+            if pending.entries:
+                self._send(min(free, key=lambda w: len(w.outstanding)), pending)
         self.telemetry.queue_depth.set(self.queue_depth())
+
+    def _send(self, w: Worker, pending: Pending) -> None:
+        now = time.perf_counter()
+        for e in pending.entries:
+            e.dispatched = now
+        w.state = "busy"
+        w.outstanding.append(pending)
+        self.telemetry.batch_size.observe(len(pending.entries))
+        if len(pending.entries) > 1:
+            self.telemetry.merged.inc(len(pending.entries))
+        try:
+            assert w.conn is not None
+            w.conn.send(Batch(pending.id, [e.job for e in pending.entries]))
+        except (OSError, ValueError):
+            self._on_dead(w, w.generation)
 
     # -- worker messages -------------------------------------------------------------------
     def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:
@@ -235,8 +281,9 @@ class WorkerPool:
             w.failures += 1
             print(f"attrserve: worker {w.index} failed to start: {msg[1]}", flush=True)
         elif kind == "done":
-            pending, w.batch = w.batch, None
-            w.state = "ready"
+            pending = w.outstanding.popleft() if w.outstanding else None
+            if not w.outstanding:
+                w.state = "ready"
             if pending is not None:
                 by_id = {e.job.id: e for e in pending.entries}
                 for reply in msg[2]:
@@ -248,13 +295,16 @@ class WorkerPool:
     def _on_dead(self, w: Worker, generation: int) -> None:
         if generation != w.generation:
             return
-        pending, w.batch = w.batch, None
-        if pending is not None:
-            for e in pending.entries:
+        self._unwatch(w)
+        if w.outstanding:
+            for e in w.outstanding.popleft().entries:
                 if not e.future.done():
                     e.future.set_exception(
                         WorkerLost("the worker serving this request died; it is being restarted")
                     )
+            # batches that never started wait for a worker again, at the head of the queue
+            self._waiting.extendleft(reversed(w.outstanding))
+            w.outstanding.clear()
         failed = w.state == "failed"
         w.state = "failed" if failed else "dead"
         w.generation += 1
@@ -267,6 +317,7 @@ class WorkerPool:
         delay = min(30.0, 0.5 * 2 ** min(w.failures, 6)) if failed else 0.0
         assert self._loop is not None
         self._loop.call_later(delay, self._respawn, w)
+        self._dispatch()
 
     def _respawn(self, w: Worker) -> None:
         if not self._stopping:

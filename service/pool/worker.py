@@ -1,13 +1,17 @@
 """The worker process: load the models once, then serve batches until told to stop.
 
 Loop: receive a batch -> drop expired jobs -> merge -> decode -> engine -> encode -> reply.
-Errors go back as plain data; only a crash of the process itself loses a batch.
+Errors go back as plain data; only a crash of the process itself loses a batch. A thread keeps
+reading the pipe while a batch computes, so the parent can queue the next batch without
+blocking on a full pipe.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -26,13 +30,11 @@ def worker_main(
     if options.get("cuda_device") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(options["cuda_device"])
     try:
-        import torch
-
         import methods
         import model_registry
+        from service.pool import threads
 
-        if options.get("torch_threads"):
-            torch.set_num_threads(int(options["torch_threads"]))
+        threads.limit(int(options.get("torch_threads") or 1))
         methods.set_memory_budget(int(options["memory_budget_bytes"]))
         models = {s.id: model_registry.load(s) for s in specs}
         for lm in models.values():
@@ -51,15 +53,25 @@ def worker_main(
     conn.send(("ready", {"pid": os.getpid(), "models": info}))
     from service.pool.compute import run_job
 
+    inbox: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+    threading.Thread(target=_receive, args=(conn, inbox), daemon=True).start()
+    while True:
+        batch = inbox.get()
+        if batch is None:
+            return
+        conn.send(("done", batch.id, run_batch(models, batch.jobs, run_job)))
+
+
+def _receive(conn: Connection, inbox: queue.SimpleQueue[Batch | None]) -> None:
+    """Pipe -> inbox until the parent says stop (None) or goes away."""
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            return
+            msg = None
+        inbox.put(msg)
         if msg is None:
             return
-        batch: Batch = msg
-        conn.send(("done", batch.id, run_batch(models, batch.jobs, run_job)))
 
 
 def _warm_up(lm: Any) -> None:
