@@ -31,6 +31,7 @@ class AppState:
             ) from None
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """Async on purpose: FastAPI runs plain-def dependencies in a thread, a hop per request."""
     state: AppState = request.app.state.attrserve
     return state
