@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=5.0, help="seconds per scenario")
     p.add_argument("--max-requests", type=int, default=5000, help="cap per scenario")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--only", default="", help="run only scenarios whose 'model/method' has this")
+    p.add_argument("--servers", default="on,off,minimal", help="subset of on,off,minimal")
     p.add_argument("--serve-minimal", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_minimal is not None:
@@ -167,11 +169,17 @@ def main(argv: list[str] | None = None) -> None:
 
         uvicorn.run(minimal_app(), host="127.0.0.1", port=args.serve_minimal, log_level="warning")
         return
-    servers = {
-        "attrserve (batching on)": ("attrserve", {"batching": "true", "workers": args.workers}),
-        "attrserve (batching off)": ("attrserve", {"batching": "false", "workers": args.workers}),
-        "minimal FastAPI+Captum": ("minimal", {}),
+    every = {
+        "on": ("attrserve (batching on)", "attrserve", {"batching": "true"}),
+        "off": ("attrserve (batching off)", "attrserve", {"batching": "false"}),
+        "minimal": ("minimal FastAPI+Captum", "minimal", {}),
     }
+    servers = {
+        name: (kind, {**settings, "workers": args.workers} if kind == "attrserve" else settings)
+        for short, (name, kind, settings) in every.items()
+        if short in args.servers.split(",")
+    }
+    scenarios = [(m, me) for m, me in SCENARIOS if args.only in f"{m}/{me}"]
     rows: list[tuple[str, str, str, int, dict[str, float]]] = []
     overhead: dict[str, float] = {}
     for name, (kind, settings) in servers.items():
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             one = asyncio.run(load(url, "tabular-mlp", "saliency", 1, min(2.0, args.duration), 500))
             overhead[name] = one["p50"] - one["compute_p50"]
-            for model, method in SCENARIOS:
+            for model, method in scenarios:
                 for clients in sorted({1, args.clients}):
                     r = asyncio.run(
                         load(url, model, method, clients, args.duration, args.max_requests)
