@@ -135,7 +135,7 @@ def run_noise_tunnel(
         total = s1 if total is None else [t + s for t, s in zip(total, s1, strict=True)]
         total_sq = s2 if total_sq is None else [t + s for t, s in zip(total_sq, s2, strict=True)]
         if out.delta is not None:
-            deltas.append(out.delta.reshape(n, k))
+            deltas.append(out.delta.reshape(-1))
     if total is None or total_sq is None:
         raise InvalidArgumentError("noise_tunnel.nt_samples must be >= 1", argument="noise_tunnel")
     mean = [t / nt.nt_samples for t in total]
@@ -146,6 +146,7 @@ def run_noise_tunnel(
         attrs = mean_sq
     else:
         attrs = [m2 - m * m for m, m2 in zip(mean, mean_sq, strict=True)]
-    delta = torch.cat(deltas, dim=1).reshape(-1) if deltas else None
+    # Captum concatenates each partition's deltas in turn (example-major within a partition)
+    delta = torch.cat(deltas) if deltas else None
     nt_echo = nt.model_dump()
     return Output(tuple(attrs), delta=delta, echo=echo, as_tuple=as_tuple), nt_echo
