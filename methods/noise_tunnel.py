@@ -81,7 +81,9 @@ def _interleave_per_example(value: Any, n: int, k: int) -> Any:
 
 def _baselines(call: Call, nt: NoiseTunnelParams, k: int) -> Any:
     if not nt.draw_baseline_from_distrib:
-        return _interleave_per_example(call.baselines, call.n, k)
+        # a list gives one baseline per input, as a tuple does (format_baselines)
+        per_input = tuple(call.baselines) if isinstance(call.baselines, list) else call.baselines
+        return _interleave_per_example(per_input, call.n, k)
     from methods.engine.baselines import format_baseline_distribution
 
     dist = format_baseline_distribution(call.baselines, call.inputs, "draw_baseline_from_distrib")

@@ -49,3 +49,27 @@ def test_noise_tunnel_over_shap_methods_returns_every_delta() -> None:
         noise_tunnel={"nt_samples": 4, "stdevs": 0.0}, return_convergence_delta=True,
     ).convergence_delta  # fmt: skip
     assert gs is not None and gs.shape == (3 * 4 * 5,)
+
+
+class _TwoInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.a(x) + self.b(z))
+
+
+def test_noise_tunnel_accepts_per_example_baselines_given_as_a_list() -> None:
+    torch.manual_seed(0)
+    model = _TwoInput().double()
+    xs = (torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64))
+    bs = (torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64))
+    for method in ("integrated_gradients", "deeplift"):
+        nt = {"nt_samples": 3, "stdevs": 0.0}
+        as_list = methods.attribute(
+            model, xs, method, baselines=list(bs), target=0, noise_tunnel=nt
+        ).attributions
+        as_tuple = methods.attribute(model, xs, method, baselines=bs, target=0, noise_tunnel=nt)
+        torch.testing.assert_close(as_list, as_tuple.attributions, rtol=0, atol=0)
