@@ -10,6 +10,7 @@ is handled on its own, so functional ops, reused modules and module ops all beha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -208,14 +209,31 @@ def maxpool_rule(eps: float) -> Rule:
         kernel, stride, padding = params[0], params[1], params[2]
         if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0):
             stride = kernel
-        unpooled = _UNPOOL[dims](
-            g * dy, indices, kernel, stride, padding, output_size=list(x.shape)
-        )
+        if _dilated(params[3]):
+            # max_unpool cannot size a dilated pool's input (Captum 0.9.0 raises here)
+            unpooled = _scatter_unpool(g * dy, indices, x.shape, dims)
+        else:
+            unpooled = _UNPOOL[dims](
+                g * dy, indices, kernel, stride, padding, output_size=list(x.shape)
+            )
         a, b = unpooled.chunk(2)
         summed = a + b
         return torch.where(dx.abs() < eps, plain, torch.cat([summed, summed]) / dx)
 
     return rule
+
+
+def _dilated(dilation: Any) -> bool:
+    values = dilation if isinstance(dilation, (list, tuple)) else (dilation,)
+    return any(int(v) != 1 for v in values)
+
+
+def _scatter_unpool(src: Tensor, indices: Tensor, shape: torch.Size, dims: int) -> Tensor:
+    """``max_unpool`` for any pool: ``src`` placed at the flat spatial ``indices``."""
+    lead = tuple(shape[: len(shape) - dims])
+    out = src.new_zeros(*lead, math.prod(shape[len(lead) :]))
+    out.scatter_(len(lead), indices.reshape(*lead, -1), src.reshape(*lead, -1))
+    return out.reshape(shape)
 
 
 def _pool_params(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -73,3 +73,38 @@ def test_noise_tunnel_accepts_per_example_baselines_given_as_a_list() -> None:
         ).attributions
         as_tuple = methods.attribute(model, xs, method, baselines=bs, target=0, noise_tunnel=nt)
         torch.testing.assert_close(as_list, as_tuple.attributions, rtol=0, atol=0)
+
+
+class _Pooled(nn.Module):
+    """conv -> tanh -> conv -> max pool over length 14; ``dilated`` pools every other position."""
+
+    def __init__(self, dilated: bool) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.conv1 = nn.Conv1d(2, 3, 3, padding=1)
+        self.act = nn.Tanh()
+        self.conv2 = nn.Conv1d(3, 3, 1)
+        self.dilated = dilated
+        self.pool = nn.MaxPool1d(2, stride=4, dilation=2) if dilated else nn.MaxPool1d(2)
+        self.out = nn.Linear(9, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv2(self.act(self.conv1(x)))
+        if not self.dilated:
+            h = h[..., ::2].contiguous()
+        return self.out(self.pool(h).flatten(1))
+
+
+def test_deeplift_through_a_dilated_max_pool() -> None:
+    # max_unpool cannot size a dilated pool's input (Captum 0.9.0 raises ValueError); the max
+    # rule must still hold: the dilated pool is the plain pool of every other position.
+    dilated, plain = _Pooled(True).double(), _Pooled(False).double()
+    x = torch.randn(2, 2, 14, dtype=torch.float64)
+    b = 0.3 * torch.randn(2, 2, 14, dtype=torch.float64)
+    ours = methods.attribute(
+        dilated, x, "deeplift", baselines=b, target=1, return_convergence_delta=True
+    )
+    ref = methods.attribute(plain, x, "deeplift", baselines=b, target=1)
+    torch.testing.assert_close(ours.attributions, ref.attributions, rtol=1e-10, atol=1e-12)
+    assert ours.convergence_delta is not None
+    assert float(ours.convergence_delta.abs().max()) < 1e-10
