@@ -18,11 +18,22 @@ def gradients(forward: Forward, xs: Tensors, target: Target) -> tuple[Tensors, T
     with torch.enable_grad():
         leaves = tuple(x.detach().requires_grad_(True) for x in xs)
         selected = target.select(forward(leaves))
-        grads = torch.autograd.grad(selected.sum(), leaves, allow_unused=True)
+        grads = grad_of_sum(selected, leaves)
     return (
         tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)),
         selected.detach(),
     )
+
+
+def grad_of_sum(selected: Tensor, leaves: Tensors) -> tuple[Tensor | None, ...]:
+    """Gradients of ``selected.sum()``; None for every leaf when the output is constant in them.
+
+    An output that does not require grad (detached, integer, or independent of the inputs)
+    has zero gradient everywhere, as an input the output does not use has.
+    """
+    if not selected.requires_grad:
+        return (None,) * len(leaves)
+    return torch.autograd.grad(selected.sum(), leaves, allow_unused=True)
 
 
 def outputs(forward: Forward, xs: Tensors, target: Target) -> Tensor:

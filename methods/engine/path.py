@@ -106,8 +106,16 @@ def endpoint_outputs(call: Call, xs: Tensors, bs: Tensors) -> tuple[Tensor, Tens
     return sel[: call.n], sel[call.n :]
 
 
+def output_change(fx: Tensor, fb: Tensor) -> Tensor:
+    """f(x) - f(b); a boolean output counts as 0/1 (bool tensors do not subtract)."""
+    if fx.dtype == torch.bool:
+        fx, fb = fx.long(), fb.long()
+    return fx - fb
+
+
 def completeness_delta(attrs: Tensors, fx: Tensor, fb: Tensor) -> Tensor:
     """sum of attributions minus (f(x) - f(b)), per example."""
     n = fx.shape[0]
     total = sum(a.reshape(n, -1).sum(1) for a in attrs)
-    return total - (fx - fb).to(total.dtype if isinstance(total, Tensor) else fx.dtype)
+    change = output_change(fx, fb)
+    return total - change.to(total.dtype if isinstance(total, Tensor) else change.dtype)

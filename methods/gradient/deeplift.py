@@ -25,7 +25,9 @@ from methods.engine.batching import (
     rows_per_chunk,
     run_chunks,
 )
+from methods.engine.gradients import grad_of_sum
 from methods.engine.inputs import Tensors
+from methods.engine.path import output_change
 from methods.engine.targets import Target
 from methods.params import MethodParams, PythonOnly
 from methods.registry import register
@@ -61,7 +63,7 @@ def multipliers(
         with intercept.rules(intercept.deeplift_rules(eps)):
             out = forward(doubled)
         selected = target2.select(out) if grad_fn is None else grad_fn(out)
-        grads = torch.autograd.grad(selected.sum(), leaves, allow_unused=True)
+        grads = grad_of_sum(selected, leaves)
     mults = tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs, strict=True))
     sel = selected.detach()
     return mults, sel[:n], sel[n:]
@@ -118,7 +120,7 @@ def run_rows(
     fx = torch.cat([pt[2] for pt in parts])
     fb = torch.cat([pt[3] for pt in parts])
     n_in = len(xs)
-    delta = sum(a.reshape(total, -1).sum(1) for a in attrs[:n_in]) - (fx - fb)
+    delta = sum(a.reshape(total, -1).sum(1) for a in attrs[:n_in]) - output_change(fx, fb)
     return attrs, fx, fb, delta, {"internal_batch_size": 2 * used}
 
 

@@ -22,6 +22,7 @@ from methods.engine.batching import (
 )
 from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
+from methods.engine.path import output_change
 from methods.errors import InvalidArgumentError
 from methods.params import MethodParams
 from methods.registry import register
@@ -113,5 +114,5 @@ def gradient_shap(call: Call, p: GradientShapParams) -> Output:
             both = tuple(torch.cat([x, b]) for x, b in zip(noisy, bs, strict=True))
             sel = sub.target.expand(2).select(sub.forward.expanded(2)(both))
         total = sum(a.reshape(rows, -1).sum(1) for a in per_row)
-        out.delta = total - (sel[:rows] - sel[rows:])
+        out.delta = total - output_change(sel[:rows], sel[rows:])
     return out

@@ -15,7 +15,12 @@ from pydantic import Field
 from methods.call import Call, Output
 from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
-from methods.engine.path import completeness_delta, endpoint_outputs, path_gradient_sum
+from methods.engine.path import (
+    completeness_delta,
+    endpoint_outputs,
+    output_change,
+    path_gradient_sum,
+)
 from methods.engine.quadrature import ApproximationMethod, rule_tensors
 from methods.errors import InvalidArgumentError
 from methods.params import MethodParams
@@ -115,7 +120,7 @@ def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) ->
         )
     fx, fb = endpoint_outputs(call, xs, bs)
     dtype, device = xs[0].dtype, xs[0].device
-    tol = p.delta_tolerance * (fx - fb).abs().to(dtype)
+    tol = p.delta_tolerance * output_change(fx, fb).abs().to(dtype)
     method = p.approximation_method
     ladder = LADDERS[method]
     acc: Tensors | None = None

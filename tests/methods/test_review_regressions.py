@@ -108,3 +108,36 @@ def test_deeplift_through_a_dilated_max_pool() -> None:
     torch.testing.assert_close(ours.attributions, ref.attributions, rtol=1e-10, atol=1e-12)
     assert ours.convergence_delta is not None
     assert float(ours.convergence_delta.abs().max()) < 1e-10
+
+
+GRADIENT_METHODS = (
+    "saliency", "input_x_gradient", "integrated_gradients", "gradient_shap", "deeplift",
+    "deeplift_shap", "guided_backprop", "deconvolution",
+)  # fmt: skip
+WITH_DELTA = {"integrated_gradients", "gradient_shap", "deeplift", "deeplift_shap"}
+
+
+def test_outputs_constant_in_the_inputs_have_zero_gradient_not_a_raw_autograd_error() -> None:
+    # A detached, integer or boolean output does not depend differentiably on the inputs:
+    # zero attributions (as for an input the model does not use), and the delta is the change.
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 3).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    models = {
+        "detached": lambda t: lin(t).detach(),
+        "integer": lambda t: (lin(t) > 0).long(),
+        "boolean": lambda t: lin(t) > 0,
+    }
+    for kind, model in models.items():
+        for method in GRADIENT_METHODS:
+            shap = method in ("gradient_shap", "deeplift_shap")
+            res = methods.attribute(
+                model, x, method, target=1,
+                baselines=torch.zeros(2, 4, dtype=torch.float64) if shap else None,
+                return_convergence_delta=method in WITH_DELTA,
+            )  # fmt: skip
+            assert isinstance(res.attributions, torch.Tensor), (kind, method)
+            assert not bool(res.attributions.any()), (kind, method)
+            if method in WITH_DELTA:
+                assert res.convergence_delta is not None
+                assert torch.isfinite(res.convergence_delta).all(), (kind, method)
