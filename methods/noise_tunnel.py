@@ -80,8 +80,9 @@ def _interleave_per_example(value: Any, n: int, k: int) -> Any:
 
 
 def _baselines(call: Call, nt: NoiseTunnelParams, k: int) -> Any:
-    if not nt.draw_baseline_from_distrib:
-        # a list gives one baseline per input, as a tuple does (format_baselines)
+    if not nt.draw_baseline_from_distrib or call.baselines is None:
+        # without baselines there is nothing to draw from: the method keeps its default, as
+        # in Captum. A list gives one baseline per input, as a tuple does (format_baselines).
         per_input = tuple(call.baselines) if isinstance(call.baselines, list) else call.baselines
         return _interleave_per_example(per_input, call.n, k)
     from methods.engine.baselines import format_baseline_distribution

@@ -141,3 +141,19 @@ def test_outputs_constant_in_the_inputs_have_zero_gradient_not_a_raw_autograd_er
             if method in WITH_DELTA:
                 assert res.convergence_delta is not None
                 assert torch.isfinite(res.convergence_delta).all(), (kind, method)
+
+
+def test_draw_baseline_from_distrib_without_baselines_keeps_the_default() -> None:
+    # Captum only draws when baselines were given; without, the method's default (zeros) holds.
+    model = _mlp()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    nt = {"nt_samples": 3, "stdevs": 0.0, "draw_baseline_from_distrib": True}
+    ref = NoiseTunnel(IntegratedGradients(model)).attribute(
+        x, target=0, nt_samples=3, stdevs=0.0, draw_baseline_from_distrib=True
+    )
+    ours = methods.attribute(model, x, "integrated_gradients", target=0, noise_tunnel=nt)
+    torch.testing.assert_close(ours.attributions, ref, rtol=1e-6, atol=1e-9)
+    for method in ("saliency", "deeplift", "guided_backprop"):
+        plain = methods.attribute(model, x, method, target=0, noise_tunnel=nt | {"nt_samples": 1})
+        expected = methods.attribute(model, x, method, target=0).attributions
+        torch.testing.assert_close(plain.attributions, expected, rtol=1e-12, atol=1e-12)
