@@ -100,6 +100,11 @@ def format_baseline_distribution(baselines: object, xs: Tensors, method: str) ->
             )
         out.append(b.to(device=x.device, dtype=x.dtype))
     rows = {b.shape[0] for b in out}
+    if len(rows) == 2 and 1 in rows:
+        # a number (or a single row) is the same reference whichever row is drawn
+        (many,) = rows - {1}
+        out = [b.expand(many, *b.shape[1:]) if b.shape[0] == 1 else b for b in out]
+        rows = {many}
     if len(rows) != 1:
         raise BaselineError(
             f"every input's baselines must have the same number of rows, got {sorted(rows)}",

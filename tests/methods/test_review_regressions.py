@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from captum.attr import DeepLiftShap, IntegratedGradients, NoiseTunnel
+from captum.attr import DeepLiftShap, GradientShap, IntegratedGradients, NoiseTunnel
 from torch import nn
 
 import methods
@@ -157,3 +157,36 @@ def test_draw_baseline_from_distrib_without_baselines_keeps_the_default() -> Non
         plain = methods.attribute(model, x, method, target=0, noise_tunnel=nt | {"nt_samples": 1})
         expected = methods.attribute(model, x, method, target=0).attributions
         torch.testing.assert_close(plain.attributions, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_baseline_distributions_mix_numbers_and_reference_rows() -> None:
+    # (rows tensor, number): the number is one reference row whatever is drawn. Captum accepts
+    # this for GradientShap and NoiseTunnel(draw_baseline_from_distrib); rows are identical here
+    # so the draw does not matter and the numbers must agree exactly.
+    torch.manual_seed(0)
+    model = _TwoInput().double()
+    xs = (torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64))
+    rows = torch.randn(1, 4, dtype=torch.float64).expand(2, 4).clone()
+    linear = nn.Linear(4, 3).double()
+
+    def lin2(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return linear(x) + z.sum(1, keepdim=True)
+
+    ref_gs, ref_delta = GradientShap(lin2).attribute(
+        xs, baselines=(rows, 0.5), target=0, n_samples=3, return_convergence_delta=True
+    )
+    gs = methods.attribute(
+        lin2, xs, "gradient_shap", baselines=(rows, 0.5), target=0, n_samples=3,
+        return_convergence_delta=True,
+    )  # fmt: skip
+    torch.testing.assert_close(gs.attributions, ref_gs, rtol=1e-9, atol=1e-12)
+    assert gs.convergence_delta is not None and gs.convergence_delta.shape == ref_delta.shape
+    nt = {"nt_samples": 2, "stdevs": 0.0, "draw_baseline_from_distrib": True}
+    ref = NoiseTunnel(IntegratedGradients(model)).attribute(
+        xs, baselines=(rows, 0.5), target=0, nt_samples=2, stdevs=0.0,
+        draw_baseline_from_distrib=True,
+    )  # fmt: skip
+    ours = methods.attribute(
+        model, xs, "integrated_gradients", baselines=(rows, 0.5), target=0, noise_tunnel=nt
+    )
+    torch.testing.assert_close(ours.attributions, ref, rtol=1e-6, atol=1e-9)
