@@ -120,7 +120,11 @@ def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) ->
         )
     fx, fb = endpoint_outputs(call, xs, bs)
     dtype, device = xs[0].dtype, xs[0].device
-    tol = p.delta_tolerance * output_change(fx, fb).abs().to(dtype)
+    gap = output_change(fx, fb).abs().to(dtype)
+    # Where f(x) ~ f(b) a purely relative tolerance would be ~0 and unreachable; below
+    # sqrt(eps) of the outputs' scale the delta is rounding, not quadrature error.
+    scale = torch.maximum(fx.abs(), fb.abs()).to(dtype).clamp(min=1.0)
+    tol = p.delta_tolerance * torch.maximum(gap, scale * torch.finfo(dtype).eps ** 0.5)
     method = p.approximation_method
     ladder = LADDERS[method]
     acc: Tensors | None = None
