@@ -391,9 +391,7 @@ def _measured(call: Call, inputs: Tensors) -> tuple[Tensor, int]:
             total += t.numel() * t.element_size()
         return t
 
-    leaves = tuple(
-        x.detach().requires_grad_(True) if x.is_floating_point() else x for x in inputs
-    )
+    leaves = tuple(x.detach().requires_grad_(True) if x.is_floating_point() else x for x in inputs)
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = call.target.select_rows(call.forward(leaves))
     return out.detach(), total
