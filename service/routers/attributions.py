@@ -12,10 +12,11 @@ from service.problems import to_service_error
 from service.protocol.attributions import EXAMPLES, AttributionRequest, AttributionResponse
 from service.protocol.catalog import Problem
 from service.responses import OrjsonResponse
+from service.routing import OrjsonRoute
 from service.serving import attributions
 from service.state import AppState, get_state
 
-router = APIRouter(tags=["attributions"])
+router = APIRouter(tags=["attributions"], route_class=OrjsonRoute)
 State = Annotated[AppState, Depends(get_state)]
 ERRORS = {
     code: {"model": Problem, "description": text}
