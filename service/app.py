@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -53,6 +54,11 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        if pool.workers:
+            # torch and the app leave a large heap of long-lived objects: keep them out of the
+            # cyclic collector's way, so full collections stay cheap on the request path
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:
