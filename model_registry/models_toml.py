@@ -1,7 +1,7 @@
 """Parse a models.toml into ModelSpecs, strictly: unknown keys, wrong types and duplicate ids
 are errors that name the file, the model and the field, and say what was expected.
 
-The format (docs/models.md has the full reference)::
+The format (the README's Models section has the full reference)::
 
     [[models]]
     id = "churn"
