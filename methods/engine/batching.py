@@ -46,11 +46,10 @@ def check_batch_size(value: object, argument: str) -> BatchSize:
     return value
 
 
-def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: int = 0) -> int:
-    """Bytes one forward+backward row holds: what autograd saves for backward, measured.
+def count_saved_bytes(run: Callable[[], T]) -> tuple[T, int]:
+    """Run ``run`` and count the bytes autograd saves for backward meanwhile.
 
-    ``run`` performs one grad-enabled forward over ``n_rows`` rows; tensors saved for the
-    backward pass are counted by storage (parameters excluded, they are not per-row).
+    Tensors are counted by storage, once each; parameters are excluded (not per-row).
     """
     seen: set[int] = set()
     total = 0
@@ -70,7 +69,16 @@ def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: in
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()
+        result = run()
+    return result, total
+
+
+def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: int = 0) -> int:
+    """Bytes one forward+backward row holds: what autograd saves for backward, measured.
+
+    ``run`` performs one grad-enabled forward over ``n_rows`` rows.
+    """
+    _, total = count_saved_bytes(run)
     return max(1, total // max(1, n_rows) + extra_per_row)
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from methods.call import Call
-from methods.engine.batching import memory_budget
+from methods.engine.batching import count_saved_bytes, memory_budget
 from methods.engine.inputs import Tensors
 from methods.errors import InvalidArgumentError, InvalidTypeError
 
@@ -375,25 +375,9 @@ def _plain(call: Call, inputs: Tensors) -> Tensor:
 
 
 def _measured(call: Call, inputs: Tensors) -> tuple[Tensor, int]:
-    seen: set[int] = set()
-    total = 0
-
-    def pack(t: Tensor) -> Tensor:
-        nonlocal total
-        if isinstance(t, torch.nn.Parameter):
-            return t
-        try:
-            key = t.untyped_storage().data_ptr()
-            if key not in seen:
-                seen.add(key)
-                total += t.untyped_storage().nbytes()
-        except (RuntimeError, NotImplementedError):  # sparse, meta, ...
-            total += t.numel() * t.element_size()
-        return t
-
     leaves = tuple(x.detach().requires_grad_(True) if x.is_floating_point() else x for x in inputs)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = call.target.select_rows(call.forward(leaves))
+    with torch.enable_grad():
+        out, total = count_saved_bytes(lambda: call.target.select_rows(call.forward(leaves)))
     return out.detach(), total
 
 
