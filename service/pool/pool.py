@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections import deque
@@ -140,6 +141,9 @@ class WorkerPool:
         assert self._loop is not None
         try:
             self._loop.add_reader(conn.fileno(), self._readable, w, conn, generation)
+            # uvloop (libuv) switches a watched fd to non-blocking; this pipe is read and
+            # written whole-message at a time, so a large batch would fail with EAGAIN.
+            os.set_blocking(conn.fileno(), True)
             w.watched = conn.fileno()
         except NotImplementedError:  # loops without add_reader: a reader thread instead
             threading.Thread(
