@@ -61,6 +61,7 @@ def rule(method: str, n: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(float(a) for a in alphas), tuple(float(w) for w in weights)
 
 
+@lru_cache(maxsize=256)  # read-only tensors: built once per (rule, n, dtype, device)
 def rule_tensors(
     method: str, n: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
