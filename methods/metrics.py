@@ -147,7 +147,8 @@ def infidelity(
             totals = (
                 parts if totals is None else [t + q for t, q in zip(totals, parts, strict=True)]
             )
-    assert totals is not None  # at least one chunk
+    if totals is None:  # no chunk ran: only possible with no samples at all
+        raise InvalidArgumentError("n_perturb_samples must be >= 1", argument="n_perturb_samples")
     if normalize:
         ss, sd, dd = totals
         beta = torch.where(ss == 0, torch.zeros_like(sd), sd / torch.where(ss == 0, 1, ss))
@@ -245,7 +246,8 @@ def sensitivity_max(
         dn = torch.linalg.norm(diff, ord=norm_ord, dim=1) if norm_ord != "fro" else diff.norm(dim=1)
         sens = (dn / norm.repeat_interleave(k)).reshape(n, k).max(1).values
         best = sens if best is None else torch.maximum(best, sens)
-    assert best is not None  # at least one chunk
+    if best is None:  # no chunk ran: only possible with no samples at all
+        raise InvalidArgumentError("n_perturb_samples must be >= 1", argument="n_perturb_samples")
     return best
 
 

@@ -132,7 +132,8 @@ class _Model:
         if not isinstance(t, dict):
             self.fail(None, f"expected a table, got {_kind(t)}")
         model_id = self.string(t, "id", required=True, pattern=_ID, hint="letters, digits, . _ -")
-        assert model_id is not None  # required=True; narrows the type
+        if model_id is None:  # required=True already reported it; this narrows the type
+            self.fail("id", "is required")
         self.id = model_id
         unknown = sorted(set(t) - set(MODEL_KEYS))
         if unknown:
@@ -240,7 +241,8 @@ class _Model:
 
     def source(self, t: dict[str, Any]) -> Source:
         text = self.string(t, "source", required=True)
-        assert text is not None  # required=True
+        if text is None:  # required=True already reported it; this narrows the type
+            self.fail("source", "is required")
         try:
             source = parse_source(text)
         except ValueError as e:

@@ -136,11 +136,17 @@ class WorkerPool:
         w.outstanding.clear()
         self._watch(w, parent, w.generation)
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the pool was started on (set by ``start``)."""
+        if self._loop is None:
+            raise RuntimeError("the worker pool has not been started")
+        return self._loop
+
     def _watch(self, w: Worker, conn: Connection, generation: int) -> None:
         """Messages from the worker, read on the event loop when its pipe is readable."""
-        assert self._loop is not None
+        loop = self._running_loop()
         try:
-            self._loop.add_reader(conn.fileno(), self._readable, w, conn, generation)
+            loop.add_reader(conn.fileno(), self._readable, w, conn, generation)
             # uvloop (libuv) switches a watched fd to non-blocking; this pipe is read and
             # written whole-message at a time, so a large batch would fail with EAGAIN.
             os.set_blocking(conn.fileno(), True)
@@ -167,16 +173,16 @@ class WorkerPool:
             self._on_dead(w, generation)
 
     def _read_thread(self, w: Worker, conn: Connection, generation: int) -> None:
-        assert self._loop is not None
+        loop = self._running_loop()
         while True:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
                 with contextlib.suppress(RuntimeError):
-                    self._loop.call_soon_threadsafe(self._on_dead, w, generation)
+                    loop.call_soon_threadsafe(self._on_dead, w, generation)
                 return
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._on_message, w, generation, msg)
+                loop.call_soon_threadsafe(self._on_message, w, generation, msg)
 
     # -- status ----------------------------------------------------------------------------
     @property
@@ -208,8 +214,7 @@ class WorkerPool:
                 f"{self.settings.queue_size} requests are already waiting; retry shortly",
                 headers={"Retry-After": str(self.settings.retry_after_s)},
             )
-        assert self._loop is not None
-        entry = Entry(job, self._loop.create_future())
+        entry = Entry(job, self._running_loop().create_future())
         key = job.key if self.settings.batching else None
         pending = self._by_key.get(key) if key is not None else None
         if pending is not None and pending.cost + job.cost <= self.settings.batch_max_cost:
@@ -223,7 +228,7 @@ class WorkerPool:
                 window = self.settings.batch_window_ms / 1e3
                 if window > 0:
                     pending.closed = False
-                    self._loop.call_later(window, self._close, pending)
+                    self._running_loop().call_later(window, self._close, pending)
         if pending.key is not None and pending.cost >= self.settings.batch_max_cost:
             self._by_key.pop(pending.key, None)
             pending.closed = True
@@ -267,7 +272,8 @@ class WorkerPool:
         if len(pending.entries) > 1:
             self.telemetry.merged.inc(len(pending.entries))
         try:
-            assert w.conn is not None
+            if w.conn is None:
+                raise OSError("the worker has no pipe")
             w.conn.send(Batch(pending.id, [e.job for e in pending.entries]))
         except (OSError, ValueError):
             self._on_dead(w, w.generation)
@@ -319,8 +325,7 @@ class WorkerPool:
         self.telemetry.restarts.inc()
         w.restarts += 1
         delay = min(30.0, 0.5 * 2 ** min(w.failures, 6)) if failed else 0.0
-        assert self._loop is not None
-        self._loop.call_later(delay, self._respawn, w)
+        self._running_loop().call_later(delay, self._respawn, w)
         self._dispatch()
 
     def _respawn(self, w: Worker) -> None:
