@@ -12,21 +12,8 @@ from captum.attr import DeepLift, IntegratedGradients, Saliency
 from torch import nn
 
 import methods
+from benchmarks.models import cnn, mlp
 from benchmarks.timing import max_abs_diff, median_ms, setup_torch, table
-
-
-def mlp() -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3)
-    ).eval()
-
-
-def cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, 10),
-    ).eval()  # fmt: skip
 
 
 def floor_ms(model: nn.Module, x: torch.Tensor, target: int, n_steps: int) -> float:

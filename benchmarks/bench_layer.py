@@ -17,6 +17,7 @@ from captum.attr import LayerGradCam, LayerIntegratedGradients
 from torch import nn
 
 import methods
+from benchmarks.models import cnn
 from benchmarks.timing import max_abs_diff, setup_torch, table
 
 
@@ -54,20 +55,6 @@ class BertLogits(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.m(input_ids=ids, attention_mask=mask).logits
-
-
-def cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.AdaptiveAvgPool2d(4),
-        nn.Flatten(),
-        nn.Linear(32 * 16, 10),
-    ).eval()
 
 
 def main() -> None:

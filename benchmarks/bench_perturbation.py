@@ -16,24 +16,10 @@ from typing import Any
 
 import torch
 from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
-from torch import nn
 
 import methods
+from benchmarks.models import cnn, mlp
 from benchmarks.timing import max_abs_diff, setup_torch, table
-
-
-def mlp() -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3)
-    ).eval()
-
-
-def cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, 10),
-    ).eval()  # fmt: skip
 
 
 def _sum_per_example(a: Any) -> torch.Tensor:
