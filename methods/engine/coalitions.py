@@ -20,6 +20,9 @@ from methods.engine.perturb import Evaluator, FeatureMasks, coalition_inputs
 #: exact Shapley values evaluate all 2**F coalitions; beyond this many features, refuse
 MAX_EXACT_FEATURES = 16
 
+#: bits per int64 word when coalitions are packed for sorting (the sign bit stays clear)
+_WORD_BITS = 62
+
 PerRow = Callable[[Tensors, int], Tensor]
 
 
@@ -34,9 +37,8 @@ def evaluate(
     """Outputs for coalitions ``keep`` (P, 1 or N, F), shape (P, *out_shape), each distinct
     coalition evaluated once; plus ``per_row(inputs, k)`` values (P, ...) if given."""
     p = int(keep.shape[0])
-    flat = keep.reshape(p, -1).to(torch.uint8)
-    uniq, inverse = torch.unique(flat, dim=0, return_inverse=True)
-    distinct = uniq.to(torch.bool).reshape(-1, *keep.shape[1:])
+    uniq, inverse = distinct_rows(keep.reshape(p, -1))
+    distinct = uniq.reshape(-1, *keep.shape[1:])
     extra: list[Tensor] = []
 
     def build(s: int, e: int) -> Tensors:
@@ -49,6 +51,35 @@ def evaluate(
     values = ev.run(int(distinct.shape[0]), build, inspect if per_row is not None else None)
     rows = torch.cat(extra)[inverse] if per_row is not None else None
     return values[inverse], rows
+
+
+def distinct_rows(flat: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.unique(flat, dim=0, return_inverse=True)`` for a bool matrix, in the same order.
+
+    ``unique(dim=0)`` compares rows element by element and costs milliseconds for a few
+    hundred coalitions (more than the forwards of a small model). Rows are packed into int64
+    words instead, the first column most significant, so that sorting the words as numbers
+    (stable, last word first) gives the same lexicographic order, hence the same chunks and
+    bit-identical outputs.
+    """
+    p, width = flat.shape
+    dev = flat.device
+    words = []
+    for s in range(0, max(width, 1), _WORD_BITS):
+        bits = flat[:, s : s + _WORD_BITS].long()
+        shifts = torch.arange(int(bits.shape[1]) - 1, -1, -1, device=dev)
+        words.append((bits << shifts).sum(1))
+    if len(words) == 1:
+        keys, inverse = torch.unique(words[0], sorted=True, return_inverse=True)
+        return (keys.unsqueeze(1) >> shifts) & 1 == 1, inverse
+    order = torch.sort(words[-1], stable=True).indices
+    for word in reversed(words[:-1]):
+        order = order[torch.sort(word[order], stable=True).indices]
+    ranked = torch.stack(words, 1)[order]
+    first = torch.ones(p, dtype=torch.bool, device=dev)  # first row of each run of equal rows
+    first[1:] = (ranked[1:] != ranked[:-1]).any(1)
+    group = first.cumsum(0) - 1
+    return flat[order[first]], torch.empty_like(group).scatter_(0, order, group)
 
 
 def all_coalitions(n_features: int, device: torch.device) -> Tensor:

@@ -229,3 +229,18 @@ def test_noise_tunnel_draws_baselines_from_the_distribution() -> None:
                                         "draw_baseline_from_distrib": True})  # fmt: skip
     assert r.attributions.shape == x.shape
     assert r.convergence_delta.shape == (16,)
+
+
+@pytest.mark.parametrize("width", [1, 20, 62, 63, 150])
+def test_distinct_rows_equals_unique_over_rows(width: int) -> None:
+    # The packed sort must give unique(dim=0)'s order: it decides the chunks, hence rounding.
+    from methods.engine.coalitions import distinct_rows
+
+    g = torch.Generator().manual_seed(width)
+    rows = torch.rand(200, width, generator=g) > 0.5
+    rows = rows[torch.randint(0, 200, (300,), generator=g)]
+    expected, expected_inverse = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True)
+    got, inverse = distinct_rows(rows)
+    assert got.dtype == torch.bool
+    assert torch.equal(got, expected.bool())
+    assert torch.equal(inverse, expected_inverse)
