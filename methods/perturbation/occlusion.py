@@ -18,6 +18,7 @@ from torch import Tensor
 
 from methods.call import Call, Output
 from methods.engine.baselines import format_baselines
+from methods.engine.incremental import evaluate_boxes
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import echo, evaluate_with_initial
 from methods.errors import InvalidArgumentError
@@ -53,6 +54,18 @@ class _Windows:
             starts = torch.arange(n, device=device).unsqueeze(1) * s
             self.cover.append((pos >= starts) & (pos < starts + w))
         self.count = math.prod(self.shifts)
+        self.dims, self.window, self.stride = dims, window, stride
+
+    def extents(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """Every window's box as (lo, hi), each (count, n_dims), in window order."""
+        local = torch.arange(self.count, device=device)
+        lo, hi = [], []
+        for d, n in enumerate(self.shifts):
+            start = (local % n) * self.stride[d]
+            local = local // n
+            lo.append(start)
+            hi.append((start + self.window[d]).clamp(max=self.dims[d]))
+        return torch.stack(lo, 1), torch.stack(hi, 1)
 
     def boxes(self, local: Tensor) -> Tensor:
         """Boolean masks (k, *dims) of windows ``local`` (first dim varies fastest, as Captum)."""
@@ -179,11 +192,13 @@ def occlusion(call: Call, p: OcclusionParams) -> Output:
         return tuple(out)
 
     total = offsets[-1]
-    ev, initial, occluded = evaluate_with_initial(call, xs, total, build)
+    fast = None
+    if len(xs) == 1:
+        # Recompute only what each box changes, where the model allows (see incremental).
+        fast = evaluate_boxes(call, xs[0], bs[0], *wins[0].extents(xs[0].device))
+    ev, initial, occluded = fast or evaluate_with_initial(call, xs, total, build)
     diff = initial.reshape(1, -1) - occluded.reshape(total, -1)
     if not diff.is_floating_point():
         diff = diff.to(torch.get_default_dtype())
-    attrs = tuple(
-        w.average(diff[offsets[i] : offsets[i + 1]]) for i, w in enumerate(wins)
-    )
+    attrs = tuple(w.average(diff[offsets[i] : offsets[i + 1]]) for i, w in enumerate(wins))
     return Output(attrs, echo=echo(ev))

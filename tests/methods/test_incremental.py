@@ -1,0 +1,240 @@
+"""Incremental occlusion (methods/engine/incremental.py) equals the plain path, everywhere.
+
+Each model below runs occlusion twice: as is (the local chain at its input is recomputed box
+by box) and wrapped in a plain function (which the incremental path cannot see into, so every
+window is a full forward). The answers agree to float64 rounding for every layer kind the chain
+knows, window placement, baseline and chunking; models the chain must not touch take the
+plain path. Captum parity of occlusion (through this path) is in test_perturbation_parity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import methods
+from methods.engine import incremental
+
+
+@pytest.fixture(autouse=True)
+def _float64() -> Any:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def _init(model: nn.Module, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g))
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+    return model.double().eval()
+
+
+def _deep() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Conv2d(6, 6, 3, stride=2, padding=2, dilation=2), nn.BatchNorm2d(6), nn.GELU(),
+        nn.AvgPool2d(3, stride=2, padding=1), nn.Flatten(), nn.Linear(6 * 2 * 2, 4),
+    )  # fmt: skip
+
+
+class _Functional(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding="same", groups=2)
+        self.fc = nn.Linear(4 * 9, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 3, 2, 1)
+        x = F.adaptive_avg_pool2d(torch.tanh(self.conv2(x)), 3)  # 7x7 -> 3x3: uneven bins
+        return self.fc(x.flatten(1))
+
+
+def _one_d() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv1d(4, 5, 5, padding=2), nn.ELU(), nn.MaxPool1d(2, stride=3),
+        nn.AdaptiveMaxPool1d(5), nn.Flatten(), nn.Linear(25, 2),
+    )  # fmt: skip
+
+
+def _three_d() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv3d(2, 3, 3, padding=1), nn.SiLU(), nn.AvgPool3d(2), nn.Flatten(),
+        nn.Linear(3 * 3 * 4 * 4, 2),
+    )  # fmt: skip
+
+
+class _Residual(nn.Module):
+    """The chain stops where an activation is used twice; the rest runs as the tail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        h = h + self.conv2(h).relu()
+        return self.fc(F.avg_pool2d(h, 2).flatten(1))
+
+
+class _Scaled(nn.Module):
+    """An additional forward argument reaches the tail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3, stride=2)
+        self.fc = nn.Linear(2 * 3 * 3, 3)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).sigmoid().flatten(1)) * scale
+
+
+def _fully_conv() -> nn.Module:
+    """Every layer is local: the tail is the identity and targets index a 4-D output."""
+    return nn.Sequential(nn.Conv2d(3, 2, 3), nn.Hardtanh(), nn.MaxPool2d(2, padding=1))
+
+
+Model = Callable[[], nn.Module]
+CASES: list[tuple[str, Model, tuple[int, ...], dict[str, Any]]] = [
+    ("deep", _deep, (3, 16, 16), {"target": 1}),
+    ("functional", _Functional, (3, 16, 16), {"target": [0, 2, 1]}),
+    ("one_d", _one_d, (4, 30), {"target": 1}),
+    ("three_d", _three_d, (2, 6, 8, 8), {"target": 0}),
+    ("residual", _Residual, (3, 16, 16), {"target": 2}),
+    ("fully_conv", _fully_conv, (3, 9, 9), {"target": (1, 2, 3)}),
+]
+WINDOWS: dict[int, list[tuple[Any, Any]]] = {
+    2: [((4, 3), 1), ((2, 4), (2, 3)), ((4, 7), (1, 5))],
+    3: [((3, 4, 4), 2), ((1, 5, 3), (1, 3, 2)), ((3, 5, 5), (3, 4, 4)), ((2, 7, 7), (1, 5, 5))],
+    4: [((2, 2, 3, 3), (1, 1, 2, 2)), ((1, 6, 2, 5), (1, 1, 2, 3))],
+}
+
+
+def _plain(model: nn.Module) -> Callable[..., torch.Tensor]:
+    return lambda *args: model(*args)
+
+
+def _both(model: nn.Module, x: torch.Tensor, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    fast = methods.attribute(model, x, "occlusion", **kw).attributions
+    slow = methods.attribute(_plain(model), x, "occlusion", **kw).attributions
+    return fast, slow
+
+
+@pytest.mark.parametrize("name,make,shape,kw", CASES, ids=[c[0] for c in CASES])
+def test_equals_the_plain_path(
+    name: str, make: Model, shape: tuple[int, ...], kw: dict[str, Any], monkeypatch: Any
+) -> None:
+    model = _init(make())
+    assert incremental.local_prefix(model) is not None
+    used = []
+    rows = incremental._Plan.rows
+    monkeypatch.setattr(incremental._Plan, "rows", lambda *a: used.append(1) or rows(*a))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, *shape, generator=g)
+    for windows, strides in WINDOWS[len(shape)]:
+        for baselines in (None, 0.5, torch.randn(1, *shape, generator=g)):
+            for ppe in (1, 4, None):
+                fast, slow = _both(
+                    model, x, sliding_window_shapes=windows, strides=strides,
+                    baselines=baselines, perturbations_per_eval=ppe, **kw,
+                )  # fmt: skip
+                torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+    assert used, "the incremental path was never taken"
+
+
+def test_additional_forward_args_reach_the_tail() -> None:
+    model = _init(_Scaled())
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    scale = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
+    fast, slow = _both(
+        model, x, target=2, additional_forward_args=(scale,), sliding_window_shapes=(3, 3, 3),
+        strides=2, perturbations_per_eval=3,
+    )  # fmt: skip
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+def test_inputs_and_model_are_left_alone() -> None:
+    model = _init(_deep())  # in-place ReLU inside the chain
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    before = x.clone()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    methods.attribute(model, x, "occlusion", target=0, sliding_window_shapes=(3, 4, 4), strides=4)
+    assert torch.equal(x, before)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def _not_local_after_all(model: nn.Module) -> None:
+    assert incremental.local_prefix(model) is None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _deep().train(),  # batch norm uses batch statistics
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 2)),  # no local layer first
+        lambda: nn.Sequential(nn.Conv2d(3, 2, 3, padding=1, padding_mode="reflect"), nn.Flatten()),
+        lambda: nn.Sequential(nn.MaxPool2d(2, ceil_mode=True), nn.Flatten()),
+        lambda: nn.Sequential(nn.AvgPool2d(3, padding=1, count_include_pad=False), nn.Flatten()),
+    ],
+    ids=["training", "dense_first", "reflect_padding", "ceil_mode", "exclude_pad"],
+)
+def test_models_that_take_the_plain_path(make: Model) -> None:
+    model = make().double()
+    if not any(m.training for m in model.modules()):
+        model.eval()
+    _not_local_after_all(model)
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(4))
+    fast, slow = _both(model, x, target=0, sliding_window_shapes=(3, 2, 2), strides=2)
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+def test_hooks_and_untraceable_forwards_take_the_plain_path() -> None:
+    model = _init(_deep())
+    handle = model[0].register_forward_hook(lambda m, i, o: None)
+    _not_local_after_all(model)
+    handle.remove()
+    assert incremental.local_prefix(model) is not None
+
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
+                x = -x
+            return self.conv(x).flatten(1)
+
+    _not_local_after_all(Branchy())
+
+
+def test_a_replaced_layer_is_seen() -> None:
+    model = _init(_deep())
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    kw: dict[str, Any] = {"target": 1, "sliding_window_shapes": (3, 4, 4), "strides": 4}
+    methods.attribute(model, x, "occlusion", **kw)
+    model[3] = _init(nn.Conv2d(6, 6, 3, stride=2, padding=2, dilation=2), seed=9)
+    fast, slow = _both(model, x, **kw)
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+def test_a_window_covering_everything_takes_the_plain_path(monkeypatch: Any) -> None:
+    model = _init(_deep())
+    monkeypatch.setattr(incremental._Plan, "rows", None)  # would fail if called
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+    methods.attribute(model, x, "occlusion", target=1, sliding_window_shapes=(3, 16, 16))
