@@ -101,10 +101,9 @@ def _result(
     as_tuple: bool,
     nt_echo: dict[str, Any] | None,
 ) -> Result:
+    # Iterating the frozen params model gives model_dump()'s top-level values, without its cost.
     echo: dict[str, Any] = {
-        k: v
-        for k, v in p.model_dump().items()
-        if v is None or isinstance(v, (int, float, str, bool))
+        k: v for k, v in p if v is None or isinstance(v, (int, float, str, bool))
     }
     if spec.batching == "internal_batch_size":
         echo["internal_batch_size"] = call.internal_batch_size

@@ -46,6 +46,13 @@ class Call:
     def replace(self, **changes: Any) -> Call:
         return dataclasses.replace(self, **changes)
 
+    def expanded(self, k: int) -> Call:
+        """This call over ``k`` stacked copies of the batch: forward args and targets tiled."""
+        forward, target = self.forward.expanded(k), self.target.expand(k)
+        if forward is self.forward and target is self.target:
+            return self  # nothing per-row to tile (the common case): no copy
+        return self.replace(forward=forward, target=target)
+
     def randn(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
         return torch.randn(shape, generator=self.generator, dtype=like.dtype, device=like.device)
 
