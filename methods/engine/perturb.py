@@ -10,6 +10,7 @@ each built as one tensor of ``k * N`` rows, and sizes ``k`` from ``perturbations
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ INTEGER_INPUT_BLOWUP = 4096
 #: forward's measured working set under this; small models still get everything in one go.
 CPU_CHUNK_BYTES = 16 << 20
 
+#: entries kept per cache below (input signatures seen); the oldest goes first
+_CACHE_SIZE = 256
+
 Build = Callable[[int, int], Tensors]
 Inspect = Callable[[int, int, Tensors], None]
 
@@ -40,11 +44,16 @@ Inspect = Callable[[int, int, Tensors], None]
 @dataclass(frozen=True)
 class FeatureMasks:
     """Feature masks with ids made compact: ``index[i]`` maps each element of input ``i`` to a
-    feature 0..F-1; shape (m, *inputs[i].shape[1:]) with m = 1 (shared) or N (per example)."""
+    feature 0..F-1; shape (m, *inputs[i].shape[1:]) with m = 1 (shared) or N (per example).
+
+    The tensors may be shared between calls (see ``format_feature_mask``): never modify them.
+    """
 
     index: Tensors
     #: the caller's feature id for each compact index, ascending
     ids: Tensor
+    #: for the default mask (each scalar its own feature, in order): input i's first feature
+    starts: tuple[int, ...] | None = None
 
     @property
     def n_features(self) -> int:
@@ -61,30 +70,23 @@ def format_feature_mask(feature_mask: object, xs: Tensors, method: str) -> Featu
     inputs is one feature, perturbed together."""
     n = int(xs[0].shape[0])
     if feature_mask is None:
-        # Already compact: ids 0..F-1 running across the inputs.
-        masks, start = [], 0
-        for x in xs:
-            size = x[0:1].numel()
-            masks.append(torch.arange(start, start + size, device=x.device).reshape(x[0:1].shape))
-            start += size
-        return FeatureMasks(tuple(masks), torch.arange(start, device=xs[0].device))
-    else:
-        given = feature_mask if isinstance(feature_mask, (tuple, list)) else (feature_mask,)
-        for i, m in enumerate(given):
-            if not isinstance(m, Tensor):
-                raise InvalidTypeError(
-                    f"{method}: feature_mask must be an integer Tensor or a tuple of them (one "
-                    f"per input); entry {i} is {type(m).__name__}",
-                    argument="feature_mask",
-                )
-        if len(given) != len(xs):
-            raise InvalidArgumentError(
-                f"{method}: feature_mask has {len(given)} entries but there are {len(xs)} "
-                "inputs; give one mask per input",
+        return _default_mask(tuple((tuple(x.shape[1:]), x.device) for x in xs))
+    given = feature_mask if isinstance(feature_mask, (tuple, list)) else (feature_mask,)
+    for i, m in enumerate(given):
+        if not isinstance(m, Tensor):
+            raise InvalidTypeError(
+                f"{method}: feature_mask must be an integer Tensor or a tuple of them (one "
+                f"per input); entry {i} is {type(m).__name__}",
                 argument="feature_mask",
             )
-        pairs = enumerate(zip(given, xs, strict=True))
-        raw = tuple(_check_mask(m, x, i, n, method) for i, (m, x) in pairs)
+    if len(given) != len(xs):
+        raise InvalidArgumentError(
+            f"{method}: feature_mask has {len(given)} entries but there are {len(xs)} "
+            "inputs; give one mask per input",
+            argument="feature_mask",
+        )
+    pairs = enumerate(zip(given, xs, strict=True))
+    raw = tuple(_check_mask(m, x, i, n, method) for i, (m, x) in pairs)
     flat = torch.cat([m.reshape(-1).to(xs[0].device) for m in raw])
     ids, inverse = torch.unique(flat, sorted=True, return_inverse=True)
     index, pos = [], 0
@@ -93,6 +95,35 @@ def format_feature_mask(feature_mask: object, xs: Tensors, method: str) -> Featu
         pos += m.numel()
         index.append(part.expand(int(m.shape[0]), *x.shape[1:]))
     return FeatureMasks(tuple(index), ids)
+
+
+Signature = tuple[tuple[tuple[int, ...], torch.device], ...]
+
+#: the default masks per input signature (per-example shapes and devices): a served model sees
+#: the same shapes again and again, and building them costs more than a small model's forward
+_default_masks: dict[Signature, FeatureMasks] = {}
+
+
+def _default_mask(sig: Signature) -> FeatureMasks:
+    found = _default_masks.get(sig)
+    if found is not None:
+        return found
+    # Already compact: ids 0..F-1 running across the inputs.
+    masks, starts, start = [], [], 0
+    for shape, device in sig:
+        size = math.prod(shape)
+        masks.append(torch.arange(start, start + size, device=device).reshape(1, *shape))
+        starts.append(start)
+        start += size
+    found = FeatureMasks(tuple(masks), torch.arange(start, device=sig[0][1]), tuple(starts))
+    _bounded_put(_default_masks, sig, found)
+    return found
+
+
+def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)))  # the oldest entry
+    cache[key] = value
 
 
 def _check_mask(m: object, x: Tensor, i: int, n: int, method: str) -> Tensor:
@@ -142,6 +173,17 @@ def coalition_inputs(masks: FeatureMasks, keep: Tensor, on: Tensors, off: Tensor
     return tuple(out)
 
 
+def drop_one_inputs(masks: FeatureMasks, s: int, e: int, on: Tensors, off: Tensors) -> Tensors:
+    """Perturbations ``s..e-1`` of "every feature but ``j`` from ``on``, feature ``j`` from
+    ``off``": ``coalition_inputs`` with ``keep = ~eye(F)[s:e]``, without the (F, F) matrix."""
+    out = []
+    for idx, a, b in zip(masks.index, on, off, strict=True):
+        drop = torch.arange(s, e, device=idx.device).view(e - s, *(1,) * idx.dim())
+        # (k, m, *rest) selects into (k, N, *rest): copy-major rows
+        out.append(torch.where(idx != drop, a, b).flatten(0, 1))
+    return tuple(out)
+
+
 def spread(values: Tensor, masks: FeatureMasks, xs: Tensors, method: str) -> Tensors:
     """Per-feature values back onto input elements.
 
@@ -152,6 +194,12 @@ def spread(values: Tensor, masks: FeatureMasks, xs: Tensors, method: str) -> Ten
     orest = tuple(values.shape[2:])
     v = values.reshape(f, o0, -1).permute(1, 2, 0)  # (O0, Orest, F)
     out = []
+    if masks.starts is not None:
+        # The default mask numbers the elements in order: input i's features are a slice.
+        for start, x in zip(masks.starts, xs, strict=True):
+            part = v if len(xs) == 1 else v[:, :, start : start + x[0].numel()]
+            out.append(part.reshape(o0, *orest, *x.shape[1:]))
+        return tuple(out)
     for idx, x in zip(masks.index, xs, strict=True):
         m = int(idx.shape[0])
         if m not in (1, o0):
@@ -184,10 +232,7 @@ class Evaluator:
         """Targeted output of ``k`` stacked copies of the batch, shape (k, *out_shape)."""
         sub = self._subcalls.get(k)
         if sub is None:
-            sub = self.call.replace(
-                forward=self.call.forward.expanded(k), target=self.call.target.expand(k)
-            )
-            self._subcalls[k] = sub
+            sub = self._subcalls[k] = self.call.expanded(k)
         with torch.no_grad():
             out = sub.target.select_rows(sub.forward(inputs))
         out = out.reshape(1) if out.dim() == 0 else out
@@ -199,14 +244,7 @@ class Evaluator:
     def per_chunk(self, total: int) -> int:
         if not self.per_example:
             return 1
-        spec = self.call.perturbations_per_eval
-        if isinstance(spec, int):
-            return max(1, min(spec, total))
-        # "auto" (and None): 3x covers the inputs, the activations and the allocator's slack.
-        cap = memory_budget() // (3 * self.perturbation_bytes)
-        if self.call.inputs[0].device.type == "cpu":
-            cap = min(cap, CPU_CHUNK_BYTES // self.perturbation_bytes)
-        return max(1, min(total, cap))
+        return _per_chunk(self.call, self.perturbation_bytes, total)
 
     def run(self, total: int, build: Build, inspect: Inspect | None = None) -> Tensor:
         """Evaluate perturbations 0..total-1; ``build(s, e)`` returns their ``(e-s)*N`` rows."""
@@ -247,6 +285,18 @@ class _ShapeMismatch(Exception):
     def __init__(self, got: tuple[int, ...], expected: tuple[int, ...]) -> None:
         super().__init__()
         self.got, self.expected = got, expected
+
+
+def _per_chunk(call: Call, perturbation_bytes: int, total: int) -> int:
+    """Perturbations per forward when the output grows with the batch."""
+    spec = call.perturbations_per_eval
+    if isinstance(spec, int):
+        return max(1, min(spec, total))
+    # "auto" (and None): 3x covers the inputs, the activations and the allocator's slack.
+    cap = memory_budget() // (3 * perturbation_bytes)
+    if call.inputs[0].device.type == "cpu":
+        cap = min(cap, CPU_CHUNK_BYTES // perturbation_bytes)
+    return max(1, min(total, cap))
 
 
 def start(call: Call, inputs: Tensors) -> tuple[Evaluator, Tensor]:
@@ -318,11 +368,10 @@ def evaluate_with_initial(
         ev, initial = start(call, inputs)
         return ev, initial, ev.run(total, build)
     n = call.n
-    probe = Evaluator(call, (n,), True, max(1, made))
-    k = min(total, max(1, probe.per_chunk(total + 1) - 1))
+    k = min(total, max(1, _per_chunk(call, max(1, made), total + 1) - 1))
     try:
         both = tuple(torch.cat([x, t]) for x, t in zip(inputs, build(0, k), strict=True))
-        sub = call.replace(forward=call.forward.expanded(k + 1), target=call.target.expand(k + 1))
+        sub = call.expanded(k + 1)
         with torch.no_grad():
             raw = sub.target.select_rows(sub.forward(both))
     except torch.OutOfMemoryError:
@@ -331,10 +380,10 @@ def evaluate_with_initial(
         # The output does not grow with the batch (or memory ran out): the plain way.
         ev, initial = start(call, inputs)
         return ev, initial, ev.run(total, build)
-    initial = raw[:n]
+    initial, first = raw[:n], raw[n:]
     ev = _evaluator(call, inputs, initial, made)
     ev.used = k + 1
-    first = raw[n:].reshape(k, *ev.out_shape)
+    first = first.reshape(k, *ev.out_shape)
     if k == total:
         return ev, initial, first
     rest = ev.run(total - k, lambda s, e: build(s + k, e + k))
@@ -343,15 +392,12 @@ def evaluate_with_initial(
 
 #: measured bytes per batch, per model and input signature: a server attributes the same model
 #: and shapes over and over, and the measuring forward costs more than the chunk plan saves
-_CACHE_SIZE = 256
 _measure_cache: dict[tuple[object, ...], tuple[weakref.ref[Any] | None, int]] = {}
 
 
 def _remember(call: Call, inputs: Tensors, made: int) -> None:
-    if len(_measure_cache) >= _CACHE_SIZE:
-        _measure_cache.pop(next(iter(_measure_cache)))
     ref = weakref.ref(call.model) if _weakrefable(call.model) else None
-    _measure_cache[_shape_key(call, inputs)] = (ref, made)
+    _bounded_put(_measure_cache, _shape_key(call, inputs), (ref, made))
 
 
 def _weakrefable(obj: object) -> bool:

@@ -11,7 +11,7 @@ from pydantic import Field
 from methods.call import Call, Output
 from methods.engine.baselines import format_baselines
 from methods.engine.perturb import (
-    coalition_inputs,
+    drop_one_inputs,
     echo,
     evaluate_with_initial,
     format_feature_mask,
@@ -47,11 +47,9 @@ def feature_ablation(call: Call, p: FeatureAblationParams) -> Output:
     masks = format_feature_mask(p.feature_mask, xs, call.method)
     bs = format_baselines(call.baselines, xs)
     f = masks.n_features
-    # Perturbation j keeps every feature except j.
-    eye = ~torch.eye(f, dtype=torch.bool, device=xs[0].device)
 
     def build(s: int, e: int) -> tuple[torch.Tensor, ...]:
-        return coalition_inputs(masks, eye[s:e].unsqueeze(1), xs, bs)
+        return drop_one_inputs(masks, s, e, xs, bs)  # perturbation j ablates feature j
 
     ev, initial, ablated = evaluate_with_initial(call, xs, f, build)
     diff = initial.reshape(1, -1) - ablated.reshape(f, -1)  # (F, n_outputs)

@@ -15,7 +15,7 @@ from torch import Tensor
 from methods.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import (
-    coalition_inputs,
+    drop_one_inputs,
     echo,
     evaluate_with_initial,
     format_feature_mask,
@@ -75,11 +75,10 @@ def feature_permutation(call: Call, p: FeaturePermutationParams) -> Output:
     masks = format_feature_mask(p.feature_mask, xs, call.method)
     f = masks.n_features
     perms = _permutations(call, f, n, xs[0].device)
-    keep = ~torch.eye(f, dtype=torch.bool, device=xs[0].device)
 
     def build(s: int, e: int) -> Tensors:
         shuffled = tuple(x[perms[s:e]] for x in xs)  # (k, N, ...) per input
-        return coalition_inputs(masks, keep[s:e].unsqueeze(1), xs, shuffled)
+        return drop_one_inputs(masks, s, e, xs, shuffled)
 
     ev, initial, permuted = evaluate_with_initial(call, xs, f, build)
     diff = initial.reshape(1, -1) - permuted.reshape(f, -1)
