@@ -13,12 +13,18 @@ def gradients(forward: Forward, xs: Tensors, target: Target) -> tuple[Tensors, T
     """d(sum of targeted outputs)/d(inputs), and the targeted outputs (detached).
 
     Summing is exact for models whose rows are independent, and equals Captum's
-    ``autograd.grad(torch.unbind(selected))`` in every case.
+    ``autograd.grad(torch.unbind(selected))`` in every case. The backward starts from the
+    selection's cotangent rather than from a sum over a selection (fewer graph nodes).
     """
     with torch.enable_grad():
         leaves = tuple(x.detach().requires_grad_(True) for x in xs)
-        selected = target.select(forward(leaves))
-        grads = grad_of_sum(selected, leaves)
+        out = forward(leaves)
+        selected = target.select(out.detach())  # checks the target against the output
+        grads = (
+            torch.autograd.grad(out, leaves, target.cotangent(out), allow_unused=True)
+            if out.requires_grad
+            else (None,) * len(leaves)
+        )
     return (
         tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)),
         selected.detach(),

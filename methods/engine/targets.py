@@ -68,6 +68,24 @@ class Target:
                         argument="target",
                     )
             return out[(slice(None), *self.index)]
+        return out[self._row_index(out)]
+
+    def cotangent(self, out: Tensor) -> Tensor:
+        """The gradient of ``select(out).sum()`` with respect to ``out``: one where the target
+        picks, zero elsewhere. Seeding the backward with it (instead of differentiating
+        through the selection and the sum) saves two graph nodes per backward; the numbers
+        are the same, as the selection's backward produces exactly this tensor."""
+        if self.kind == "none":
+            return torch.ones_like(out)
+        cot = torch.zeros_like(out)
+        if self.kind == "index":
+            cot[(slice(None), *self.index)] = 1
+        else:
+            cot[self._row_index(out)] = 1
+        return cot
+
+    def _row_index(self, out: Tensor) -> tuple[Tensor, ...]:
+        """Advanced index of each row's target in ``out`` (per-example kinds), checked."""
         rows = self._rows()
         if rows.shape[0] != out.shape[0]:
             raise TargetError(
@@ -95,8 +113,7 @@ class Target:
                 argument="target",
             )
         idx = torch.where(idx < 0, idx + sizes, idx)
-        ar = torch.arange(out.shape[0], device=out.device)
-        return out[(ar, *idx.unbind(1))]
+        return (torch.arange(out.shape[0], device=out.device), *idx.unbind(1))
 
     def select(self, out: Tensor) -> Tensor:
         """One scalar per row, shape (rows,): what gradient methods differentiate."""
