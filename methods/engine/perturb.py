@@ -175,7 +175,8 @@ def coalition_inputs(masks: FeatureMasks, keep: Tensor, on: Tensors, off: Tensor
 
 def drop_one_inputs(masks: FeatureMasks, s: int, e: int, on: Tensors, off: Tensors) -> Tensors:
     """Perturbations ``s..e-1`` of "every feature but ``j`` from ``on``, feature ``j`` from
-    ``off``": ``coalition_inputs`` with ``keep = ~eye(F)[s:e]``, without the (F, F) matrix."""
+    ``off``": ``coalition_inputs`` with ``keep = ~eye(F)[s:e]``, without the (F, F) matrix.
+    Perturbation -1 takes every feature from ``on`` (no feature has id -1)."""
     out = []
     for idx, a, b in zip(masks.index, on, off, strict=True):
         drop = torch.arange(s, e, device=idx.device).view(e - s, *(1,) * idx.dim())
@@ -352,11 +353,14 @@ def _known_bytes(call: Call, inputs: Tensors) -> int | None:
 
 
 def evaluate_with_initial(
-    call: Call, inputs: Tensors, total: int, build: Build
+    call: Call, inputs: Tensors, total: int, build: Build, *, unperturbed_first: bool = False
 ) -> tuple[Evaluator, Tensor, Tensor]:
     """``start`` then ``run``, with the unperturbed batch riding in the first chunk's forward
     when no measuring forward is needed (one forward fewer: on small models the per-call cost
-    dominates). Returns the evaluator, f(inputs) and the (total, *out_shape) outputs."""
+    dominates). Returns the evaluator, f(inputs) and the (total, *out_shape) outputs.
+
+    With ``unperturbed_first``, ``build(-1, e)`` makes that first chunk itself: ``inputs``
+    then perturbations 0..e-1 (saves concatenating them)."""
     made = _known_bytes(call, inputs)
     if made is None:
         # Measure once (then cached) but still take the merged path below, so the first call
@@ -370,7 +374,10 @@ def evaluate_with_initial(
     n = call.n
     k = min(total, max(1, _per_chunk(call, max(1, made), total + 1) - 1))
     try:
-        both = tuple(torch.cat([x, t]) for x, t in zip(inputs, build(0, k), strict=True))
+        if unperturbed_first:
+            both = build(-1, k)
+        else:
+            both = tuple(torch.cat([x, t]) for x, t in zip(inputs, build(0, k), strict=True))
         sub = call.expanded(k + 1)
         with torch.no_grad():
             raw = sub.target.select_rows(sub.forward(both))

@@ -51,7 +51,7 @@ def feature_ablation(call: Call, p: FeatureAblationParams) -> Output:
     def build(s: int, e: int) -> tuple[torch.Tensor, ...]:
         return drop_one_inputs(masks, s, e, xs, bs)  # perturbation j ablates feature j
 
-    ev, initial, ablated = evaluate_with_initial(call, xs, f, build)
-    diff = initial.reshape(1, -1) - ablated.reshape(f, -1)  # (F, n_outputs)
+    ev, initial, ablated = evaluate_with_initial(call, xs, f, build, unperturbed_first=True)
+    diff = (initial - ablated).reshape(f, -1)  # (F, n_outputs)
     attrs = spread(diff, masks, xs, call.method)
     return Output(attrs, echo=echo(ev))
