@@ -22,14 +22,13 @@ a chunk is a handful of batched gathers and one small layer call per layer. Each
 is computed from exactly the values the full forward would use; only the floating-point
 summation order inside a convolution kernel can differ (ulp level).
 
-Models that cannot be traced, contain hooks, are in training mode, or do not start with a
-local layer are left to the plain path (``local_prefix`` returns None).
+Models that cannot be replayed op by op (see ``tracing``) or do not start with a local layer
+are left to the plain path (``local_prefix`` returns None).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,8 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from methods.call import Call
+from methods.engine import tracing
 from methods.engine.batching import count_saved_bytes
-from methods.engine.guard import is_torchscript
 from methods.engine.inputs import Forward
 from methods.engine.perturb import Evaluator
 
@@ -237,12 +236,9 @@ def _node_op(gm: fx.GraphModule, node: fx.Node, src: fx.Node) -> _Op | None:
     return None
 
 
-def _trace(model: nn.Module) -> LocalPrefix | None:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            gm = fx.symbolic_trace(model)
-    except Exception:  # any untraceable forward simply takes the plain path
+def _split(model: nn.Module) -> LocalPrefix | None:
+    gm = tracing.trace(model)
+    if gm is None:
         return None
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if not placeholders:
@@ -268,25 +264,12 @@ def _trace(model: nn.Module) -> LocalPrefix | None:
     return LocalPrefix(tuple(ops), fx.GraphModule(gm, graph))
 
 
-_PREFIXES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, ...], LocalPrefix | None]]
-_PREFIXES = weakref.WeakKeyDictionary()
+_PREFIXES: tracing.Cache = weakref.WeakKeyDictionary()
 
 
 def local_prefix(model: Any) -> LocalPrefix | None:
     """The model's local chain and tail, or None when the plain path must be used."""
-    if not isinstance(model, nn.Module) or is_torchscript(model):
-        return None
-    mods = tuple(model.modules())
-    if any(m.training or m._forward_hooks or m._forward_pre_hooks for m in mods):
-        return None  # training-mode layers are not local; hooks must see whole tensors
-    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
-        return None
-    cached = _PREFIXES.get(model)
-    # The trace is reused while the model holds the very same submodules.
-    if cached is None or cached[0] != mods:
-        cached = (mods, _trace(model))
-        _PREFIXES[model] = cached
-    return cached[1]
+    return tracing.analysed(_PREFIXES, model, _split)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ class Target:
                         f"{size} (output shape {tuple(out.shape)})",
                         argument="target",
                     )
+            if len(self.index) == 1 and isinstance(self.index[0], int):
+                return out.select(1, self.index[0])  # the common case, without Python indexing
             return out[(slice(None), *self.index)]
         return out[self._row_index(out)]
 
@@ -79,7 +81,7 @@ class Target:
             return torch.ones_like(out)
         cot = torch.zeros_like(out)
         if self.kind == "index":
-            cot[(slice(None), *self.index)] = 1
+            self.select_rows(cot).fill_(1)  # a view of cot at the target
         else:
             cot[self._row_index(out)] = 1
         return cot
