@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema
 
@@ -36,11 +37,32 @@ class MethodParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
 
+def _admits_bool(annotation: Any) -> bool:
+    if annotation is bool or annotation is Any:
+        return True
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return any(isinstance(v, bool) for v in get_args(annotation))
+    if origin is Annotated:
+        return _admits_bool(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return any(_admits_bool(a) for a in get_args(annotation))
+    return False
+
+
 class NoParams(MethodParams):
     """This method takes no parameters beyond the shared ones."""
 
 
 def parse_params(model: type[MethodParams], method: str, params: dict[str, Any]) -> MethodParams:
+    for name, value in params.items():
+        field = model.model_fields.get(name)
+        # pydantic's lax mode reads True as 1: n_steps=True would silently mean one step.
+        if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
+            raise InvalidTypeError(
+                f"{method}: parameter {name!r} must be a number, not a bool ({value!r})",
+                argument=name,
+            )
     try:
         return model.model_validate(params)
     except ValidationError as exc:
