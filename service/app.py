@@ -12,6 +12,7 @@ import methods
 import model_registry
 from service import problems
 from service.errors import ServiceError
+from service.fastpath import FastAttributions
 from service.limits import BodyLimit
 from service.pool.pool import WorkerPool
 from service.responses import OrjsonResponse
@@ -78,6 +79,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(health.router)
     app.include_router(catalog.router)
     app.include_router(attributions.router)
+    app.add_middleware(FastAttributions, state=state)  # inside the body limit
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
 

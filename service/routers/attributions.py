@@ -50,6 +50,17 @@ async def attribute(
     ] = None,
 ) -> OrjsonResponse:
     """Compute attributions for a batch of examples with one method."""
+    return await serve(state, model_id, request, body, x_deadline_ms)
+
+
+async def serve(
+    state: AppState,
+    model_id: str,
+    request: Request,
+    body: AttributionRequest,
+    x_deadline_ms: float | None,
+) -> OrjsonResponse:
+    """The route's work once the body is valid (shared with ``service.fastpath``)."""
     started = time.perf_counter()
     tel = state.telemetry
     status = 200
