@@ -42,6 +42,11 @@ class _Link:
     backward: Bwd
     #: input ranks the link's forward/backward pair reproduces autograd for (None: any)
     ranks: tuple[int, ...] | None = None
+    #: the layer's value alone, when cheaper than ``forward`` (which keeps what backward needs)
+    value: Callable[[Tensor], Tensor] | None = None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.value(x) if self.value is not None else self.forward(x)[0]
 
 
 def _pointwise(fn: Callable[[Tensor], Tensor], bwd: Bwd) -> _Link:
@@ -84,7 +89,7 @@ def _max_pool2d(m: nn.MaxPool2d) -> _Link | None:
 
     return _Link(
         fwd, lambda g, x, y, idx: aten.max_pool2d_with_indices_backward(g, x, *args, idx),
-        ranks=(4,),
+        ranks=(4,), value=m,
     )  # fmt: skip
 
 
@@ -229,6 +234,32 @@ def links(forward: Forward, xs: tuple[Tensor, ...]) -> tuple[_Link, ...] | None:
     if counting_saved_bytes():
         return None  # a memory measurement counts what autograd saves
     return tracing.analysed(_CHAINS, forward.fn, _analyse)
+
+
+class Replay:
+    """The model as its chain of layers, called directly (see ``replayed``)."""
+
+    def __init__(self, model: Any, chain: tuple[_Link, ...]) -> None:
+        self.model, self.chain = model, chain
+
+    def __call__(self, *xs: Tensor) -> Any:
+        if len(xs) != 1:
+            return self.model(*xs)
+        t = xs[0]
+        for link in self.chain:
+            if link.ranks is not None and t.dim() not in link.ranks:
+                return self.model(*xs)  # an input no link expects: the model decides
+            t = link(t)
+        return t
+
+
+def replayed(forward: Forward) -> Forward:
+    """``forward`` running the model's chain of layers directly, when it is one: the same ops
+    without ``nn.Module`` call overhead, for the many small forwards of perturbation methods."""
+    if forward.args or torch._C._is_torch_function_mode_enabled():
+        return forward
+    chain = tracing.analysed(_CHAINS, forward.fn, _analyse)
+    return forward if chain is None else Forward(Replay(forward.fn, chain))
 
 
 def backward(chain: tuple[_Link, ...], x: Tensor, target: Target) -> tuple[Tensor, Tensor] | None:

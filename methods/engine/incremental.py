@@ -41,6 +41,7 @@ from torch import Tensor, fx, nn
 from methods.call import Call
 from methods.engine import tracing
 from methods.engine.batching import count_saved_bytes
+from methods.engine.chain import Replay
 from methods.engine.inputs import Forward
 from methods.engine.perturb import Evaluator
 
@@ -429,7 +430,9 @@ def evaluate_boxes(
     """Targeted outputs with, for each box ``w``, ``x[:, lo[w]:hi[w]]`` (over every non-batch
     dim) replaced by ``baseline``; as ``perturb.evaluate_with_initial``: the evaluator, f(x)
     and the (W, *out_shape) outputs. None when the model has no local chain worth using."""
-    if call.forward.fn is not call.model or not x.is_floating_point() or x.dim() < 3:
+    fn = call.forward.fn
+    direct = fn is call.model or (isinstance(fn, Replay) and fn.model is call.model)
+    if not direct or not x.is_floating_point() or x.dim() < 3:
         return None
     prefix = local_prefix(call.model)
     if prefix is None:

@@ -188,3 +188,18 @@ def test_unexpected_ranks_fall_back_to_autograd() -> None:
     ours = methods.attribute(model, x, "saliency", target=(0, 1)).attributions
     plain = methods.attribute(lambda t: model(t), x, "saliency", target=(0, 1)).attributions
     assert torch.equal(ours, plain)
+
+
+@pytest.mark.parametrize("name,make,shape", CASES[:4], ids=[c[0] for c in CASES[:4]])
+def test_perturbation_forwards_replay_the_chain_exactly(
+    name: str, make: Callable[[], nn.Module], shape: tuple[int, ...]
+) -> None:
+    model = _init(make(), torch.float32)
+    x = torch.randn(3, *shape, generator=torch.Generator().manual_seed(2))
+    assert isinstance(chain.replayed(Forward(model)).fn, chain.Replay)
+    for method in ("feature_ablation", "shapley_value_sampling"):
+        kw: dict[str, Any] = {"target": 1, "seed": 0} if method != "feature_ablation" else {}
+        kw.setdefault("target", 1)
+        ours = methods.attribute(model, x, method, **kw).attributions
+        plain = methods.attribute(lambda t: model(t), x, method, **kw).attributions
+        assert torch.equal(ours, plain), method
