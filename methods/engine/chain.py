@@ -50,7 +50,7 @@ class _Link:
 
 
 def _pointwise(fn: Callable[[Tensor], Tensor], bwd: Bwd) -> _Link:
-    return _Link(lambda x: (fn(x), None), bwd)
+    return _Link(lambda x: (fn(x), None), bwd, value=fn)
 
 
 def _linear(m: nn.Linear) -> _Link:
@@ -59,6 +59,7 @@ def _linear(m: nn.Linear) -> _Link:
         lambda x: (F.linear(x, m.weight, m.bias), None),
         lambda g, x, y, s: g.mm(m.weight),
         ranks=(2,),
+        value=lambda x: F.linear(x, m.weight, m.bias),
     )
 
 
