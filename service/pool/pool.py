@@ -3,9 +3,12 @@
 Each worker is a spawned process with one duplex pipe, watched by the event loop itself (no
 reader thread). Dispatch is adaptive: an idle worker gets a request at once; while a worker is
 computing, requests that may share an engine call (same merge key) wait together and go as one
-batch, up to the cost cap. Each worker holds at most one batch in flight plus one ready behind
-it, so it never waits for the parent between batches. ``batch_window_ms`` > 0 also holds a new
-batch open that long for companions even when a worker is idle.
+batch, up to the cost cap, when it is idle again. A sealed batch (full, or of requests that never
+merge, as with batching off) may also wait in a worker's ready slot behind the one computing, so
+the worker need not wait for the parent between batches; a batch that can still grow does not,
+since everything arriving during the computation would otherwise form yet another small batch.
+``batch_window_ms`` > 0 also holds a new batch open that long for companions even when a worker
+is idle.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from service.pool.worker import worker_main
 from service.settings import Settings
 from service.telemetry import Telemetry
 
-#: batches a worker holds: one computing, one ready behind it
+#: batches a worker holds: one computing, one (sealed) ready behind it
 DEPTH = 2
 
 
@@ -245,14 +248,22 @@ class WorkerPool:
                 return p
         return None
 
+    def _growable(self, pending: Pending) -> bool:
+        """Whether requests arriving now could still join this batch."""
+        return pending.key is not None and self._by_key.get(pending.key) is pending
+
     def _dispatch(self) -> None:
         while self._waiting:
-            live = [w for w in self.workers if w.state in ("ready", "busy")]
-            free = [w for w in live if len(w.outstanding) < DEPTH]
-            if not free:
-                break
             pending = self._next()
             if pending is None:
+                break
+            # A batch that may still grow goes only to an idle worker: what arrives while the
+            # worker computes joins it, and bigger batches cost less CPU per request. A sealed
+            # batch (full, or never merged) may wait in a worker's ready slot.
+            depth = 1 if self._growable(pending) else DEPTH
+            live = [w for w in self.workers if w.state in ("ready", "busy")]
+            free = [w for w in live if len(w.outstanding) < depth]
+            if not free:
                 break
             self._waiting.remove(pending)
             if pending.key is not None and self._by_key.get(pending.key) is pending:

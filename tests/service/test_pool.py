@@ -1,4 +1,4 @@
-"""The pool's dispatch without processes: adaptive batching, one batch ready behind the
+"""The pool's dispatch without processes: adaptive batching, one sealed batch ready behind the
 running one, the queue limit counting that ready batch, and requeueing it when a worker dies."""
 
 from __future__ import annotations
@@ -54,13 +54,26 @@ async def _adaptive() -> None:
     f1 = p.submit(job(1))
     assert [len(b.jobs) for b in conn.sent] == [1]  # idle worker: sent at once, no window
     p.submit(job(2))
-    assert [len(b.jobs) for b in conn.sent] == [1, 1]  # the ready slot behind it
     p.submit(job(3))
     p.submit(job(4))
-    assert len(conn.sent) == 2 and p.queue_depth() == 3  # 1 ready + 2 waiting (merged)
+    assert len(conn.sent) == 1 and p.queue_depth() == 3  # may still grow: waits, merging
+    p.submit(job(5, key=None))
+    assert [len(b.jobs) for b in conn.sent] == [1]  # behind the older batch (FIFO)
     done(p, conn.sent[0])
     assert f1.done() and f1.result().job_id == 1
-    assert [len(b.jobs) for b in conn.sent] == [1, 1, 2]  # the waiting two went as one batch
+    # the waiting three went as one batch, and the sealed one to the ready slot behind it
+    assert [len(b.jobs) for b in conn.sent] == [1, 3, 1]
+
+
+async def _ready_slot() -> None:
+    p, conn = pool(batch_max_cost=2)
+    p.submit(job(1))
+    p.submit(job(2, key=None))  # never merged: sealed, so it waits in the ready slot
+    assert [len(b.jobs) for b in conn.sent] == [1, 1]
+    done(p, conn.sent[0])
+    p.submit(job(3))
+    p.submit(job(4))  # the batch is full (cost 2): sealed, to the ready slot
+    assert [len(b.jobs) for b in conn.sent] == [1, 1, 2]
 
 
 async def _queue_full() -> None:
@@ -73,7 +86,7 @@ async def _queue_full() -> None:
 
 async def _worker_lost() -> None:
     p, _ = pool()
-    f1, f2 = p.submit(job(1)), p.submit(job(2))
+    f1, f2 = p.submit(job(1)), p.submit(job(2, key=None))
     p._on_dead(p.workers[0], 1)
     assert isinstance(f1.exception(), WorkerLost)
     assert not f2.done() and p.queue_depth() == 1  # never started: waits for a new worker
@@ -81,6 +94,10 @@ async def _worker_lost() -> None:
 
 def test_adaptive_dispatch_and_pipelining() -> None:
     asyncio.run(_adaptive())
+
+
+def test_ready_slot_takes_sealed_batches_only() -> None:
+    asyncio.run(_ready_slot())
 
 
 def test_ready_batch_counts_towards_the_queue_limit() -> None:
