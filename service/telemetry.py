@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -53,6 +56,17 @@ class Telemetry:
         self.workers_ready = Gauge(
             "attrserve_workers_ready", "Workers with their models loaded", registry=r
         )
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def labels(self, metric: MetricWrapperBase, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per label set: on the request path the
+        lookup cost more than the update. Only for values from a bounded set (catalogue names,
+        statuses), as every label set is anyway: the cache is never pruned."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

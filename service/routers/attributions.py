@@ -70,7 +70,8 @@ async def serve(
         result, _ = await attributions.attribute(
             state.settings, state.pool, spec, body, x_deadline_ms, started
         )
-        tel.compute.labels(model_id, body.method).observe(result["timing_ms"]["compute"] / 1e3)
+        compute = result["timing_ms"]["compute"] / 1e3
+        tel.labels(tel.compute, model_id, body.method).observe(compute)
         return OrjsonResponse(result)
     except Exception as exc:
         status = to_service_error(exc).status
@@ -79,5 +80,5 @@ async def serve(
         # label values come from the catalogue only, never from free user text
         model = model_id if model_id in state.specs else "_unknown"
         method = body.method if body.method in state.method_names else "_unknown"
-        tel.requests.labels(model, method, str(status)).inc()
-        tel.latency.labels(model, method).observe(time.perf_counter() - started)
+        tel.labels(tel.requests, model, method, str(status)).inc()
+        tel.labels(tel.latency, model, method).observe(time.perf_counter() - started)
