@@ -179,10 +179,32 @@ def drop_one_inputs(masks: FeatureMasks, s: int, e: int, on: Tensors, off: Tenso
     Perturbation -1 takes every feature from ``on`` (no feature has id -1)."""
     out = []
     for idx, a, b in zip(masks.index, on, off, strict=True):
-        drop = torch.arange(s, e, device=idx.device).view(e - s, *(1,) * idx.dim())
         # (k, m, *rest) selects into (k, N, *rest): copy-major rows
-        out.append(torch.where(idx != drop, a, b).flatten(0, 1))
+        out.append(torch.where(_keeps(idx, s, e), a, b).flatten(0, 1))
     return tuple(out)
+
+
+#: drop-one masks of small feature masks, per mask tensor (by id, checked through a weakref:
+#: the default masks are cached per input signature, so a served model reuses one mask)
+_KEEPS: dict[int, tuple[weakref.ref[Tensor], dict[tuple[int, int], Tensor]]] = {}
+_KEEPS_MAX_ELEMENTS = 1 << 16
+
+
+def _keeps(idx: Tensor, s: int, e: int) -> Tensor:
+    """``idx != j`` for j in s..e-1, stacked: (e - s, *idx.shape)."""
+    small = idx.numel() * (e - s) <= _KEEPS_MAX_ELEMENTS
+    entry = _KEEPS.get(id(idx)) if small else None
+    if entry is not None and entry[0]() is idx and (s, e) in entry[1]:
+        return entry[1][(s, e)]
+    drop = torch.arange(s, e, device=idx.device).view(e - s, *(1,) * idx.dim())
+    keep = idx != drop
+    if small:
+        if entry is None or entry[0]() is not idx:
+            entry = (weakref.ref(idx), {})
+            _bounded_put(_KEEPS, id(idx), entry)
+        if len(entry[1]) < 16:
+            entry[1][(s, e)] = keep
+    return keep
 
 
 def spread(values: Tensor, masks: FeatureMasks, xs: Tensors, method: str) -> Tensors:

@@ -28,8 +28,12 @@ def replayable_modules(model: Any) -> tuple[nn.Module, ...] | None:
     """The model's modules if it can be run op by op, else None."""
     if not isinstance(model, nn.Module) or is_torchscript(model):
         return None
-    mods = _modules(model)
-    for m in mods:
+    tree = _TREES.get(model)
+    if tree is None or any(tuple(m._modules.values()) != kids for m, kids in tree):
+        # first sight, or a submodule was added, removed or replaced
+        tree = tuple((m, tuple(m._modules.values())) for m in model.modules())
+        _TREES[model] = tree
+    for m, _ in tree:
         if m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
             return None
         if m._backward_pre_hooks:
@@ -37,21 +41,13 @@ def replayable_modules(model: Any) -> tuple[nn.Module, ...] | None:
     g = nn.modules.module
     if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
         return None
-    return mods
+    return tuple(m for m, _ in tree)
 
 
 #: per model, its modules and each one's children as last seen: checking that the children are
 #: unchanged costs a fraction of walking ``model.modules()`` (a recursive generator) per call
 _TREES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, tuple[Any, ...]], ...]]
 _TREES = weakref.WeakKeyDictionary()
-
-
-def _modules(model: nn.Module) -> tuple[nn.Module, ...]:
-    tree = _TREES.get(model)
-    if tree is None or any(tuple(m._modules.values()) != kids for m, kids in tree):
-        tree = tuple((m, tuple(m._modules.values())) for m in model.modules())
-        _TREES[model] = tree
-    return tuple(m for m, _ in tree)
 
 
 def analysed(cache: Cache, model: Any, analyse: Callable[[nn.Module], T | None]) -> T | None:
