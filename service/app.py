@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import methods
 import model_registry
 from service import problems
 from service.errors import ServiceError
-from service.fastpath import FastAttributions
+from service.fastpath import FastAttributions, model_id_of
 from service.limits import BodyLimit
 from service.pool.pool import WorkerPool
 from service.responses import OrjsonResponse
@@ -27,6 +28,25 @@ DESCRIPTION = (
 )
 
 
+class AttrServe(FastAPI):
+    """The FastAPI app, with the attribution route's fast path in front of FastAPI's middleware.
+
+    ``fast_path`` (``service.fastpath``) takes only that route's requests and hands back to
+    ``fastapi_call`` whatever it does not answer itself.
+    """
+
+    fast_path: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast_path is not None and model_id_of(scope) is not None:
+            await self.fast_path(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def fastapi_call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 def worker_count(settings: Settings) -> int:
     if settings.workers is not None:
         return settings.workers
@@ -35,7 +55,7 @@ def worker_count(settings: Settings) -> int:
     return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
 
 
-def create_app(settings: Settings | None = None, *, start_workers: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, *, start_workers: bool = True) -> AttrServe:
     """Build the app; the worker pool starts with the app's lifespan."""
     settings = settings or Settings.from_env()
     try:
@@ -67,7 +87,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 
     from service import __version__
 
-    app = FastAPI(
+    app = AttrServe(
         title="attrserve",
         version=__version__,
         description=DESCRIPTION,
@@ -79,8 +99,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(health.router)
     app.include_router(catalog.router)
     app.include_router(attributions.router)
-    app.add_middleware(FastAttributions, state=state)  # inside the body limit
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.fast_path = BodyLimit(
+        FastAttributions(app.fastapi_call, state), max_bytes=settings.max_body_bytes
+    )
     return app
 
 

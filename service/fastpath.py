@@ -1,16 +1,17 @@
 """The hot route, ``POST /v1/models/{model_id}/attributions``, served without FastAPI's machinery.
 
 Why: with batching on, the server process's CPU per request is what caps throughput on a small
-machine, and most of it went to FastAPI's generic request path (matching every route, solving
-dependencies, validating the body through a generic field, two exception middlewares), several
-times what the route's own work costs. This ASGI middleware serves the common case directly: a
-JSON object body that validates, on exactly that route. It runs the route's own ``serve`` with
-the same request model, so answers, metrics and errors raised while serving are the route's.
+machine, and most of it went to FastAPI's generic request path (its middleware, matching every
+route, solving dependencies, validating the body through a generic field), several times what
+the route's own work costs. ``AttrServe`` (the app) hands this route's requests to
+``FastAttributions`` in front of all that: it serves the common case directly, a JSON object
+body that validates, running the route's own ``serve`` with the same request model, so answers,
+metrics and errors raised while serving are the route's, through the same problem mapping.
 
-Anything else (another path or method, another content type, bad JSON, a body or header that
-does not validate, a client that disconnects mid-body) goes on to FastAPI with the body replayed,
-so every validation error keeps FastAPI's exact problem+json. The route stays declared there
-too, which keeps the OpenAPI document as it was.
+Anything else (bad JSON, another content type, a body or header that does not validate, a client
+that disconnects mid-body) goes on to FastAPI with the body replayed, so every validation error
+keeps FastAPI's exact problem+json. The route stays declared there too, which keeps the OpenAPI
+document as it was.
 """
 
 from __future__ import annotations
@@ -42,30 +43,41 @@ DEADLINE = TypeAdapter(Annotated[float | None, Field(gt=0)])
 HANDLED = (ServiceError, RequestValidationError, AttributionError, HTTPException)
 
 
-class FastAttributions:
-    """ASGI middleware: valid attribution requests straight to ``serve``, the rest to FastAPI."""
+def model_id_of(scope: Scope) -> str | None:
+    """The model id if this is a request for the attribution route, else None."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    match = ROUTE.fullmatch(scope["path"])
+    return None if match is None else match["model_id"]
 
-    def __init__(self, app: ASGIApp, state: AppState) -> None:
-        self.app = app
+
+class FastAttributions:
+    """ASGI app: valid attribution requests straight to ``serve``, the rest to ``fallback``."""
+
+    def __init__(self, fallback: ASGIApp, state: AppState) -> None:
+        self.fallback = fallback
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = None
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            match = ROUTE.fullmatch(scope["path"])
-        if match is None:
-            await self.app(scope, receive, send)
+        model_id = model_id_of(scope)
+        if model_id is None:
+            await self.fallback(scope, receive, send)
             return
         messages, body = await _read_body(receive)
         parsed = None if body is None else _parse(Headers(scope=scope), body)
         if parsed is None:
-            await self.app(scope, _replay(messages, receive), send)
+            await self.fallback(scope, _replay(messages, receive), send)
             return
         request = Request(scope, receive)
         try:
-            response = await serve(self.state, match["model_id"], request, *parsed)
-        except HANDLED as exc:
-            response = problem(to_service_error(exc), request.url.path)
+            response = await serve(self.state, model_id, request, *parsed)
+        except Exception as exc:
+            # as FastAPI's exception middlewares do: the one problem mapping answers; what is
+            # not an expected error class (a 500) is raised again after, for the server's log
+            await problem(to_service_error(exc), request.url.path)(scope, receive, send)
+            if not isinstance(exc, HANDLED):
+                raise
+            return
         await response(scope, receive, send)
 
 

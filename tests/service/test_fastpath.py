@@ -10,7 +10,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.fastpath import FastAttributions
 from service.settings import ApiKey, Settings
 
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
@@ -27,7 +26,7 @@ KEY = {"x-api-key": "k"}
 def _client(fast: bool) -> TestClient:
     app = create_app(SETTINGS, start_workers=False)
     if not fast:  # the reference: every request through FastAPI's route
-        app.user_middleware = [m for m in app.user_middleware if m.cls is not FastAttributions]
+        app.fast_path = None
     return TestClient(app)
 
 
@@ -90,3 +89,21 @@ def test_same_metrics(clients: tuple[TestClient, TestClient]) -> None:
     fast, slow = clients
     assert counted(fast) == counted(slow)
     assert any('status="503"' in line for line in counted(fast))
+
+
+def test_same_internal_error() -> None:
+    def broken(job: object) -> None:
+        raise RuntimeError("boom")
+
+    answers = []
+    for fast in (True, False):
+        client = _client(fast)
+        client.app.state.attrserve.pool.submit = broken  # type: ignore[attr-defined]
+        with client, pytest.raises(RuntimeError):  # raised again after the 500, for the log
+            client.post(ATTR, content=body(), headers={**JSON, **KEY})
+        with TestClient(client.app, raise_server_exceptions=False) as quiet:
+            answers.append(quiet.post(ATTR, content=body(), headers={**JSON, **KEY}))
+    fast_r, slow_r = answers
+    assert fast_r.status_code == slow_r.status_code == 500
+    assert fast_r.content == slow_r.content
+    assert fast_r.headers["content-type"] == slow_r.headers["content-type"]
