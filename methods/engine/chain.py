@@ -2,14 +2,15 @@
 
 On a small model the autograd engine's fixed cost per backward (recording the graph, then
 scheduling its nodes) is larger than the arithmetic: for a 20-64-64-3 MLP the backward costs
-several times the forward here. A model whose ``torch.fx`` graph is a plain chain of known
-layers from its one input to its output (MLPs, VGG-style CNNs) is instead run layer by layer
-under ``no_grad``, keeping what each layer's backward reads, and its input gradient is built
-by calling, in reverse, the very kernels autograd would call for that layer (aten's
-``threshold_backward``, ``convolution_backward``, ``max_pool2d_with_indices_backward``, ...)
-with the same arguments. The numbers are autograd's exactly; tests compare them with
-``torch.equal`` for every layer kind. Any other model, or input the chain does not expect,
-takes autograd (``backward`` returns None).
+several times the forward here. A model that is a stock ``nn.Sequential`` (nested ones too)
+of known layers (MLPs, VGG-style CNNs) is instead run layer by layer under ``no_grad``,
+keeping what each layer's backward reads, and its input gradient is built by calling, in
+reverse, the very kernels autograd would call for that layer (aten's ``threshold_backward``,
+``convolution_backward``, ``max_pool2d_with_indices_backward``, ...) with the same arguments.
+The numbers are autograd's exactly; tests compare them with ``torch.equal`` for every layer
+kind. Only stock containers qualify: a custom ``forward`` may hold Python (a flag, a side
+effect) that replaying its layers would skip. Any other model, or input or layer setting the
+chain does not expect, takes autograd (``backward`` returns None).
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ class _Link:
     ranks: tuple[int, ...] | None = None
     #: the layer's value alone, when cheaper than ``forward`` (which keeps what backward needs)
     value: Callable[[Tensor], Tensor] | None = None
+    #: whether the layer's current settings are ones the link reproduces (checked per call)
+    usable: Callable[[], bool] | None = None
+
+    def fits(self, x: Tensor) -> bool:
+        if self.ranks is not None and x.dim() not in self.ranks:
+            return False
+        return self.usable is None or self.usable()
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.value(x) if self.value is not None else self.forward(x)[0]
@@ -63,10 +71,7 @@ def _linear(m: nn.Linear) -> _Link:
     )
 
 
-def _conv(m: Any, nd: int) -> _Link | None:
-    if m.padding_mode != "zeros" or isinstance(m.padding, str):
-        return None
-
+def _conv(m: Any, nd: int) -> _Link:
     def bwd(g: Tensor, x: Tensor, y: Tensor, s: Any) -> Tensor:
         bias = None if m.bias is None else [int(m.bias.shape[0])]
         out: Tensor = aten.convolution_backward(
@@ -75,31 +80,35 @@ def _conv(m: Any, nd: int) -> _Link | None:
         )[0]  # fmt: skip
         return out
 
-    return _Link(lambda x: (m(x), None), bwd, ranks=(nd + 2,))
+    return _Link(
+        lambda x: (m(x), None), bwd, ranks=(nd + 2,),
+        usable=lambda: m.padding_mode == "zeros" and not isinstance(m.padding, str),
+    )  # fmt: skip
 
 
-def _max_pool2d(m: nn.MaxPool2d) -> _Link | None:
-    if m.return_indices:
-        return None
-    args = [_pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
-            _pair(m.dilation), bool(m.ceil_mode)]  # fmt: skip
+def _max_pool2d(m: nn.MaxPool2d) -> _Link:
+    def args() -> list[Any]:
+        return [_pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
+                _pair(m.dilation), bool(m.ceil_mode)]  # fmt: skip
 
     def fwd(x: Tensor) -> tuple[Tensor, Any]:
-        y, idx = aten.max_pool2d_with_indices(x, *args)
+        y, idx = aten.max_pool2d_with_indices(x, *args())
         return y, idx
 
     return _Link(
-        fwd, lambda g, x, y, idx: aten.max_pool2d_with_indices_backward(g, x, *args, idx),
-        ranks=(4,), value=m,
+        fwd, lambda g, x, y, idx: aten.max_pool2d_with_indices_backward(g, x, *args(), idx),
+        ranks=(4,), value=m, usable=lambda: not m.return_indices,
     )  # fmt: skip
 
 
 def _avg_pool2d(m: nn.AvgPool2d) -> _Link:
-    args = [_pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
-            bool(m.ceil_mode), bool(m.count_include_pad), m.divisor_override]  # fmt: skip
+    def args() -> list[Any]:
+        return [_pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
+                bool(m.ceil_mode), bool(m.count_include_pad), m.divisor_override]  # fmt: skip
+
     return _Link(
-        lambda x: (aten.avg_pool2d(x, *args), None),
-        lambda g, x, y, s: aten.avg_pool2d_backward(g, x, *args),
+        lambda x: (aten.avg_pool2d(x, *args()), None),
+        lambda g, x, y, s: aten.avg_pool2d_backward(g, x, *args()),
         ranks=(4,),
     )
 
@@ -120,10 +129,6 @@ def _adaptive_avg_pool2d(m: nn.AdaptiveAvgPool2d) -> _Link:
     return _Link(fwd, bwd, ranks=(4,))
 
 
-def _flatten(start: int, end: int) -> _Link:
-    return _Link(lambda x: (x.flatten(start, end), None), lambda g, x, y, s: g.reshape(x.shape))
-
-
 def _pair(v: Any) -> list[int]:
     return [int(a) for a in v] if isinstance(v, (tuple, list)) else [int(v)] * 2
 
@@ -134,8 +139,9 @@ _SIGMOID = _pointwise(torch.sigmoid, lambda g, x, y, s: aten.sigmoid_backward(g,
 _TANH = _pointwise(torch.tanh, lambda g, x, y, s: aten.tanh_backward(g, y))
 
 
-def _module_link(m: nn.Module) -> _Link | None:
-    if isinstance(m, (nn.Identity, nn.Dropout)):  # eval mode (see tracing)
+def _module_link(m: Any) -> _Link | None:
+    """The link for one standard layer; its settings are read at every call, never copied."""
+    if type(m) in (nn.Identity, nn.Dropout):  # Dropout: eval mode (see tracing)
         return _IDENTITY
     if type(m) is nn.ReLU:
         return _RELU
@@ -144,21 +150,22 @@ def _module_link(m: nn.Module) -> _Link | None:
     if type(m) is nn.Tanh:
         return _TANH
     if type(m) is nn.LeakyReLU:
-        slope = float(m.negative_slope)
         return _pointwise(
-            lambda x: F.leaky_relu(x, slope),
-            lambda g, x, y, s: aten.leaky_relu_backward(g, x, slope, False),
+            lambda x: F.leaky_relu(x, m.negative_slope),
+            lambda g, x, y, s: aten.leaky_relu_backward(g, x, m.negative_slope, False),
         )
     if type(m) is nn.GELU:
-        approx = str(m.approximate)
         return _pointwise(
-            lambda x: F.gelu(x, approximate=approx),
-            lambda g, x, y, s: aten.gelu_backward(g, x, approximate=approx),
+            lambda x: F.gelu(x, approximate=m.approximate),
+            lambda g, x, y, s: aten.gelu_backward(g, x, approximate=m.approximate),
         )
     if type(m) is nn.SiLU:
         return _pointwise(F.silu, lambda g, x, y, s: aten.silu_backward(g, x))
     if type(m) is nn.Flatten:
-        return _flatten(m.start_dim, m.end_dim)
+        return _Link(
+            lambda x: (x.flatten(m.start_dim, m.end_dim), None),
+            lambda g, x, y, s: g.reshape(x.shape),
+        )
     if type(m) is nn.Linear:
         return _linear(m)
     if type(m) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
@@ -172,54 +179,31 @@ def _module_link(m: nn.Module) -> _Link | None:
     return None
 
 
-_FUNCTIONS: dict[Any, _Link] = {
-    torch.relu: _RELU, F.relu: _RELU, torch.sigmoid: _SIGMOID, F.sigmoid: _SIGMOID,
-    torch.tanh: _TANH, F.tanh: _TANH,
-}  # fmt: skip
-_METHODS: dict[str, _Link] = {"relu": _RELU, "sigmoid": _SIGMOID, "tanh": _TANH}
-
-
-def _node_link(gm: Any, node: Any) -> _Link | None:
-    rest, kw = node.args[1:], dict(node.kwargs)
-    if node.op == "call_module":
-        return None if rest or kw else _module_link(gm.get_submodule(str(node.target)))
-    if node.op == "call_function" and node.target in _FUNCTIONS:
-        kw.pop("inplace", None)  # the chain never writes in place; the values are the same
-        return None if rest or kw else _FUNCTIONS[node.target]
-    if node.op == "call_method" and node.target in _METHODS:
-        return None if rest or kw else _METHODS[str(node.target)]
-    if (node.op == "call_function" and node.target is torch.flatten) or (
-        node.op == "call_method" and node.target == "flatten"
-    ):
-        start = rest[0] if rest else kw.pop("start_dim", 0)
-        end = rest[1] if len(rest) > 1 else kw.pop("end_dim", -1)
-        if len(rest) > 2 or kw or not (isinstance(start, int) and isinstance(end, int)):
+def _layers(model: nn.Module) -> list[nn.Module] | None:
+    """The leaf layers a stock ``nn.Sequential`` (possibly nested) runs, in order; None for any
+    other module. Only torch's own code runs between them, so nothing the caller can change
+    (a flag read in a custom ``forward``) can make a cached chain stale."""
+    if type(model).forward is not nn.Sequential.forward or not isinstance(model, nn.Sequential):
+        return None
+    out: list[nn.Module] = []
+    for m in model:
+        inner = _layers(m) if isinstance(m, nn.Sequential) else [m]
+        if inner is None:
             return None
-        return _flatten(start, end)
-    return None
+        out.extend(inner)
+    return out
 
 
 def _analyse(model: nn.Module) -> tuple[_Link, ...] | None:
-    gm = tracing.trace(model)
-    if gm is None:
+    layers = _layers(model)
+    if not layers:
         return None
-    nodes = list(gm.graph.nodes)
-    if not nodes or nodes[0].op != "placeholder" or nodes[-1].op != "output":
-        return None
-    links, node = [], nodes[0]
-    for user in nodes[1:-1]:
-        # each node reads exactly the previous one, which nothing else reads
-        if user.op == "placeholder" or len(node.users) != 1 or user not in node.users:
-            return None
-        if not user.args or user.args[0] is not node:
-            return None
-        link = _node_link(gm, user)
+    links = []
+    for m in layers:
+        link = _module_link(m)
         if link is None:
             return None
         links.append(link)
-        node = user
-    if nodes[-1].args != (node,) or not links:
-        return None
     return tuple(links)
 
 
@@ -248,8 +232,8 @@ class Replay:
             return self.model(*xs)
         t = xs[0]
         for link in self.chain:
-            if link.ranks is not None and t.dim() not in link.ranks:
-                return self.model(*xs)  # an input no link expects: the model decides
+            if not link.fits(t):
+                return self.model(*xs)  # an input or setting no link expects: the model decides
             t = link(t)
         return t
 
@@ -268,7 +252,7 @@ def backward(chain: tuple[_Link, ...], x: Tensor, target: Target) -> tuple[Tenso
     with torch.no_grad():
         acts, saved = [x], []
         for link in chain:
-            if link.ranks is not None and acts[-1].dim() not in link.ranks:
+            if not link.fits(acts[-1]):
                 return None
             try:
                 y, s = link.forward(acts[-1])

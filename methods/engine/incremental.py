@@ -9,8 +9,8 @@ showed that recomputing just those boxes, on top of the activations of the unper
 gives the same outputs for a fraction of the work. This module does that for any model whose
 graph (``torch.fx``) starts with a chain of such layers:
 
-- ``local_prefix(model)`` traces the model once (cached weakly per model) and splits it into
-  the local chain at its input and a ``tail`` graph module taking the chain's output.
+- ``local_prefix(model)`` traces the model and splits it into the local chain at its input
+  and a ``tail`` graph module taking the chain's output.
 - ``evaluate_boxes`` runs the unperturbed batch through the chain once, keeping every
   activation padded the way the next layer pads it; then, for each chunk of boxes, gathers the
   few input rows/columns each changed output box reads (base values with the previous layer's
@@ -29,7 +29,6 @@ are left to the plain path (``local_prefix`` returns None).
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -265,12 +264,14 @@ def _split(model: nn.Module) -> LocalPrefix | None:
     return LocalPrefix(tuple(ops), fx.GraphModule(gm, graph))
 
 
-_PREFIXES: tracing.Cache = weakref.WeakKeyDictionary()
-
-
 def local_prefix(model: Any) -> LocalPrefix | None:
-    """The model's local chain and tail, or None when the plain path must be used."""
-    return tracing.analysed(_PREFIXES, model, _split)
+    """The model's local chain and tail, or None when the plain path must be used.
+
+    Traced afresh on every call (a few ms, against an occlusion's many forwards): a cached
+    graph would go stale when a flag read in the model's ``forward`` changes."""
+    if tracing.replayable_modules(model) is None:
+        return None
+    return _split(model)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from methods.engine.targets import make_target
 class _Functional(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(torch.tanh(F.relu(self.a(x)).sigmoid()))
@@ -34,10 +34,10 @@ class _Functional(nn.Module):
 class _Flattens(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv, self.fc = nn.Conv2d(2, 3, 3), nn.Linear(3 * 4 * 4, 2)
+        self.fc = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(self.conv(x).relu(), start_dim=1))
+        return self.fc(torch.flatten(x, start_dim=1))
 
 
 Case = tuple[str, Callable[[], nn.Module], tuple[int, ...]]
@@ -48,7 +48,9 @@ CASES: list[Case] = [
         nn.GELU("tanh"), nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 8), nn.Sigmoid(),
         nn.Dropout(0.5), nn.Linear(8, 8), nn.Tanh(), nn.Identity(), nn.Linear(8, 3, bias=False),
     ), (6,)),
-    ("functional", _Functional, (6,)),
+    ("nested", lambda: nn.Sequential(
+        nn.Sequential(nn.Linear(6, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 3)),
+    ), (6,)),
     ("cnn", lambda: nn.Sequential(
         nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(4, 4, 3, stride=2, padding=2, dilation=2, groups=2), nn.ReLU(),
@@ -73,7 +75,9 @@ CASES: list[Case] = [
     ("conv3d", lambda: nn.Sequential(
         nn.Conv3d(2, 2, 3, padding=1), nn.Sigmoid(), nn.Flatten(), nn.Linear(2 * 4 * 5 * 5, 2),
     ), (2, 4, 5, 5)),
-    ("flattens", _Flattens, (2, 6, 6)),
+    ("flatten_dims", lambda: nn.Sequential(
+        nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Flatten(1, 2), nn.Flatten(), nn.Linear(3 * 4 * 4, 2),
+    ), (2, 6, 6)),
 ]  # fmt: skip
 TARGETS: list[Any] = [1, [0, 1, 1, 0], (1,)]
 
@@ -151,8 +155,18 @@ class _TwoArgs(nn.Module):
         lambda: nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)),
         lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train(),
         lambda: nn.Sequential(nn.Linear(4, 4), nn.Softmax(dim=1)),
+        lambda: _Functional(),  # a custom forward: only stock containers qualify
+        lambda: _Flattens(),
     ],
-    ids=["residual", "two_args", "batch_norm", "training", "softmax"],
+    ids=[
+        "residual",
+        "two_args",
+        "batch_norm",
+        "training",
+        "softmax",
+        "custom_forward",
+        "flatten_call",
+    ],
 )
 def test_other_models_take_autograd(make: Callable[[], nn.Module]) -> None:
     model = make()
@@ -203,3 +217,17 @@ def test_perturbation_forwards_replay_the_chain_exactly(
         ours = methods.attribute(model, x, method, **kw).attributions
         plain = methods.attribute(lambda t: model(t), x, method, **kw).attributions
         assert torch.equal(ours, plain), method
+
+
+def test_layer_settings_are_read_at_every_call() -> None:
+    model = _init(nn.Sequential(nn.Linear(4, 6), nn.LeakyReLU(0.1), nn.Linear(6, 2)), torch.float64)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    methods.attribute(model, x, "saliency", target=0)  # analysed and cached
+    model[1].negative_slope = 0.7
+    ours = methods.attribute(model, x, "saliency", target=0).attributions
+    plain = methods.attribute(lambda t: model(t), x, "saliency", target=0).attributions
+    assert torch.equal(ours, plain)
+    model[1] = nn.Tanh()  # a replaced layer is seen too
+    ours = methods.attribute(model, x, "saliency", target=0).attributions
+    plain = methods.attribute(lambda t: model(t), x, "saliency", target=0).attributions
+    assert torch.equal(ours, plain)

@@ -238,3 +238,27 @@ def test_a_window_covering_everything_takes_the_plain_path(monkeypatch: Any) -> 
     monkeypatch.setattr(incremental._Plan, "rows", None)  # would fail if called
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(6))
     methods.attribute(model, x, "occlusion", target=1, sliding_window_shapes=(3, 16, 16))
+
+
+class _Switch(nn.Module):
+    """A flag read in forward: the traced graph depends on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3, padding=1)
+        self.fc = nn.Linear(2 * 8 * 8, 2)
+        self.negate = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).relu()
+        return self.fc((-h if self.negate else h).flatten(1))
+
+
+def test_a_flag_read_in_forward_is_seen() -> None:
+    model = _init(_Switch())
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    kw: dict[str, Any] = {"target": 1, "sliding_window_shapes": (3, 2, 2), "strides": 2}
+    methods.attribute(model, x, "occlusion", **kw)
+    model.negate = True
+    fast, slow = _both(model, x, **kw)
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
