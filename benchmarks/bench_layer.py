@@ -6,11 +6,7 @@ argument) and Grad-CAM on a CNN. Run: python -m benchmarks.bench_layer
 
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from captum.attr import LayerGradCam, LayerIntegratedGradients
@@ -18,23 +14,7 @@ from torch import nn
 
 import methods
 from benchmarks.models import cnn
-from benchmarks.timing import max_abs_diff, setup_torch, table
-
-
-def paired_ms(
-    ours: Callable[[], Any], theirs: Callable[[], Any], repeat: int = 15
-) -> tuple[float, float]:
-    """Medians of alternating runs, so load from other processes hits both sides alike."""
-    for _ in range(2):
-        ours(), theirs()
-    a: list[float] = []
-    b: list[float] = []
-    for i in range(repeat):
-        for fn, acc in ((ours, a), (theirs, b)) if i % 2 == 0 else ((theirs, b), (ours, a)):
-            t0 = time.perf_counter()
-            fn()
-            acc.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(a), statistics.median(b)
+from benchmarks.timing import compare, max_abs_diff, setup_torch, table
 
 
 class BertLogits(nn.Module):
@@ -87,13 +67,13 @@ def main() -> None:
                 ids, baselines=0, target=1, additional_forward_args=(mask,), n_steps=n
             )
 
-        o, t = paired_ms(ours, theirs)
+        (o, t), ratio = compare([ours, theirs], budget_s=20)
         rows.append(
             [
                 f"tiny BERT (2x64, L=32, N=4): layer_integrated_gradients n={n_steps}",
                 o,
                 t,
-                o / t,
+                ratio,
                 max_abs_diff(ours(), theirs()),
             ]
         )
@@ -109,13 +89,13 @@ def main() -> None:
         def theirs_gc(gc: LayerGradCam = gc) -> torch.Tensor:
             return gc.attribute(x, target=1)
 
-        o, t = paired_ms(ours_gc, theirs_gc, repeat=25)
+        (o, t), ratio = compare([ours_gc, theirs_gc], budget_s=20)
         rows.append(
             [
                 f"CNN 3x64x64, N=16: layer_gradcam layer {layer}",
                 o,
                 t,
-                o / t,
+                ratio,
                 max_abs_diff(ours_gc(), theirs_gc()),
             ]
         )

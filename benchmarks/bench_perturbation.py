@@ -1,7 +1,7 @@
 """Perturbation methods, ours vs Captum at its default and at its best perturbations_per_eval.
 
 Run: python -m benchmarks.bench_perturbation (issue: engine II). Warm medians, one process,
-timed in alternating blocks (see ``interleaved_ms``). Ours runs at its defaults
+timed in alternating blocks (see ``timing.compare``). Ours runs at its defaults
 (perturbations_per_eval="auto"). Targets (ours / Captum default): feature_ablation on the
 MLP <= 0.05, shapley_value_sampling n_samples=25 <= 0.02, occlusion with 8x8 windows on the
 3x64x64 CNN, N=8 <= 0.5.
@@ -9,8 +9,6 @@ MLP <= 0.05, shapley_value_sampling n_samples=25 <= 0.02, occlusion with 8x8 win
 
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +18,7 @@ from captum.attr import FeatureAblation, Occlusion, ShapleyValueSampling
 
 import methods
 from benchmarks.models import cnn, mlp
-from benchmarks.timing import max_abs_diff, setup_torch, table
+from benchmarks.timing import compare, max_abs_diff, setup_torch, table
 
 
 def _sum_per_example(a: Any) -> torch.Tensor:
@@ -52,43 +50,6 @@ def cases() -> list[Case]:
     ]  # fmt: skip
 
 
-def interleaved_ms(
-    fns: list[Callable[[], Any]], repeat: int, budget_s: float, block: int = 4
-) -> list[float]:
-    """Warm medians of ``fns``, timed in alternating blocks of ``block`` consecutive calls.
-
-    Blocks alternate so a shared machine's load hits all alike; within a block only the calls
-    after the first are kept. Timing single calls round-robin instead measures every call with
-    caches just cooled by the other library: a fixed cost (measured here: ~0.3-0.6 ms per
-    call) that swamps sub-millisecond calls and barely shows on slow ones, so it would rank
-    the fast side by cache misses rather than work. A server answering requests, or a loop
-    over batches, runs warm.
-    """
-    blocks = []
-    for fn in fns:
-        # Warm-up: lazy initialisation, the allocator's arenas, Python's caches. A young
-        # process runs small calls measurably slower (~0.48 vs ~0.40 ms here) for a while.
-        warm_until = time.perf_counter() + 1.0
-        for _ in range(50):
-            t0 = time.perf_counter()
-            fn()
-            took = time.perf_counter() - t0
-            if took > 0.1 or time.perf_counter() > warm_until:
-                break
-        # Calls of a tenth of a second or more are not moved by cold caches: one per block.
-        blocks.append(1 if took > 0.1 else block)
-    times: list[list[float]] = [[] for _ in fns]
-    start = time.perf_counter()
-    while len(times[0]) < repeat and (time.perf_counter() - start < budget_s or len(times[0]) < 3):
-        for fn, ts, n in zip(fns, times, blocks, strict=True):
-            for i in range(n):
-                t0 = time.perf_counter()
-                fn()
-                if i or n == 1:
-                    ts.append((time.perf_counter() - t0) * 1e3)
-    return [statistics.median(ts) for ts in times]
-
-
 def main() -> None:
     setup_torch()
     # One intra-op thread for both sides: on a shared 2-core machine, thread contention
@@ -98,14 +59,7 @@ def main() -> None:
     rows: list[list[object]] = []
     for label, ours, theirs, ppes, stochastic in cases():
         fns = [ours, *(lambda p=p, theirs=theirs: theirs(p) for p in [1, *ppes])]
-        # Sub-millisecond timings drift by up to 2x from one measurement to the next in a
-        # young process (seen here: feature_ablation 0.53, then 0.28, 0.32 ms): the median
-        # of three rounds. A slow case's single round already spans a minute.
-        rounds = [interleaved_ms(fns, repeat=30, budget_s=60)]
-        if rounds[0][0] < 100:
-            rounds += [interleaved_ms(fns, repeat=30, budget_s=60) for _ in range(2)]
-        ratio = statistics.median(r[0] / r[1] for r in rounds)
-        t_ours, t_default, *t_ppes = (statistics.median(v) for v in zip(*rounds, strict=True))
+        (t_ours, t_default, *t_ppes), ratio = compare(fns, budget_s=60)
         best = min(zip(t_ppes, ppes, strict=True))
         a, b = ours(), theirs(1)
         # Stochastic methods agree only in distribution; compare what efficiency fixes.
