@@ -66,10 +66,18 @@ def _pointwise(
 
 
 def _linear(m: nn.Linear) -> _Link:
-    # 2-D input: addmm (or mm), whose input gradient is grad.mm(weight).
+    # 2-D input: addmm (or mm). Autograd's input gradient (mm_mat1_backward) is
+    # grad.mm(weight), or weight.t().mm(grad.t()).t() for a column-major input: so is ours.
+    def fwd(x: Tensor) -> tuple[Tensor, Any]:
+        column_major = x.stride(0) == 1 and x.stride(1) == x.shape[0]
+        return F.linear(x, m.weight, m.bias), column_major
+
+    def bwd(g: Tensor, x: Tensor, y: Tensor, column_major: bool) -> Tensor:
+        return m.weight.t().mm(g.t()).t() if column_major else g.mm(m.weight)
+
     return _Link(
-        lambda x: (F.linear(x, m.weight, m.bias), None),
-        lambda g, x, y, s: g.mm(m.weight),
+        fwd,
+        bwd,
         ranks=(2,),
         value=lambda x: F.linear(x, m.weight, m.bias),
         reads=(False, False),

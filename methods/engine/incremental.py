@@ -29,6 +29,7 @@ are left to the plain path (``local_prefix`` returns None).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,8 @@ class LocalPrefix:
     ops: tuple[_Op, ...]
     #: the rest of the model: ``tail(chain_output, *additional_forward_args)``
     tail: fx.GraphModule
+    #: ``tracing.state`` of the model when traced: what the graph may have baked in
+    state: tuple[Any, ...]
 
 
 def _tuple(v: Any, nd: int) -> Ints:
@@ -261,17 +264,24 @@ def _split(model: nn.Module) -> LocalPrefix | None:
             env[chain[-1]] = graph.placeholder("activation")
         elif n not in dropped:
             env[n] = graph.node_copy(n, lambda a: env[a])
-    return LocalPrefix(tuple(ops), fx.GraphModule(gm, graph))
+    return LocalPrefix(tuple(ops), fx.GraphModule(gm, graph), tracing.state(model))
+
+
+_PREFIXES: tracing.Cache = weakref.WeakKeyDictionary()
 
 
 def local_prefix(model: Any) -> LocalPrefix | None:
     """The model's local chain and tail, or None when the plain path must be used.
 
-    Traced afresh on every call (a few ms, against an occlusion's many forwards): a cached
-    graph would go stale when a flag read in the model's ``forward`` changes."""
-    if tracing.replayable_modules(model) is None:
-        return None
-    return _split(model)
+    The trace is kept per model (tracing patches ``nn.Module.__call__`` process-wide for its
+    duration, so it should be rare) and redone when anything the graph may have baked in
+    changes: a submodule, a flag or threshold attribute, a replaced tensor. ``evaluate_boxes``
+    also checks the traced graph's output against the model's own."""
+    prefix = tracing.analysed(_PREFIXES, model, _split)
+    if prefix is not None and prefix.state != tracing.state(model):
+        _PREFIXES.pop(model, None)
+        prefix = tracing.analysed(_PREFIXES, model, _split)
+    return prefix
 
 
 @dataclass(frozen=True)
@@ -443,13 +453,18 @@ def evaluate_boxes(
     if not plan.worthwhile:
         return None
     tail = call.replace(forward=Forward(prefix.tail, call.forward.args))
+    # A clone of a leaf, so that a tail starting in place (Flatten, ReLU(inplace=True)) runs.
     leaf = plan.chain_output.detach().requires_grad_(True)
     with torch.enable_grad():
         initial, tail_bytes = count_saved_bytes(
-            lambda: tail.target.select_rows(tail.forward((leaf,)))
+            lambda: tail.target.select_rows(tail.forward((leaf.clone(),)))
         )
     initial = initial.detach()
     initial = initial.reshape(1) if initial.dim() == 0 else initial
+    with torch.no_grad():
+        own = call.target.select_rows(call.forward((x.clone(),)))  # the caller's x stays as is
+    if not torch.equal(initial, own.reshape(1) if own.dim() == 0 else own):
+        return None  # the graph is not the model's function after all: take the plain path
     ev = Evaluator(
         call=tail,
         out_shape=tuple(initial.shape),

@@ -200,9 +200,11 @@ def _keeps(idx: Tensor, s: int, e: int) -> Tensor:
     keep = idx != drop
     if small:
         if entry is None or entry[0]() is not idx:
+            for key in [k for k, (ref, _) in _KEEPS.items() if ref() is None]:
+                del _KEEPS[key]  # masks that are gone
             entry = (weakref.ref(idx), {})
             _bounded_put(_KEEPS, id(idx), entry)
-        if len(entry[1]) < 16:
+        if len(entry[1]) < 4:
             entry[1][(s, e)] = keep
     return keep
 
@@ -451,8 +453,10 @@ def _plain(call: Call, inputs: Tensors) -> Tensor:
 
 def _measured(call: Call, inputs: Tensors) -> tuple[Tensor, int]:
     leaves = tuple(x.detach().requires_grad_(True) if x.is_floating_point() else x for x in inputs)
+    # Clones of the leaves, so that a model starting in place (ReLU(inplace=True)) runs.
+    inner = tuple(x.clone() for x in leaves)
     with torch.enable_grad():
-        out, total = count_saved_bytes(lambda: call.target.select_rows(call.forward(leaves)))
+        out, total = count_saved_bytes(lambda: call.target.select_rows(call.forward(inner)))
     return out.detach(), total
 
 

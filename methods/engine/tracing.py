@@ -25,29 +25,69 @@ Cache = weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, ...], Any]]
 
 
 def replayable_modules(model: Any) -> tuple[nn.Module, ...] | None:
-    """The model's modules if it can be run op by op, else None."""
+    """The model's submodules if it can be run op by op, else None.
+
+    The model itself is left out of the answer: caches keyed weakly by the model must not
+    hold it (or it would never be freed).
+    """
     if not isinstance(model, nn.Module) or is_torchscript(model):
         return None
     tree = _TREES.get(model)
-    if tree is None or any(tuple(m._modules.values()) != kids for m, kids in tree):
+    if (
+        tree is None
+        or tuple(model._modules.values()) != tree[0]
+        or any(tuple(m._modules.values()) != kids for m, kids in tree[1])
+    ):
         # first sight, or a submodule was added, removed or replaced
-        tree = tuple((m, tuple(m._modules.values())) for m in model.modules())
+        subs = tuple(model.modules())[1:]
+        tree = (
+            tuple(model._modules.values()),
+            tuple((m, tuple(m._modules.values())) for m in subs),
+        )
         _TREES[model] = tree
-    for m, _ in tree:
-        if m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
-            return None
-        if m._backward_pre_hooks:
-            return None
+    if not _plain(model) or not all(_plain(m) for m, _ in tree[1]):
+        return None
     g = nn.modules.module
     if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
         return None
-    return tuple(m for m, _ in tree)
+    if getattr(g, "_global_backward_pre_hooks", None):
+        return None
+    return tuple(m for m, _ in tree[1])
 
 
-#: per model, its modules and each one's children as last seen: checking that the children are
+def _plain(m: nn.Module) -> bool:
+    """Eval mode, no hooks, and called the standard way (no ``forward`` or ``__call__``
+    replaced on the instance or by overriding ``__call__``)."""
+    if m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
+        return False
+    if m._backward_pre_hooks or "forward" in vars(m) or "__call__" in vars(m):
+        return False
+    return type(m).__call__ is nn.Module.__call__
+
+
+#: per model, its children and each submodule's children as last seen: checking that they are
 #: unchanged costs a fraction of walking ``model.modules()`` (a recursive generator) per call
-_TREES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, tuple[Any, ...]], ...]]
+_TREES: weakref.WeakKeyDictionary[
+    nn.Module, tuple[tuple[Any, ...], tuple[tuple[nn.Module, tuple[Any, ...]], ...]]
+]
 _TREES = weakref.WeakKeyDictionary()
+
+
+def state(model: nn.Module) -> tuple[Any, ...]:
+    """What a traced ``forward`` may have read from the model and its submodules, comparable
+    with ``==``: plain values as they are, containers by their items' identities, anything
+    else by identity. A changed flag, threshold or replaced tensor changes it."""
+    return tuple(tuple((k, _token(v)) for k, v in vars(m).items()) for m in model.modules())
+
+
+def _token(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, dict):
+        return tuple((k, id(x)) for k, x in v.items())
+    if isinstance(v, (tuple, list, set)):
+        return (type(v), tuple(_token(x) for x in v)) if not isinstance(v, set) else id(v)
+    return id(v)
 
 
 def analysed(cache: Cache, model: Any, analyse: Callable[[nn.Module], T | None]) -> T | None:

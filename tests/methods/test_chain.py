@@ -231,3 +231,45 @@ def test_layer_settings_are_read_at_every_call() -> None:
     ours = methods.attribute(model, x, "saliency", target=0).attributions
     plain = methods.attribute(lambda t: model(t), x, "saliency", target=0).attributions
     assert torch.equal(ours, plain)
+
+
+@pytest.mark.parametrize("method", ["saliency", "feature_ablation", "occlusion"])
+def test_models_are_not_kept_alive(method: str) -> None:
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+    model.eval()
+    kw: dict[str, Any] = {"sliding_window_shapes": (1, 2, 2)} if method == "occlusion" else {}
+    methods.attribute(model, torch.randn(2, 1, 6, 6), method, target=0, **kw)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+def test_replaced_forward_or_backward_pre_hooks_take_autograd() -> None:
+    model = _init(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), torch.float64)
+    x = torch.randn(4, 6, dtype=torch.float64)
+    orig = model.forward
+    model.forward = lambda t: orig(t) * 2  # type: ignore[method-assign]
+    assert chain.links(Forward(model), (x,)) is None
+    for method in ("saliency", "feature_ablation"):
+        ours = methods.attribute(model, x, method, target=0).attributions
+        plain = methods.attribute(lambda t: model(t), x, method, target=0).attributions
+        assert torch.equal(ours, plain), method
+    del model.forward
+    assert chain.links(Forward(model), (x,)) is not None
+    hook = nn.modules.module.register_module_full_backward_pre_hook(lambda m, g: g)
+    try:
+        assert chain.links(Forward(model), (x,)) is None
+    finally:
+        hook.remove()
+
+
+def test_column_major_inputs_match_autograd_bit_for_bit() -> None:
+    model = _init(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), torch.float32)
+    x = torch.randn(6, 4).t()  # column-major, as from a Fortran-order numpy array
+    for target in (0, [0, 1, 2, 0]):
+        done = chain.backward(chain.links(Forward(model), (x,)) or (), x, make_target(target, 4))
+        assert done is not None and torch.equal(done[0], _autograd(model, x, target))

@@ -262,3 +262,12 @@ def test_a_flag_read_in_forward_is_seen() -> None:
     model.negate = True
     fast, slow = _both(model, x, **kw)
     torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+def test_a_tail_starting_in_place_runs() -> None:
+    model = _init(nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.Flatten(), nn.ReLU(inplace=True), nn.Linear(72, 3),
+    ))  # fmt: skip
+    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(8))
+    fast, slow = _both(model, x, target=0, sliding_window_shapes=(1, 3, 3))
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
