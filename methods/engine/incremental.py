@@ -72,12 +72,17 @@ _ADAPTIVE: dict[type[nn.Module], Any] = {
     nn.AdaptiveAvgPool3d: F.avg_pool3d, nn.AdaptiveMaxPool1d: F.max_pool1d,
     nn.AdaptiveMaxPool2d: F.max_pool2d, nn.AdaptiveMaxPool3d: F.max_pool3d,
 }  # fmt: skip
-#: functional pooling calls, rebuilt as their module twins (same argument order)
-_FUNCTIONAL_POOLS: dict[Any, type[nn.Module]] = {
-    F.max_pool1d: nn.MaxPool1d, F.max_pool2d: nn.MaxPool2d, F.max_pool3d: nn.MaxPool3d,
-    F.avg_pool1d: nn.AvgPool1d, F.avg_pool2d: nn.AvgPool2d, F.avg_pool3d: nn.AvgPool3d,
-    F.adaptive_avg_pool1d: nn.AdaptiveAvgPool1d, F.adaptive_avg_pool2d: nn.AdaptiveAvgPool2d,
-    F.adaptive_avg_pool3d: nn.AdaptiveAvgPool3d,
+_MAX = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+_AVG = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+#: functional pooling calls, rebuilt as their module twins: the module, and the functional's
+#: positional parameter names after the input (the orders differ, so arguments pass by name)
+_FUNCTIONAL_POOLS: dict[Any, tuple[type[nn.Module], tuple[str, ...]]] = {
+    F.max_pool1d: (nn.MaxPool1d, _MAX), F.max_pool2d: (nn.MaxPool2d, _MAX),
+    F.max_pool3d: (nn.MaxPool3d, _MAX), F.avg_pool1d: (nn.AvgPool1d, _AVG[:5]),
+    F.avg_pool2d: (nn.AvgPool2d, _AVG), F.avg_pool3d: (nn.AvgPool3d, _AVG),
+    F.adaptive_avg_pool1d: (nn.AdaptiveAvgPool1d, ("output_size",)),
+    F.adaptive_avg_pool2d: (nn.AdaptiveAvgPool2d, ("output_size",)),
+    F.adaptive_avg_pool3d: (nn.AdaptiveAvgPool3d, ("output_size",)),
 }  # fmt: skip
 
 
@@ -228,8 +233,11 @@ def _node_op(gm: fx.GraphModule, node: fx.Node, src: fx.Node) -> _Op | None:
         fn: Any = node.target
         return _Op(lambda t: fn(t, *rest, **kw), None)
     if node.op == "call_function" and node.target in _FUNCTIONAL_POOLS:
+        cls, names = _FUNCTIONAL_POOLS[node.target]
+        if len(rest) > len(names) or set(kw) & set(names[: len(rest)]):
+            return None
         try:
-            m = _FUNCTIONAL_POOLS[node.target](*rest, **kw)
+            m = cls(**dict(zip(names, rest, strict=False)), **kw)
         except TypeError:
             return None
         return _module_op(m)

@@ -271,3 +271,25 @@ def test_a_tail_starting_in_place_runs() -> None:
     x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(8))
     fast, slow = _both(model, x, target=0, sliding_window_shapes=(1, 3, 3))
     torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+class _PositionalPools(nn.Module):
+    """Functional pools with positional arguments, whose order differs from the modules'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.fc = nn.Linear(3 * 3 * 3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(self.conv(x), 2, 2, 0, 1, False)  # ceil_mode=False by position
+        h = F.avg_pool2d(h, 3, 1, 1, False, True)  # count_include_pad=True by position
+        return self.fc(F.adaptive_avg_pool2d(h, 3).flatten(1))
+
+
+def test_functional_pools_with_positional_arguments() -> None:
+    model = _init(_PositionalPools())
+    assert incremental.local_prefix(model) is not None
+    x = torch.randn(2, 2, 12, 12, generator=torch.Generator().manual_seed(9))
+    fast, slow = _both(model, x, target=1, sliding_window_shapes=(2, 3, 3), strides=2)
+    torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
