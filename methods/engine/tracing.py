@@ -43,16 +43,17 @@ def replayable_modules(model: Any) -> tuple[nn.Module, ...] | None:
         tree = (
             tuple(model._modules.values()),
             tuple((m, tuple(m._modules.values())) for m in subs),
+            subs,
         )
         _TREES[model] = tree
-    if not _plain(model) or not all(_plain(m) for m, _ in tree[1]):
+    if not _plain(model) or not all(_plain(m) for m in tree[2]):
         return None
     g = nn.modules.module
     if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
         return None
     if getattr(g, "_global_backward_pre_hooks", None):
         return None
-    return tuple(m for m, _ in tree[1])
+    return tree[2]  # the same tuple until the structure changes: ``analysed`` keys on it
 
 
 def _plain(m: nn.Module) -> bool:
@@ -68,7 +69,8 @@ def _plain(m: nn.Module) -> bool:
 #: per model, its children and each submodule's children as last seen: checking that they are
 #: unchanged costs a fraction of walking ``model.modules()`` (a recursive generator) per call
 _TREES: weakref.WeakKeyDictionary[
-    nn.Module, tuple[tuple[Any, ...], tuple[tuple[nn.Module, tuple[Any, ...]], ...]]
+    nn.Module,
+    tuple[tuple[Any, ...], tuple[tuple[nn.Module, tuple[Any, ...]], ...], tuple[nn.Module, ...]],
 ]
 _TREES = weakref.WeakKeyDictionary()
 
@@ -85,8 +87,8 @@ def _token(v: Any) -> Any:
         return v
     if isinstance(v, dict):
         return tuple((k, id(x)) for k, x in v.items())
-    if isinstance(v, (tuple, list, set)):
-        return (type(v), tuple(_token(x) for x in v)) if not isinstance(v, set) else id(v)
+    if isinstance(v, (tuple, list)):
+        return (type(v), tuple(_token(x) for x in v))
     return id(v)
 
 
@@ -97,7 +99,7 @@ def analysed(cache: Cache, model: Any, analyse: Callable[[nn.Module], T | None])
     if mods is None:
         return None
     hit = cache.get(model)
-    if hit is None or hit[0] != mods:
+    if hit is None or hit[0] is not mods:
         hit = (mods, analyse(model))
         cache[model] = hit
     result: T | None = hit[1]
