@@ -7,8 +7,10 @@ res.attributions, res.convergence_delta
 
 from methods.api import attribute, available
 from methods.call import Result
+from methods.cancel import cancel_scope
 from methods.engine.batching import memory_budget, set_memory_budget
 from methods.errors import (
+    AttributionCancelled,
     AttributionError,
     BaselineError,
     InvalidArgumentError,
@@ -22,6 +24,7 @@ from methods.errors import (
 from methods.registry import MethodInfo
 
 __all__ = [
+    "AttributionCancelled",
     "AttributionError",
     "BaselineError",
     "InvalidArgumentError",
@@ -35,6 +38,7 @@ __all__ = [
     "UnsupportedModelError",
     "attribute",
     "available",
+    "cancel_scope",
     "infidelity",
     "memory_budget",
     "sensitivity_max",

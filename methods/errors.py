@@ -45,3 +45,12 @@ class UnsupportedModelError(AttributionError, TypeError):
 
 class ModelError(AttributionError, RuntimeError):
     """The model itself raised while being evaluated."""
+
+
+class AttributionCancelled(AttributionError):
+    """The attribution was cancelled (see ``methods.cancel_scope``)."""
+
+    def __init__(
+        self, message: str = "the attribution was cancelled", *, argument: str | None = None
+    ) -> None:
+        super().__init__(message, argument=argument)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from methods.cancel import checkpoint
 from methods.engine.inputs import Forward, format_args, format_inputs
 from methods.engine.targets import make_target
 from methods.errors import InvalidArgumentError, InvalidTypeError
@@ -101,6 +102,7 @@ def infidelity(
         fx = tgt.select(Forward(forward_func, args)(xs))
         totals: list[Tensor] | None = None
         for k in _sample_chunks(n, n_perturb_samples, max_examples_per_batch):
+            checkpoint()
             x_exp = _interleave(xs, k)
             b_exp = None
             if base is not None:
@@ -230,6 +232,7 @@ def sensitivity_max(
     norm = torch.where(norm == 0, torch.ones_like(norm), norm)
     best: Tensor | None = None
     for k in _sample_chunks(n, n_perturb_samples, max_examples_per_batch):
+        checkpoint()
         x_exp = _interleave(xs, k)
         arg = form(x_exp)
         perturbed = perturb_func(arg, perturb_radius) if takes_radius else perturb_func(arg)

@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 from torch import Tensor
 
 from methods.call import Call, Output
+from methods.cancel import checkpoint
 from methods.engine.inputs import Tensors
 from methods.errors import BaselineError, InvalidArgumentError
 from methods.params import MethodParams
@@ -117,6 +118,7 @@ def run_noise_tunnel(
     as_tuple: bool | None = None
     echo: dict[str, Any] = {}
     for k in sizes:
+        checkpoint()
         noisy: Tensors = tuple(
             x.repeat_interleave(k, dim=0)
             + (call.randn((n * k, *x.shape[1:]), x) * s if s > 0 else 0)

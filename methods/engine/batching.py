@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextvars
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 from torch import Tensor
 
+from methods.cancel import checkpoint
 from methods.errors import InvalidArgumentError
 
 BatchSize = int | Literal["auto"] | None
@@ -127,20 +128,48 @@ def rows_per_chunk(
     return min(total_rows, rows)
 
 
+@overload
 def run_chunks(
     total: int, per_chunk: int, fn: Callable[[int, int], T], *, retry_oom: bool
-) -> tuple[list[T], int]:
+) -> tuple[list[T], int]: ...
+
+
+@overload
+def run_chunks(
+    total: int,
+    per_chunk: int,
+    fn: Callable[[int, int], T],
+    *,
+    retry_oom: bool,
+    reduce: Callable[[T, T], T],
+) -> tuple[T, int]: ...
+
+
+def run_chunks(
+    total: int,
+    per_chunk: int,
+    fn: Callable[[int, int], T],
+    *,
+    retry_oom: bool,
+    reduce: Callable[[T, T], T] | None = None,
+) -> tuple[list[T] | T, int]:
     """Call ``fn(start, end)`` over [0, total) in chunks; returns results and the chunk used.
 
-    With ``retry_oom`` an out-of-memory error halves the chunk and repeats that chunk only.
+    With ``reduce`` the results are folded as they arrive (``acc = reduce(acc, part)``, from
+    the first chunk's result), so only the running total and one chunk are alive; without it,
+    the list of every chunk's result. ``total`` must be >= 1 with ``reduce``. With
+    ``retry_oom`` an out-of-memory error halves the chunk and repeats that chunk only. A
+    cancelled attribution (``methods.cancel``) stops before the next chunk.
     """
     results: list[T] = []
+    acc: T | None = None
     start = 0
     per_chunk = max(1, per_chunk)
     while start < total:
+        checkpoint()
         end = min(total, start + per_chunk)
         try:
-            results.append(fn(start, end))
+            part = fn(start, end)
         except torch.OutOfMemoryError:
             if not retry_oom or per_chunk == 1:
                 raise
@@ -148,5 +177,14 @@ def run_chunks(
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             continue
+        if reduce is None:
+            results.append(part)
+        else:
+            acc = part if start == 0 else reduce(acc, part)  # type: ignore[arg-type]
+            del part
         start = end
-    return results, per_chunk
+    if reduce is None:
+        return results, per_chunk
+    if acc is None:
+        raise ValueError("run_chunks: nothing to reduce (total < 1)")
+    return acc, per_chunk

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from methods.cancel import checkpoint
+
 
 def _center(x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Weighted means removed, so the intercept drops out of the fit."""
@@ -63,6 +65,8 @@ def lasso(
     coef = torch.zeros_like(corr)
     z, t = coef, 1.0
     for it in range(max_iter):
+        if it % 64 == 0:
+            checkpoint()  # thousands of small steps: a cancelled fit stops here too
         grad = (gram @ z.unsqueeze(2)).squeeze(2) - corr
         u = z - grad / lip
         new = u.sign() * (u.abs() - alpha / lip).clamp(min=0)

@@ -89,13 +89,15 @@ def path_gradient_sum(
             for g, d in zip(grads, diffs, strict=True)
         )
 
-    parts, used = run_chunks(
-        n_steps, per_chunk, chunk, retry_oom=call.internal_batch_size == "auto"
+    total, used = run_chunks(
+        n_steps, per_chunk, chunk, retry_oom=call.internal_batch_size == "auto", reduce=add_each
     )
-    total = parts[0]
-    for p in parts[1:]:
-        total = tuple(t + q for t, q in zip(total, p, strict=True))
     return total, {"internal_batch_size": used * n}
+
+
+def add_each(total: Tensors, part: Tensors) -> Tensors:
+    """Per-input sums, in the order Captum adds its chunks (bit-identical to summing a list)."""
+    return tuple(t + q for t, q in zip(total, part, strict=True))
 
 
 def endpoint_outputs(call: Call, xs: Tensors, bs: Tensors) -> tuple[Tensor, Tensor]:

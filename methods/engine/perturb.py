@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from methods.call import Call
+from methods.cancel import checkpoint
 from methods.engine.batching import count_saved_bytes, memory_budget
 from methods.engine.inputs import Tensors
 from methods.errors import InvalidArgumentError, InvalidTypeError
@@ -278,6 +279,7 @@ class Evaluator:
         auto = not isinstance(self.call.perturbations_per_eval, int)
         s = 0
         while s < total:
+            checkpoint()
             e = min(total, s + per)
             inputs = build(s, e)
             try:
@@ -397,6 +399,7 @@ def evaluate_with_initial(
         return ev, initial, ev.run(total, build)
     n = call.n
     k = min(total, max(1, _per_chunk(call, max(1, made), total + 1) - 1))
+    checkpoint()
     try:
         if unperturbed_first:
             both = build(-1, k)
