@@ -99,6 +99,9 @@ def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: in
 
 # Measuring costs a forward pass; a served model sees the same shapes again and again.
 _MEASURED: weakref.WeakKeyDictionary[Any, dict[Hashable, int]] = weakref.WeakKeyDictionary()
+#: measurements kept per model (shape keys seen); the oldest goes first, as clients may send
+#: ever new shapes (token sequences of every length)
+MEASURED_PER_MODEL = 256
 
 
 def measured_once(owner: Any, key: Hashable, measure: Callable[[], int]) -> Callable[[], int]:
@@ -109,9 +112,13 @@ def measured_once(owner: Any, key: Hashable, measure: Callable[[], int]) -> Call
             per_owner = _MEASURED.setdefault(owner, {})
         except TypeError:  # not weak-referenceable: measure every time
             return measure()
-        if key not in per_owner:
-            per_owner[key] = measure()
-        return per_owner[key]
+        found = per_owner.get(key)
+        if found is None:
+            found = measure()
+            while len(per_owner) >= MEASURED_PER_MODEL:
+                per_owner.pop(next(iter(per_owner)))  # the oldest entry
+            per_owner[key] = found
+        return found
 
     return get
 

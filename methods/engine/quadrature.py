@@ -27,7 +27,12 @@ APPROXIMATION_METHODS: tuple[str, ...] = (
 )
 
 
-@lru_cache(maxsize=256)
+#: rules kept (each at most a few MB: n is bounded by the caller's step limit); bounded by
+#: count, since Gauss-Legendre costs O(n^3) to build and a served model repeats a few n
+RULE_CACHE_SIZE = 256
+
+
+@lru_cache(maxsize=RULE_CACHE_SIZE)
 def rule(method: str, n: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """``(alphas, weights)`` of ``method`` with ``n`` points."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -61,7 +66,7 @@ def rule(method: str, n: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(float(a) for a in alphas), tuple(float(w) for w in weights)
 
 
-@lru_cache(maxsize=256)  # read-only tensors: built once per (rule, n, dtype, device)
+@lru_cache(maxsize=RULE_CACHE_SIZE)  # read-only tensors: built once per (rule, n, dtype, device)
 def rule_tensors(
     method: str, n: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,65 @@
+"""The chunking helpers: folded results, and caches that stay bounded."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from methods.engine import batching, perturb, quadrature
+from methods.engine.batching import measured_once, run_chunks
+
+
+def test_reduce_equals_summing_the_list_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(37, 5, dtype=torch.float32, generator=g)
+
+    def chunk(s: int, e: int) -> torch.Tensor:
+        return rows[s:e].sum(0)
+
+    parts, used = run_chunks(37, 4, chunk, retry_oom=False)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    folded, used2 = run_chunks(37, 4, chunk, retry_oom=False, reduce=lambda a, b: a + b)
+    assert used == used2 == 4
+    assert torch.equal(total, folded)
+
+
+def test_reduce_survives_an_out_of_memory_retry() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def chunk(s: int, e: int) -> int:
+        if e - s > 2:
+            raise torch.OutOfMemoryError("too big")
+        seen.append((s, e))
+        return e - s
+
+    total, used = run_chunks(9, 8, chunk, retry_oom=True, reduce=lambda a, b: a + b)
+    assert (total, used) == (9, 2)
+    assert seen == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9)]
+
+
+def test_measurements_per_model_are_bounded() -> None:
+    model = nn.Linear(2, 2)
+    n = batching.MEASURED_PER_MODEL
+    for key in range(n + 10):
+        assert measured_once(model, key, lambda: 7)() == 7
+    kept = batching._MEASURED[model]
+    assert len(kept) == n
+    assert 0 not in kept and n + 9 in kept  # the oldest went first
+    calls: list[int] = []
+
+    def measure() -> int:
+        calls.append(1)
+        return 0
+
+    assert measured_once(model, n + 9, measure)() == 7  # still cached
+    assert calls == []
+
+
+def test_engine_caches_are_bounded_by_count() -> None:
+    assert quadrature.rule.cache_info().maxsize == quadrature.RULE_CACHE_SIZE
+    assert quadrature.rule_tensors.cache_info().maxsize == quadrature.RULE_CACHE_SIZE
+    for i in range(perturb._CACHE_SIZE + 5):
+        perturb.format_feature_mask(None, (torch.zeros(1, i + 1),), "feature_ablation")
+    assert len(perturb._default_masks) <= perturb._CACHE_SIZE
