@@ -15,6 +15,7 @@ from service import problems
 from service.errors import ServiceError
 from service.fastpath import FastAttributions, model_id_of
 from service.limits import BodyLimit
+from service.middleware import ApiKeys, RequestContext
 from service.pool.pool import WorkerPool
 from service.responses import OrjsonResponse
 from service.routers import attributions, catalog, health
@@ -29,15 +30,23 @@ DESCRIPTION = (
 
 
 class AttrServe(FastAPI):
-    """The FastAPI app, with the attribution route's fast path in front of FastAPI's middleware.
+    """The FastAPI app inside our own middleware (``outer``: request id and access log,
+    body limit, API keys), which every request passes, the attribution fast path's too.
 
-    ``fast_path`` (``service.fastpath``) takes only that route's requests and hands back to
-    ``fastapi_call`` whatever it does not answer itself.
+    ``fast_path`` (``service.fastpath``) takes only the attribution route's requests and hands
+    back to ``fastapi_call`` whatever it does not answer itself.
     """
 
     fast_path: ASGIApp | None = None
+    outer: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.outer is not None and scope["type"] == "http":
+            await self.outer(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.fast_path is not None and model_id_of(scope) is not None:
             await self.fast_path(scope, receive, send)
         else:
@@ -99,9 +108,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(health.router)
     app.include_router(catalog.router)
     app.include_router(attributions.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.fast_path = BodyLimit(
-        FastAttributions(app.fastapi_call, state), max_bytes=settings.max_body_bytes
+    app.fast_path = FastAttributions(app.fastapi_call, state)
+    app.outer = RequestContext(
+        BodyLimit(ApiKeys(app.dispatch, settings), max_bytes=settings.max_body_bytes),
+        access=settings.access_log,
     )
     return app
 

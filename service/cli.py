@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import sys
 from typing import Any
 
@@ -27,18 +29,24 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from service.app import create_app
+    from service.server import GracefulServer
     from service.settings import Settings
 
     settings = Settings.from_env(host=args.host, port=args.port, models=args.models)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(message)s")
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=5,
+        access_log=False,  # ours (service.middleware) carries the request id, model and method
+        timeout_keep_alive=settings.keep_alive_s,
+        limit_concurrency=settings.max_concurrency,
+        # uvicorn cancels what is still running after this; the pool answers first (503)
+        timeout_graceful_shutdown=math.ceil(settings.drain_s) + 5,
     )
+    GracefulServer(config, app.state.attrserve.pool, settings.drain_s).run()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,9 +75,10 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
 
 def _decode_b64(obj: dict[str, Any], loc: Loc, max_elements: int, dtype: str | None) -> np.ndarray:
     name, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("b64")
-    if name not in DTYPES:
+    if not isinstance(name, str) or name not in DTYPES:
         raise InvalidRequest(
-            f"{_where(loc)}.dtype must be one of {', '.join(DTYPES)}, got {name!r}",
+            f"{_where(loc)}.dtype must be one of {', '.join(DTYPES)}, got "
+            f"{name!r:.40}",
             loc=(*loc, "dtype"),
         )
     if not isinstance(shape, list) or not all(
@@ -89,7 +91,7 @@ def _decode_b64(obj: dict[str, Any], loc: Loc, max_elements: int, dtype: str | N
         raise InvalidRequest(
             f"{_where(loc)} has dtype {name}; this model input takes {dtype}", loc=(*loc, "dtype")
         )
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # Python ints: a product that overflows int64 stays what it is
     if count > max_elements:
         raise LimitExceeded(
             f"{_where(loc)} has {count} elements; the limit is {max_elements}", loc=loc

@@ -90,6 +90,12 @@ class QueueFull(ServiceError):
     status, code, title = 429, "queue_full", "Too many requests queued"
 
 
+class RequestCancelled(ServiceError):
+    """The client went away (nginx's 499); nobody reads the answer, but logs and metrics do."""
+
+    status, code, title = 499, "cancelled", "Client closed the request"
+
+
 class NotReady(ServiceError):
     status, code, title = 503, "not_ready", "Service not ready"
 

@@ -16,11 +16,11 @@ document as it was.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import deque
 from typing import Annotated
 
-import orjson
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, TypeAdapter, ValidationError
 from starlette.datastructures import Headers
@@ -33,6 +33,7 @@ from service.errors import ServiceError
 from service.problems import problem, to_service_error
 from service.protocol.attributions import AttributionRequest
 from service.routers.attributions import serve
+from service.routing import OFFLOAD_BYTES, parse_json
 from service.state import AppState
 
 #: the route's path, as Starlette compiles ``/v1/models/{model_id}/attributions``
@@ -64,19 +65,29 @@ class FastAttributions:
             await self.fallback(scope, receive, send)
             return
         messages, body = await _read_body(receive)
-        parsed = None if body is None else _parse(Headers(scope=scope), body)
+        large = body is not None and len(body) > OFFLOAD_BYTES
+        try:
+            if body is None:
+                parsed = None
+            elif large:  # parsing megabytes takes the loop's time from everyone else
+                parsed = await asyncio.to_thread(_parse, Headers(scope=scope), body)
+            else:
+                parsed = _parse(Headers(scope=scope), body)
+        except ServiceError as exc:
+            await problem(exc, scope["path"])(scope, receive, send)
+            return
         if parsed is None:
             await self.fallback(scope, _replay(messages, receive), send)
             return
         request = Request(scope, receive)
         try:
-            response = await serve(self.state, model_id, request, *parsed)
+            response = await serve(self.state, model_id, request, *parsed, offload=large)
         except Exception as exc:
             # as FastAPI's exception middlewares do: the one problem mapping answers; what is
             # not an expected error class (a 500) is raised again after, for the server's log
-            await problem(to_service_error(exc), request.url.path)(scope, receive, send)
             if not isinstance(exc, HANDLED):
-                raise
+                raise  # the request-context middleware logs it and answers 500
+            await problem(to_service_error(exc), scope["path"])(scope, receive, send)
             return
         await response(scope, receive, send)
 
@@ -111,8 +122,8 @@ def _parse(headers: Headers, body: bytes) -> tuple[AttributionRequest, float | N
     if content_type.partition(";")[0].strip().lower() != "application/json":
         return None
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        data = parse_json(body)
+    except ValueError:  # bad JSON: FastAPI's own 400 says where
         return None
     if not isinstance(data, dict):
         return None

@@ -16,6 +16,7 @@ from service.errors import (
     ServiceError,
     from_engine,
 )
+from service.context import request_id
 from service.responses import ProblemResponse
 
 TYPE_BASE = "https://attrserve.dev/problems/"
@@ -31,10 +32,15 @@ def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
     }
     if instance:
         body["instance"] = instance
+    rid = request_id.get()
+    if rid:
+        body["request_id"] = rid
     return ProblemResponse(body, status_code=err.status, headers=err.headers or None)
 
 
 def _validation(exc: RequestValidationError) -> ServiceError:
+    # pydantic's "input" and "ctx" echo what was sent: left out (size, and bytes that are not
+    # Unicode), the location and message say what is wrong
     errors = [
         {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
         for e in exc.errors()
@@ -69,7 +75,8 @@ def to_service_error(exc: Exception) -> ServiceError:
         return from_engine(exc)
     if isinstance(exc, HTTPException):
         return _http(exc)
-    return ServiceError("internal error: " + type(exc).__name__)
+    # anything else is a bug: the client learns only the request id, the log has the rest
+    return ServiceError(f"internal error (request id {request_id.get() or 'unknown'})")
 
 
 def install(app: FastAPI) -> None:
@@ -78,5 +85,6 @@ def install(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> ProblemResponse:
         return problem(to_service_error(exc), request.url.path)
 
+    # Exception: Starlette raises it again after this answer; service.middleware logs it
     for cls in (ServiceError, RequestValidationError, AttributionError, HTTPException, Exception):
         app.add_exception_handler(cls, handle)

@@ -6,6 +6,7 @@ reports bad JSON do not change (NaN/Infinity literals, huge ints, the stdlib's e
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -15,15 +16,61 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.errors import InvalidRequest
+
+
+#: bodies above this are parsed in a thread: the event loop keeps answering meanwhile
+OFFLOAD_BYTES = 1 << 20
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON; raises ``json.JSONDecodeError`` (bad JSON) or ``InvalidRequest`` (a
+    string that is not Unicode: a lone surrogate escape such as ``"\\ud800"``)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = json.loads(body)
+    where = _lone_surrogate(data, ("body",))
+    if where is not None:
+        raise InvalidRequest(
+            f"{'.'.join(map(str, where[1:])) or 'body'} holds a lone UTF-16 surrogate escape, "
+            "which is not a Unicode character; send valid UTF-8 text",
+            loc=where,
+        )
+    return data
+
+
+def _lone_surrogate(value: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...] | None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return loc
+        return None
+    if isinstance(value, list):
+        items: Any = enumerate(value)
+    elif isinstance(value, dict):
+        for key in value:
+            if _lone_surrogate(key, loc) is not None:
+                return loc
+        items = value.items()
+    else:
+        return None
+    for k, v in items:
+        found = _lone_surrogate(v, (*loc, k))
+        if found is not None:
+            return found
+    return None
+
 
 class OrjsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            try:
-                self._json = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                self._json = json.loads(body)
+            if len(body) > OFFLOAD_BYTES:
+                self._json = await asyncio.to_thread(parse_json, body)
+            else:
+                self._json = parse_json(body)
         return self._json
 
 

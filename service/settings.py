@@ -7,6 +7,7 @@ The object is frozen and passed down from ``create_app``; nothing else reads the
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 from collections.abc import Mapping
@@ -31,10 +32,15 @@ class ApiKey(BaseModel):
     models: tuple[str, ...] = Field(default=("*",), description="model ids this key may use")
 
     def matches(self, presented: str) -> bool:
-        if self.key is not None and self.key == presented:
+        """Constant-time comparison, so response times do not leak the key."""
+        given = presented.encode("utf-8", "surrogateescape")
+        if self.key is not None and hmac.compare_digest(
+            self.key.encode("utf-8", "surrogateescape"), given
+        ):
             return True
         if self.sha256 is not None:
-            return hashlib.sha256(presented.encode()).hexdigest() == self.sha256.lower()
+            digest = hashlib.sha256(given).hexdigest()
+            return hmac.compare_digest(digest, self.sha256.lower())
         return False
 
     def allows(self, model_id: str) -> bool:
@@ -109,6 +115,35 @@ class Settings(BaseModel):
         default=(), description='JSON list of {"key"|"sha256", "models"}; empty: no authentication'
     )
     log_level: str = Field(default="info", description="uvicorn log level")
+    access_log: bool = Field(
+        default=True, description="one JSON access-log line per request (id, model, status, ms)"
+    )
+    worker_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a worker silent this long (no heartbeat), or still busy this long after "
+        "its work was cancelled, is killed and restarted",
+    )
+    shutdown_grace_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="on SIGTERM, how long in-flight work may finish before it gets 503 "
+        "(unset: the default deadline)",
+    )
+    max_text_tokens: int = Field(default=512, ge=1, description="most tokens in one text (422)")
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="most open connections and tasks before the server answers 503 (unset: none)",
+    )
+    keep_alive_s: int = Field(
+        default=5, ge=1, description="idle keep-alive connections are closed after this long"
+    )
+
+    @property
+    def drain_s(self) -> float:
+        """How long SIGTERM lets in-flight work finish."""
+        return self.deadline_ms / 1e3 if self.shutdown_grace_s is None else self.shutdown_grace_s
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -10,7 +10,7 @@ import torch
 
 import methods
 from model_registry.spec import LoadedModel
-from service.errors import InvalidRequest
+from service.errors import InvalidRequest, LimitExceeded
 from service.pool.jobs import Job, Reply
 from service.targets import to_engine
 
@@ -66,6 +66,12 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
                 f"model {job.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
             )
         ids, tokens = lm.tokenizer(list(job.texts))
+        longest = max(len(t) for t in tokens) if tokens else 0
+        if job.max_tokens is not None and longest > job.max_tokens:
+            raise LimitExceeded(
+                f"a text has {longest} tokens; this server takes at most {job.max_tokens}",
+                loc=("body", "inputs"),
+            )
         xs: tuple[torch.Tensor, ...] = (ids.to(device),)
     else:
         xs = tuple(_tensor(a, device) for a in job.arrays)

@@ -36,6 +36,10 @@ class Job:
     post_abs: bool = False
     #: requests with equal keys may be merged into one engine call; None: never merged
     key: tuple[Any, ...] | None = None
+    #: the HTTP request's X-Request-ID, for the worker's log lines
+    request_id: str = ""
+    #: token models: the most tokens a text may have
+    max_tokens: int | None = None
 
 
 @dataclass

@@ -13,23 +13,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from methods.params import MethodParams
+from methods.registry import MethodSpec
 from service.pool.jobs import Job, Reply
 from service.targets import per_example
-
-#: methods whose result for one example depends on the other examples in the call
-BATCH_COUPLED = frozenset({"feature_permutation", "kernel_shap", "lime"})
-#: methods whose tensor baselines are a distribution shared by every example
-DISTRIBUTION_BASELINES = frozenset(
-    {
-        "gradient_shap",
-        "deeplift_shap",
-        "layer_gradient_shap",
-        "layer_deeplift_shap",
-        "neuron_gradient_shap",
-        "neuron_deeplift_shap",
-    }
-)
-
 
 def _digest(value: Any) -> Any:
     """A hashable fingerprint of params/baselines; None when a tensor is per example."""
@@ -43,14 +30,21 @@ def _digest(value: Any) -> Any:
     return value
 
 
-def _broadcasts(value: Any, method: str) -> bool:
+def _broadcasts(value: Any, shared: bool) -> bool:
+    """Whether a tensor argument is the same for every example (so merged calls share it)."""
     if isinstance(value, np.ndarray):
-        return value.ndim == 0 or value.shape[0] == 1 or method in DISTRIBUTION_BASELINES
+        return value.ndim == 0 or value.shape[0] == 1 or shared
     if isinstance(value, (list, tuple)):
-        return all(_broadcasts(v, method) for v in value)
+        return all(_broadcasts(v, shared) for v in value)
     if isinstance(value, dict):
-        return all(_broadcasts(v, method) for v in value.values())
+        return all(_broadcasts(v, shared) for v in value.values())
     return True
+
+
+def _has_array(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
+    return isinstance(value, (list, tuple)) and any(_has_array(v) for v in value)
 
 
 def _target_form(job: Job) -> Any:
@@ -64,18 +58,19 @@ def _target_form(job: Job) -> Any:
     return t["kind"]
 
 
-def merge_key(job: Job, stochastic: bool) -> tuple[Any, ...] | None:
+def merge_key(job: Job, ms: MethodSpec, p: MethodParams) -> tuple[Any, ...] | None:
     """Jobs with equal keys give the same numbers merged as one by one; None: never merge."""
-    if job.texts or job.method in BATCH_COUPLED:
+    if job.texts or not ms.merges(p):
         return None
-    if (stochastic or job.noise_tunnel is not None) and job.seed is not None:
+    if (ms.stochastic or job.noise_tunnel is not None) and job.seed is not None:
         return None
-    if job.params.get("n_steps") == "auto":  # stops when *every* example has converged
+    # params only broadcast: a per-example tensor (e.g. a feature mask per row) never merges
+    if not _broadcasts(job.params, False):
         return None
-    if not _broadcasts(job.params, job.method) or not _broadcasts(job.baselines, job.method):
+    if not _broadcasts(job.baselines, ms.merge == "shared_baselines"):
         return None
     params = orjson.dumps(
-        {k: v for k, v in job.params.items() if not isinstance(v, np.ndarray)},
+        {k: v for k, v in job.params.items() if not _has_array(v)},
         option=orjson.OPT_SORT_KEYS,
     )
     return (
@@ -127,6 +122,8 @@ def merge(jobs: list[Job]) -> Job:
         attributed_layer=first.attributed_layer,
         post_abs=first.post_abs,
         key=first.key,
+        request_id=",".join(j.request_id for j in jobs),
+        max_tokens=first.max_tokens,
     )
 
 

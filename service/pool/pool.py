@@ -1,14 +1,23 @@
-"""The parent side of the worker pool: a bounded queue, adaptive batching and dispatch.
+"""The parent side of the worker pool: a bounded queue, adaptive batching, dispatch, supervision.
 
-Each worker is a spawned process with one duplex pipe, watched by the event loop itself (no
-reader thread). Dispatch is adaptive: an idle worker gets a request at once; while a worker is
-computing, requests that may share an engine call (same merge key) wait together and go as one
-batch, up to the cost cap, when it is idle again. A sealed batch (full, or of requests that never
-merge, as with batching off) may also wait in a worker's ready slot behind the one computing, so
-the worker need not wait for the parent between batches; a batch that can still grow does not,
+Each worker is a spawned process with one socket-pair channel (``service.pool.channel``) that
+the event loop reads and writes through asyncio streams: the loop never blocks on a worker.
+Dispatch is adaptive: an idle worker gets a request at once; while a worker is computing,
+requests that may share an engine call (same merge key) wait together and go as one batch, up
+to the cost cap, when it is idle again. A sealed batch (full, or of requests that never merge,
+as with batching off) may also wait in a worker's ready slot behind the one computing, so the
+worker need not wait for the parent between batches; a batch that can still grow does not,
 since everything arriving during the computation would otherwise form yet another small batch.
 ``batch_window_ms`` > 0 also holds a new batch open that long for companions even when a worker
 is idle.
+
+Cancellation: ``cancel(entry)`` frees the request's queue slot at once; if its batch is already
+with a worker, the worker is told, and stops the engine at its next checkpoint once every
+request in the batch is cancelled (a merged batch finishes for the others).
+
+Supervision: workers send heartbeats. One silent for ``worker_timeout_s`` (stopped, hung in C
+code, swapped out), or still busy ``worker_timeout_s`` after its whole batch was cancelled, is
+killed and restarted; its requests get 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -16,50 +25,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import multiprocessing as mp
-import os
-import threading
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from model_registry.spec import ModelSpec
 from service.errors import NotReady, QueueFull, ServiceError, WorkerLost
 from service.pool import threads
+from service.pool.channel import frame, read_message
 from service.pool.jobs import Batch, Job, Reply
 from service.pool.worker import worker_main
 from service.settings import Settings
 from service.telemetry import Telemetry
 
+log = logging.getLogger("attrserve.pool")
+
 #: batches a worker holds: one computing, one (sealed) ready behind it
 DEPTH = 2
+#: a spawned worker's grace before its first heartbeat (interpreter start, imports)
+STARTUP_GRACE_S = 60.0
 
 
-@dataclass
-class Entry:
-    job: Job
-    future: asyncio.Future[Reply]
-    submitted: float = field(default_factory=time.perf_counter)
-    dispatched: float = 0.0
-
-
-@dataclass
+@dataclass(eq=False)
 class Pending:
     id: int
     entries: list[Entry]
     cost: int
     key: tuple[Any, ...] | None
     closed: bool = False  # the window (if any) has passed: ready for a worker
+    worker: Worker | None = None  # set once sent
+    #: when its last live request was cancelled while a worker had it
+    abandoned_at: float | None = None
 
 
-@dataclass
+@dataclass(eq=False)
+class Entry:
+    job: Job
+    future: asyncio.Future[Reply]
+    submitted: float = field(default_factory=time.perf_counter)
+    dispatched: float = 0.0
+    pending: Pending | None = None
+
+
+@dataclass(eq=False)
 class Worker:
     index: int
     process: BaseProcess | None = None
-    conn: Connection | None = None
+    writer: asyncio.StreamWriter | None = None
     state: str = "starting"  # starting | ready | busy | dead | failed
     #: batches sent and not answered, oldest (computing) first
     outstanding: deque[Pending] = field(default_factory=deque)
@@ -67,7 +84,8 @@ class Worker:
     pid: int | None = None
     generation: int = 0
     failures: int = 0
-    watched: int | None = None  # the pipe's fd while the event loop watches it
+    last_heard: float = 0.0  # time.monotonic() of the last message (or the grace's end)
+    reason: str | None = None  # why it was last restarted
 
 
 class WorkerPool:
@@ -85,7 +103,9 @@ class WorkerPool:
         self._by_key: dict[tuple[Any, ...], Pending] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self._draining = False
         self._gpus = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -95,36 +115,66 @@ class WorkerPool:
         self._gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if self.workers:  # this process only parses and routes: it must not hog cores
             threads.limit(1)
+            self._background(self._supervise())
         for w in self.workers:
-            self._spawn(w)
+            await self._spawn(w)
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new work, let queued and running work finish for up to ``timeout`` seconds,
+        then answer what is left with 503."""
+        self._draining = True
+        end = time.monotonic() + timeout
+        while self._open_entries() and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        self._fail_all(NotReady("the server is shutting down", headers=self._retry()))
 
     async def stop(self) -> None:
-        self._stopping = True
+        """Stop the workers (politely, then by force) and fail whatever is still open."""
+        self._stopping = self._draining = True
+        for task in list(self._tasks):
+            task.cancel()
         for w in self.workers:
-            self._unwatch(w)
-            if w.conn is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    w.conn.send(None)
+            if w.writer is not None:
+                with contextlib.suppress(Exception):
+                    w.writer.write(frame(None))
         deadline = time.monotonic() + 5
         for w in self.workers:
             if w.process is not None:
                 await asyncio.to_thread(w.process.join, max(0.0, deadline - time.monotonic()))
                 if w.process.is_alive():
                     w.process.kill()
-                    w.process.join(1)
+                    await asyncio.to_thread(w.process.join, 2)
+            self._close(w)
+        self._fail_all(NotReady("the server is shutting down", headers=self._retry()))
+
+    def _fail_all(self, err: ServiceError) -> None:
         for p in [*self._waiting, *(p for w in self.workers for p in w.outstanding)]:
             for e in p.entries:
                 if not e.future.done():
-                    e.future.set_exception(NotReady("the server is shutting down"))
+                    e.future.set_exception(err)
         self._waiting.clear()
         self._by_key.clear()
 
-    def _spawn(self, w: Worker) -> None:
-        parent, child = self._ctx.Pipe(duplex=True)
+    def _open_entries(self) -> int:
+        pendings = [*self._waiting, *(p for w in self.workers for p in w.outstanding)]
+        return sum(1 for p in pendings for e in p.entries if not e.future.done())
+
+    def _background(self, coro: Any) -> None:
+        task = self._running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _retry(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after_s)}
+
+    async def _spawn(self, w: Worker) -> None:
+        parent, child = socket.socketpair()
         options = {
             "memory_budget_bytes": self.settings.memory_budget_bytes,
             "torch_threads": threads.worker_threads(self.settings.torch_threads, len(self.workers)),
             "cuda_device": (w.index % self._gpus) if self._gpus else None,
+            "heartbeat_s": self.settings.worker_timeout_s / 4,
+            "log_level": self.settings.log_level,
         }
         proc = self._ctx.Process(
             target=worker_main,
@@ -132,12 +182,15 @@ class WorkerPool:
             name=f"attrserve-worker-{w.index}",
             daemon=True,
         )
-        proc.start()
-        child.close()  # so the pipe reports EOF when the worker dies
+        # starting a process forks/execs; off the loop so requests keep flowing meanwhile
+        await asyncio.to_thread(proc.start)
+        child.close()  # so the channel reports EOF when the worker dies
+        reader, writer = await asyncio.open_unix_connection(sock=parent)
         w.generation += 1
-        w.process, w.conn, w.state, w.pid = proc, parent, "starting", proc.pid
+        w.process, w.writer, w.state, w.pid = proc, writer, "starting", proc.pid
         w.outstanding.clear()
-        self._watch(w, parent, w.generation)
+        w.last_heard = time.monotonic() + STARTUP_GRACE_S
+        self._background(self._read(w, reader, w.generation))
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the pool was started on (set by ``start``)."""
@@ -145,52 +198,59 @@ class WorkerPool:
             raise RuntimeError("the worker pool has not been started")
         return self._loop
 
-    def _watch(self, w: Worker, conn: Connection, generation: int) -> None:
-        """Messages from the worker, read on the event loop when its pipe is readable."""
-        loop = self._running_loop()
+    async def _read(self, w: Worker, reader: asyncio.StreamReader, generation: int) -> None:
         try:
-            loop.add_reader(conn.fileno(), self._readable, w, conn, generation)
-            # uvloop (libuv) switches a watched fd to non-blocking; this pipe is read and
-            # written whole-message at a time, so a large batch would fail with EAGAIN.
-            os.set_blocking(conn.fileno(), True)
-            w.watched = conn.fileno()
-        except NotImplementedError:  # loops without add_reader: a reader thread instead
-            threading.Thread(
-                target=self._read_thread,
-                args=(w, conn, generation),
-                daemon=True,
-                name=f"attrserve-reader-{w.index}",
-            ).start()
+            while generation == w.generation:
+                msg = await read_message(reader)
+                self._on_message(w, generation, msg)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            self._on_dead(w, generation, "its process exited")
 
-    def _unwatch(self, w: Worker) -> None:
-        if w.watched is not None and self._loop is not None:
+    async def _supervise(self) -> None:
+        """Kill workers that stopped answering, or that do not stop cancelled work."""
+        timeout = self.settings.worker_timeout_s
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for w in self.workers:
+                if w.state not in ("starting", "ready", "busy"):
+                    continue
+                silent = now - w.last_heard
+                running = w.outstanding[0] if w.outstanding else None
+                if silent > timeout:
+                    self._kill(w, f"no heartbeat for {silent:.1f} s")
+                elif (
+                    running is not None
+                    and running.abandoned_at is not None
+                    and now - running.abandoned_at > timeout
+                ):
+                    self._kill(w, f"cancelled work still running after {timeout:g} s")
+
+    def _kill(self, w: Worker, reason: str) -> None:
+        log.warning("attrserve: worker %d (pid %s) killed: %s", w.index, w.pid, reason)
+        if w.process is not None:
             with contextlib.suppress(Exception):
-                self._loop.remove_reader(w.watched)
-        w.watched = None
+                w.process.kill()
+        self._on_dead(w, w.generation, reason)
 
-    def _readable(self, w: Worker, conn: Connection, generation: int) -> None:
-        try:
-            while generation == w.generation and conn.poll():
-                self._on_message(w, generation, conn.recv())
-        except (EOFError, OSError):
-            self._on_dead(w, generation)
-
-    def _read_thread(self, w: Worker, conn: Connection, generation: int) -> None:
-        loop = self._running_loop()
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(self._on_dead, w, generation)
-                return
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._on_message, w, generation, msg)
+    def _close(self, w: Worker) -> None:
+        if w.writer is not None:
+            with contextlib.suppress(Exception):
+                w.writer.close()
+        w.writer = None
 
     # -- status ----------------------------------------------------------------------------
     @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
     def ready(self) -> bool:
-        return bool(self.workers) and all(w.state in ("ready", "busy") for w in self.workers)
+        return (
+            bool(self.workers)
+            and not self._draining
+            and all(w.state in ("ready", "busy") for w in self.workers)
+        )
 
     def queue_depth(self) -> int:
         """Requests not yet computing: in the parent's queue or ready behind a worker's batch."""
@@ -201,21 +261,29 @@ class WorkerPool:
 
     def status(self) -> list[dict[str, Any]]:
         return [
-            {"index": w.index, "pid": w.pid, "state": w.state, "restarts": w.restarts}
+            {
+                "index": w.index,
+                "pid": w.pid,
+                "state": w.state,
+                "restarts": w.restarts,
+                "last_restart_reason": w.reason,
+            }
             for w in self.workers
         ]
 
     # -- submission ------------------------------------------------------------------------
-    def submit(self, job: Job) -> asyncio.Future[Reply]:
+    def submit(self, job: Job) -> Entry:
         if not self.workers:
             raise NotReady("this server runs no workers")
+        if self._draining:
+            raise NotReady("the server is shutting down", headers=self._retry())
         if all(w.state == "failed" for w in self.workers):
             raise NotReady("no worker could load the models; see the server log")
         if self.queue_depth() >= self.settings.queue_size:
             self.telemetry.rejected.inc()
             raise QueueFull(
                 f"{self.settings.queue_size} requests are already waiting; retry shortly",
-                headers={"Retry-After": str(self.settings.retry_after_s)},
+                headers=self._retry(),
             )
         entry = Entry(job, self._running_loop().create_future())
         key = job.key if self.settings.batching else None
@@ -231,14 +299,37 @@ class WorkerPool:
                 window = self.settings.batch_window_ms / 1e3
                 if window > 0:
                     pending.closed = False
-                    self._running_loop().call_later(window, self._close, pending)
+                    self._running_loop().call_later(window, self._close_window, pending)
+        entry.pending = pending
         if pending.key is not None and pending.cost >= self.settings.batch_max_cost:
             self._by_key.pop(pending.key, None)
             pending.closed = True
         self._dispatch()
-        return entry.future
+        return entry
 
-    def _close(self, pending: Pending) -> None:
+    def cancel(self, entry: Entry) -> None:
+        """Give up on a request: its queue slot is free at once, its work stops soon."""
+        if not entry.future.done():
+            entry.future.cancel()
+        pending = entry.pending
+        if pending is None or entry not in pending.entries:
+            return
+        pending.entries.remove(entry)
+        pending.cost -= entry.job.cost
+        w = pending.worker
+        if w is None:  # still queued here
+            if not pending.entries:
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(pending)
+                if pending.key is not None and self._by_key.get(pending.key) is pending:
+                    del self._by_key[pending.key]
+        else:
+            if not pending.entries:
+                pending.abandoned_at = time.monotonic()
+            self._write(w, ("cancel", [entry.job.id]))
+        self.telemetry.queue_depth.set(self.queue_depth())
+
+    def _close_window(self, pending: Pending) -> None:
         pending.closed = True
         self._dispatch()
 
@@ -278,29 +369,38 @@ class WorkerPool:
         for e in pending.entries:
             e.dispatched = now
         w.state = "busy"
+        pending.worker = w
         w.outstanding.append(pending)
         self.telemetry.batch_size.observe(len(pending.entries))
         if len(pending.entries) > 1:
             self.telemetry.merged.inc(len(pending.entries))
+        self._write(w, ("batch", Batch(pending.id, [e.job for e in pending.entries])))
+
+    def _write(self, w: Worker, message: Any) -> None:
+        """Queue a message for the worker (the transport buffers it; never blocks)."""
         try:
-            if w.conn is None:
-                raise OSError("the worker has no pipe")
-            w.conn.send(Batch(pending.id, [e.job for e in pending.entries]))
-        except (OSError, ValueError):
-            self._on_dead(w, w.generation)
+            if w.writer is None or w.writer.is_closing():
+                raise ConnectionError("the worker has no channel")
+            w.writer.write(frame(message))
+        except (ConnectionError, OSError, RuntimeError):
+            self._running_loop().call_soon(self._on_dead, w, w.generation, "its channel broke")
 
     # -- worker messages -------------------------------------------------------------------
     def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:
         if generation != w.generation:
             return
+        w.last_heard = time.monotonic()
         kind = msg[0]
+        if kind == "beat":
+            return
         if kind == "ready":
             w.state, w.pid, w.failures = "ready", msg[1]["pid"], 0
             self.model_info = msg[1]["models"]
         elif kind == "failed":
             w.state = "failed"
             w.failures += 1
-            print(f"attrserve: worker {w.index} failed to start: {msg[1]}", flush=True)
+            w.reason = "it failed to load the models"
+            log.error("attrserve: worker %d failed to start: %s", w.index, msg[1])
         elif kind == "done":
             pending = w.outstanding.popleft() if w.outstanding else None
             if not w.outstanding:
@@ -313,24 +413,31 @@ class WorkerPool:
                         entry.future.set_result(reply)
         self._dispatch()
 
-    def _on_dead(self, w: Worker, generation: int) -> None:
+    def _on_dead(self, w: Worker, generation: int, reason: str) -> None:
         if generation != w.generation:
             return
-        self._unwatch(w)
+        self._close(w)
+        lost = WorkerLost(
+            f"the worker serving this request was lost ({reason}); it is being restarted",
+            headers=self._retry(),
+        )
         if w.outstanding:
             for e in w.outstanding.popleft().entries:
                 if not e.future.done():
-                    e.future.set_exception(
-                        WorkerLost("the worker serving this request died; it is being restarted")
-                    )
+                    e.future.set_exception(lost)
             # batches that never started wait for a worker again, at the head of the queue
+            for p in w.outstanding:
+                p.worker = None
             self._waiting.extendleft(reversed(w.outstanding))
             w.outstanding.clear()
         failed = w.state == "failed"
         w.state = "failed" if failed else "dead"
         w.generation += 1
-        if w.process is not None:
-            w.process.join(0.1)
+        if not failed:
+            w.reason = reason
+        process = w.process
+        if process is not None:  # reap it off the loop
+            self._background(asyncio.to_thread(process.join, 5))
         if self._stopping:
             return
         self.telemetry.restarts.inc()
@@ -341,7 +448,7 @@ class WorkerPool:
 
     def _respawn(self, w: Worker) -> None:
         if not self._stopping:
-            self._spawn(w)
+            self._background(self._spawn(w))
 
 
 def reply_error(reply: Reply) -> ServiceError | None:

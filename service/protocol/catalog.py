@@ -52,8 +52,11 @@ class MethodList(BaseModel):
 class WorkerStatus(BaseModel):
     index: int
     pid: int | None
-    state: str
+    state: str = Field(description="starting | ready | busy | dead (restarting) | failed")
     restarts: int
+    last_restart_reason: str | None = Field(
+        default=None, description="why the worker was last restarted (e.g. no heartbeat)"
+    )
 
 
 class Health(BaseModel):
@@ -61,11 +64,23 @@ class Health(BaseModel):
     workers: list[WorkerStatus] = Field(default_factory=list)
 
 
+class ProblemItem(BaseModel):
+    """One field at fault."""
+
+    loc: list[str | int] = Field(description='where, e.g. ["body", "params", "n_steps"]')
+    msg: str
+    type: str | None = None
+
+
 class Problem(BaseModel):
     """RFC 9457 problem details (application/problem+json)."""
 
-    type: str
+    type: str = Field(description="a URI naming the kind of problem")
     title: str
     status: int
     detail: str
-    errors: list[dict[str, Any]] = Field(description='[{"loc": [...], "msg": "..."}]')
+    errors: list[ProblemItem] = Field(
+        default_factory=list, description="the fields at fault, where there are any"
+    )
+    instance: str | None = Field(default=None, description="the request path")
+    request_id: str | None = Field(default=None, description="the request's X-Request-ID")

@@ -6,13 +6,15 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Request
+from starlette.types import Receive
 
-from service.auth import authenticate, authorize
+from service.context import request_id
+from service.middleware import route_info
 from service.problems import to_service_error
 from service.protocol.attributions import EXAMPLES, AttributionRequest, AttributionResponse
 from service.protocol.catalog import Problem
 from service.responses import OrjsonResponse
-from service.routing import OrjsonRoute
+from service.routing import OFFLOAD_BYTES, OrjsonRoute
 from service.serving import attributions
 from service.state import AppState, get_state
 
@@ -50,7 +52,15 @@ async def attribute(
     ] = None,
 ) -> OrjsonResponse:
     """Compute attributions for a batch of examples with one method."""
-    return await serve(state, model_id, request, body, x_deadline_ms)
+    size = request.headers.get("content-length", "")
+    offload = size.isdigit() and int(size) > OFFLOAD_BYTES
+    return await serve(state, model_id, request, body, x_deadline_ms, offload)
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (the body is read: the next message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def serve(
@@ -59,16 +69,27 @@ async def serve(
     request: Request,
     body: AttributionRequest,
     x_deadline_ms: float | None,
+    offload: bool = False,
 ) -> OrjsonResponse:
     """The route's work once the body is valid (shared with ``service.fastpath``)."""
     started = time.perf_counter()
     tel = state.telemetry
     status = 200
+    info = route_info(request.scope)
+    info["model"] = model_id if model_id in state.specs else "_unknown"
+    info["method"] = body.method if body.method in state.method_names else "_unknown"
     try:
-        authorize(authenticate(state.settings, request), model_id)
         spec = state.spec(model_id)
         result, _ = await attributions.attribute(
-            state.settings, state.pool, spec, body, x_deadline_ms, started
+            state.settings,
+            state.pool,
+            spec,
+            body,
+            x_deadline_ms,
+            started,
+            request_id=request_id.get(),
+            disconnected=lambda: until_disconnect(request.receive),
+            offload=offload,
         )
         compute = result["timing_ms"]["compute"] / 1e3
         tel.labels(tel.compute, model_id, body.method).observe(compute)
@@ -78,7 +99,6 @@ async def serve(
         raise
     finally:
         # label values come from the catalogue only, never from free user text
-        model = model_id if model_id in state.specs else "_unknown"
-        method = body.method if body.method in state.method_names else "_unknown"
+        model, method = info["model"], info["method"]
         tel.labels(tel.requests, model, method, str(status)).inc()
         tel.labels(tel.latency, model, method).observe(time.perf_counter() - started)

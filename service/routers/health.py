@@ -27,12 +27,14 @@ async def live() -> OrjsonResponse:
     responses={503: {"model": Health, "description": "a worker is not ready"}},
 )
 async def ready(state: State) -> OrjsonResponse:
-    """200 once every worker has loaded its models, else 503."""
+    """200 once every worker has loaded its models, else 503 (a worker starting, restarting
+    after a crash or a missed heartbeat, or the server draining for shutdown)."""
     ok = state.pool.ready
     state.telemetry.workers_ready.set(
         sum(w["state"] in ("ready", "busy") for w in state.pool.status())
     )
-    body = {"status": "ready" if ok else "not_ready", "workers": state.pool.status()}
+    status = "ready" if ok else ("draining" if state.pool.draining else "not_ready")
+    body = {"status": status, "workers": state.pool.status()}
     return OrjsonResponse(body, status_code=200 if ok else 503)
 
 

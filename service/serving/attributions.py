@@ -3,74 +3,106 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
 
+from methods.errors import AttributionError
+from methods.noise_tunnel import parse_noise_tunnel
+from methods.params import MethodParams, parse_params
+from methods.registry import CostShape, MethodSpec
 from model_registry.spec import ModelSpec
-from service import codec, cost, support
-from service.errors import DeadlineExceeded, LimitExceeded, ServiceError
+from service import codec, support
+from service.errors import (
+    DeadlineExceeded,
+    LimitExceeded,
+    RequestCancelled,
+    ServiceError,
+    from_engine,
+)
 from service.pool.jobs import Job, Reply
 from service.pool.merge import merge_key
-from service.pool.pool import WorkerPool
+from service.pool.pool import Entry, WorkerPool
 from service.protocol.attributions import AttributionRequest
 from service.settings import Settings
 from service.targets import resolve_target
 
 _ids = itertools.count(1)
-SAMPLE_PARAMS = ("n_samples", "nt_samples")
+#: characters a text may hold per allowed token before it is refused unread (long words)
+MAX_CHARS_PER_TOKEN = 32
 
 
-def _is_tensor_param(schema: dict[str, Any]) -> bool:
-    return any("b64" in (s.get("properties") or {}) for s in schema.get("anyOf", ()))
-
-
-@functools.cache
-def params_schema(params_model: type[BaseModel]) -> dict[str, Any]:
-    """A method's params JSON schema, built once (pydantic takes ~1 ms to build it)."""
-    schema: dict[str, Any] = params_model.model_json_schema()
-    return schema
-
-
-def decode_params(
-    raw: dict[str, Any], schema: dict[str, Any], settings: Settings
-) -> dict[str, Any]:
-    """Method params with tensor-valued ones decoded, and the step/sample limits applied."""
-    props = schema.get("properties", {})
+def decode_params(ms: MethodSpec, raw: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Method params with tensor-valued ones decoded (nested lists or base64, or one per input)."""
     out: dict[str, Any] = {}
     for name, value in raw.items():
         loc = ("body", "params", name)
-        if name in props and _is_tensor_param(props[name]) and value is not None:
-            if (
-                isinstance(value, list)
-                and value
-                and all(codec.is_tensor_object(v) or isinstance(v, list) for v in value)
-                and any(codec.is_tensor_object(v) for v in value)
-            ):
+        if name in ms.tensor_params and value is not None and not isinstance(value, (int, float)):
+            if isinstance(value, list) and value and any(map(codec.is_tensor_object, value)):
                 value = tuple(
                     codec.decode_tensor(v, (*loc, i), settings.max_tensor_elements)
                     for i, v in enumerate(value)
                 )
-            elif not isinstance(value, (int, float)):
+            else:
                 value = codec.decode_tensor(value, loc, settings.max_tensor_elements)
         out[name] = value
-    steps = out.get("n_steps")
-    if isinstance(steps, int) and steps > settings.max_n_steps:
-        raise LimitExceeded(
-            f"n_steps {steps} is over the limit {settings.max_n_steps}",
-            loc=("body", "params", "n_steps"),
-        )
-    samples = out.get("n_samples")
-    if isinstance(samples, int) and samples > settings.max_n_samples:
-        raise LimitExceeded(
-            f"n_samples {samples} is over the limit {settings.max_n_samples}",
-            loc=("body", "params", "n_samples"),
-        )
     return out
+
+
+def validate_params(ms: MethodSpec, raw: dict[str, Any]) -> MethodParams:
+    """The method's params model over the request's params: coerced, defaults filled in."""
+    try:
+        return parse_params(ms.params, ms.name, raw)
+    except AttributionError as exc:
+        raise from_engine(exc) from None
+
+
+def check_limits(ms: MethodSpec, p: MethodParams, settings: Settings) -> None:
+    """Step and sample limits, on the values after coercion (n_steps="auto": its ladder top)."""
+    caps = {"steps": settings.max_n_steps, "samples": settings.max_n_samples}
+    for name, kind in ms.limits.items():
+        value = ms.limit_value(p, name)
+        if value is not None and value > caps[kind]:
+            given = getattr(p, name)
+            shown = f"{given!r} (up to {value} steps)" if given != value else str(value)
+            raise LimitExceeded(
+                f"{name} {shown} is over this server's limit of {caps[kind]}",
+                loc=("body", "params", name),
+            )
+
+
+def noise_tunnel(raw: dict[str, Any] | None, settings: Settings) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        nt = parse_noise_tunnel(raw)
+    except AttributionError as exc:
+        raise from_engine(exc) from None
+    if nt.nt_samples > settings.max_n_samples:
+        raise LimitExceeded(
+            f"nt_samples {nt.nt_samples} is over this server's limit of {settings.max_n_samples}",
+            loc=("body", "noise_tunnel", "nt_samples"),
+        )
+    return {name: getattr(nt, name) for name in nt.model_fields_set}
+
+
+def check_texts(texts: tuple[str, ...], settings: Settings) -> int:
+    """Per-text token cap before any work (each word is at least one token); the longest."""
+    longest = 0
+    cap = settings.max_text_tokens
+    for i, text in enumerate(texts):
+        words = len(text.split())
+        if words > cap or len(text) > cap * MAX_CHARS_PER_TOKEN:
+            raise LimitExceeded(
+                f"text {i} is {len(text)} characters ({words} words); this server takes at most "
+                f"{cap} tokens per text",
+                loc=("body", "inputs", i),
+            )
+        longest = max(longest, words)
+    return max(1, longest)
 
 
 def _batch_size(
@@ -89,40 +121,45 @@ def _batch_size(
     return model_default if model_default is not None else server_default
 
 
-def build_job(settings: Settings, spec: ModelSpec, req: AttributionRequest, deadline: float) -> Job:
+def build_job(
+    settings: Settings,
+    spec: ModelSpec,
+    req: AttributionRequest,
+    deadline: float,
+    request_id: str = "",
+) -> Job:
     """Every check that needs no model: the request as a job, or a 4xx ServiceError."""
     plan = support.plan(spec, req.method, req.params)
     ms = plan.method
-    params = decode_params(req.params, params_schema(ms.params), settings)
-    if plan.post_abs:
-        params.pop("abs", None)
-        params.setdefault("multiply_by_inputs", False)
+    raw = decode_params(ms, plan.params, settings)
+    p = validate_params(ms, raw)
+    check_limits(ms, p, settings)
+    # what the worker passes on: the validated values of the params that were given
+    params = {name: getattr(p, name) for name in p.model_fields_set}
     if plan.attributed_layer is not None and req.noise_tunnel is not None:
         raise support.UnsupportedMethod(
             "noise_tunnel adds noise to the inputs, which are token ids on this model",
             loc=("body", "noise_tunnel"),
         )
-    nt = req.noise_tunnel
-    if (
-        nt is not None
-        and isinstance(nt.get("nt_samples"), int)
-        and (nt["nt_samples"] > settings.max_n_samples)
-    ):
-        raise LimitExceeded(
-            f"nt_samples {nt['nt_samples']} is over the limit {settings.max_n_samples}",
-            loc=("body", "noise_tunnel", "nt_samples"),
-        )
+    nt = noise_tunnel(req.noise_tunnel, settings)
     inputs = codec.decode_inputs(
         req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
     )
-    target = resolve_target(req.target, spec.output, inputs.n)
+    if inputs.texts:
+        shapes: tuple[tuple[int, ...], ...] = ((check_texts(inputs.texts, settings),),)
+    else:
+        shapes = tuple(tuple(int(d) for d in a.shape[1:]) for a in inputs.arrays)
+    if req.target is None and not ms.needs_target:
+        target = None
+    else:
+        target = resolve_target(req.target, spec.output, inputs.n)
     baselines = codec.decode_baselines(req.baselines, spec, inputs, settings.max_tensor_elements)
     n_base = 1
     if isinstance(baselines, tuple) and baselines and isinstance(baselines[0], np.ndarray):
         n_base = int(baselines[0].shape[0])
-    rows = cost.per_example(
-        ms.name, params, inputs.arrays, nt, req.return_convergence_delta, n_base
-    )
+    rows = ms.cost(p, CostShape(shapes, n_base, req.return_convergence_delta))
+    if nt is not None:
+        rows *= int(nt.get("nt_samples", 5))
     est = rows * inputs.n
     if est > settings.max_cost:
         raise LimitExceeded(
@@ -161,8 +198,10 @@ def build_job(settings: Settings, spec: ModelSpec, req: AttributionRequest, dead
         cost=est,
         attributed_layer=plan.attributed_layer,
         post_abs=plan.post_abs,
+        request_id=request_id,
+        max_tokens=settings.max_text_tokens,
     )
-    job.key = merge_key(job, ms.stochastic)
+    job.key = merge_key(job, ms, p)
     return job
 
 
@@ -204,6 +243,28 @@ def response(
     return body
 
 
+async def wait(
+    pool: WorkerPool,
+    entry: Entry,
+    timeout: float,
+    disconnected: Callable[[], Awaitable[Any]] | None,
+) -> Reply:
+    """The reply, or cancel the work when the deadline passes (504) or the client goes (499)."""
+    watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+    waits: set[asyncio.Future[Any]] = {entry.future} if watcher is None else {entry.future, watcher}
+    try:
+        await asyncio.wait(waits, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    if entry.future.done():
+        return entry.future.result()
+    pool.cancel(entry)
+    if watcher is not None and watcher.done() and not watcher.cancelled():
+        raise RequestCancelled("the client closed the connection; the work was stopped")
+    raise DeadlineExceeded("the request did not finish within its deadline; the work was stopped")
+
+
 async def attribute(
     settings: Settings,
     pool: WorkerPool,
@@ -211,17 +272,26 @@ async def attribute(
     req: AttributionRequest,
     deadline_ms: float | None,
     started: float,
+    request_id: str = "",
+    disconnected: Callable[[], Awaitable[Any]] | None = None,
+    offload: bool = False,
 ) -> tuple[dict[str, Any], Job]:
+    """Validate, queue, wait, answer. ``offload``: a large request, decoded in a thread so the
+    event loop keeps serving others (health checks above all) meanwhile."""
     budget = min(deadline_ms or req.deadline_ms or settings.deadline_ms, settings.max_deadline_ms)
-    job = build_job(settings, spec, req, time.time() + budget / 1e3)
-    future = pool.submit(job)
+    deadline = time.time() + budget / 1e3
+    if offload:
+        job = await asyncio.to_thread(build_job, settings, spec, req, deadline, request_id)
+    else:
+        job = build_job(settings, spec, req, deadline, request_id)
+    entry = pool.submit(job)
     remaining = budget / 1e3 - (time.perf_counter() - started)
     try:
-        reply = await asyncio.wait_for(asyncio.shield(future), max(0.0, remaining))
-    except TimeoutError:
-        future.cancel()
+        reply = await wait(pool, entry, remaining, disconnected)
+    except DeadlineExceeded:
         raise DeadlineExceeded(
-            f"the request did not finish within its deadline of {budget:g} ms"
+            f"the request did not finish within its deadline of {budget:g} ms; the work was "
+            "stopped"
         ) from None
     if reply.error is not None:
         raise ServiceError.from_data(reply.error)

@@ -1,9 +1,11 @@
 """The pool's dispatch without processes: adaptive batching, one sealed batch ready behind the
-running one, the queue limit counting that ready batch, and requeueing it when a worker dies."""
+running one, the queue limit counting that ready batch, requeueing it when a worker dies, and
+cancellation freeing queue slots at once."""
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from typing import Any
 
@@ -11,18 +13,31 @@ import numpy as np
 import pytest
 
 from service.errors import QueueFull, WorkerLost
+from service.pool.channel import HEADER
 from service.pool.jobs import Batch, Job, Reply
 from service.pool.pool import WorkerPool
 from service.settings import Settings
 from service.telemetry import Telemetry
 
 
-class FakeConn:
+class FakeWriter:
+    """The worker's channel: what the pool wrote, decoded."""
+
     def __init__(self) -> None:
         self.sent: list[Batch] = []
+        self.cancelled: list[int] = []
 
-    def send(self, msg: Any) -> None:
-        self.sent.append(msg)
+    def write(self, data: bytes) -> None:
+        kind, payload = pickle.loads(data[HEADER.size :])
+        (self.sent if kind == "batch" else self.cancelled).extend(
+            [payload] if kind == "batch" else payload
+        )
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
 
 
 def job(i: int, key: tuple[Any, ...] | None = ("k",)) -> Job:
@@ -34,13 +49,13 @@ def job(i: int, key: tuple[Any, ...] | None = ("k",)) -> Job:
     )  # fmt: skip
 
 
-def pool(**settings: Any) -> tuple[WorkerPool, FakeConn]:
+def pool(**settings: Any) -> tuple[WorkerPool, FakeWriter]:
     p = WorkerPool(Settings(**settings), [], Telemetry(), 1)
     p._loop = asyncio.get_running_loop()
     p._stopping = True  # never spawn a real process in these tests
     w = p.workers[0]
-    conn = FakeConn()
-    w.state, w.conn, w.generation = "ready", conn, 1  # type: ignore[assignment]
+    conn = FakeWriter()
+    w.state, w.writer, w.generation = "ready", conn, 1  # type: ignore[assignment]
     return p, conn
 
 
@@ -51,7 +66,7 @@ def done(p: WorkerPool, batch: Batch) -> None:
 
 async def _adaptive() -> None:
     p, conn = pool()
-    f1 = p.submit(job(1))
+    f1 = p.submit(job(1)).future
     assert [len(b.jobs) for b in conn.sent] == [1]  # idle worker: sent at once, no window
     p.submit(job(2))
     p.submit(job(3))
@@ -86,10 +101,31 @@ async def _queue_full() -> None:
 
 async def _worker_lost() -> None:
     p, _ = pool()
-    f1, f2 = p.submit(job(1)), p.submit(job(2, key=None))
-    p._on_dead(p.workers[0], 1)
+    f1, f2 = p.submit(job(1)).future, p.submit(job(2, key=None)).future
+    p._on_dead(p.workers[0], 1, "a test")
     assert isinstance(f1.exception(), WorkerLost)
     assert not f2.done() and p.queue_depth() == 1  # never started: waits for a new worker
+
+
+async def _cancel() -> None:
+    p, conn = pool(queue_size=2)
+    running = p.submit(job(1))  # computing
+    queued = [p.submit(job(i)) for i in (2, 3)]  # waiting, merged
+    with pytest.raises(QueueFull):
+        p.submit(job(4))
+    p.cancel(queued[0])
+    assert p.queue_depth() == 1 and queued[0].future.cancelled()
+    p.submit(job(5))  # the slot is free at once
+    assert conn.cancelled == []  # nothing was sent for it: nothing to stop
+    p.cancel(running)  # with the worker: it is told to stop
+    assert conn.cancelled == [1]
+    assert p.workers[0].outstanding[0].abandoned_at is not None
+    done(p, conn.sent[0])  # the worker answers (cancelled): the batch behind goes out
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [3, 5]]
+
+
+def test_cancel_frees_the_slot_and_tells_the_worker() -> None:
+    asyncio.run(_cancel())
 
 
 def test_adaptive_dispatch_and_pipelining() -> None:
