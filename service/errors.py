@@ -141,8 +141,8 @@ def from_engine(exc: Exception) -> ServiceError:
     arg = getattr(exc, "argument", None)
     loc: Loc = ("body",)
     if arg:
-        head = str(arg).split(".")[0]
-        loc = ("body", *str(arg).split(".")) if head in _TOP_LEVEL else ("body", "params", arg)
+        parts: list[str | int] = [int(p) if p.isdigit() else p for p in str(arg).split(".")]
+        loc = ("body", *parts) if parts[0] in _TOP_LEVEL else ("body", "params", *parts)
     if isinstance(exc, UnknownMethodError):
         return UnknownMethod(str(exc), loc=loc)
     return AttributionFailed(str(exc), loc=loc)

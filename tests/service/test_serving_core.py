@@ -1,0 +1,388 @@
+"""The serving core under real traffic, against a real server with real workers: cancellation
+that stops work, supervised workers, bad input as 4xx, limits after coercion, graceful shutdown,
+keys before parsing, request ids. Ceilings on time are generous: they catch hangs, not speed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.conftest import Server, start_server, stop_server
+
+X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
+CHEAP = {"method": "saliency", "inputs": X, "target": 0}
+#: about 100 forward+backward passes of the 50 ms model: ~5 s of work, in chunks of one step
+SLOW = {
+    "method": "integrated_gradients",
+    "inputs": [[0.5, -0.5]],
+    "target": 0,
+    "params": {"n_steps": 100},
+    "internal_batch_size": 1,
+}
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One worker, batching off, a short heartbeat timeout."""
+    s = start_server(
+        tmp_path_factory.mktemp("core"), workers=1, batching="false", worker_timeout_s=2
+    )
+    yield s
+    stop_server(s)
+
+
+def attribute(c: httpx.Client, model: str, body: Any, **kw: Any) -> httpx.Response:
+    return c.post(f"/v1/models/{model}/attributions", json=body, **kw)
+
+
+def cheap_is_prompt(c: httpx.Client) -> None:
+    t0 = time.monotonic()
+    r = attribute(c, "tabular-mlp", CHEAP)
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - t0 < 2.0  # the abandoned work no longer holds the worker
+
+
+def test_cheap_request_after_a_504_is_served_promptly(core: Server) -> None:
+    with core.client() as c:
+        t0 = time.monotonic()
+        r = attribute(c, "slow", {**SLOW, "deadline_ms": 300})
+        assert r.status_code == 504 and r.headers["content-type"] == PROBLEM
+        assert time.monotonic() - t0 < 2.0
+        cheap_is_prompt(c)
+
+
+def test_cheap_request_after_disconnects_is_served_promptly(core: Server) -> None:
+    for _ in range(4):
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{core.url}/v1/models/slow/attributions", json=SLOW, timeout=0.3)
+    with core.client() as c:
+        cheap_is_prompt(c)
+    assert '"status":499' in core.log.read_text()  # the access log saw the clients go
+
+
+def test_stopped_worker_does_not_stall_the_server_and_is_replaced(core: Server) -> None:
+    before = core.ready()["workers"][0]  # type: ignore[index]
+    answer: dict[str, httpx.Response] = {}
+
+    def in_flight() -> None:
+        answer["r"] = httpx.post(f"{core.url}/v1/models/slow/attributions", json=SLOW, timeout=60)
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    time.sleep(0.5)
+    os.kill(before["pid"], signal.SIGSTOP)
+    try:
+        with core.client() as c:
+            end = time.monotonic() + 20
+            replaced = None
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                assert c.get("/v1/health/live").status_code == 200
+                assert time.monotonic() - t0 < 1.0
+                worker = c.get("/v1/health/ready").json()["workers"][0]
+                if worker["pid"] != before["pid"]:
+                    replaced = worker
+                    break
+                time.sleep(0.2)
+            assert replaced is not None, "the stopped worker was not replaced"
+            assert replaced["restarts"] == before["restarts"] + 1
+            assert "heartbeat" in replaced["last_restart_reason"]
+            thread.join(30)
+            r = answer["r"]
+            assert r.status_code == 503 and r.headers["content-type"] == PROBLEM
+            assert r.headers["retry-after"] and "heartbeat" in r.json()["detail"]
+            core.wait_ready()
+            cheap_is_prompt(c)
+    finally:
+        with_suppressed_kill(before["pid"])
+
+
+def with_suppressed_kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+IMG = {"dtype": "float32", "shape": [1, 3, 32, 32], "b64": base64.b64encode(bytes(12288)).decode()}
+MASK = {"dtype": "int64", "shape": [1, 8], "b64": base64.b64encode(bytes(64)).decode()}
+IG = {"method": "integrated_gradients", "inputs": X, "target": 0}
+RAW_IG = b'{"method": "integrated_gradients", "inputs": [[0, 0, 0, 0, 0, 0, 0, 0]], "target": 0, '
+
+#: (name, model, body, field the error must name); bytes bodies carry what JSON libraries refuse
+BAD: list[tuple[str, str, Any, list[Any]]] = [
+    ("n_steps null", "tabular-mlp", {**IG, "params": {"n_steps": None}}, ["params", "n_steps"]),
+    ("n_steps abc", "tabular-mlp", {**IG, "params": {"n_steps": "abc"}}, ["params", "n_steps"]),
+    ("n_steps list", "tabular-mlp", {**IG, "params": {"n_steps": [1]}}, ["params", "n_steps"]),
+    ("n_steps dict", "tabular-mlp", {**IG, "params": {"n_steps": {}}}, ["params", "n_steps"]),
+    ("n_steps NaN", "tabular-mlp", RAW_IG + b'"params": {"n_steps": NaN}}', ["params", "n_steps"]),
+    (
+        "n_steps Infinity",
+        "tabular-mlp",
+        RAW_IG + b'"params": {"n_steps": Infinity}}',
+        ["params", "n_steps"],
+    ),
+    (
+        "n_samples abc",
+        "tabular-mlp",
+        {**IG, "method": "gradient_shap", "params": {"n_samples": "abc"}},
+        ["params", "n_samples"],
+    ),
+    (
+        "nt_samples abc",
+        "tabular-mlp",
+        {**CHEAP, "noise_tunnel": {"nt_samples": "abc"}},
+        ["noise_tunnel", "nt_samples"],
+    ),
+    (
+        "occlusion window",
+        "image-cnn",
+        {"method": "occlusion", "inputs": IMG, "target": 0,
+         "params": {"sliding_window_shapes": ["a", 8, 8]}},
+        ["params", "sliding_window_shapes", 0],
+    ),  # fmt: skip
+    (
+        "occlusion strides",
+        "image-cnn",
+        {"method": "occlusion", "inputs": IMG, "target": 0,
+         "params": {"sliding_window_shapes": [3, 8, 8], "strides": "abc"}},
+        ["params", "strides"],
+    ),  # fmt: skip
+    (
+        "lone surrogate",
+        "tabular-mlp",
+        RAW_IG + b'"params": {"approximation_method": "\\ud800"}}',
+        ["params", "approximation_method"],
+    ),
+    (
+        "huge base64 shape",
+        "tabular-mlp",
+        {**CHEAP, "inputs": {"dtype": "float32", "shape": [4294967296, 4294967296], "b64": ""}},
+        ["inputs"],
+    ),
+    (
+        "base64 dtype object",
+        "tabular-mlp",
+        {**CHEAP, "inputs": {"dtype": {}, "shape": [1, 8], "b64": ""}},
+        ["inputs", "dtype"],
+    ),
+    (
+        "base64 dtype list",
+        "tabular-mlp",
+        {**CHEAP, "inputs": {"dtype": [None, None], "shape": [1, 8], "b64": ""}},
+        ["inputs", "dtype"],
+    ),
+    (
+        "custom_attribution_func",
+        "tabular-mlp",
+        {**IG, "method": "lime", "params": {"custom_attribution_func": "lambda x: x"}},
+        ["params", "custom_attribution_func"],
+    ),
+    *[
+        (
+            f"params.{name}",
+            "tabular-mlp",
+            {**IG, "params": {name: value}},
+            ["params", name],
+        )
+        for name, value in [
+            ("baselines", 0),
+            ("target", 0),
+            ("internal_batch_size", 4),
+            ("seed", 1),
+            ("noise_tunnel", {"nt_samples": 2}),
+            ("return_convergence_delta", True),
+        ]
+    ],
+    ("Captum's method=", "tabular-mlp", {**IG, "params": {"method": "riemann_left"}},
+     ["params", "method"]),  # fmt: skip
+    # limits hold after coercion: strings and floats are numbers too
+    ("n_steps '1500'", "tabular-mlp", {**IG, "params": {"n_steps": "1500"}}, ["params", "n_steps"]),
+    ("n_steps 1500.0", "tabular-mlp", {**IG, "params": {"n_steps": 1500.0}}, ["params", "n_steps"]),
+    ("n_steps '5000'", "tabular-mlp", {**IG, "params": {"n_steps": "5000"}}, ["params", "n_steps"]),
+    (
+        "n_samples '2000'",
+        "tabular-mlp",
+        {**IG, "method": "gradient_shap", "params": {"n_samples": "2000"}},
+        ["params", "n_samples"],
+    ),
+    (
+        "nt_samples 2000.0",
+        "tabular-mlp",
+        {**CHEAP, "noise_tunnel": {"nt_samples": 2000.0}},
+        ["noise_tunnel", "nt_samples"],
+    ),
+    (
+        "n_steps auto past the limit",
+        "tabular-mlp",
+        {**IG, "params": {"n_steps": "auto", "approximation_method": "riemann_left"}},
+        ["params", "n_steps"],
+    ),
+    (
+        "guided_gradcam hidden layer",
+        "image-cnn",
+        {"method": "guided_gradcam", "inputs": IMG, "target": 0, "params": {"layer": "features.1"}},
+        ["params", "layer"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "body", "field"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_422_naming_the_field(
+    server: Server, model: str, body: Any, field: list[Any]
+) -> None:
+    with server.client() as c:
+        if isinstance(body, bytes):
+            r = c.post(
+                f"/v1/models/{model}/attributions",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+        else:
+            r = attribute(c, model, body)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == PROBLEM
+    problem = r.json()
+    assert problem["errors"][0]["loc"] == ["body", *field], problem
+    assert problem["request_id"] == r.headers["x-request-id"]
+
+
+def test_wrong_layer_lists_only_the_exposed_layers(server: Server) -> None:
+    with server.client() as c:
+        r = attribute(
+            c,
+            "image-cnn",
+            {"method": "guided_gradcam", "inputs": IMG, "target": 0, "params": {"layer": "x"}},
+        )
+        layers = c.get("/v1/models/image-cnn").json()["layers"]
+    assert r.status_code == 422
+    assert f"its layers are {layers}" in r.json()["detail"]
+
+
+def test_targetless_methods_and_token_layer_default(server: Server) -> None:
+    with server.client() as c:
+        for method, params in [
+            ("neuron_gradient", {"layer": "fc1", "neuron_selector": 0}),
+            ("layer_activation", {"layer": "fc1"}),
+        ]:
+            r = attribute(c, "tabular-mlp", {"method": method, "inputs": X, "params": params})
+            assert r.status_code == 200, r.text
+        r = attribute(
+            c,
+            "text-classifier",
+            {"method": "layer_integrated_gradients", "inputs": ["a great film"], "target": 1},
+        )
+    assert r.status_code == 200, r.text
+    assert r.json()["params"]["layer"] == "embedding"
+
+
+def test_huge_text_is_refused_before_compute(server: Server) -> None:
+    text = " ".join(["great"] * 100_000)
+    with server.client() as c:
+        t0 = time.monotonic()
+        r = attribute(c, "text-classifier", {**IG, "inputs": [text], "target": 1})
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "inputs", 0]
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_request_ids(server: Server) -> None:
+    with server.client() as c:
+        given = attribute(c, "tabular-mlp", CHEAP, headers={"x-request-id": "trace-42"})
+        made = c.get("/v1/models")
+        bad = attribute(c, "tabular-mlp", {**CHEAP, "target": 9})
+        junk = c.get("/v1/models", headers={"x-request-id": "bad id\t" + "x" * 200})
+    assert given.headers["x-request-id"] == "trace-42"
+    assert len(made.headers["x-request-id"]) == 32
+    assert bad.json()["request_id"] == bad.headers["x-request-id"]
+    assert junk.headers["x-request-id"] != "bad id"
+    time.sleep(0.2)
+    lines = [json.loads(x) for x in server.log.read_text().splitlines() if '"trace-42"' in x]
+    assert lines and lines[-1]["model"] == "tabular-mlp" and lines[-1]["method"] == "saliency"
+    assert lines[-1]["status"] == 200 and lines[-1]["ms"] > 0
+
+
+def test_keys_are_checked_before_the_body_is_parsed(tight_server: Server) -> None:
+    with tight_server.client() as c:
+        headers = {"content-type": "application/json"}
+        for content in (b"{not json", b'{"method": 3}', b"[]"):
+            r = c.post("/v1/models/tabular-mlp/attributions", content=content, headers=headers)
+            assert r.status_code == 401 and r.headers["content-type"] == PROBLEM
+        r = c.post(
+            "/v1/models/text-classifier/attributions",
+            content=b"{not json",
+            headers={**headers, "x-api-key": "k-tight"},
+        )
+        assert r.status_code == 403
+
+
+def test_large_bodies_do_not_stall_health(server: Server) -> None:
+    """Four 12 MB bodies at once: /live keeps answering in well under a second."""
+    row = [0.25] * 8
+    big = json.dumps({**CHEAP, "inputs": [row] * 200_000}).encode()
+    done = threading.Event()
+
+    def send() -> None:
+        httpx.post(
+            f"{server.url}/v1/models/tabular-mlp/attributions",
+            content=big,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    worst = 0.0
+    with server.client() as c:
+        while any(t.is_alive() for t in threads):
+            t0 = time.monotonic()
+            assert c.get("/v1/health/live").status_code == 200
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.05)
+    done.set()
+    assert worst < 1.0, worst
+
+
+def test_sigterm_drains_then_answers_503(tmp_path: Path) -> None:
+    s = start_server(tmp_path, workers=1, batching="false", shutdown_grace_s=1)
+    pid = s.ready()["workers"][0]["pid"]  # type: ignore[index]
+    answers: list[httpx.Response] = []
+
+    def send(body: dict[str, Any]) -> None:
+        answers.append(httpx.post(f"{s.url}/v1/models/slow/attributions", json=body, timeout=60))
+
+    quick = {**SLOW, "params": {"n_steps": 4}}
+    threads = [threading.Thread(target=send, args=(b,)) for b in (quick, SLOW, SLOW)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    time.sleep(0.3)
+    s.process.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(30)
+    try:
+        s.process.wait(30)
+    except subprocess.TimeoutExpired:
+        s.process.kill()
+        raise
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses == [200, 503, 503], statuses
+    for r in answers:
+        if r.status_code == 503:
+            assert r.headers["content-type"] == PROBLEM and r.json()["request_id"]
+    log = s.log.read_text()
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid), 0)  # type: ignore[call-overload]
