@@ -31,6 +31,16 @@ TensorParam = Annotated[Any, WithJsonSchema(TENSOR_SCHEMA)]
 PythonOnly = Annotated[Any, WithJsonSchema({"description": "Python API only (a callable)."})]
 
 
+def marked_fields(model: type[BaseModel], marker: Any) -> frozenset[str]:
+    """Fields of ``model`` annotated with ``marker`` (``TensorParam`` or ``PythonOnly``)."""
+    tags = get_args(marker)[1:]
+    return frozenset(
+        name
+        for name, f in model.model_fields.items()
+        if any(any(m is t or m == t for t in tags) for m in f.metadata)
+    )
+
+
 class MethodParams(BaseModel):
     """Base of every method's parameters: immutable, unknown names rejected."""
 
@@ -66,12 +76,23 @@ def parse_params(model: type[MethodParams], method: str, params: dict[str, Any])
     try:
         return model.model_validate(params)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        name = ".".join(str(p) for p in err["loc"]) or "params"
+        errors = exc.errors()
+        err = errors[0]
+        name = _where(err["loc"])
         if err["type"] == "extra_forbidden":
             known = ", ".join(model.model_fields) or "none"
             raise UnknownParameterError(
                 f"{method} has no parameter {name!r}; its parameters are: {known}", argument=name
             ) from None
+        # a union reports one error per member it tried: say them all ("an integer or 'auto'")
+        msgs = list(dict.fromkeys(e["msg"] for e in errors if _where(e["loc"]) == name))
         kind = InvalidTypeError if err["type"].endswith("_type") else InvalidArgumentError
-        raise kind(f"{method}: parameter {name!r}: {err['msg']}", argument=name) from None
+        raise kind(f"{method}: parameter {name!r}: {'; or '.join(msgs)}", argument=name) from None
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """A parameter's dotted path without pydantic's union-member tags ("n_steps.int",
+    "strides.tuple[int, ...].0"): the field name, then indexes only (params are flat)."""
+    if not loc:
+        return "params"
+    return ".".join([str(loc[0]), *(str(p) for p in loc[1:] if isinstance(p, int))])
