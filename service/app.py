@@ -5,13 +5,14 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import methods
 import model_registry
-from service import problems
+from service import openapi_doc, problems
 from service.errors import ServiceError
 from service.fastpath import FastAttributions, model_id_of
 from service.limits import BodyLimit
@@ -54,6 +55,11 @@ class AttrServe(FastAPI):
 
     async def fastapi_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi_doc.finish(super().openapi())
+        return self.openapi_schema
 
 
 def worker_count(settings: Settings) -> int:

@@ -68,7 +68,10 @@ class RequestContext:
         except Exception:
             error_log.error(
                 "request %s: %s %s failed\n%s",
-                rid, scope["method"], scope["path"], traceback.format_exc(),
+                rid,
+                scope["method"],
+                scope["path"],
+                traceback.format_exc(),
             )
             if status == 0:
                 err = ServiceError(f"internal error (request id {rid})")

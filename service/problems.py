@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from methods.errors import AttributionError
+from service.context import request_id
 from service.errors import (
     BodyTooLarge,
     InvalidRequest,
@@ -16,7 +17,6 @@ from service.errors import (
     ServiceError,
     from_engine,
 )
-from service.context import request_id
 from service.responses import ProblemResponse
 
 TYPE_BASE = "https://attrserve.dev/problems/"

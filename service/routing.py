@@ -18,7 +18,6 @@ from starlette.responses import Response
 
 from service.errors import InvalidRequest
 
-
 #: bodies above this are parsed in a thread: the event loop keeps answering meanwhile
 OFFLOAD_BYTES = 1 << 20
 

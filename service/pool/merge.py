@@ -18,6 +18,7 @@ from methods.registry import MethodSpec
 from service.pool.jobs import Job, Reply
 from service.targets import per_example
 
+
 def _digest(value: Any) -> Any:
     """A hashable fingerprint of params/baselines; None when a tensor is per example."""
     if isinstance(value, np.ndarray):

@@ -51,11 +51,7 @@ class Control:
         deadline = max(j.deadline for j in jobs)
 
         def check() -> bool:
-            return (
-                self.stopping
-                or time.time() > deadline
-                or all(i in self.cancelled for i in ids)
-            )
+            return self.stopping or time.time() > deadline or all(i in self.cancelled for i in ids)
 
         return check
 
@@ -199,7 +195,10 @@ def _safe(run: Run, models: dict[str, Any], job: Job, jobs: list[Job], c: Contro
         # the model's own exception text may hold internals (allocator, paths): log it only
         log.error(
             "request %s: %s on %s failed in the model\n%s",
-            _ids(jobs), job.method, job.model_id, traceback.format_exc(),
+            _ids(jobs),
+            job.method,
+            job.model_id,
+            traceback.format_exc(),
         )
         cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "an error"
         return _error(
@@ -215,7 +214,10 @@ def _safe(run: Run, models: dict[str, Any], job: Job, jobs: list[Job], c: Contro
     except Exception:
         log.error(
             "request %s: %s on %s failed\n%s",
-            _ids(jobs), job.method, job.model_id, traceback.format_exc(),
+            _ids(jobs),
+            job.method,
+            job.model_id,
+            traceback.format_exc(),
         )
         return _error(job, ServiceError(f"internal error (request id {job.request_id})"))
 
@@ -228,7 +230,9 @@ def run_batch(models: dict[str, Any], jobs: list[Job], run: Run, c: Control) -> 
         if j.id in c.cancelled:
             replies.append(_error(j, RequestCancelled("cancelled before the work started")))
         elif j.deadline <= now:
-            replies.append(_error(j, DeadlineExceeded("the deadline passed before the work started")))
+            replies.append(
+                _error(j, DeadlineExceeded("the deadline passed before the work started"))
+            )
         else:
             live.append(j)
     if len(live) > 1:

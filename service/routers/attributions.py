@@ -20,18 +20,17 @@ from service.state import AppState, get_state
 
 router = APIRouter(tags=["attributions"], route_class=OrjsonRoute)
 State = Annotated[AppState, Depends(get_state)]
+#: declared as application/problem+json with the Problem schema (service.openapi_doc)
 ERRORS = {
     code: {"model": Problem, "description": text}
     for code, text in {
         400: "malformed body",
-        401: "missing or wrong API key",
-        403: "key not allowed here",
         404: "unknown model or method",
         413: "body over the limit",
         422: "cannot be served (shape, dtype, NaN, target, method, limits)",
         429: "queue full (Retry-After)",
-        503: "not ready or worker lost",
-        504: "deadline passed",
+        503: "not ready, worker lost, or shutting down (Retry-After)",
+        504: "deadline passed (the work is stopped)",
     }.items()
 }
 

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
 from service.middleware import route_info
-from service.protocol.catalog import MethodList, ModelInfo, ModelList, Problem
+from service.protocol.catalog import MethodList, ModelInfo, ModelList
 from service.serving import catalog
 from service.state import AppState, get_state
 
 router = APIRouter(tags=["catalog"])
 State = Annotated[AppState, Depends(get_state)]
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": Problem},
-    403: {"model": Problem},
-    404: {"model": Problem},
-}
 
 
-@router.get("/v1/models", response_model=ModelList, responses=ERRORS)
+@router.get("/v1/models", response_model=ModelList)
 async def list_models(state: State, request: Request) -> ModelList:
     """Every served model (those the API key may use)."""
     key = route_info(request.scope).get("api_key")
@@ -32,13 +27,13 @@ async def list_models(state: State, request: Request) -> ModelList:
     return ModelList(models=infos)
 
 
-@router.get("/v1/models/{model_id}", response_model=ModelInfo, responses=ERRORS)
+@router.get("/v1/models/{model_id}", response_model=ModelInfo)
 async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
     """One model: inputs, output, layers and the methods it serves."""
     return catalog.model_info(state.spec(model_id), state.pool.model_info.get(model_id))
 
 
-@router.get("/v1/methods", response_model=MethodList, responses=ERRORS)
+@router.get("/v1/methods", response_model=MethodList)
 async def list_methods(state: State, request: Request) -> MethodList:
     """Every registered method with its parameters' JSON schema."""
     return catalog.method_list()

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 
-from service.protocol.catalog import Health, Problem
+from service.protocol.catalog import Health
 from service.responses import OrjsonResponse
 from service.state import AppState, get_state
 
@@ -42,10 +42,7 @@ async def ready(state: State) -> OrjsonResponse:
     "/metrics",
     tags=["health"],
     response_class=Response,
-    responses={
-        200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
-        500: {"model": Problem},
-    },
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
 )
 async def metrics(state: State) -> Response:
     """Prometheus metrics: requests, latency, queue depth, merged batch sizes, restarts."""

@@ -5,6 +5,7 @@ keys before parsing, request ids. Ceilings on time are generous: they catch hang
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -110,10 +111,8 @@ def test_stopped_worker_does_not_stall_the_server_and_is_replaced(core: Server) 
 
 
 def with_suppressed_kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 IMG = {"dtype": "float32", "shape": [1, 3, 32, 32], "b64": base64.b64encode(bytes(12288)).decode()}
@@ -149,17 +148,25 @@ BAD: list[tuple[str, str, Any, list[Any]]] = [
     (
         "occlusion window",
         "image-cnn",
-        {"method": "occlusion", "inputs": IMG, "target": 0,
-         "params": {"sliding_window_shapes": ["a", 8, 8]}},
+        {
+            "method": "occlusion",
+            "inputs": IMG,
+            "target": 0,
+            "params": {"sliding_window_shapes": ["a", 8, 8]},
+        },
         ["params", "sliding_window_shapes", 0],
-    ),  # fmt: skip
+    ),
     (
         "occlusion strides",
         "image-cnn",
-        {"method": "occlusion", "inputs": IMG, "target": 0,
-         "params": {"sliding_window_shapes": [3, 8, 8], "strides": "abc"}},
+        {
+            "method": "occlusion",
+            "inputs": IMG,
+            "target": 0,
+            "params": {"sliding_window_shapes": [3, 8, 8], "strides": "abc"},
+        },
         ["params", "strides"],
-    ),  # fmt: skip
+    ),
     (
         "lone surrogate",
         "tabular-mlp",
@@ -206,8 +213,12 @@ BAD: list[tuple[str, str, Any, list[Any]]] = [
             ("return_convergence_delta", True),
         ]
     ],
-    ("Captum's method=", "tabular-mlp", {**IG, "params": {"method": "riemann_left"}},
-     ["params", "method"]),  # fmt: skip
+    (
+        "Captum's method=",
+        "tabular-mlp",
+        {**IG, "params": {"method": "riemann_left"}},
+        ["params", "method"],
+    ),
     # limits hold after coercion: strings and floats are numbers too
     ("n_steps '1500'", "tabular-mlp", {**IG, "params": {"n_steps": "1500"}}, ["params", "n_steps"]),
     ("n_steps 1500.0", "tabular-mlp", {**IG, "params": {"n_steps": 1500.0}}, ["params", "n_steps"]),
