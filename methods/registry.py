@@ -2,18 +2,24 @@
 
 Method modules live in the family packages (``gradient``, ``perturbation``, ``layer``,
 ``neuron``) and are discovered on first use, so adding a method touches only its own module.
+Each entry also carries what a server needs to know about its method (cost, merging, token
+counterpart, tensor and Python-only params, limits), stated at registration or derived from
+the params model: the one source of truth, never a table of names elsewhere.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from methods.cost import CostFn, CostShape, derived_cost
 from methods.errors import UnknownMethodError
-from methods.params import MethodParams
+from methods.params import MethodParams, PythonOnly, TensorParam, marked_fields
 
 if TYPE_CHECKING:
     from methods.call import Call, Output
@@ -21,6 +27,42 @@ if TYPE_CHECKING:
 Kind = Literal["gradient", "perturbation", "layer", "neuron"]
 FAMILIES = ("gradient", "perturbation", "layer", "neuron")
 MethodFn = Callable[["Call", Any], "Output"]
+#: how requests for the method merge into one engine call: "examples" (concatenated; baselines
+#: and params identical), "shared_baselines" (likewise, tensor baselines being a distribution
+#: every example shares), "never" (an example's result depends on the others in the call)
+Merge = Literal["examples", "shared_baselines", "never"]
+#: params a server caps, and which limit each counts against
+LIMITS: Mapping[str, str] = MappingProxyType({"n_steps": "steps", "n_samples": "samples"})
+
+__all__ = [
+    "FAMILIES",
+    "LIMITS",
+    "CostShape",
+    "Kind",
+    "Merge",
+    "MethodFn",
+    "MethodInfo",
+    "MethodSpec",
+    "TokenCounterpart",
+    "get",
+    "register",
+    "specs",
+]
+
+
+@dataclass(frozen=True)
+class TokenCounterpart:
+    """The layer method computing a gradient method at a token model's embedding layer: the
+    request's params minus ``drop_params``, updated with ``set_params``, plus ``layer``; with
+    ``post_abs`` the absolute value is taken before summing over the embedding dim."""
+
+    method: str
+    post_abs: bool = False
+    set_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    drop_params: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "set_params", MappingProxyType(dict(self.set_params)))
 
 
 @dataclass(frozen=True)
@@ -50,6 +92,16 @@ class MethodSpec:
     #: needs floating-point inputs (it differentiates with respect to them)
     differentiates_inputs: bool = True
     description: str = field(default="")
+    #: forward rows one example costs; None: derived from the params model (see methods.cost)
+    cost_fn: CostFn | None = None
+    merge: Merge = "examples"
+    #: whether requests with these (validated) params merge, when ``merge`` allows it
+    merge_when: Callable[[Any], bool] | None = None
+    token_counterpart: TokenCounterpart | None = None
+    #: False where the method ignores ``target`` (neuron methods select a neuron instead)
+    needs_target: bool = True
+    #: the most steps ``n_steps="auto"`` may take with these params (methods that have it)
+    auto_steps: Callable[[Any], int] | None = None
 
     def info(self) -> MethodInfo:
         return MethodInfo(
@@ -61,6 +113,47 @@ class MethodSpec:
             stochastic=self.stochastic,
             description=self.description,
         )
+
+    def cost(self, p: MethodParams, shape: CostShape) -> int:
+        """Forward rows one example costs with the validated params ``p`` (at least 1)."""
+        fn = self.cost_fn or derived_cost(self.params)
+        return max(1, int(fn(p, shape)))
+
+    def merges(self, p: MethodParams) -> bool:
+        """Whether requests with params ``p`` may run as one engine call."""
+        if self.merge == "never":
+            return False
+        return self.merge_when is None or bool(self.merge_when(p))
+
+    def limit_value(self, p: MethodParams, name: str) -> int | None:
+        """The value of the limited param ``name`` (see ``limits``) that counts against its
+        limit: the int given, or the most ``n_steps="auto"`` may take; None if unset."""
+        value = getattr(p, name, None)
+        if name == "n_steps" and value == "auto" and self.auto_steps is not None:
+            return int(self.auto_steps(p))
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return None
+
+    @cached_property
+    def tensor_params(self) -> frozenset[str]:
+        """Params annotated ``TensorParam``: a server decodes them from its tensor codec."""
+        return marked_fields(self.params, TensorParam)
+
+    @cached_property
+    def python_only_params(self) -> frozenset[str]:
+        """Params annotated ``PythonOnly`` (callables): never accepted over HTTP."""
+        return marked_fields(self.params, PythonOnly)
+
+    @cached_property
+    def limits(self) -> Mapping[str, str]:
+        """Limited params of this method and the limit each counts against."""
+        return MappingProxyType({f: k for f, k in LIMITS.items() if f in self.params.model_fields})
+
+    @property
+    def layer_param(self) -> bool:
+        """Whether the method takes ``layer`` (layer and neuron methods, guided_gradcam)."""
+        return "layer" in self.params.model_fields
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
@@ -77,8 +170,25 @@ def register(
     stochastic: bool = False,
     batching: str | None = None,
     differentiates_inputs: bool = True,
+    cost: CostFn | None = None,
+    merge: Merge = "examples",
+    merge_when: Callable[[Any], bool] | None = None,
+    token_counterpart: TokenCounterpart | Literal["unstated"] | None = "unstated",
+    needs_target: bool = True,
+    auto_steps: Callable[[Any], int] | None = None,
 ) -> Callable[[MethodFn], MethodFn]:
-    """Register ``fn`` as the method ``name`` (the module's name, its wire name too)."""
+    """Register ``fn`` as the method ``name`` (the module's name, its wire name too).
+
+    A method differentiating its inputs outside the layer family must state its
+    ``token_counterpart`` (None for none): token models take ids, which cannot be.
+    """
+    if token_counterpart == "unstated":
+        if differentiates_inputs and kind != "layer":
+            raise RuntimeError(
+                f"method {name!r} differentiates its inputs: state its token_counterpart "
+                "(the layer method run at a token model's embedding layer, or None)"
+            )
+        token_counterpart = None
 
     def deco(fn: MethodFn) -> MethodFn:
         if name in _REGISTRY:
@@ -95,6 +205,12 @@ def register(
             batching=batching,
             differentiates_inputs=differentiates_inputs,
             description=doc,
+            cost_fn=cost,
+            merge=merge,
+            merge_when=merge_when,
+            token_counterpart=token_counterpart,
+            needs_target=needs_target,
+            auto_steps=auto_steps,
         )
         return fn
 

@@ -12,7 +12,13 @@ from methods.params import NoParams
 from methods.registry import register
 
 
-@register("deconvolution", kind="gradient", params=NoParams, needs_hooks=True)
+@register(
+    "deconvolution",
+    kind="gradient",
+    params=NoParams,
+    needs_hooks=True,
+    token_counterpart=None,
+)
 def deconvolution(call: Call, p: NoParams) -> Output:
     """Gradient with ReLU backward replaced by relu(gradient w.r.t. the ReLU output)."""
     forward = intercept.ruled(call.forward, intercept.DECONVOLUTION)

@@ -30,7 +30,7 @@ from methods.engine.inputs import Tensors
 from methods.engine.path import output_change
 from methods.engine.targets import Target
 from methods.params import MethodParams, PythonOnly
-from methods.registry import register
+from methods.registry import TokenCounterpart, register
 
 
 class DeepLiftParams(MethodParams):
@@ -147,6 +147,7 @@ def _slice_forward(call: Call, s: int, e: int, total: int) -> Any:
     needs_hooks=True,
     returns_delta=True,
     batching="internal_batch_size",
+    token_counterpart=TokenCounterpart("layer_deeplift"),
 )
 def deeplift(call: Call, p: DeepLiftParams) -> Output:
     """DeepLift (Rescale rule) against the baselines (default zeros)."""

@@ -7,9 +7,10 @@ every baseline row (example-major, as Captum does) and the DeepLift attributions
 from __future__ import annotations
 
 from methods.call import Call, Output
+from methods.cost import baseline_pairs_cost
 from methods.engine.baselines import format_baseline_distribution
 from methods.gradient.deeplift import DeepLiftParams, run_rows
-from methods.registry import register
+from methods.registry import TokenCounterpart, register
 
 
 @register(
@@ -19,6 +20,9 @@ from methods.registry import register
     needs_hooks=True,
     returns_delta=True,
     batching="internal_batch_size",
+    cost=baseline_pairs_cost,
+    merge="shared_baselines",
+    token_counterpart=TokenCounterpart("layer_deeplift_shap"),
 )
 def deeplift_shap(call: Call, p: DeepLiftParams) -> Output:
     """DeepLift averaged over baseline rows (baselines: B reference rows per input)."""

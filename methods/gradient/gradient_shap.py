@@ -25,7 +25,7 @@ from methods.engine.inputs import Tensors
 from methods.engine.path import output_change
 from methods.errors import InvalidArgumentError
 from methods.params import MethodParams
-from methods.registry import register
+from methods.registry import TokenCounterpart, register
 
 
 class GradientShapParams(MethodParams):
@@ -45,6 +45,8 @@ class GradientShapParams(MethodParams):
     returns_delta=True,
     stochastic=True,
     batching="internal_batch_size",
+    merge="shared_baselines",
+    token_counterpart=TokenCounterpart("layer_gradient_shap"),
 )
 def gradient_shap(call: Call, p: GradientShapParams) -> Output:
     """SHAP values approximated by gradients at random points between baselines and inputs."""

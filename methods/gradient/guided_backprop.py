@@ -13,7 +13,13 @@ from methods.params import NoParams
 from methods.registry import register
 
 
-@register("guided_backprop", kind="gradient", params=NoParams, needs_hooks=True)
+@register(
+    "guided_backprop",
+    kind="gradient",
+    params=NoParams,
+    needs_hooks=True,
+    token_counterpart=None,
+)
 def guided_backprop(call: Call, p: NoParams) -> Output:
     """Gradient with ReLU backward replaced by relu(gradient w.r.t. the ReLU input)."""
     forward = intercept.ruled(call.forward, intercept.GUIDED_BACKPROP)

@@ -33,7 +33,13 @@ class GuidedGradCamParams(MethodParams):
     )
 
 
-@register("guided_gradcam", kind="gradient", params=GuidedGradCamParams, needs_hooks=True)
+@register(
+    "guided_gradcam",
+    kind="gradient",
+    params=GuidedGradCamParams,
+    needs_hooks=True,
+    token_counterpart=None,
+)
 def guided_gradcam(call: Call, p: GuidedGradCamParams) -> Output:
     """Guided backpropagation masked by the layer's upsampled Grad-CAM map."""
     module = layers.resolve(call.model, p.layer)

@@ -8,10 +8,15 @@ from __future__ import annotations
 from methods.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.params import NoParams
-from methods.registry import register
+from methods.registry import TokenCounterpart, register
 
 
-@register("input_x_gradient", kind="gradient", params=NoParams)
+@register(
+    "input_x_gradient",
+    kind="gradient",
+    params=NoParams,
+    token_counterpart=TokenCounterpart("layer_gradient_x_activation"),
+)
 def input_x_gradient(call: Call, p: NoParams) -> Output:
     """Input times the gradient of the targeted output with respect to it."""
     grads, selected = gradients(call.forward, call.inputs, call.target)

@@ -13,6 +13,7 @@ import torch
 from pydantic import Field
 
 from methods.call import Call, Output
+from methods.cost import CostShape
 from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
 from methods.engine.path import (
@@ -24,7 +25,7 @@ from methods.engine.path import (
 from methods.engine.quadrature import ApproximationMethod, rule_tensors
 from methods.errors import InvalidArgumentError
 from methods.params import MethodParams
-from methods.registry import register
+from methods.registry import TokenCounterpart, register
 
 
 class IntegratedGradientsParams(MethodParams):
@@ -57,6 +58,16 @@ LADDERS: dict[str, tuple[int, ...]] = {
 }
 
 
+def ladder_top(approximation_method: str) -> int:
+    """The most steps n_steps="auto" takes with this rule: its ladder's last rung."""
+    return LADDERS[approximation_method][-1]
+
+
+def _cost(p: IntegratedGradientsParams, shape: CostShape) -> int:
+    steps = ladder_top(p.approximation_method) if p.n_steps == "auto" else p.n_steps
+    return steps + (2 if shape.return_delta else 0)
+
+
 def _check_steps(p: IntegratedGradientsParams) -> None:
     if p.n_steps != "auto" and p.n_steps < 1:
         raise InvalidArgumentError(f"n_steps must be >= 1, got {p.n_steps}", argument="n_steps")
@@ -68,6 +79,14 @@ def _check_steps(p: IntegratedGradientsParams) -> None:
     params=IntegratedGradientsParams,
     returns_delta=True,
     batching="internal_batch_size",
+    cost=_cost,
+    # "auto" stops once every example in the call has converged: merged requests would differ
+    merge_when=lambda p: p.n_steps != "auto",
+    auto_steps=lambda p: ladder_top(p.approximation_method),
+    # delta_tolerance steers n_steps="auto" only, which the layer method does not have
+    token_counterpart=TokenCounterpart(
+        "layer_integrated_gradients", drop_params=frozenset({"delta_tolerance"})
+    ),
 )
 def integrated_gradients(call: Call, p: IntegratedGradientsParams) -> Output:
     """Integrated gradients from the baselines (default zeros) to the inputs."""

@@ -21,7 +21,7 @@ from methods.engine.gradients import gradients
 from methods.engine.inputs import Forward, Tensors
 from methods.errors import InvalidArgumentError
 from methods.params import MethodParams
-from methods.registry import register
+from methods.registry import TokenCounterpart, register
 
 RULES_DESCRIPTION = (
     "per-module rules: dotted module path -> rule name (epsilon, gamma, alpha1_beta0, z_plus, "
@@ -68,7 +68,14 @@ def conservation_delta(relevance: Tensors, output: torch.Tensor) -> torch.Tensor
     return output.flatten() - sum(r.reshape(n, -1).sum(1) for r in relevance)
 
 
-@register("lrp", kind="gradient", params=LRPParams, needs_hooks=True, returns_delta=True)
+@register(
+    "lrp",
+    kind="gradient",
+    params=LRPParams,
+    needs_hooks=True,
+    returns_delta=True,
+    token_counterpart=TokenCounterpart("layer_lrp"),
+)
 def lrp(call: Call, p: LRPParams) -> Output:
     """Relevance of each input element for the targeted output (sums to it, up to epsilon)."""
     forward = relevance_forward(call, parse_rules(call.model, p.rules))

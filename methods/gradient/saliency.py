@@ -10,14 +10,24 @@ from pydantic import Field
 from methods.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.params import MethodParams
-from methods.registry import register
+from methods.registry import TokenCounterpart, register
 
 
 class SaliencyParams(MethodParams):
     abs: bool = Field(True, description="return the absolute value of the gradient")
 
 
-@register("saliency", kind="gradient", params=SaliencyParams)
+@register(
+    "saliency",
+    kind="gradient",
+    params=SaliencyParams,
+    token_counterpart=TokenCounterpart(
+        "layer_gradient_x_activation",
+        post_abs=True,
+        set_params={"multiply_by_inputs": False},
+        drop_params=frozenset({"abs"}),
+    ),
+)
 def saliency(call: Call, p: SaliencyParams) -> Output:
     """Gradient of the targeted output with respect to each input element (absolute by default)."""
     grads, selected = gradients(call.forward, call.inputs, call.target)

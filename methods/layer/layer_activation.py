@@ -14,6 +14,7 @@ from methods.registry import register
     params=LayerParams,
     needs_hooks=True,
     differentiates_inputs=False,
+    needs_target=False,
 )
 def layer_activation(call: Call, p: LayerParams) -> Output:
     """The layer's activations for the inputs (computed without gradients)."""

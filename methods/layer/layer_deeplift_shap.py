@@ -7,6 +7,7 @@ baseline row (example-major, as Captum does) and the layer attributions averaged
 from __future__ import annotations
 
 from methods.call import Call, Output
+from methods.cost import baseline_pairs_cost
 from methods.engine.baselines import format_baseline_distribution
 from methods.layer._common import layer_output, target_layer
 from methods.layer.layer_deeplift import LayerDeepLiftParams, delta, run_layer_rows
@@ -21,6 +22,8 @@ from methods.registry import register
     returns_delta=True,
     batching="internal_batch_size",
     differentiates_inputs=False,
+    cost=baseline_pairs_cost,
+    merge="shared_baselines",
 )
 def layer_deeplift_shap(call: Call, p: LayerDeepLiftParams) -> Output:
     """Layer DeepLift averaged over baseline rows (baselines: B reference rows per input)."""

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from methods.call import Call, Output
+from methods.cost import per_feature_cost
 from methods.engine import layers
 from methods.engine.inputs import Forward
 from methods.layer._common import LayerParams, layer_output, target_layer
@@ -41,6 +42,7 @@ class LayerFeatureAblationParams(LayerParams):
     needs_hooks=True,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
+    cost=per_feature_cost("layer_mask"),
 )
 def layer_feature_ablation(call: Call, p: LayerFeatureAblationParams) -> Output:
     """Output change when each unit (group) of the layer is replaced by its baseline."""

@@ -33,6 +33,7 @@ class LayerGradientShapParams(LayerParams, GradientShapParams):
     needs_hooks=True,
     returns_delta=True,
     stochastic=True,
+    merge="shared_baselines",
 )
 def layer_gradient_shap(call: Call, p: LayerGradientShapParams) -> Output:
     """SHAP values of the layer's units, approximated by gradients at random path points."""

@@ -37,6 +37,7 @@ class NeuronConductanceParams(NeuronParams):
     params=NeuronConductanceParams,
     needs_hooks=True,
     batching="internal_batch_size",
+    token_counterpart=None,
 )
 def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
     """Conductance of the selected neuron, attributed to each input element."""

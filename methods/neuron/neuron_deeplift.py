@@ -49,6 +49,8 @@ def neuron_deeplift_rows(call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: T
     kind="neuron",
     params=NeuronDeepLiftParams,
     needs_hooks=True,
+    needs_target=False,
+    token_counterpart=None,
 )
 def neuron_deeplift(call: Call, p: NeuronDeepLiftParams) -> Output:
     """DeepLift attributions of the selected neuron against the baselines (default zeros)."""

@@ -6,6 +6,7 @@ Lundberg & Lee 2017, https://arxiv.org/abs/1705.07874 (DeepSHAP), for one neuron
 from __future__ import annotations
 
 from methods.call import Call, Output
+from methods.cost import baseline_pairs_cost
 from methods.engine.baselines import format_baseline_distribution
 from methods.neuron.neuron_deeplift import NeuronDeepLiftParams, neuron_deeplift_rows
 from methods.registry import register
@@ -16,6 +17,10 @@ from methods.registry import register
     kind="neuron",
     params=NeuronDeepLiftParams,
     needs_hooks=True,
+    cost=baseline_pairs_cost,
+    merge="shared_baselines",
+    needs_target=False,
+    token_counterpart=None,
 )
 def neuron_deeplift_shap(call: Call, p: NeuronDeepLiftParams) -> Output:
     """Neuron DeepLift averaged over baseline rows (baselines: B reference rows per input)."""

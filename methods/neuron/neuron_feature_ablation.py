@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field
 
 from methods.call import Call, Output
+from methods.cost import per_feature_cost
 from methods.engine import layers
 from methods.engine.inputs import Forward
 from methods.engine.targets import NONE
@@ -35,6 +36,8 @@ class NeuronFeatureAblationParams(NeuronParams):
     needs_hooks=True,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
+    cost=per_feature_cost(),
+    needs_target=False,
 )
 def neuron_feature_ablation(call: Call, p: NeuronFeatureAblationParams) -> Output:
     """Change of the selected neuron when each input feature is replaced by its baseline."""

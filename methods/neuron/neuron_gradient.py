@@ -8,7 +8,14 @@ from methods.neuron._common import NeuronParams, neuron_target
 from methods.registry import register
 
 
-@register("neuron_gradient", kind="neuron", params=NeuronParams, needs_hooks=True)
+@register(
+    "neuron_gradient",
+    kind="neuron",
+    params=NeuronParams,
+    needs_hooks=True,
+    needs_target=False,
+    token_counterpart=None,
+)
 def neuron_gradient(call: Call, p: NeuronParams) -> Output:
     """Gradient of the selected neuron with respect to each input (the forward stops there)."""
     module, selector = neuron_target(call, p)

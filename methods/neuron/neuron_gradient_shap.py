@@ -23,6 +23,9 @@ class NeuronGradientShapParams(NeuronParams, GradientShapParams):
     params=NeuronGradientShapParams,
     needs_hooks=True,
     stochastic=True,
+    merge="shared_baselines",
+    needs_target=False,
+    token_counterpart=None,
 )
 def neuron_gradient_shap(call: Call, p: NeuronGradientShapParams) -> Output:
     """SHAP values for the selected neuron, approximated by gradients at random path points."""

@@ -12,7 +12,14 @@ from methods.neuron._common import NeuronParams, neuron_target
 from methods.registry import register
 
 
-@register("neuron_guided_backprop", kind="neuron", params=NeuronParams, needs_hooks=True)
+@register(
+    "neuron_guided_backprop",
+    kind="neuron",
+    params=NeuronParams,
+    needs_hooks=True,
+    needs_target=False,
+    token_counterpart=None,
+)
 def neuron_guided_backprop(call: Call, p: NeuronParams) -> Output:
     """Guided Backpropagation gradient of the selected neuron with respect to each input."""
     module, selector = neuron_target(call, p)

@@ -32,6 +32,8 @@ class NeuronIntegratedGradientsParams(NeuronParams):
     params=NeuronIntegratedGradientsParams,
     needs_hooks=True,
     batching="internal_batch_size",
+    needs_target=False,
+    token_counterpart=None,
 )
 def neuron_integrated_gradients(call: Call, p: NeuronIntegratedGradientsParams) -> Output:
     """Integrated gradients of the selected neuron from the baselines to the inputs."""

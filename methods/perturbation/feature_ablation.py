@@ -9,6 +9,7 @@ import torch
 from pydantic import Field
 
 from methods.call import Call, Output
+from methods.cost import per_feature_cost
 from methods.engine.baselines import format_baselines
 from methods.engine.perturb import (
     drop_one_inputs,
@@ -36,6 +37,7 @@ class FeatureAblationParams(MethodParams):
     params=FeatureAblationParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
+    cost=per_feature_cost(),
 )
 def feature_ablation(call: Call, p: FeatureAblationParams) -> Output:
     """Output change when each feature is replaced by its baseline (default zero).

@@ -13,6 +13,7 @@ from pydantic import Field
 from torch import Tensor
 
 from methods.call import Call, Output
+from methods.cost import per_feature_cost
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import (
     drop_one_inputs,
@@ -61,6 +62,8 @@ def _permutations(call: Call, f: int, n: int, device: torch.device) -> Tensor:
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     stochastic=True,
+    cost=per_feature_cost(),
+    merge="never",
 )
 def feature_permutation(call: Call, p: FeaturePermutationParams) -> Output:
     """Output change when each feature is permuted across the examples of the batch."""

@@ -48,6 +48,7 @@ class KernelShapParams(MethodParams):
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     stochastic=True,
+    merge="never",
 )
 def kernel_shap(call: Call, p: KernelShapParams) -> Output:
     """Kernel SHAP values of the interpretable features (default baselines: zeros)."""

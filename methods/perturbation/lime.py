@@ -71,6 +71,7 @@ def _similarity(xs: Tensors, rows: int, p: LimeParams, dtype: torch.dtype) -> Pe
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     stochastic=True,
+    merge="never",
 )
 def lime(call: Call, p: LimeParams) -> Output:
     """LIME coefficients of the interpretable features (default baselines: zeros)."""

@@ -17,6 +17,7 @@ from pydantic import Field
 from torch import Tensor
 
 from methods.call import Call, Output
+from methods.cost import CostShape
 from methods.engine.baselines import format_baselines
 from methods.engine.incremental import evaluate_boxes
 from methods.engine.inputs import Tensors
@@ -26,6 +27,8 @@ from methods.params import MethodParams
 from methods.registry import register
 
 Shape = tuple[int, ...]
+#: one input's (dims, window, stride), per non-batch dim
+Geometry = tuple[Shape, Shape, Shape]
 
 
 class OcclusionParams(MethodParams):
@@ -102,34 +105,35 @@ def _ints(v: object) -> Shape:
     return tuple(int(a) for a in v) if isinstance(v, tuple) else (int(v),)  # type: ignore[call-overload]
 
 
-def _windows(xs: Tensors, p: OcclusionParams) -> list[_Windows]:
+def _geometry(dims_per_input: tuple[Shape, ...], p: OcclusionParams) -> list[Geometry]:
+    """Per input, (dims, window, stride) from the per-example shapes, checked."""
+    n_in = len(dims_per_input)
     sws = p.sliding_window_shapes
     # A tuple of ints is one input's window (Captum's single-input form).
     shapes: tuple[Shape, ...] = (
         (_ints(sws),) if all(isinstance(v, int) for v in sws) else tuple(_ints(v) for v in sws)
     )
-    if len(shapes) != len(xs):
+    if len(shapes) != n_in:
         raise InvalidArgumentError(
-            f"occlusion: sliding_window_shapes gives {len(shapes)} window(s) for {len(xs)} "
+            f"occlusion: sliding_window_shapes gives {len(shapes)} window(s) for {n_in} "
             "inputs; give one tuple per input",
             argument="sliding_window_shapes",
         )
     st_in = p.strides
     strides: tuple[int | Shape, ...]
     if st_in is None or isinstance(st_in, int):
-        strides = (1 if st_in is None else st_in,) * len(xs)
-    elif len(xs) == 1 and all(isinstance(v, int) for v in st_in):
+        strides = (1 if st_in is None else st_in,) * n_in
+    elif n_in == 1 and all(isinstance(v, int) for v in st_in):
         strides = (_ints(st_in),)
     else:
         strides = st_in
-    if len(strides) != len(xs):
+    if len(strides) != n_in:
         raise InvalidArgumentError(
-            f"occlusion: strides gives {len(strides)} entries for {len(xs)} inputs",
+            f"occlusion: strides gives {len(strides)} entries for {n_in} inputs",
             argument="strides",
         )
-    out = []
-    for i, (x, w, s) in enumerate(zip(xs, shapes, strides, strict=True)):
-        dims = tuple(x.shape[1:])
+    out: list[Geometry] = []
+    for i, (dims, w, s) in enumerate(zip(dims_per_input, shapes, strides, strict=True)):
         if len(w) != len(dims) or any(v < 1 for v in w):
             raise InvalidArgumentError(
                 f"occlusion: sliding_window_shapes[{i}] = {w} must have one positive size per "
@@ -155,8 +159,23 @@ def _windows(xs: Tensors, p: OcclusionParams) -> list[_Windows]:
                 "not span the input; elements would be skipped",
                 argument="strides",
             )
-        out.append(_Windows(dims, w, st, x.device))
+        out.append((dims, w, st))
     return out
+
+
+def _windows(xs: Tensors, p: OcclusionParams) -> list[_Windows]:
+    dims = tuple(tuple(int(d) for d in x.shape[1:]) for x in xs)
+    return [_Windows(*g, device=x.device) for g, x in zip(_geometry(dims, p), xs, strict=True)]
+
+
+def _cost(p: OcclusionParams, shape: CostShape) -> int:
+    """One forward per window position over every input, plus the unoccluded one."""
+    return 1 + sum(
+        math.prod(math.ceil((d - w) / s) + 1 for d, w, s in zip(*g, strict=True))
+        for g in _geometry(shape.input_shapes, p)
+    )
+
+
 
 
 @register(
@@ -165,6 +184,7 @@ def _windows(xs: Tensors, p: OcclusionParams) -> list[_Windows]:
     params=OcclusionParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
+    cost=_cost,
 )
 def occlusion(call: Call, p: OcclusionParams) -> Output:
     """Mean output change when a sliding box covering each element is set to the baseline."""

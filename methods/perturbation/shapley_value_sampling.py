@@ -12,6 +12,7 @@ import torch
 from pydantic import Field
 
 from methods.call import Call, Output
+from methods.cost import n_features
 from methods.engine.baselines import format_baselines
 from methods.engine.coalitions import credit_permutations, evaluate, permutation_prefixes
 from methods.engine.perturb import echo, format_feature_mask, spread, start
@@ -30,6 +31,7 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     stochastic=True,
+    cost=lambda p, shape: p.n_samples * (n_features(p.feature_mask, shape) + 1),
 )
 def shapley_value_sampling(call: Call, p: ShapleyValueSamplingParams) -> Output:
     """Shapley values estimated from n_samples random permutations of the features.

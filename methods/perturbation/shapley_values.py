@@ -11,6 +11,7 @@ import torch
 from pydantic import Field
 
 from methods.call import Call, Output
+from methods.cost import n_features
 from methods.engine.baselines import format_baselines
 from methods.engine.coalitions import (
     MAX_EXACT_FEATURES,
@@ -43,6 +44,7 @@ def working_dtype(out: torch.Tensor) -> torch.dtype:
     params=ShapleyValuesParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
+    cost=lambda p, shape: 2 ** min(n_features(p.feature_mask, shape), 62),
 )
 def shapley_values(call: Call, p: ShapleyValuesParams) -> Output:
     """Exact Shapley values of feature groups; refuses more than 16 features (2**F forwards).

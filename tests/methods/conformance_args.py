@@ -36,11 +36,7 @@ def kwargs_for(spec: MethodSpec, case: zoo.Case) -> dict[str, Any]:
         "target": case.target,
         "additional_forward_args": case.additional_forward_args,
     }
-    needs_distribution = spec.name in (
-        "gradient_shap", "deeplift_shap", "layer_gradient_shap", "layer_deeplift_shap",
-        "neuron_gradient_shap", "neuron_deeplift_shap",
-    )  # fmt: skip
-    if needs_distribution:
+    if spec.merge == "shared_baselines":  # the baselines are a distribution
         g = torch.Generator().manual_seed(0)
         dist = tuple(torch.randn((2, *x.shape[1:]), generator=g, dtype=x.dtype) for x in _xs(case))
         kw["baselines"] = dist if isinstance(case.inputs, tuple) else dist[0]
