@@ -69,6 +69,19 @@ def minimal_app() -> Any:
     return app
 
 
+def serve_route(port: int) -> None:
+    """attrserve with every attribution request through its FastAPI route (no fast path):
+    what ``service.fastpath`` is measured against."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    app = create_app(Settings.from_env(port=port))
+    app.fast_path = None
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
 # -- servers -----------------------------------------------------------------------------------
 def _port() -> int:
     with socket.socket() as s:
@@ -83,6 +96,8 @@ def start(kind: str, **settings: Any) -> tuple[subprocess.Popen[bytes], str]:
     env["ATTRSERVE_LOG_LEVEL"] = "warning"
     if kind == "minimal":
         cmd = [sys.executable, "-m", "benchmarks.load", "--serve-minimal", str(port)]
+    elif kind == "route":
+        cmd = [sys.executable, "-m", "benchmarks.load", "--serve-route", str(port)]
     else:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
@@ -204,9 +219,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-requests", type=int, default=5000, help="cap per scenario")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--only", default="", help="run only scenarios whose 'model/method' has this")
-    p.add_argument("--servers", default="on,off,minimal", help="subset of on,off,minimal")
+    p.add_argument(
+        "--servers",
+        default="on,off,minimal",
+        help="subset of on,off,minimal,route (route: attrserve without its fast path)",
+    )
     p.add_argument("--serve-minimal", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--serve-route", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.serve_route is not None:
+        serve_route(args.serve_route)
+        return
     if args.serve_minimal is not None:
         import uvicorn
 
@@ -214,11 +237,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     every = {
         "on": ("attrserve (batching on)", "attrserve", {"batching": "true"}),
+        "route": ("attrserve, FastAPI route only", "route", {"batching": "true"}),
         "off": ("attrserve (batching off)", "attrserve", {"batching": "false"}),
         "minimal": ("minimal FastAPI+Captum", "minimal", {}),
     }
     servers = {
-        name: (kind, {**settings, "workers": args.workers} if kind == "attrserve" else settings)
+        name: (kind, {**settings, "workers": args.workers} if kind != "minimal" else settings)
         for short, (name, kind, settings) in every.items()
         if short in args.servers.split(",")
     }

@@ -77,8 +77,7 @@ def _decode_b64(obj: dict[str, Any], loc: Loc, max_elements: int, dtype: str | N
     name, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("b64")
     if not isinstance(name, str) or name not in DTYPES:
         raise InvalidRequest(
-            f"{_where(loc)}.dtype must be one of {', '.join(DTYPES)}, got "
-            f"{name!r:.40}",
+            f"{_where(loc)}.dtype must be one of {', '.join(DTYPES)}, got {name!r:.40}",
             loc=(*loc, "dtype"),
         )
     if not isinstance(shape, list) or not all(

@@ -131,7 +131,8 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
         rewritten = {k: v for k, v in params.items() if k not in tc.drop_params}
         rewritten.update(tc.set_params)
         rewritten["layer"] = spec.embedding_layer
-        return Plan(registry.get(tc.method), rewritten, spec.embedding_layer, tc.post_abs)
+        post_abs = tc.post_abs and params.get("abs", True) is not False  # saliency's abs=False
+        return Plan(registry.get(tc.method), rewritten, spec.embedding_layer, post_abs)
     return Plan(ms, dict(params))
 
 

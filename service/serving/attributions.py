@@ -290,8 +290,7 @@ async def attribute(
         reply = await wait(pool, entry, remaining, disconnected)
     except DeadlineExceeded:
         raise DeadlineExceeded(
-            f"the request did not finish within its deadline of {budget:g} ms; the work was "
-            "stopped"
+            f"the request did not finish within its deadline of {budget:g} ms; the work was stopped"
         ) from None
     if reply.error is not None:
         raise ServiceError.from_data(reply.error)
