@@ -50,7 +50,7 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
             loc=loc,
         )
     try:
-        arr = np.asarray(obj)
+        arr = _asarray(obj)
     except ValueError:
         raise InvalidRequest(
             f"{_where(loc)} is a ragged nested list; every row must have the same length", loc=loc
@@ -71,6 +71,23 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
             f"{_where(loc)} must hold integers ({dtype}), got floating-point numbers", loc=loc
         )
     return arr.astype(target, copy=False)
+
+
+#: rows converted per step of a long nested list: numpy holds the GIL while it converts, and
+#: a large request decoded in a thread must leave the event loop its turns (health checks)
+ROWS_PER_STEP = 2048
+
+
+def _asarray(obj: Any) -> np.ndarray:
+    if not isinstance(obj, list) or len(obj) <= ROWS_PER_STEP:
+        return np.asarray(obj)
+    parts = [np.asarray(obj[i : i + ROWS_PER_STEP]) for i in range(0, len(obj), ROWS_PER_STEP)]
+    if len({p.shape[1:] for p in parts}) > 1:
+        raise ValueError("ragged")
+    for p in parts:
+        if p.dtype.kind not in "biuf":
+            return p  # not numbers: the caller says so, as for a short list
+    return np.concatenate(parts)
 
 
 def _decode_b64(obj: dict[str, Any], loc: Loc, max_elements: int, dtype: str | None) -> np.ndarray:
@@ -214,6 +231,10 @@ def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) 
         parts = [(raw, loc)]
     arrays = []
     for (obj, where), ispec in zip(parts, spec.inputs, strict=True):
+        if isinstance(obj, list) and len(obj) > max_batch:  # before converting a long list
+            raise LimitExceeded(
+                f"inputs hold {len(obj)} examples; the limit is {max_batch} per request", loc=where
+            )
         arr = decode_tensor(obj, where, max_elements, ispec.dtype)
         check_input(arr, ispec, where)
         arrays.append(arr)

@@ -22,7 +22,6 @@ document as it was.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections import deque
 from typing import Annotated
@@ -39,7 +38,7 @@ from service.errors import ServiceError
 from service.problems import problem, to_service_error
 from service.protocol.attributions import AttributionRequest
 from service.routers.attributions import serve
-from service.routing import OFFLOAD_BYTES, parse_json
+from service.routing import OFFLOAD_BYTES, offload, parse_json
 from service.state import AppState
 
 #: the route's path, as Starlette compiles ``/v1/models/{model_id}/attributions``
@@ -76,7 +75,7 @@ class FastAttributions:
             if body is None:
                 parsed = None
             elif large:  # parsing megabytes takes the loop's time from everyone else
-                parsed = await asyncio.to_thread(_parse, Headers(scope=scope), body)
+                parsed = await offload(_parse, Headers(scope=scope), body)
             else:
                 parsed = _parse(Headers(scope=scope), body)
         except ServiceError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi.routing import APIRoute
@@ -20,6 +20,19 @@ from service.errors import InvalidRequest
 
 #: bodies above this are parsed in a thread: the event loop keeps answering meanwhile
 OFFLOAD_BYTES = 1 << 20
+_offloading: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+T = TypeVar("T")
+
+
+async def offload(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread, one at a time: parsing and decoding hold the GIL in long C
+    calls, and several at once would starve the event loop (and its health checks)."""
+    loop = asyncio.get_running_loop()
+    gate = _offloading.get(loop)
+    if gate is None:
+        gate = _offloading[loop] = asyncio.Semaphore(1)
+    async with gate:
+        return await asyncio.to_thread(fn, *args)
 
 
 def parse_json(body: bytes) -> Any:
@@ -67,7 +80,7 @@ class OrjsonRequest(Request):
         if not hasattr(self, "_json"):
             body = await self.body()
             if len(body) > OFFLOAD_BYTES:
-                self._json = await asyncio.to_thread(parse_json, body)
+                self._json = await offload(parse_json, body)
             else:
                 self._json = parse_json(body)
         return self._json

@@ -15,7 +15,7 @@ from methods.noise_tunnel import parse_noise_tunnel
 from methods.params import MethodParams, parse_params
 from methods.registry import CostShape, MethodSpec
 from model_registry.spec import ModelSpec
-from service import codec, support
+from service import codec, routing, support
 from service.errors import (
     DeadlineExceeded,
     LimitExceeded,
@@ -281,7 +281,7 @@ async def attribute(
     budget = min(deadline_ms or req.deadline_ms or settings.deadline_ms, settings.max_deadline_ms)
     deadline = time.time() + budget / 1e3
     if offload:
-        job = await asyncio.to_thread(build_job, settings, spec, req, deadline, request_id)
+        job = await routing.offload(build_job, settings, spec, req, deadline, request_id)
     else:
         job = build_job(settings, spec, req, deadline, request_id)
     entry = pool.submit(job)
