@@ -33,7 +33,10 @@ def serve(args: argparse.Namespace) -> None:
     from service.settings import Settings
 
     settings = Settings.from_env(host=args.host, port=args.port, models=args.models)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(message)s")
+    level = logging.getLevelName(settings.log_level.upper())  # uvicorn's "trace" is not one
+    logging.basicConfig(
+        level=level if isinstance(level, int) else logging.DEBUG, format="%(message)s"
+    )
     app = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -65,7 +65,10 @@ def worker_main(
 ) -> None:
     """Process entry point (spawned)."""
     chan = BlockingChannel(sock)
-    logging.basicConfig(level=options.get("log_level", "INFO").upper(), format="%(message)s")
+    level = logging.getLevelName(str(options.get("log_level", "info")).upper())
+    logging.basicConfig(
+        level=level if isinstance(level, int) else logging.INFO, format="%(message)s"
+    )
     beat = threading.Thread(
         target=_heartbeat, args=(chan, float(options["heartbeat_s"])), daemon=True
     )
