@@ -14,9 +14,9 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.auth import authenticate
+from service.auth import authenticate, authorize
 from service.context import access_log, error_log, request_id
-from service.errors import Forbidden, ServiceError
+from service.errors import ServiceError
 from service.problems import problem
 
 #: a caller's X-Request-ID is kept if it is this (printable ASCII, at most 128 characters)
@@ -108,8 +108,8 @@ class ApiKeys:
             try:
                 key = authenticate(self.settings, Headers(scope=scope))
                 match = MODEL_PATH.fullmatch(path)
-                if key is not None and match is not None and not key.allows(match["model_id"]):
-                    raise Forbidden(f"this API key may not use model {match['model_id']!r}")
+                if match is not None:
+                    authorize(key, match["model_id"])
             except ServiceError as err:
                 await problem(err, path)(scope, receive, send)
                 return

@@ -226,11 +226,19 @@ def _analyse(model: nn.Module) -> tuple[_Link, ...] | None:
 _CHAINS: tracing.Cache = weakref.WeakKeyDictionary()
 
 
+def _function_mode_active() -> bool:
+    """Whether a ``TorchFunctionMode`` is active. torch has no public query for this; the one
+    private call sits here, and if a release drops it we assume a mode is active, which only
+    costs speed (autograd runs instead of the chain), never correctness."""
+    probe = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+    return True if probe is None else bool(probe())
+
+
 def links(forward: Forward, xs: tuple[Tensor, ...]) -> tuple[_Link, ...] | None:
     """The model's chain when this call can take it, else None."""
     if forward.args or len(xs) != 1 or not xs[0].is_floating_point():
         return None
-    if torch._C._is_torch_function_mode_enabled():
+    if _function_mode_active():
         return None  # a mode (ours for DeepLift, or the caller's) must see autograd run
     if counting_saved_bytes():
         return None  # a memory measurement counts what autograd saves
@@ -257,7 +265,7 @@ class Replay:
 def replayed(forward: Forward) -> Forward:
     """``forward`` running the model's chain of layers directly, when it is one: the same ops
     without ``nn.Module`` call overhead, for the many small forwards of perturbation methods."""
-    if forward.args or torch._C._is_torch_function_mode_enabled():
+    if forward.args or _function_mode_active():
         return forward
     chain = tracing.analysed(_CHAINS, forward.fn, _analyse)
     return forward if chain is None else Forward(Replay(forward.fn, chain))

@@ -449,7 +449,3 @@ class WorkerPool:
     def _respawn(self, w: Worker) -> None:
         if not self._stopping:
             self._background(self._spawn(w))
-
-
-def reply_error(reply: Reply) -> ServiceError | None:
-    return None if reply.error is None else ServiceError.from_data(reply.error)
