@@ -102,6 +102,28 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+class RenderSpec(BaseModel):
+    """A picture of the attributions: images as a heatmap or an overlay on the input, texts as
+    highlighted tokens, tabular rows as a bar chart of the features."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["png", "html"] = Field(default="png", description="image/png or text/html")
+    kind: Literal["heatmap", "overlay"] = Field(
+        default="heatmap", description="images: the map alone, or blended over the input image"
+    )
+    sign: Literal["absolute", "positive", "negative", "all"] = Field(
+        default="absolute",
+        description="which scores to show: |a|, a > 0, a < 0, or all (diverging colours)",
+    )
+    colormap: str | None = Field(
+        default=None, description="a colormap name; default by sign (diverging for 'all')"
+    )
+    examples: list[int] | None = Field(
+        default=None, description="which examples to draw (indices); default all"
+    )
+
+
 class AttributionRequest(BaseModel):
     """Attribute a model's targeted output to its inputs with one registered method."""
 
@@ -131,12 +153,23 @@ class AttributionRequest(BaseModel):
         gt=0,
         description="abandon the request after this long (504); default a setting",
     )
+    render: RenderSpec | None = Field(
+        default=None,
+        description="also draw the attributions (the response gains renders); with Accept: "
+        "image/png or text/html and one example, the response is the picture itself",
+    )
 
 
 class TimingMs(BaseModel):
     queue: float
     compute: float
     total: float
+
+
+class Render(BaseModel):
+    example: int = Field(description="the example drawn (index into the batch)")
+    media_type: Literal["image/png", "text/html"]
+    b64: str = Field(description="the file's bytes, base64")
 
 
 class AttributionResponse(BaseModel):
@@ -158,5 +191,8 @@ class AttributionResponse(BaseModel):
     outputs: Any = Field(description="the model's output at the target, per example")
     tokens: list[list[str]] | None = Field(default=None, description="raw-text inputs: the tokens")
     params: dict[str, Any] = Field(description="every effective parameter")
+    renders: list[Render] | None = Field(
+        default=None, description="pictures of the attributions, when render was asked for"
+    )
     merged_requests: int = Field(default=1, description="requests merged into the engine call")
     timing_ms: TimingMs

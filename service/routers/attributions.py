@@ -37,6 +37,7 @@ ERRORS = {
 
 @router.post(
     "/v1/models/{model_id}/attributions",
+    operation_id="attribute",
     response_model=AttributionResponse,
     response_class=OrjsonResponse,
     responses=ERRORS,  # type: ignore[arg-type]

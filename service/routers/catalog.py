@@ -15,7 +15,7 @@ router = APIRouter(tags=["catalog"])
 State = Annotated[AppState, Depends(get_state)]
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, operation_id="listModels")
 async def list_models(state: State, request: Request) -> ModelList:
     """Every served model (those the API key may use)."""
     key = route_info(request.scope).get("api_key")
@@ -27,13 +27,13 @@ async def list_models(state: State, request: Request) -> ModelList:
     return ModelList(models=infos)
 
 
-@router.get("/v1/models/{model_id}", response_model=ModelInfo)
+@router.get("/v1/models/{model_id}", response_model=ModelInfo, operation_id="getModel")
 async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
     """One model: inputs, output, layers and the methods it serves."""
     return catalog.model_info(state.spec(model_id), state.pool.model_info.get(model_id))
 
 
-@router.get("/v1/methods", response_model=MethodList)
+@router.get("/v1/methods", response_model=MethodList, operation_id="listMethods")
 async def list_methods(state: State, request: Request) -> MethodList:
     """Every registered method with its parameters' JSON schema."""
     return catalog.method_list()

@@ -14,7 +14,7 @@ router = APIRouter()
 State = Annotated[AppState, Depends(get_state)]
 
 
-@router.get("/v1/health/live", response_model=Health, tags=["health"])
+@router.get("/v1/health/live", response_model=Health, tags=["health"], operation_id="live")
 async def live() -> OrjsonResponse:
     """The process is up."""
     return OrjsonResponse({"status": "ok"})
@@ -22,6 +22,7 @@ async def live() -> OrjsonResponse:
 
 @router.get(
     "/v1/health/ready",
+    operation_id="ready",
     response_model=Health,
     tags=["health"],
     responses={503: {"model": Health, "description": "a worker is not ready"}},
@@ -40,6 +41,7 @@ async def ready(state: State) -> OrjsonResponse:
 
 @router.get(
     "/metrics",
+    operation_id="metrics",
     tags=["health"],
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
