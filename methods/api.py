@@ -14,6 +14,7 @@ from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
 from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
+from methods.layer._common import upsampler
 from methods.params import parse_params
 from methods.registry import MethodInfo
 
@@ -71,6 +72,7 @@ def attribute(
     if seed is not None:
         generator = torch.Generator(device=xs[0].device)
         generator.manual_seed(seed)
+    upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
     forward = Forward(model, format_args(additional_forward_args))
     if spec.kind == "perturbation":
         forward = chain.replayed(forward)  # the same ops without nn.Module call overhead
@@ -94,6 +96,8 @@ def attribute(
         else:
             out = spec.fn(call, p)
             nt_echo = None
+    if upsample is not None:  # after the noise tunnel, as a Captum user interpolates its result
+        out = upsample(out)
     return _result(spec, call, p, out, as_tuple, nt_echo)
 
 

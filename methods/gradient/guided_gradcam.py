@@ -9,8 +9,6 @@ map cannot be interpolated to), this raises an error naming the input.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch.nn.functional as F
 from pydantic import Field
 
@@ -18,6 +16,7 @@ from methods.call import Call, Output
 from methods.engine import intercept, layers
 from methods.engine.gradients import gradients
 from methods.errors import InvalidArgumentError
+from methods.layer._common import InterpolateMode
 from methods.layer.layer_gradcam import gradcam
 from methods.params import MethodParams
 from methods.registry import register
@@ -28,8 +27,8 @@ class GuidedGradCamParams(MethodParams):
     attribute_to_layer_input: bool = Field(
         False, description="compute Grad-CAM on the layer's input instead of its output"
     )
-    interpolate_mode: Literal["nearest", "linear", "bilinear", "bicubic", "trilinear", "area"] = (
-        Field("nearest", description="F.interpolate mode used to upsample the Grad-CAM map")
+    interpolate_mode: InterpolateMode = Field(
+        "nearest", description="F.interpolate mode used to upsample the Grad-CAM map"
     )
 
 

@@ -1,24 +1,50 @@
-"""Parameters and helpers shared by the layer methods."""
+"""Parameters and helpers shared by the layer methods, and their one post-processing step:
+``interpolate_to_input``, applied by ``methods.api`` through ``upsampler``."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
+import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
 from methods.call import Call, Output
 from methods.engine import layers
 from methods.engine.inputs import Tensors
+from methods.errors import InvalidArgumentError
 from methods.params import MethodParams
+
+#: ``F.interpolate`` modes (align_corners left unset, as Captum's ``LayerAttribution.interpolate``)
+InterpolateMode = Literal[
+    "nearest", "nearest-exact", "area", "linear", "bilinear", "bicubic", "trilinear"
+]
+#: the modes that fit one spatial rank only; the others take 1 to 3 spatial dims
+_MODE_RANK = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
 
 
 class LayerParams(MethodParams):
+    """A layer method's parameters: the layer, and upsampling its attributions to the input."""
+
     layer: str = Field(
         ..., description="dotted path of the module to attribute to, as in model.get_submodule"
     )
     attribute_to_layer_input: bool = Field(
         False, description="attribute to the layer's input instead of its output"
+    )
+    interpolate_to_input: bool = Field(
+        False,
+        description="upsample the attributions (N, C', *S') to the first input's spatial size "
+        "S (its dims after the channel dim) with F.interpolate, as Captum's "
+        "LayerAttribution.interpolate does; e.g. a Grad-CAM map to the image's size. The "
+        "layer needs as many spatial dims as the input",
+    )
+    interpolate_mode: InterpolateMode = Field(
+        "nearest",
+        description="F.interpolate mode for interpolate_to_input: 'linear' needs 1 spatial "
+        "dim, 'bilinear' and 'bicubic' 2, 'trilinear' 3",
     )
 
 
@@ -71,3 +97,61 @@ def shap_samples(
         target=call.target.expand(k, interleave=True),
     )
     return sub, noisy, bs, points
+
+
+def upsampler(p: MethodParams, inputs: Tensors) -> Callable[[Output], Output] | None:
+    """The ``interpolate_to_input`` step for a layer method's ``Output``; None where not asked.
+
+    Every attribution tensor (N, C', *S') becomes (N, C', *S) with S the spatial size of
+    ``inputs[0]`` (layer methods attribute to the layer, not per input, so the first input is
+    the one they map onto). The delta and outputs are unchanged. The mode is checked against
+    the input here, before the method runs; the layer's rank once its attributions exist.
+    """
+    if not isinstance(p, LayerParams) or not p.interpolate_to_input:
+        return None
+    x, mode = inputs[0], p.interpolate_mode
+    size = tuple(int(s) for s in x.shape[2:])
+    if not 1 <= len(size) <= 3:
+        why = "no spatial dims" if not size else f"{len(size)} spatial dims (at most 3 resize)"
+        raise InvalidArgumentError(
+            f"interpolate_to_input: inputs[0] is {_shape(x.shape)}, with {why}; upsampling "
+            "needs inputs shaped (N, C, *spatial)",
+            argument="interpolate_to_input",
+        )
+    if _MODE_RANK.get(mode, len(size)) != len(size):
+        fits = [m for m in get_args(InterpolateMode) if _MODE_RANK.get(m, len(size)) == len(size)]
+        raise InvalidArgumentError(
+            f"interpolate_mode {mode!r} needs {_MODE_RANK[mode]} spatial dim(s) and the input "
+            f"{_shape(x.shape)} has {len(size)}; use one of {', '.join(fits)}",
+            argument="interpolate_mode",
+        )
+    side = "input" if p.attribute_to_layer_input else "output"
+
+    def upsample(out: Output) -> Output:
+        attrs = []
+        for i, a in enumerate(out.attributions):
+            which = f"{side} tensor {i}" if len(out.attributions) > 1 else side
+            what = f"the attributions at layer {p.layer!r} (its {which}) are {_shape(a.shape)}"
+            if a.dim() != x.dim():
+                has = "no spatial dims" if a.dim() <= 2 else f"{a.dim() - 2} spatial dim(s)"
+                raise InvalidArgumentError(
+                    f"interpolate_to_input: {what}, with {has}; they cannot be upsampled to "
+                    f"the input's {len(size)}-d spatial size {list(size)}",
+                    argument="interpolate_to_input",
+                )
+            try:
+                attrs.append(F.interpolate(a, size=size, mode=mode))
+            except (RuntimeError, ValueError, NotImplementedError) as exc:
+                raise InvalidArgumentError(
+                    f"interpolate_to_input: {what} ({a.dtype}) cannot be upsampled with "
+                    f"mode {mode!r}: {exc}",
+                    argument="interpolate_to_input",
+                ) from None
+        return dataclasses.replace(out, attributions=tuple(attrs))
+
+    return upsample
+
+
+def _shape(shape: Any) -> str:
+    """A shape as messages print it, the batch dim as N: [N, 6, 4, 4]."""
+    return "[" + ", ".join(["N", *(str(int(s)) for s in shape[1:])]) + "]"

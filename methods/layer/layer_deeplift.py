@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
 from methods.call import Call, Output
@@ -21,17 +20,12 @@ from methods.engine.batching import run_chunks
 from methods.engine.inputs import Tensors
 from methods.engine.targets import Target
 from methods.gradient.deeplift import DeepLiftParams, apply_multipliers
-from methods.layer._common import layer_output, target_layer
+from methods.layer._common import LayerParams, layer_output, target_layer
 from methods.registry import register
 
 
-class LayerDeepLiftParams(DeepLiftParams):
-    layer: str = Field(
-        ..., description="dotted path of the module to attribute to, as in model.get_submodule"
-    )
-    attribute_to_layer_input: bool = Field(
-        False, description="attribute to the layer's input instead of its output"
-    )
+class LayerDeepLiftParams(LayerParams, DeepLiftParams):
+    pass
 
 
 def layer_multipliers(
@@ -105,7 +99,7 @@ def delta(attrs: Tensors, fx: Tensor, fb: Tensor) -> Tensor:
 )
 def layer_deeplift(call: Call, p: LayerDeepLiftParams) -> Output:
     """DeepLift attributions at the layer against the baselines (default zeros)."""
-    module = target_layer(call, p)  # type: ignore[arg-type]
+    module = target_layer(call, p)
     xs = call.inputs
     bs = format_baselines(call.baselines, xs)
     attrs, fx, fb, echo = run_layer_rows(call, xs, bs, call.target, module, p)

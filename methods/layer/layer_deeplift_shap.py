@@ -27,7 +27,7 @@ from methods.registry import register
 )
 def layer_deeplift_shap(call: Call, p: LayerDeepLiftParams) -> Output:
     """Layer DeepLift averaged over baseline rows (baselines: B reference rows per input)."""
-    module = target_layer(call, p)  # type: ignore[arg-type]
+    module = target_layer(call, p)
     dist = format_baseline_distribution(call.baselines, call.inputs, "layer_deeplift_shap")
     n, b = call.n, dist[0].shape[0]
     xs = tuple(x.repeat_interleave(b, dim=0) for x in call.inputs)
