@@ -35,7 +35,7 @@ from model_registry.sources import (
     parse_source,
     resolve_path,
 )
-from model_registry.spec import InputSpec, ModelSpec, OutputSpec
+from model_registry.spec import ExplainSpec, InputSpec, ModelSpec, OutputSpec
 
 MODEL_KEYS = (
     "id",
@@ -52,6 +52,7 @@ MODEL_KEYS = (
     "embedding_layer",
     "internal_batch_size",
     "perturbations_per_eval",
+    "explain",
 )
 INPUT_KEYS = ("name", "dtype", "shape")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # safe in a URL path segment
@@ -196,7 +197,29 @@ class _Model:
             internal_batch_size=self.batch(t, "internal_batch_size"),
             perturbations_per_eval=self.batch(t, "perturbations_per_eval"),
             base_dir=self.base_dir,
+            explain=self.explain(t),
         )
+
+    def explain(self, t: dict[str, Any]) -> ExplainSpec | None:
+        """``explain = {method = "...", params = {...}}`` (the method is checked at start-up)."""
+        if "explain" not in t:
+            return None
+        v = t["explain"]
+        if not isinstance(v, dict):
+            self.fail(
+                "explain", f"expected a table {{method = ..., params = {{...}}}}, got {_kind(v)}"
+            )
+        unknown = sorted(set(v) - {"method", "params"})
+        if unknown:
+            self.fail(f"explain.{unknown[0]}", "unknown key; expected method and params")
+        method, params = v.get("method"), v.get("params", {})
+        if not isinstance(method, str) or not method:
+            self.fail("explain.method", f"expected a method name, got {_kind(method)}")
+        if not isinstance(params, dict):
+            self.fail(
+                "explain.params", f"expected a table of the method's params, got {_kind(params)}"
+            )
+        return ExplainSpec(method=method, params=params)
 
     # -- scalar fields ---------------------------------------------------------------------
 

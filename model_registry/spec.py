@@ -36,6 +36,15 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
+class ExplainSpec:
+    """A model's default explanation (KServe ``:explain`` without parameters): a method and
+    its params, as an attributions request would give them."""
+
+    method: str
+    params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     id: str
     version: str
@@ -55,6 +64,8 @@ class ModelSpec:
     #: the models.toml that declared the model; None: the current directory). ``python:``
     #: sources may also import modules that sit there.
     base_dir: str | None = None
+    #: models.toml ``explain``; None: the built-in default for the model's kind
+    explain: ExplainSpec | None = None
 
 
 @dataclass

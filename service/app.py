@@ -14,12 +14,13 @@ import methods
 import model_registry
 from service import openapi_doc, problems
 from service.errors import ServiceError
-from service.fastpath import FastAttributions, model_id_of
+from service.fastpath import FastAttributions, takes
 from service.limits import BodyLimit
 from service.middleware import ApiKeys, RequestContext
 from service.pool.pool import WorkerPool
 from service.responses import OrjsonResponse
-from service.routers import attributions, catalog, health
+from service.routers import attributions, catalog, compat, health
+from service.serving import kserve
 from service.settings import Settings
 from service.state import AppState
 from service.telemetry import Telemetry
@@ -48,7 +49,7 @@ class AttrServe(FastAPI):
             await super().__call__(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.fast_path is not None and model_id_of(scope) is not None:
+        if self.fast_path is not None and takes(scope):
             await self.fast_path(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
@@ -58,7 +59,11 @@ class AttrServe(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
-            self.openapi_schema = openapi_doc.finish(super().openapi())
+            doc = super().openapi()
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for name, schema in compat.SCHEMAS.items():  # the raw routes' request bodies
+                schemas.setdefault(name, schema)
+            self.openapi_schema = openapi_doc.finish(doc)
         return self.openapi_schema
 
 
@@ -77,6 +82,11 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         specs = model_registry.load_specs(settings.models)
     except model_registry.RegistryError as exc:
         raise SystemExit(f"attrserve: cannot load the model registry: {exc}") from None
+    for spec in specs:  # a models.toml explain that cannot run stops the start, not a request
+        try:
+            kserve.check_explanation(spec)
+        except ValueError as exc:
+            raise SystemExit(f"attrserve: {exc}") from None
     telemetry = Telemetry()
     pool = WorkerPool(settings, specs, telemetry, worker_count(settings) if start_workers else 0)
     state = AppState(
@@ -114,6 +124,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(health.router)
     app.include_router(catalog.router)
     app.include_router(attributions.router)
+    app.include_router(compat.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
     app.outer = RequestContext(
         BodyLimit(ApiKeys(app.dispatch, settings), max_bytes=settings.max_body_bytes),

@@ -29,6 +29,13 @@ DTYPES = {
     "uint8": np.uint8,
     "bool": np.bool_,
 }
+#: model input dtypes numpy lacks: carried as this, cast on the model's device
+CARRIED = {"bfloat16": "float32"}
+
+
+def numpy_dtype(name: str) -> np.dtype[Any]:
+    """The numpy dtype a model input of dtype ``name`` is carried as in this process."""
+    return np.dtype(DTYPES[CARRIED.get(name, name)])
 
 
 def _where(loc: Loc) -> str:
@@ -43,6 +50,8 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
     """A wire tensor as an array; ``dtype`` (if given) is the dtype it must have."""
     if is_tensor_object(obj):
         return _decode_b64(obj, loc, max_elements, dtype)
+    if isinstance(obj, np.ndarray):  # decoded already (OIP tensors): the same checks
+        return _converted(obj, loc, max_elements, dtype)
     if isinstance(obj, bool) or not isinstance(obj, (list, int, float)):
         raise InvalidRequest(
             f"{_where(loc)} must be a tensor: a nested list of numbers or "
@@ -59,13 +68,17 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
         if arr.dtype == object and any(v is None for v in arr.ravel()):
             raise InvalidRequest(f"{_where(loc)} holds null (NaN is not a valid input)", loc=loc)
         raise InvalidRequest(f"{_where(loc)} must hold only numbers", loc=loc)
+    return _converted(arr, loc, max_elements, dtype)
+
+
+def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) -> np.ndarray:
     if arr.size > max_elements:
         raise LimitExceeded(
             f"{_where(loc)} has {arr.size} elements; the limit is {max_elements}", loc=loc
         )
     if dtype is None:
         return arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64, copy=False)
-    target = np.dtype(DTYPES[dtype])
+    target = numpy_dtype(dtype)
     if target.kind in "iub" and arr.dtype.kind == "f":
         raise InvalidRequest(
             f"{_where(loc)} must hold integers ({dtype}), got floating-point numbers", loc=loc
@@ -103,7 +116,7 @@ def _decode_b64(obj: dict[str, Any], loc: Loc, max_elements: int, dtype: str | N
         raise InvalidRequest(
             f"{_where(loc)}.shape must be a list of non-negative ints", loc=(*loc, "shape")
         )
-    if dtype is not None and name != dtype:
+    if dtype is not None and name != CARRIED.get(dtype, dtype):
         raise InvalidRequest(
             f"{_where(loc)} has dtype {name}; this model input takes {dtype}", loc=(*loc, "dtype")
         )
@@ -283,7 +296,7 @@ def decode_baselines(
             continue
         dtype = ispec.dtype if not inputs.texts else "int64"
         arr = decode_tensor(obj, where, max_elements, dtype if is_tensor_object(obj) else None)
-        arr = arr.astype(DTYPES[dtype], copy=False)
+        arr = arr.astype(numpy_dtype(dtype), copy=False)
         if arr.ndim == len(ispec.shape) - 1:
             arr = arr[None]
         check_finite(arr, where)

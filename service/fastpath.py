@@ -26,17 +26,15 @@ import re
 from collections import deque
 from typing import Annotated
 
-from fastapi.exceptions import RequestValidationError
 from pydantic import Field, TypeAdapter, ValidationError
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from methods.errors import AttributionError
 from service.errors import ServiceError
-from service.problems import problem, to_service_error
+from service.problems import HANDLED, problem, to_service_error
 from service.protocol.attributions import AttributionRequest
+from service.routers import compat
 from service.routers.attributions import serve
 from service.routing import OFFLOAD_BYTES, offload, parse_json
 from service.state import AppState
@@ -45,8 +43,6 @@ from service.state import AppState
 ROUTE = re.compile(r"/v1/models/(?P<model_id>[^/]+)/attributions")
 #: the route's ``X-Deadline-Ms`` header parameter
 DEADLINE = TypeAdapter(Annotated[float | None, Field(gt=0)])
-#: what FastAPI's exception middleware answers (the rest reaches its server-error middleware)
-HANDLED = (ServiceError, RequestValidationError, AttributionError, HTTPException)
 
 
 def model_id_of(scope: Scope) -> str | None:
@@ -55,6 +51,14 @@ def model_id_of(scope: Scope) -> str | None:
         return None
     match = ROUTE.fullmatch(scope["path"])
     return None if match is None else match["model_id"]
+
+
+def takes(scope: Scope) -> bool:
+    """Whether the fast path serves this request: the attribution route, or a raw
+    compatibility route (``service.routers.compat``)."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return False
+    return ROUTE.fullmatch(scope["path"]) is not None or compat.match(scope) is not None
 
 
 class FastAttributions:
@@ -67,7 +71,11 @@ class FastAttributions:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         model_id = model_id_of(scope)
         if model_id is None:
-            await self.fallback(scope, receive, send)
+            raw = compat.match(scope)
+            if raw is None:
+                await self.fallback(scope, receive, send)
+            else:
+                await self._raw(*raw, scope, receive, send)
             return
         messages, body = await _read_body(receive)
         large = body is not None and len(body) > OFFLOAD_BYTES
@@ -94,6 +102,22 @@ class FastAttributions:
                 raise  # the request-context middleware logs it and answers 500
             await problem(to_service_error(exc), scope["path"])(scope, receive, send)
             return
+        await response(scope, receive, send)
+
+
+    async def _raw(
+        self,
+        handler: compat.Handler,
+        params: dict[str, str],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """A compatibility route: its handler answers everything, errors included."""
+        _, body = await _read_body(receive)
+        if body is None:  # the client went away before sending its body
+            return
+        response = await handler(self.state, Request(scope, receive), params, body)
         await response(scope, receive, send)
 
 

@@ -20,9 +20,15 @@ from service.errors import (
 from service.responses import ProblemResponse
 
 TYPE_BASE = "https://attrserve.dev/problems/"
+#: what FastAPI's exception middleware answers (the rest reaches its server-error middleware)
+HANDLED = (ServiceError, RequestValidationError, AttributionError, HTTPException)
 
 
-def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
+def problem(
+    err: ServiceError, instance: str | None = None, *, error_member: bool = False
+) -> ProblemResponse:
+    """The problem+json response for ``err``. ``error_member``: also the detail as ``error``,
+    the member KServe and Triton clients read (the compatibility routes)."""
     body: dict[str, Any] = {
         "type": TYPE_BASE + err.code,
         "title": err.title,
@@ -35,6 +41,8 @@ def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
     rid = request_id.get()
     if rid:
         body["request_id"] = rid
+    if error_member:
+        body["error"] = err.detail
     return ProblemResponse(body, status_code=err.status, headers=err.headers or None)
 
 

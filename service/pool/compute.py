@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 import methods
+from methods.cancel import checkpoint
 from model_registry.spec import LoadedModel
 from service.errors import InvalidRequest, LimitExceeded
-from service.pool.jobs import Job, Reply
+from service.pool.jobs import PREDICT, Job, Reply
 from service.targets import to_engine
 
 
@@ -30,7 +31,8 @@ def _convert(value: Any, device: torch.device) -> Any:
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu").numpy()
+    t = t.detach().to("cpu")
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def _select(out: torch.Tensor, target: Any, n: int) -> torch.Tensor:
@@ -56,30 +58,53 @@ def _forward(lm: LoadedModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     return out
 
 
+def _inputs(lm: LoadedModel, job: Job) -> tuple[tuple[torch.Tensor, ...], list[list[str]] | None]:
+    """The job's inputs as tensors on the model's device (texts through the tokenizer)."""
+    if not job.texts:  # to the declared dtypes (bfloat16 travels as float32)
+        specs = lm.spec.inputs
+        return tuple(
+            _tensor(a, lm.device).to(i.torch_dtype) for a, i in zip(job.arrays, specs, strict=True)
+        ), None
+    if lm.tokenizer is None:
+        raise InvalidRequest(
+            f"model {job.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
+        )
+    ids, tokens = lm.tokenizer(list(job.texts))
+    longest = max(len(t) for t in tokens) if tokens else 0
+    if job.max_tokens is not None and longest > job.max_tokens:
+        raise LimitExceeded(
+            f"a text has {longest} tokens; this server takes at most {job.max_tokens}",
+            loc=("body", "inputs"),
+        )
+    return (ids.to(lm.device),), tokens
+
+
+def predict(lm: LoadedModel, job: Job) -> Reply:
+    """The model's outputs for the job's inputs (one forward, no gradients)."""
+    t0 = time.perf_counter()
+    xs, tokens = _inputs(lm, job)
+    checkpoint()
+    out = _forward(lm, xs)
+    return Reply(
+        job_id=job.id,
+        predictions=_numpy(out),
+        tokens=tokens,
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
 def run_job(lm: LoadedModel, job: Job) -> Reply:
+    if job.method == PREDICT:
+        return predict(lm, job)
     t0 = time.perf_counter()
     device = lm.device
-    tokens = None
-    if job.texts:
-        if lm.tokenizer is None:
-            raise InvalidRequest(
-                f"model {job.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
-            )
-        ids, tokens = lm.tokenizer(list(job.texts))
-        longest = max(len(t) for t in tokens) if tokens else 0
-        if job.max_tokens is not None and longest > job.max_tokens:
-            raise LimitExceeded(
-                f"a text has {longest} tokens; this server takes at most {job.max_tokens}",
-                loc=("body", "inputs"),
-            )
-        xs: tuple[torch.Tensor, ...] = (ids.to(device),)
-    else:
-        xs = tuple(_tensor(a, device) for a in job.arrays)
+    xs, tokens = _inputs(lm, job)
     n = int(xs[0].shape[0])
     out: torch.Tensor | None = None
     wire = job.target
-    if wire is not None and wire["kind"] == "predicted":
+    if job.predictions or (wire is not None and wire["kind"] == "predicted"):
         out = _forward(lm, xs)
+    if wire is not None and wire["kind"] == "predicted" and out is not None:
         wire = {"kind": "per_example", "rows": out.argmax(dim=-1).tolist()}
     target = to_engine(wire)
     params = {k: _convert(v, device) for k, v in job.params.items()}
@@ -116,6 +141,7 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
         target=None if wire is None else _rows(wire, n),
         tokens=tokens,
         params=res.params,
+        predictions=None if not job.predictions or out is None else _numpy(out),
         compute_ms=(time.perf_counter() - t0) * 1e3,
     )
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from service.targets import WireTarget
+
+#: a new job id (unique in the server process)
+new_id = itertools.count(1).__next__
+#: ``Job.method`` of a prediction: the model's outputs for the inputs, no attribution
+PREDICT = "predict"
 
 
 @dataclass
@@ -40,6 +46,8 @@ class Job:
     request_id: str = ""
     #: token models: the most tokens a text may have
     max_tokens: int | None = None
+    #: also return the model's whole output per example (KServe/OIP explain; always on PREDICT)
+    predictions: bool = False
 
 
 @dataclass
@@ -60,6 +68,8 @@ class Reply:
     target: list[Any] | None = None
     tokens: list[list[str]] | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    #: the model's whole output per example, when the job asked for it
+    predictions: np.ndarray | None = None
     compute_ms: float = 0.0
     merged: int = 1
     error: dict[str, Any] | None = None

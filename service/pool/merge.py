@@ -15,7 +15,7 @@ import orjson
 
 from methods.params import MethodParams
 from methods.registry import MethodSpec
-from service.pool.jobs import Job, Reply
+from service.pool.jobs import PREDICT, Job, Reply
 from service.targets import per_example
 
 
@@ -57,6 +57,13 @@ def _target_form(job: Job) -> Any:
     if t["kind"] == "per_example_tuple":
         return len(t["rows"][0])
     return t["kind"]
+
+
+def predict_key(job: Job) -> tuple[Any, ...] | None:
+    """Predictions merge whenever their tensors stack (texts: each tokenized on its own)."""
+    if job.texts:
+        return None
+    return (job.model_id, PREDICT, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
 
 
 def merge_key(job: Job, ms: MethodSpec, p: MethodParams) -> tuple[Any, ...] | None:
@@ -125,6 +132,7 @@ def merge(jobs: list[Job]) -> Job:
         key=first.key,
         request_id=",".join(j.request_id for j in jobs),
         max_tokens=first.max_tokens,
+        predictions=any(j.predictions for j in jobs),
     )
 
 
@@ -152,6 +160,7 @@ def split(reply: Reply, jobs: list[Job]) -> list[Reply]:
                 outputs=_cut(reply.outputs, total, start, j.n),
                 target=None if reply.target is None else reply.target[start : start + j.n],
                 params=reply.params,
+                predictions=_cut(reply.predictions, total, start, j.n),
                 compute_ms=reply.compute_ms,
                 merged=len(jobs),
             )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Request
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from service.context import request_id
 from service.middleware import route_info
+from service.pool.jobs import PREDICT
 from service.problems import to_service_error
 from service.protocol.attributions import EXAMPLES, AttributionRequest, AttributionResponse
 from service.protocol.catalog import Problem
@@ -63,6 +64,35 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
+class Observed:
+    """One model request's metrics (count by status, latency, compute) and access-log labels;
+    label values come from the catalogue only, never from free user text."""
+
+    def __init__(self, state: AppState, scope: Scope, model_id: str, method: str) -> None:
+        self.tel = state.telemetry
+        self.started = time.perf_counter()
+        info = route_info(scope)
+        known = method in state.method_names or method == PREDICT
+        self.model = info["model"] = model_id if model_id in state.specs else "_unknown"
+        self.method = info["method"] = method if known else "_unknown"
+
+    def __enter__(self) -> Observed:
+        return self
+
+    def computed(self, ms: float) -> None:
+        self.tel.labels(self.tel.compute, self.model, self.method).observe(ms / 1e3)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        status = 200
+        if isinstance(exc, Exception):
+            status = to_service_error(exc).status
+        elif exc is not None:
+            status = 499
+        tel = self.tel
+        tel.labels(tel.requests, self.model, self.method, str(status)).inc()
+        tel.labels(tel.latency, self.model, self.method).observe(time.perf_counter() - self.started)
+
+
 async def serve(
     state: AppState,
     model_id: str,
@@ -72,33 +102,18 @@ async def serve(
     offload: bool = False,
 ) -> OrjsonResponse:
     """The route's work once the body is valid (shared with ``service.fastpath``)."""
-    started = time.perf_counter()
-    tel = state.telemetry
-    status = 200
-    info = route_info(request.scope)
-    info["model"] = model_id if model_id in state.specs else "_unknown"
-    info["method"] = body.method if body.method in state.method_names else "_unknown"
-    try:
+    with Observed(state, request.scope, model_id, body.method) as seen:
         spec = state.spec(model_id)
-        result, _ = await attributions.attribute(
+        result, _, _ = await attributions.attribute(
             state.settings,
             state.pool,
             spec,
             body,
             x_deadline_ms,
-            started,
+            seen.started,
             request_id=request_id.get(),
             disconnected=lambda: until_disconnect(request.receive),
             offload=offload,
         )
-        compute = result["timing_ms"]["compute"] / 1e3
-        tel.labels(tel.compute, model_id, body.method).observe(compute)
+        seen.computed(result["timing_ms"]["compute"])
         return OrjsonResponse(result)
-    except Exception as exc:
-        status = to_service_error(exc).status
-        raise
-    finally:
-        # label values come from the catalogue only, never from free user text
-        model, method = info["model"], info["method"]
-        tel.labels(tel.requests, model, method, str(status)).inc()
-        tel.labels(tel.latency, model, method).observe(time.perf_counter() - started)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,14 +22,13 @@ from service.errors import (
     ServiceError,
     from_engine,
 )
-from service.pool.jobs import Job, Reply
+from service.pool.jobs import Job, Reply, new_id
 from service.pool.merge import merge_key
 from service.pool.pool import Entry, WorkerPool
 from service.protocol.attributions import AttributionRequest
 from service.settings import Settings
 from service.targets import resolve_target
 
-_ids = itertools.count(1)
 #: characters a text may hold per allowed token before it is refused unread (long words)
 MAX_CHARS_PER_TOKEN = 32
 
@@ -168,7 +166,7 @@ def build_job(
             loc=("body",),
         )
     job = Job(
-        id=next(_ids),
+        id=new_id(),
         model_id=spec.id,
         method=ms.name,
         arrays=inputs.arrays,
@@ -265,25 +263,21 @@ async def wait(
     raise DeadlineExceeded("the request did not finish within its deadline; the work was stopped")
 
 
-async def attribute(
-    settings: Settings,
+def budget_ms(settings: Settings, *given: float | None) -> float:
+    """The request's time budget: the first deadline given (header, body), else the default."""
+    chosen = next((g for g in given if g), settings.deadline_ms)
+    return min(chosen, settings.max_deadline_ms)
+
+
+async def run(
     pool: WorkerPool,
-    spec: ModelSpec,
-    req: AttributionRequest,
-    deadline_ms: float | None,
+    job: Job,
+    budget: float,
     started: float,
-    request_id: str = "",
-    disconnected: Callable[[], Awaitable[Any]] | None = None,
-    offload: bool = False,
-) -> tuple[dict[str, Any], Job]:
-    """Validate, queue, wait, answer. ``offload``: a large request, decoded in a thread so the
-    event loop keeps serving others (health checks above all) meanwhile."""
-    budget = min(deadline_ms or req.deadline_ms or settings.deadline_ms, settings.max_deadline_ms)
-    deadline = time.time() + budget / 1e3
-    if offload:
-        job = await routing.offload(build_job, settings, spec, req, deadline, request_id)
-    else:
-        job = build_job(settings, spec, req, deadline, request_id)
+    disconnected: Callable[[], Awaitable[Any]] | None,
+) -> tuple[Reply, float]:
+    """Queue the job and wait for it (cancelled at the deadline or when the client goes);
+    the reply and the time it queued (ms)."""
     entry = pool.submit(job)
     remaining = budget / 1e3 - (time.perf_counter() - started)
     try:
@@ -297,4 +291,30 @@ async def attribute(
     queue_ms = 0.0
     if reply.compute_ms:
         queue_ms = max(0.0, (time.perf_counter() - started) * 1e3 - reply.compute_ms)
-    return response(spec, req, job, reply, queue_ms, started), job
+    return reply, queue_ms
+
+
+async def attribute(
+    settings: Settings,
+    pool: WorkerPool,
+    spec: ModelSpec,
+    req: AttributionRequest,
+    deadline_ms: float | None,
+    started: float,
+    request_id: str = "",
+    disconnected: Callable[[], Awaitable[Any]] | None = None,
+    offload: bool = False,
+    predictions: bool = False,
+) -> tuple[dict[str, Any], Job, Reply]:
+    """Validate, queue, wait, answer. ``offload``: a large request, decoded in a thread so the
+    event loop keeps serving others (health checks above all) meanwhile. ``predictions``: the
+    reply also carries the model's whole output per example (KServe and OIP explain)."""
+    budget = budget_ms(settings, deadline_ms, req.deadline_ms)
+    deadline = time.time() + budget / 1e3
+    if offload:
+        job = await routing.offload(build_job, settings, spec, req, deadline, request_id)
+    else:
+        job = build_job(settings, spec, req, deadline, request_id)
+    job.predictions = predictions
+    reply, queue_ms = await run(pool, job, budget, started, disconnected)
+    return response(spec, req, job, reply, queue_ms, started), job, reply

@@ -1,0 +1,433 @@
+"""Drop-in routes for KServe and Triton clients: KServe V1 (``:predict``, ``:explain``) and the
+Open Inference Protocol v2 (metadata, health, ``infer``, ``explain``).
+
+The model routes are raw handlers over the body's bytes (``HANDLERS``): the fast path
+(``service.fastpath``) calls them straight, and the FastAPI routes declared here (for the
+OpenAPI document, and servers without the fast path) call the same ones. Both run the
+attributions route's own serving code: codec checks, limits, batching, cancellation, errors.
+Errors are problem+json with an ``error`` member too, the one KServe and Triton clients read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from service import __version__
+from service.context import request_id
+from service.errors import InvalidRequest, MalformedRequest, UnknownModel
+from service.oip_tensors import HEADER, decompress
+from service.pool.jobs import PREDICT
+from service.problems import HANDLED, problem, to_service_error
+from service.protocol.catalog import Problem
+from service.protocol.oip import (
+    InferenceRequest,
+    InferenceResponse,
+    LiveResponse,
+    ModelMetadata,
+    ModelReadyResponse,
+    ReadyResponse,
+    ServerMetadata,
+    V1Explanations,
+    V1Predictions,
+    V1Request,
+)
+from service.responses import OrjsonResponse
+from service.routers.attributions import ERRORS, Observed, until_disconnect
+from service.routing import OFFLOAD_BYTES, offload, parse_json
+from service.serving import attributions, kserve, oip, predictions
+from service.state import AppState, get_state
+
+router = APIRouter(tags=["kserve"])
+State = Annotated[AppState, Depends(get_state)]
+Handler = Callable[[AppState, Request, dict[str, str], bytes], Awaitable[Response]]
+#: what the OIP server metadata lists
+EXTENSIONS = ["binary_tensor_data", "explain"]
+
+
+def _spec(state: AppState, params: dict[str, str]) -> Any:
+    spec = state.spec(params["model_id"])
+    version = params.get("version")
+    if version is not None and version != spec.version:
+        raise UnknownModel(
+            f"model {spec.id!r} serves version {spec.version!r}, not {version!r}",
+            loc=("path", "version"),
+        )
+    return spec
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return parse_json(body)
+    except ValueError as exc:
+        raise MalformedRequest(f"the body is not valid JSON: {exc}", loc=("body",)) from None
+
+
+def _compat_errors(handler: Handler) -> Handler:
+    """Errors as problem+json with the ``error`` member KServe and Triton clients read."""
+
+    async def run(
+        state: AppState, request: Request, params: dict[str, str], body: bytes
+    ) -> Response:
+        try:
+            return await handler(state, request, params, body)
+        except HANDLED as exc:
+            return problem(to_service_error(exc), request.url.path, error_member=True)
+
+    run.__doc__ = handler.__doc__
+    return run
+
+
+def _deadline(request: Request) -> float | None:
+    raw = request.headers.get("x-deadline-ms")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidRequest(
+            "X-Deadline-Ms must be a positive number", loc=("header", "x-deadline-ms")
+        )
+    return value
+
+
+@_compat_errors
+async def v1_predict(
+    state: AppState, request: Request, params: dict[str, str], body: bytes
+) -> Response:
+    with Observed(state, request.scope, params["model_id"], PREDICT) as seen:
+        spec = _spec(state, params)
+        data = kserve.validated(V1Request, _json(body), ("body",))
+        inputs = kserve.inputs_of(data, spec)
+        reply = await predictions.predict(
+            state.settings,
+            state.pool,
+            spec,
+            inputs,
+            _deadline(request),
+            seen.started,
+            request_id=request_id.get(),
+            disconnected=lambda: until_disconnect(request.receive),
+            offload=len(body) > OFFLOAD_BYTES,
+        )
+        seen.computed(reply.compute_ms)
+        return OrjsonResponse({"predictions": reply.predictions})
+
+
+async def _explain(
+    state: AppState, request: Request, model_id: str, req: Any, spec: Any, large: bool
+) -> tuple[dict[str, Any], Any]:
+    with Observed(state, request.scope, model_id, req.method) as seen:
+        result, _, reply = await attributions.attribute(
+            state.settings,
+            state.pool,
+            spec,
+            req,
+            _deadline(request),
+            seen.started,
+            request_id=request_id.get(),
+            disconnected=lambda: until_disconnect(request.receive),
+            offload=large,
+            predictions=True,
+        )
+        seen.computed(reply.compute_ms)
+        return result, reply
+
+
+@_compat_errors
+async def v1_explain(
+    state: AppState, request: Request, params: dict[str, str], body: bytes
+) -> Response:
+    spec = _spec(state, params)
+    data = kserve.validated(V1Request, _json(body), ("body",))
+    req = kserve.explain_request(data, spec, kserve.inputs_of(data, spec))
+    result, reply = await _explain(state, request, spec.id, req, spec, len(body) > OFFLOAD_BYTES)
+    return OrjsonResponse(kserve.explain_response(result, reply, req.output_encoding))
+
+
+async def _oip_decode(
+    state: AppState, request: Request, spec: Any, body: bytes, explain: bool
+) -> oip.Decoded:
+    limit = state.settings.max_body_bytes
+    encoding = request.headers.get("content-encoding", "")
+    header_length = request.headers.get(HEADER)
+
+    def work() -> oip.Decoded:
+        raw = decompress(body, encoding, limit)
+        return oip.decode(raw, header_length, spec, state.settings, explain)
+
+    return await offload(work) if len(body) > OFFLOAD_BYTES else work()
+
+
+def _oip_response(body: bytes, header_length: int | None) -> Response:
+    if header_length is None:
+        return Response(body, media_type="application/json")
+    return Response(
+        body,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(header_length)},
+    )
+
+
+@_compat_errors
+async def v2_infer(
+    state: AppState, request: Request, params: dict[str, str], body: bytes
+) -> Response:
+    with Observed(state, request.scope, params["model_id"], PREDICT) as seen:
+        spec = _spec(state, params)
+        d = await _oip_decode(state, request, spec, body, explain=False)
+        reply = await predictions.predict(
+            state.settings,
+            state.pool,
+            spec,
+            d.inputs,
+            _deadline(request),
+            seen.started,
+            request_id=request_id.get(),
+            disconnected=lambda: until_disconnect(request.receive),
+        )
+        seen.computed(reply.compute_ms)
+        return _oip_response(*oip.encode(spec, d.request, oip.infer_outputs(reply), {}))
+
+
+@_compat_errors
+async def v2_explain(
+    state: AppState, request: Request, params: dict[str, str], body: bytes
+) -> Response:
+    spec = _spec(state, params)
+    d = await _oip_decode(state, request, spec, body, explain=True)
+    req = oip.explain_request(d, spec)
+    result, reply = await _explain(state, request, spec.id, req, spec, False)
+    parameters = {"method": result["method"], "params": result["params"]}
+    if result.get("requested_method"):
+        parameters["requested_method"] = result["requested_method"]
+    values = oip.explain_outputs(spec, reply)
+    return _oip_response(*oip.encode(spec, d.request, values, parameters))
+
+
+#: the raw model routes: (HTTP method, path pattern, handler), for the fast path
+HANDLERS: list[tuple[str, re.Pattern[str], Handler]] = [
+    ("POST", re.compile(r"/v1/models/(?P<model_id>[^/:]+):predict"), v1_predict),
+    ("POST", re.compile(r"/v1/models/(?P<model_id>[^/:]+):explain"), v1_explain),
+    (
+        "POST",
+        re.compile(r"/v2/models/(?P<model_id>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"),
+        v2_infer,
+    ),
+    (
+        "POST",
+        re.compile(r"/v2/models/(?P<model_id>[^/]+)(?:/versions/(?P<version>[^/]+))?/explain"),
+        v2_explain,
+    ),
+]
+
+
+def match(scope: Any) -> tuple[Handler, dict[str, str]] | None:
+    """The raw handler for a request and its path params, if it is one of these routes."""
+    path = scope["path"]
+    if not path.startswith(("/v1/models/", "/v2/models/")):
+        return None
+    for method, pattern, handler in HANDLERS:
+        if scope["method"] == method:
+            m = pattern.fullmatch(path)
+            if m is not None:
+                return handler, {k: v for k, v in m.groupdict().items() if v is not None}
+    return None
+
+
+# -- the FastAPI routes: the document, and servers without the fast path ------------------------
+COMPAT_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": f"{d['description']} (also as `error`)"}
+    for code, d in ERRORS.items()
+}
+
+
+#: request body schemas of the raw routes, for the document's components (``AttrServe.openapi``)
+SCHEMAS: dict[str, Any] = {}
+
+
+def _body(model: type[Any], description: str, binary: bool = False) -> dict[str, Any]:
+    """The request body as documented: the raw routes read bytes, FastAPI does not see it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    SCHEMAS.update(schema.pop("$defs", {}))
+    SCHEMAS[model.__name__] = schema
+    content: dict[str, Any] = {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+    }
+    if binary:
+        content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+    return {"requestBody": {"required": True, "description": description, "content": content}}
+
+
+async def _raw(handler: Handler, state: AppState, request: Request, **params: str) -> Response:
+    return await handler(state, request, params, await request.body())
+
+
+@router.post(
+    "/v1/models/{model_id}:predict",
+    operation_id="predict",
+    response_model=V1Predictions,
+    responses=COMPAT_ERRORS,
+    openapi_extra=_body(V1Request, "KServe V1: instances (or inputs)"),
+)
+async def predict_route(model_id: str, state: State, request: Request) -> Response:
+    """KServe V1 predict: the model's outputs for the instances."""
+    return await _raw(v1_predict, state, request, model_id=model_id)
+
+
+@router.post(
+    "/v1/models/{model_id}:explain",
+    operation_id="explain",
+    response_model=V1Explanations,
+    responses=COMPAT_ERRORS,
+    openapi_extra=_body(V1Request, "KServe V1: instances and optional attribution parameters"),
+)
+async def explain_route(model_id: str, state: State, request: Request) -> Response:
+    """KServe V1 explain: predictions and one explanation per instance; without parameters,
+    the model's default explanation (models.toml ``explain``)."""
+    return await _raw(v1_explain, state, request, model_id=model_id)
+
+
+@router.get("/v2", operation_id="serverMetadata", response_model=ServerMetadata, tags=["oip"])
+async def server_metadata() -> OrjsonResponse:
+    """OIP server metadata."""
+    return OrjsonResponse({"name": "attrserve", "version": __version__, "extensions": EXTENSIONS})
+
+
+@router.get("/v2/health/live", operation_id="serverLive", response_model=LiveResponse, tags=["oip"])
+async def server_live() -> OrjsonResponse:
+    """OIP liveness: the process is up."""
+    return OrjsonResponse({"live": True})
+
+
+@router.get(
+    "/v2/health/ready",
+    operation_id="serverReady",
+    response_model=ReadyResponse,
+    tags=["oip"],
+    responses={503: {"model": ReadyResponse, "description": "a worker is not ready"}},
+)
+async def server_ready(state: State) -> OrjsonResponse:
+    """OIP readiness: every worker has loaded its models (503 otherwise)."""
+    ok = state.pool.ready
+    return OrjsonResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+@router.get(
+    "/v2/models/{model_id}",
+    operation_id="modelMetadata",
+    response_model=ModelMetadata,
+    tags=["oip"],
+)
+async def model_metadata(model_id: str, state: State) -> OrjsonResponse:
+    """OIP model metadata: inputs and output with OIP datatypes, -1 for free dims."""
+    return _metadata(state, {"model_id": model_id})
+
+
+@router.get(
+    "/v2/models/{model_id}/versions/{version}",
+    response_model=ModelMetadata,
+    tags=["oip"],
+    include_in_schema=False,
+)
+async def model_version_metadata(model_id: str, version: str, state: State) -> OrjsonResponse:
+    return _metadata(state, {"model_id": model_id, "version": version})
+
+
+def _metadata(state: AppState, params: dict[str, str]) -> OrjsonResponse:
+    spec = _spec(state, params)
+    torchscript = state.pool.model_info.get(spec.id, {}).get("torchscript", False)
+    platform = "pytorch_libtorch" if torchscript else "pytorch"
+    return OrjsonResponse(oip.model_metadata(spec, platform))
+
+
+@router.get(
+    "/v2/models/{model_id}/ready",
+    operation_id="modelReady",
+    response_model=ModelReadyResponse,
+    tags=["oip"],
+    responses={503: {"model": ModelReadyResponse, "description": "not loaded yet"}},
+)
+async def model_ready(model_id: str, state: State) -> OrjsonResponse:
+    """OIP model readiness: the model is loaded on every worker (503 otherwise)."""
+    return _ready(state, {"model_id": model_id})
+
+
+@router.get(
+    "/v2/models/{model_id}/versions/{version}/ready",
+    response_model=ModelReadyResponse,
+    tags=["oip"],
+    include_in_schema=False,
+)
+async def model_version_ready(model_id: str, version: str, state: State) -> OrjsonResponse:
+    return _ready(state, {"model_id": model_id, "version": version})
+
+
+def _ready(state: AppState, params: dict[str, str]) -> OrjsonResponse:
+    spec = _spec(state, params)
+    ok = state.pool.ready
+    return OrjsonResponse({"name": spec.id, "ready": ok}, status_code=200 if ok else 503)
+
+
+@router.post(
+    "/v2/models/{model_id}/infer",
+    operation_id="infer",
+    response_model=InferenceResponse,
+    tags=["oip"],
+    responses=COMPAT_ERRORS,
+    openapi_extra=_body(
+        InferenceRequest,
+        "OIP inference request; with the binary tensor data extension the body is this JSON "
+        "(Inference-Header-Content-Length bytes) followed by the binary tensors",
+        binary=True,
+    ),
+)
+async def infer_route(model_id: str, state: State, request: Request) -> Response:
+    """OIP inference: the model's output as the tensor ``output``."""
+    return await _raw(v2_infer, state, request, model_id=model_id)
+
+
+@router.post(
+    "/v2/models/{model_id}/versions/{version}/infer",
+    tags=["oip"],
+    include_in_schema=False,
+)
+async def infer_version_route(
+    model_id: str, version: str, state: State, request: Request
+) -> Response:
+    return await _raw(v2_infer, state, request, model_id=model_id, version=version)
+
+
+@router.post(
+    "/v2/models/{model_id}/explain",
+    operation_id="oipExplain",
+    response_model=InferenceResponse,
+    tags=["oip"],
+    responses=COMPAT_ERRORS,
+    openapi_extra=_body(
+        InferenceRequest,
+        "OIP inference request whose parameters name the method (and target, params, ...); "
+        "inputs named baselines.<input> are the baselines",
+        binary=True,
+    ),
+)
+async def oip_explain_route(model_id: str, state: State, request: Request) -> Response:
+    """OIP explain: ``attributions.<input>`` per model input, ``outputs``, ``convergence_delta``."""
+    return await _raw(v2_explain, state, request, model_id=model_id)
+
+
+@router.post(
+    "/v2/models/{model_id}/versions/{version}/explain",
+    tags=["oip"],
+    include_in_schema=False,
+)
+async def oip_explain_version_route(
+    model_id: str, version: str, state: State, request: Request
+) -> Response:
+    return await _raw(v2_explain, state, request, model_id=model_id, version=version)

@@ -1,0 +1,180 @@
+"""KServe V1 (``:predict``, ``:explain``): its bodies translated to and from the attributions
+route's, which does all the work (codec checks, limits, batching, cancellation, errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from model_registry.spec import ExplainSpec, ModelSpec
+from service import codec, support
+from service.errors import InvalidRequest, Loc
+from service.pool.jobs import Reply
+from service.protocol.attributions import AttributionRequest
+from service.protocol.oip import V1Request
+
+#: attributions request fields that ``parameters`` may not set (they come from the body)
+NOT_PARAMETERS = ("inputs",)
+
+
+def validated(model: type[BaseModel], data: Any, prefix: Loc) -> Any:
+    """``model.model_validate(data)``; a 422 naming the fields (under ``prefix``) otherwise."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [
+            {"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        first = errors[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "body"
+        raise InvalidRequest(f"{where}: {first['msg']}", errors=errors) from None
+
+
+def default_explanation(spec: ModelSpec) -> ExplainSpec:
+    """The model's models.toml ``explain``, else by its kind: integrated gradients where the
+    inputs are differentiable (token models: on the embedding layer, as the attributions route
+    rewrites it), feature ablation where they are not."""
+    if spec.explain is not None:
+        return spec.explain
+    floats = all(i.dtype.startswith(("float", "bfloat")) for i in spec.inputs)
+    if floats or support.token_model(spec):
+        return ExplainSpec("integrated_gradients")
+    return ExplainSpec("feature_ablation")
+
+
+def with_defaults(given: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+    """Explain parameters with the model's defaults: its default method (and that method's
+    params) when none is named, and each example's predicted class when no target is given
+    (what an explanation of a prediction explains; none on models with one output value)."""
+    out = dict(given)
+    if "method" not in out:
+        ex = default_explanation(spec)
+        out["method"] = ex.method
+        out.setdefault("params", dict(ex.params))
+    if "target" not in out:
+        shape = spec.output.shape
+        scalar = all(d == 1 for d in shape)
+        out["target"] = None if scalar else "predicted"
+    return out
+
+
+def check_explanation(spec: ModelSpec) -> None:
+    """Start-up check of a models.toml ``explain``: the method serves this model and its
+    params validate (the message names the model; the server does not start otherwise)."""
+    from service.serving.attributions import decode_params, validate_params
+    from service.settings import Settings
+
+    ex = default_explanation(spec)
+    try:
+        plan = support.plan(spec, ex.method, dict(ex.params))
+        validate_params(plan.method, decode_params(plan.method, plan.params, Settings()))
+    except Exception as exc:
+        detail = getattr(exc, "detail", str(exc))
+        raise ValueError(
+            f"model {spec.id!r}: explain = {ex.method!r} cannot run: {detail}"
+        ) from None
+
+
+def inputs_of(body: V1Request, spec: ModelSpec) -> Any:
+    """``instances`` (one entry per example) as the attributions route's ``inputs``."""
+    if body.instances is None:
+        if body.inputs is None:
+            raise InvalidRequest(
+                "send instances (one entry per example) or inputs", loc=("body", "instances")
+            )
+        return body.inputs
+    if body.inputs is not None:
+        raise InvalidRequest("send instances or inputs, not both", loc=("body", "inputs"))
+    inst = body.instances
+    if not inst:
+        raise InvalidRequest("instances hold no examples", loc=("body", "instances"))
+    if all(isinstance(i, str) for i in inst):
+        return inst
+    names = [i.name for i in spec.inputs]
+    if all(isinstance(i, dict) and not codec.is_tensor_object(i) for i in inst):
+        by_name: dict[str, list[Any]] = {n: [] for n in names}
+        for k, example in enumerate(inst):
+            if set(example) != set(names):
+                raise InvalidRequest(
+                    f"instances[{k}] must give exactly the model's inputs {names}, got "
+                    f"{sorted(example)[:8]}",
+                    loc=("body", "instances", k),
+                )
+            for n in names:
+                by_name[n].append(example[n])
+        return by_name
+    if len(names) > 1:
+        raise InvalidRequest(
+            f"model {spec.id!r} takes {len(names)} inputs {names}: each instance must be an "
+            "object keyed by input name",
+            loc=("body", "instances"),
+        )
+    return inst
+
+
+def explain_request(body: V1Request, spec: ModelSpec, inputs: Any) -> AttributionRequest:
+    """The attributions request for ``:explain``: ``parameters``, or the model's default."""
+    given = dict(body.parameters or {})
+    for name in NOT_PARAMETERS:
+        if name in given:
+            raise InvalidRequest(
+                f"parameters.{name}: the inputs come from the body's instances",
+                loc=("body", "parameters", name),
+            )
+    req: AttributionRequest = validated(
+        AttributionRequest, {**with_defaults(given, spec), "inputs": inputs}, ("body", "parameters")
+    )
+    return req
+
+
+def _rows(value: np.ndarray | None, n: int, i: int, enc: str) -> Any:
+    """Example ``i``'s part of a per-example array (k rows per example where there are k·n)."""
+    if value is None:
+        return None
+    if value.ndim == 0 or value.shape[0] % n:
+        return codec.encode_tensor(value, enc)
+    k = value.shape[0] // n
+    part = value[i * k : (i + 1) * k]
+    return codec.encode_tensor(part[0] if k == 1 else part, enc)
+
+
+def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
+    """The attributions response, one entry per example."""
+    n = (
+        int(reply.predictions.shape[0])
+        if reply.predictions is not None
+        else len(reply.target or [])
+    )
+    out = []
+    for i in range(n):
+        parts = [_rows(a, n, i, enc) for a in reply.attributions]
+        entry: dict[str, Any] = {
+            "attributions": parts if reply.as_tuple else parts[0],
+            "target": None if reply.target is None else reply.target[i],
+            "output": None if reply.outputs is None else float(reply.outputs.reshape(n, -1)[i, 0]),
+        }
+        if reply.delta is not None:
+            entry["convergence_delta"] = _rows(reply.delta, n, i, enc)
+        if reply.tokens is not None:
+            entry["tokens"] = reply.tokens[i]
+        out.append(entry)
+    return out
+
+
+def explain_response(result: dict[str, Any], reply: Reply, enc: str) -> dict[str, Any]:
+    body = {
+        "model_id": result["model_id"],
+        "model_version": result["model_version"],
+        "method": result["method"],
+        "params": result["params"],
+        "predictions": reply.predictions,
+        "explanations": explanations(reply, enc),
+        "timing_ms": result["timing_ms"],
+    }
+    for extra in ("requested_method", "attributed_layer", "renders"):
+        if result.get(extra) is not None:
+            body[extra] = result[extra]
+    return body

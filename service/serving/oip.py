@@ -1,0 +1,195 @@
+"""Open Inference Protocol v2: requests decoded into the attributions route's inputs, replies
+encoded as OIP outputs (JSON, or the binary tensor data extension).
+
+``infer`` gives the model's output as one tensor named ``output``. ``explain`` gives one
+``attributions.<input>`` tensor per model input, ``outputs`` (the model's output at the target,
+one per example), ``convergence_delta`` where the method has one, and ``tokens`` (BYTES) for raw
+texts. Its request ``parameters`` carry the attribution options; inputs named
+``baselines.<input>`` are the baselines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from model_registry.spec import ModelSpec
+from service import oip_tensors
+from service.errors import InvalidRequest, Loc
+from service.oip_tensors import OF_TORCH
+from service.pool.jobs import Reply
+from service.protocol.attributions import AttributionRequest
+from service.protocol.oip import InferenceRequest
+from service.responses import OPTIONS
+from service.serving.kserve import validated, with_defaults
+from service.settings import Settings
+
+#: request parameters the protocol (or Triton's client) uses for itself, not explain options
+RESERVED = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority")
+BASELINE = "baselines."
+OUTPUT = "output"
+
+
+@dataclass
+class Decoded:
+    request: InferenceRequest
+    inputs: Any  # {name: array} or a list of texts: the attributions route's ``inputs``
+    baselines: dict[str, np.ndarray]
+
+
+def model_metadata(spec: ModelSpec, platform: str) -> dict[str, Any]:
+    def dims(shape: tuple[int | None, ...]) -> list[int]:
+        return [-1 if d is None else d for d in shape]
+
+    return {
+        "name": spec.id,
+        "versions": [spec.version],
+        "platform": platform,
+        "inputs": [
+            {"name": i.name, "datatype": OF_TORCH[i.dtype], "shape": dims(i.shape)}
+            for i in spec.inputs
+        ],
+        "outputs": [
+            {
+                "name": OUTPUT,
+                "datatype": OF_TORCH.get(spec.dtype, "FP32"),
+                "shape": dims((None, *spec.output.shape)),
+            }
+        ],
+    }
+
+
+def decode(
+    body: bytes, header_length: str | None, spec: ModelSpec, settings: Settings, explain: bool
+) -> Decoded:
+    """The request, its inputs and (explain) baselines; every tensor checked as the attributions
+    route checks its own (through ``codec`` afterwards)."""
+    header, binary = oip_tensors.split_body(body, header_length)
+    req: InferenceRequest = validated(InferenceRequest, header, ("body",))
+    names = [i.name for i in spec.inputs]
+    arrays: dict[str, Any] = {}
+    baselines: dict[str, np.ndarray] = {}
+    offset = 0
+    for k, t in enumerate(req.inputs):
+        loc: Loc = ("body", "inputs", k)
+        value, offset = oip_tensors.decode(t, binary, offset, loc, settings.max_tensor_elements)
+        if explain and t.name.startswith(BASELINE) and t.name[len(BASELINE) :] in names:
+            if isinstance(value, list):
+                raise InvalidRequest(f"{t.name} must be numbers, not BYTES", loc=loc)
+            baselines[t.name[len(BASELINE) :]] = value
+        elif t.name in names:
+            if t.name in arrays:
+                raise InvalidRequest(f"input {t.name!r} is given twice", loc=(*loc, "name"))
+            arrays[t.name] = value
+        else:
+            extra = f" (or {BASELINE}<input>)" if explain else ""
+            raise InvalidRequest(
+                f"unknown input {t.name!r}; model {spec.id!r} takes {names}{extra}",
+                loc=(*loc, "name"),
+            )
+    if offset != len(binary):
+        raise InvalidRequest(
+            f"the body holds {len(binary) - offset} bytes after the last binary tensor",
+            loc=("body",),
+        )
+    texts = [v for v in arrays.values() if isinstance(v, list)]
+    if texts:
+        if len(arrays) != 1:
+            raise InvalidRequest("a BYTES (text) input must be the only input", loc=("body",))
+        return Decoded(req, texts[0], baselines)
+    return Decoded(req, arrays, baselines)
+
+
+def _json_value(value: Any) -> Any:
+    """A parameter that is JSON text holding an object or list (for clients that only send
+    strings, numbers and booleans as parameters), else the value as it is."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
+def explain_request(d: Decoded, spec: ModelSpec) -> AttributionRequest:
+    given = {k: _json_value(v) for k, v in (d.request.parameters or {}).items()}
+    for name in RESERVED:
+        given.pop(name, None)
+    timeout = given.pop("timeout", None)  # Triton's request timeout, in microseconds
+    if isinstance(timeout, (int, float)) and timeout > 0 and "deadline_ms" not in given:
+        given["deadline_ms"] = timeout / 1e3
+    given = with_defaults(given, spec)
+    for name in ("inputs", "baselines", "output_encoding"):
+        if name in given:
+            hint = f"send them as inputs named {BASELINE}<input>" if name == "baselines" else ""
+            raise InvalidRequest(
+                f"parameters.{name} is not an explain parameter" + (f": {hint}" if hint else ""),
+                loc=("body", "parameters", name),
+            )
+    if d.baselines:
+        # inputs without a baselines.<input> tensor get zeros, as when none are given
+        given["baselines"] = {i.name: d.baselines.get(i.name, 0.0) for i in spec.inputs}
+    req: AttributionRequest = validated(
+        AttributionRequest, {**given, "inputs": d.inputs}, ("body", "parameters")
+    )
+    return req
+
+
+def _binary_outputs(req: InferenceRequest, available: list[str]) -> dict[str, bool]:
+    """Which outputs to send, and whether each goes as binary data."""
+    default = bool((req.parameters or {}).get("binary_data_output", False))
+    if not req.outputs:
+        return {name: default for name in available}
+    chosen: dict[str, bool] = {}
+    for k, o in enumerate(req.outputs):
+        if o.name not in available:
+            raise InvalidRequest(
+                f"unknown output {o.name!r}; this request has {available}",
+                loc=("body", "outputs", k, "name"),
+            )
+        chosen[o.name] = bool((o.parameters or {}).get("binary_data", default))
+    return chosen
+
+
+def infer_outputs(reply: Reply) -> dict[str, Any]:
+    return {OUTPUT: reply.predictions}
+
+
+def explain_outputs(spec: ModelSpec, reply: Reply) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    names = [i.name for i in spec.inputs]
+    for name, part in zip(names, reply.attributions, strict=False):
+        out[f"attributions.{name}"] = part
+    if reply.outputs is not None:
+        out["outputs"] = reply.outputs
+    if reply.delta is not None:
+        out["convergence_delta"] = reply.delta
+    if reply.tokens is not None:
+        out["tokens"] = reply.tokens
+    return out
+
+
+def encode(
+    spec: ModelSpec, req: InferenceRequest, values: dict[str, Any], parameters: dict[str, Any]
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's size when binary tensors follow it."""
+    chosen = _binary_outputs(req, list(values))
+    outputs, blobs = [], []
+    for name, binary in chosen.items():
+        meta, blob = oip_tensors.encode(name, values[name], binary)
+        outputs.append(meta)
+        if blob is not None:
+            blobs.append(blob)
+    head: dict[str, Any] = {"model_name": spec.id, "model_version": spec.version}
+    if req.id is not None:
+        head["id"] = req.id
+    if parameters:
+        head["parameters"] = parameters
+    head["outputs"] = outputs
+    header = orjson.dumps(head, option=OPTIONS)
+    if not blobs:
+        return header, None
+    return b"".join((header, *blobs)), len(header)
