@@ -23,7 +23,7 @@ from service.problems import problem
 CALLER_ID = re.compile(r"[\x21-\x7e]{1,128}")
 #: routes open without a key: health (ours and OIP's), OIP server metadata, metrics, and the
 #: API's own documentation
-OPEN_PATHS = re.compile(r"/(v[12]/health/.*|v2/?|metrics|docs.*|redoc|openapi\.json)")
+OPEN_PATHS = re.compile(r"/(|v[12]/health/.*|v2/?|metrics|docs.*|redoc|openapi\.json)")
 #: routes about one model (ours, KServe V1's ``:predict``, OIP's): the key must allow it
 MODEL_PATH = re.compile(r"/v[12]/models/(?P<model_id>[^/:]+)(?:[/:].*)?")
 

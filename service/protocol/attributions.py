@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
 TENSOR = {
     "description": "A tensor: a nested JSON list, or {dtype, shape, b64} (raw little-endian "
@@ -122,6 +122,8 @@ class RenderSpec(BaseModel):
     examples: list[int] | None = Field(
         default=None, description="which examples to draw (indices); default all"
     )
+    #: set by the route when the Accept header asks for the picture itself (one, then)
+    _single: bool = PrivateAttr(default=False)
 
 
 class AttributionRequest(BaseModel):
@@ -168,6 +170,7 @@ class TimingMs(BaseModel):
 
 class Render(BaseModel):
     example: int = Field(description="the example drawn (index into the batch)")
+    input: str | None = Field(default=None, description="multi-input models: the input drawn")
     media_type: Literal["image/png", "text/html"]
     b64: str = Field(description="the file's bytes, base64")
 

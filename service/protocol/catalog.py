@@ -20,6 +20,8 @@ class OutputInfo(BaseModel):
 
 class ModelInfo(BaseModel):
     id: str
+    name: str = Field(description="the id again (KServe V1's model name)")
+    ready: bool = Field(description="loaded on every worker and serving")
     version: str
     description: str
     device: str
@@ -61,6 +63,7 @@ class WorkerStatus(BaseModel):
 
 class Health(BaseModel):
     status: str
+    ready: bool | None = Field(default=None, description="/ready only: the status as a bool")
     workers: list[WorkerStatus] = Field(default_factory=list)
 
 

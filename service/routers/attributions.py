@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Request
+from fastapi import APIRouter, Body, Depends, Header, Request, Response
 from starlette.types import Receive, Scope
 
 from service.context import request_id
 from service.middleware import route_info
 from service.pool.jobs import PREDICT
 from service.problems import to_service_error
-from service.protocol.attributions import EXAMPLES, AttributionRequest, AttributionResponse
+from service.protocol.attributions import (
+    EXAMPLES,
+    AttributionRequest,
+    AttributionResponse,
+    RenderSpec,
+)
 from service.protocol.catalog import Problem
 from service.responses import OrjsonResponse
 from service.routing import OFFLOAD_BYTES, OrjsonRoute
-from service.serving import attributions
+from service.serving import attributions, pictures
 from service.state import AppState, get_state
 
 router = APIRouter(tags=["attributions"], route_class=OrjsonRoute)
 State = Annotated[AppState, Depends(get_state)]
 #: declared as application/problem+json with the Problem schema (service.openapi_doc)
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": text}
     for code, text in {
         400: "malformed body",
@@ -41,7 +47,17 @@ ERRORS = {
     operation_id="attribute",
     response_model=AttributionResponse,
     response_class=OrjsonResponse,
-    responses=ERRORS,  # type: ignore[arg-type]
+    responses={
+        200: {
+            "description": "the attributions; with Accept: image/png or text/html (and one "
+            "example to draw), the picture itself",
+            "content": {
+                "image/png": {"schema": {"type": "string", "format": "binary"}},
+                "text/html": {"schema": {"type": "string"}},
+            },
+        },
+        **ERRORS,
+    },
 )
 async def attribute(
     model_id: str,
@@ -51,7 +67,7 @@ async def attribute(
     x_deadline_ms: Annotated[
         float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
     ] = None,
-) -> OrjsonResponse:
+) -> Response:
     """Compute attributions for a batch of examples with one method."""
     size = request.headers.get("content-length", "")
     offload = size.isdigit() and int(size) > OFFLOAD_BYTES
@@ -100,8 +116,14 @@ async def serve(
     body: AttributionRequest,
     x_deadline_ms: float | None,
     offload: bool = False,
-) -> OrjsonResponse:
-    """The route's work once the body is valid (shared with ``service.fastpath``)."""
+) -> Response:
+    """The route's work once the body is valid (shared with ``service.fastpath``). With
+    ``Accept: image/png`` (or ``text/html``) the answer is the one picture itself."""
+    picture = pictures.accepted(request.headers.get("accept"))
+    if picture is not None:
+        drawing = (body.render or RenderSpec()).model_copy(update={"format": picture})
+        drawing._single = True
+        body = body.model_copy(update={"render": drawing})
     with Observed(state, request.scope, model_id, body.method) as seen:
         spec = state.spec(model_id)
         result, _, _ = await attributions.attribute(
@@ -116,4 +138,11 @@ async def serve(
             offload=offload,
         )
         seen.computed(result["timing_ms"]["compute"])
+        if picture is not None:
+            (one,) = result["renders"]
+            return Response(
+                base64.b64decode(one["b64"]),
+                media_type=one["media_type"],
+                headers={"X-Attrserve-Method": result["method"]},
+            )
         return OrjsonResponse(result)

@@ -20,7 +20,7 @@ async def list_models(state: State, request: Request) -> ModelList:
     """Every served model (those the API key may use)."""
     key = route_info(request.scope).get("api_key")
     infos = [
-        catalog.model_info(s, state.pool.model_info.get(s.id))
+        catalog.model_info(s, state.pool.model_info.get(s.id), state.pool.ready)
         for s in state.specs.values()
         if key is None or key.allows(s.id)
     ]
@@ -30,7 +30,9 @@ async def list_models(state: State, request: Request) -> ModelList:
 @router.get("/v1/models/{model_id}", response_model=ModelInfo, operation_id="getModel")
 async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
     """One model: inputs, output, layers and the methods it serves."""
-    return catalog.model_info(state.spec(model_id), state.pool.model_info.get(model_id))
+    return catalog.model_info(
+        state.spec(model_id), state.pool.model_info.get(model_id), state.pool.ready
+    )
 
 
 @router.get("/v1/methods", response_model=MethodList, operation_id="listMethods")

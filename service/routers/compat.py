@@ -23,7 +23,7 @@ from service.errors import InvalidRequest, MalformedRequest, UnknownModel
 from service.oip_tensors import HEADER, decompress
 from service.pool.jobs import PREDICT
 from service.problems import HANDLED, problem, to_service_error
-from service.protocol.catalog import Problem
+from service.protocol.catalog import Health, Problem
 from service.protocol.oip import (
     InferenceRequest,
     InferenceResponse,
@@ -292,6 +292,12 @@ async def explain_route(model_id: str, state: State, request: Request) -> Respon
     """KServe V1 explain: predictions and one explanation per instance; without parameters,
     the model's default explanation (models.toml ``explain``)."""
     return await _raw(v1_explain, state, request, model_id=model_id)
+
+
+@router.get("/", operation_id="root", response_model=Health, tags=["kserve"])
+async def root() -> OrjsonResponse:
+    """KServe V1 liveness: ``{"status": "alive"}`` while the process is up."""
+    return OrjsonResponse({"status": "alive"})
 
 
 @router.get("/v2", operation_id="serverMetadata", response_model=ServerMetadata, tags=["oip"])

@@ -35,7 +35,7 @@ async def ready(state: State) -> OrjsonResponse:
         sum(w["state"] in ("ready", "busy") for w in state.pool.status())
     )
     status = "ready" if ok else ("draining" if state.pool.draining else "not_ready")
-    body = {"status": status, "workers": state.pool.status()}
+    body = {"status": status, "ready": ok, "workers": state.pool.status()}
     return OrjsonResponse(body, status_code=200 if ok else 503)
 
 

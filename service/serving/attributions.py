@@ -26,6 +26,7 @@ from service.pool.jobs import Job, Reply, new_id
 from service.pool.merge import merge_key
 from service.pool.pool import Entry, WorkerPool
 from service.protocol.attributions import AttributionRequest
+from service.serving import pictures
 from service.settings import Settings
 from service.targets import resolve_target
 
@@ -147,6 +148,8 @@ def build_job(
         shapes: tuple[tuple[int, ...], ...] = ((check_texts(inputs.texts, settings),),)
     else:
         shapes = tuple(tuple(int(d) for d in a.shape[1:]) for a in inputs.arrays)
+    if req.render is not None:  # before the work: examples in range, a known colormap
+        pictures.examples(req.render, inputs.n, len(spec.inputs))
     if req.target is None and not ms.needs_target:
         target = None
     else:
@@ -317,4 +320,10 @@ async def attribute(
         job = build_job(settings, spec, req, deadline, request_id)
     job.predictions = predictions
     reply, queue_ms = await run(pool, job, budget, started, disconnected)
-    return response(spec, req, job, reply, queue_ms, started), job, reply
+    body = response(spec, req, job, reply, queue_ms, started)
+    if req.render is not None:  # PNG encoding takes milliseconds: off the event loop
+        title = f"{spec.id} · {job.method}"
+        body["renders"] = await asyncio.to_thread(
+            pictures.draw, req.render, spec, job, reply, title
+        )
+    return body, job, reply

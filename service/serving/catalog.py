@@ -16,18 +16,20 @@ from service.protocol.catalog import (
 )
 
 
-def model_info(spec: ModelSpec, loaded: dict[str, Any] | None) -> ModelInfo:
-    loaded = loaded or {}
+def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, ready: bool) -> ModelInfo:
+    """``loaded``: what the workers report of the model (None before they have loaded it)."""
     return ModelInfo(
         id=spec.id,
+        name=spec.id,
+        ready=ready and loaded is not None,
         version=spec.version,
         description=spec.description,
-        device=str(loaded.get("device", spec.device)),
+        device=str((loaded or {}).get("device", spec.device)),
         inputs=[InputInfo(name=i.name, dtype=i.dtype, shape=list(i.shape)) for i in spec.inputs],
         output=OutputInfo(shape=list(spec.output.shape), labels=list(spec.output.labels)),
         layers=list(spec.layers),
         embedding_layer=spec.embedding_layer,
-        tokenizer=bool(loaded.get("tokenizer", support.token_model(spec))),
+        tokenizer=bool((loaded or {}).get("tokenizer", support.token_model(spec))),
         methods=support.served_methods(spec),
     )
 

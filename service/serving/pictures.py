@@ -1,0 +1,113 @@
+"""Pictures of a reply's attributions (CONTRACT §6.4): which examples and inputs to draw, and
+what to draw them over; the drawing itself is ``service.render``."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from model_registry.spec import ModelSpec
+from service import render
+from service.errors import InvalidRequest
+from service.pool.jobs import Job, Reply
+from service.protocol.attributions import RenderSpec
+
+#: the most pictures one response carries
+MAX_RENDERS = 32
+LOC = ("body", "render")
+MEDIA = {"png": "image/png", "html": "text/html"}
+
+
+def accepted(accept: str | None) -> str | None:
+    """The picture format the Accept header prefers over JSON ("png", "html"), if any."""
+    if not accept:
+        return None
+    best, best_q = None, 0.0
+    for part in accept.split(","):  # the highest q wins; on a tie, the first listed
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            if param.startswith("q="):
+                try:
+                    q = float(param[2:])
+                except ValueError:
+                    q = 0.0
+        fmt = {"image/png": "png", "text/html": "html"}.get(media.lower())
+        if media.lower() in ("application/json", "application/*", "*/*"):
+            fmt = "json"
+        if fmt is not None and q > best_q:
+            best, best_q = fmt, q
+    return None if best in (None, "json") else best
+
+
+def examples(spec: RenderSpec, n: int, inputs: int = 1) -> list[int]:
+    """The examples to draw, checked before any work is done (with the colormap)."""
+    if spec.colormap is not None:
+        try:
+            render.colormap(spec.colormap)
+        except render.RenderError as exc:
+            raise InvalidRequest(str(exc), loc=(*LOC, "colormap")) from None
+    chosen = list(range(n)) if spec.examples is None else spec.examples
+    for k, i in enumerate(chosen):
+        if not 0 <= i < n:
+            raise InvalidRequest(
+                f"render.examples[{k}] is {i}; the request has {n} examples (0..{n - 1})",
+                loc=(*LOC, "examples", k),
+            )
+    if spec._single and len(chosen) * inputs != 1:
+        raise InvalidRequest(
+            f"Accept: {MEDIA[spec.format]} answers with one picture, and this request would "
+            f"draw {len(chosen) * inputs}: send one example, or choose one with render.examples"
+            + (" (multi-input models: ask for JSON renders)" if inputs > 1 else ""),
+            loc=(*LOC, "examples"),
+        )
+    if len(chosen) > MAX_RENDERS:
+        raise InvalidRequest(
+            f"render draws at most {MAX_RENDERS} examples; choose some with render.examples",
+            loc=(*LOC, "examples"),
+        )
+    return chosen
+
+
+def draw(
+    spec: RenderSpec, model: ModelSpec, job: Job, reply: Reply, title: str
+) -> list[dict[str, Any]]:
+    """One picture per chosen example (and per input, on multi-input models)."""
+    out: list[dict[str, Any]] = []
+    names = [i.name for i in model.inputs]
+    for i in examples(spec, job.n, len(model.inputs)):
+        for k, attrs in enumerate(reply.attributions):
+            attr = np.asarray(attrs[i], dtype=np.float64)
+            tokens = None
+            image = None
+            if reply.tokens is not None:
+                tokens = reply.tokens[i]
+                attr = attr[: len(tokens)]
+            elif k < len(job.arrays):
+                x = job.arrays[k][i]
+                # the input under the map: only where the map has its (spatial) shape
+                if x.shape[-attr.ndim :] == attr.shape or x.shape[-2:] == attr.shape[-2:]:
+                    image = x.astype(np.float64)
+            if spec.kind == "overlay" and tokens is None and image is None:
+                raise InvalidRequest(
+                    f"render.kind overlay draws over the input, but the attributions have shape "
+                    f"{list(attr.shape)}, not the input's spatial shape; for a layer method set "
+                    "params.interpolate_to_input",
+                    loc=(*LOC, "kind"),
+                )
+            target = "" if reply.target is None else f" · target {reply.target[i]}"
+            try:
+                pic = render.draw(spec, attr, inputs=image, tokens=tokens, title=title + target)
+            except render.RenderError as exc:
+                raise InvalidRequest(f"render: {exc}", loc=LOC) from None
+            entry: dict[str, Any] = {
+                "example": i,
+                "media_type": pic.media_type,
+                "b64": base64.b64encode(pic.data).decode("ascii"),
+            }
+            if len(reply.attributions) > 1:
+                entry["input"] = names[k] if k < len(names) else str(k)
+            out.append(entry)
+    return out
