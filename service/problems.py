@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,15 +21,15 @@ from service.errors import (
 from service.responses import ProblemResponse
 
 TYPE_BASE = "https://attrserve.dev/problems/"
+#: KServe V1 and OIP routes: their problems also carry ``error``
+COMPAT_PATHS = re.compile(r"/v2(/.*)?|/v1/models/[^/]+:(predict|explain)")
 #: what FastAPI's exception middleware answers (the rest reaches its server-error middleware)
 HANDLED = (ServiceError, RequestValidationError, AttributionError, HTTPException)
 
 
-def problem(
-    err: ServiceError, instance: str | None = None, *, error_member: bool = False
-) -> ProblemResponse:
-    """The problem+json response for ``err``. ``error_member``: also the detail as ``error``,
-    the member KServe and Triton clients read (the compatibility routes)."""
+def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
+    """The problem+json response for ``err``; on the KServe and OIP routes the detail is also
+    the ``error`` member, the one their clients read."""
     body: dict[str, Any] = {
         "type": TYPE_BASE + err.code,
         "title": err.title,
@@ -41,7 +42,7 @@ def problem(
     rid = request_id.get()
     if rid:
         body["request_id"] = rid
-    if error_member:
+    if instance and COMPAT_PATHS.fullmatch(instance):
         body["error"] = err.detail
     return ProblemResponse(body, status_code=err.status, headers=err.headers or None)
 

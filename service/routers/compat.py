@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from service import __version__
 from service.context import request_id
-from service.errors import InvalidRequest, MalformedRequest, UnknownModel
+from service.errors import InvalidRequest, MalformedRequest, ServiceError, UnknownModel
 from service.oip_tensors import HEADER, decompress
 from service.pool.jobs import PREDICT
 from service.problems import HANDLED, problem, to_service_error
@@ -76,7 +76,7 @@ def _compat_errors(handler: Handler) -> Handler:
         try:
             return await handler(state, request, params, body)
         except HANDLED as exc:
-            return problem(to_service_error(exc), request.url.path, error_member=True)
+            return problem(to_service_error(exc), request.url.path)
 
     run.__doc__ = handler.__doc__
     return run
@@ -104,18 +104,20 @@ async def v1_predict(
     with Observed(state, request.scope, params["model_id"], PREDICT) as seen:
         spec = _spec(state, params)
         data = kserve.validated(V1Request, _json(body), ("body",))
-        inputs = kserve.inputs_of(data, spec)
-        reply = await predictions.predict(
-            state.settings,
-            state.pool,
-            spec,
-            inputs,
-            _deadline(request),
-            seen.started,
-            request_id=request_id.get(),
-            disconnected=lambda: until_disconnect(request.receive),
-            offload=len(body) > OFFLOAD_BYTES,
-        )
+        try:
+            reply = await predictions.predict(
+                state.settings,
+                state.pool,
+                spec,
+                kserve.inputs_of(data, spec),
+                _deadline(request),
+                seen.started,
+                request_id=request_id.get(),
+                disconnected=lambda: until_disconnect(request.receive),
+                offload=len(body) > OFFLOAD_BYTES,
+            )
+        except ServiceError as err:
+            raise kserve.relocated(err, kserve.v1_move(data.instances is not None)) from None
         seen.computed(reply.compute_ms)
         return OrjsonResponse({"predictions": reply.predictions})
 
@@ -182,16 +184,19 @@ async def v2_infer(
     with Observed(state, request.scope, params["model_id"], PREDICT) as seen:
         spec = _spec(state, params)
         d = await _oip_decode(state, request, spec, body, explain=False)
-        reply = await predictions.predict(
-            state.settings,
-            state.pool,
-            spec,
-            d.inputs,
-            _deadline(request),
-            seen.started,
-            request_id=request_id.get(),
-            disconnected=lambda: until_disconnect(request.receive),
-        )
+        try:
+            reply = await predictions.predict(
+                state.settings,
+                state.pool,
+                spec,
+                d.inputs,
+                _deadline(request),
+                seen.started,
+                request_id=request_id.get(),
+                disconnected=lambda: until_disconnect(request.receive),
+            )
+        except ServiceError as err:
+            raise kserve.relocated(err, oip.oip_move(d)) from None
         seen.computed(reply.compute_ms)
         return _oip_response(*oip.encode(spec, d.request, oip.infer_outputs(reply), {}))
 
@@ -202,8 +207,11 @@ async def v2_explain(
 ) -> Response:
     spec = _spec(state, params)
     d = await _oip_decode(state, request, spec, body, explain=True)
-    req = oip.explain_request(d, spec)
-    result, reply = await _explain(state, request, spec.id, req, spec, False)
+    try:
+        req = oip.explain_request(d, spec)
+        result, reply = await _explain(state, request, spec.id, req, spec, False)
+    except ServiceError as err:
+        raise kserve.relocated(err, oip.oip_move(d)) from None
     parameters = {"method": result["method"], "params": result["params"]}
     if result.get("requested_method"):
         parameters["requested_method"] = result["requested_method"]

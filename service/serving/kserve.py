@@ -3,6 +3,7 @@ route's, which does all the work (codec checks, limits, batching, cancellation, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from model_registry.spec import ExplainSpec, ModelSpec
 from service import codec, support
-from service.errors import InvalidRequest, Loc
+from service.errors import InvalidRequest, Loc, ServiceError
 from service.pool.jobs import Reply
 from service.protocol.attributions import AttributionRequest
 from service.protocol.oip import V1Request
@@ -31,6 +32,51 @@ def validated(model: type[BaseModel], data: Any, prefix: Loc) -> Any:
         first = errors[0]
         where = ".".join(str(p) for p in first["loc"][1:]) or "body"
         raise InvalidRequest(f"{where}: {first['msg']}", errors=errors) from None
+
+
+Move = Callable[[tuple[Any, ...]], tuple[Any, ...]]
+
+
+def relocated(err: ServiceError, move: Move) -> ServiceError:
+    """``err`` with its locations (and the field names its messages start with) moved to where
+    this protocol's body has them: the attributions route's ``inputs`` are KServe's
+    ``instances``, its top-level fields are ``parameters.*``, and so on."""
+
+    def where(loc: tuple[Any, ...]) -> str:
+        return ".".join(str(p) for p in loc[1:]) or "body"
+
+    items = []
+    for e in err.errors:
+        loc = tuple(e.get("loc") or ())
+        moved = move(loc) if loc[:1] == ("body",) else loc
+        if moved != loc:
+            old, new = where(loc), where(moved)
+            msg = str(e.get("msg", ""))
+            e = {
+                **e,
+                "loc": list(moved),
+                "msg": new + msg[len(old) :] if msg.startswith(old) else msg,
+            }
+            if err.detail.startswith(old):
+                err.detail = new + err.detail[len(old) :]
+        items.append(e)
+    err.errors = items
+    err.args = (err.detail,)
+    return err
+
+
+def v1_move(instances: bool) -> Move:
+    """KServe V1: ``inputs`` came from ``instances``; request fields from ``parameters``."""
+    fields = set(AttributionRequest.model_fields) - {"inputs"}
+
+    def move(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(loc) > 1 and loc[1] == "inputs" and instances:
+            return ("body", "instances", *loc[2:])
+        if len(loc) > 1 and loc[1] in fields:
+            return ("body", "parameters", *loc[1:])
+        return loc
+
+    return move
 
 
 def default_explanation(spec: ModelSpec) -> ExplainSpec:
@@ -138,7 +184,8 @@ def _rows(value: np.ndarray | None, n: int, i: int, enc: str) -> Any:
         return codec.encode_tensor(value, enc)
     k = value.shape[0] // n
     part = value[i * k : (i + 1) * k]
-    return codec.encode_tensor(part[0] if k == 1 else part, enc)
+    one = part[0] if k == 1 else part
+    return one.item() if enc == "json" and np.ndim(one) == 0 else codec.encode_tensor(one, enc)
 
 
 def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ texts. Its request ``parameters`` carry the attribution options; inputs named
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,24 @@ def decode(
             raise InvalidRequest("a BYTES (text) input must be the only input", loc=("body",))
         return Decoded(req, texts[0], baselines)
     return Decoded(req, arrays, baselines)
+
+
+def oip_move(d: Decoded | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """OIP: a model input's errors point at its entry in ``inputs`` (by index), baselines at
+    their ``baselines.<input>`` entry, attribution options at ``parameters``."""
+    index = {} if d is None else {t.name: k for k, t in enumerate(d.request.inputs)}
+    fields = set(AttributionRequest.model_fields) - {"inputs", "baselines"}
+
+    def move(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(loc) > 2 and loc[1] == "inputs" and loc[2] in index:
+            return ("body", "inputs", index[loc[2]], *loc[3:])
+        if len(loc) > 2 and loc[1] == "baselines" and BASELINE + str(loc[2]) in index:
+            return ("body", "inputs", index[BASELINE + str(loc[2])], *loc[3:])
+        if len(loc) > 1 and loc[1] in fields:
+            return ("body", "parameters", *loc[1:])
+        return loc
+
+    return move
 
 
 def _json_value(value: Any) -> Any:

@@ -37,6 +37,7 @@ source = "python:tests.service.factory:two_input"
 labels = ["first", "second"]
 inputs = [{ name = "a", dtype = "float32", shape = ["N", 3] },
           { name = "b", dtype = "float32", shape = ["N", 2] }]
+explain = { method = "saliency", params = { abs = false } }
 
 [[models]]
 id = "slow"
