@@ -1,4 +1,6 @@
 PYTHON ?= python3
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
@@ -28,7 +30,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 serve: install
-	$(BIN)/attrserve serve --host 127.0.0.1 --port 8000
+	$(BIN)/attrserve serve --host $(HOST) --port $(PORT)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

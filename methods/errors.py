@@ -26,6 +26,10 @@ class InvalidTypeError(AttributionError, TypeError):
 class UnknownMethodError(InvalidArgumentError):
     """No method is registered under the requested name."""
 
+    #: the name asked for, and the registered names closest to it
+    requested: str = ""
+    suggestions: list[str] = []  # noqa: RUF012 - set per instance by the registry
+
 
 class UnknownParameterError(InvalidArgumentError):
     """A keyword parameter the method does not take."""

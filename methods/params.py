@@ -80,9 +80,14 @@ def parse_params(model: type[MethodParams], method: str, params: dict[str, Any])
         err = errors[0]
         name = _where(err["loc"])
         if err["type"] == "extra_forbidden":
+            import difflib
+
             known = ", ".join(model.model_fields) or "none"
+            close = difflib.get_close_matches(name, list(model.model_fields), n=2)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ";"
             raise UnknownParameterError(
-                f"{method} has no parameter {name!r}; its parameters are: {known}", argument=name
+                f"{method} has no parameter {name!r}{hint} its parameters are: {known}",
+                argument=name,
             ) from None
         # a union reports one error per member it tried: say them all ("an integer or 'auto'")
         msgs = list(dict.fromkeys(e["msg"] for e in errors if _where(e["loc"]) == name))

@@ -237,11 +237,16 @@ def get(name: str) -> MethodSpec:
         import difflib
 
         close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise UnknownMethodError(
-            f"unknown method {name!r}{hint} (methods.available() lists them all)",
+        err = UnknownMethodError(
+            f"unknown method {name!r}{did_you_mean(close)} (methods.available() lists them all)",
             argument="method",
-        ) from None
+        )
+        err.requested, err.suggestions = str(name), close  # the service names its own list
+        raise err from None
+
+
+def did_you_mean(close: list[str]) -> str:
+    return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
 
 
 def specs() -> list[MethodSpec]:

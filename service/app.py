@@ -8,11 +8,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import methods
 import model_registry
-from service import openapi_doc, problems
+from service import docs, openapi_doc, problems
 from service.errors import ServiceError
 from service.fastpath import FastAttributions, takes
 from service.limits import BodyLimit
@@ -118,18 +120,36 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         description=DESCRIPTION,
         default_response_class=OrjsonResponse,
         lifespan=lifespan,
+        docs_url=None,  # served from package files below, not a CDN: /docs works offline
+        redoc_url=None,
     )
     app.state.attrserve = state
     problems.install(app)
+    docs.install(app)
     app.include_router(health.router)
     app.include_router(catalog.router)
     app.include_router(attributions.router)
     app.include_router(compat.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
-    app.outer = RequestContext(
-        BodyLimit(ApiKeys(app.dispatch, settings), max_bytes=settings.max_body_bytes),
-        access=settings.access_log,
-    )
+    inner: ASGIApp = BodyLimit(ApiKeys(app.dispatch, settings), max_bytes=settings.max_body_bytes)
+    if settings.gzip_min_bytes is not None:
+        inner = GZipMiddleware(inner, minimum_size=settings.gzip_min_bytes)
+    if settings.cors_origins:  # outside the keys: a browser's preflight carries none
+        inner = CORSMiddleware(
+            inner,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=[
+                "authorization",
+                "x-api-key",
+                "content-type",
+                "x-request-id",
+                "x-deadline-ms",
+                "inference-header-content-length",
+            ],
+            expose_headers=["x-request-id", "retry-after", "inference-header-content-length"],
+        )
+    app.outer = RequestContext(inner, access=settings.access_log)
     return app
 
 

@@ -144,5 +144,12 @@ def from_engine(exc: Exception) -> ServiceError:
         parts: list[str | int] = [int(p) if p.isdigit() else p for p in str(arg).split(".")]
         loc = ("body", *parts) if parts[0] in _TOP_LEVEL else ("body", "params", *parts)
     if isinstance(exc, UnknownMethodError):
-        return UnknownMethod(str(exc), loc=loc)
+        from methods.registry import did_you_mean
+
+        name, close = getattr(exc, "requested", "?"), getattr(exc, "suggestions", [])
+        return UnknownMethod(
+            f"unknown method {name!r}{did_you_mean(close)}; GET /v1/methods lists every "
+            "method and its parameters",
+            loc=loc,
+        )
     return AttributionFailed(str(exc), loc=loc)

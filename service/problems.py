@@ -92,6 +92,16 @@ def install(app: FastAPI) -> None:
     """Route every error class through ``problem``."""
 
     async def handle(request: Request, exc: Exception) -> ProblemResponse:
+        if isinstance(exc, RequestValidationError) and request.method in ("POST", "PUT"):
+            # FastAPI reads a body as JSON only with that content type: say so, not "not an object"
+            given = request.headers.get("content-type", "")
+            media = given.partition(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                shown = f"got {given!r}" if given else "none was sent"
+                exc = MalformedRequest(
+                    f"send the JSON body with Content-Type: application/json ({shown})",
+                    loc=("header", "content-type"),
+                )
         return problem(to_service_error(exc), request.url.path)
 
     # Exception: Starlette raises it again after this answer; service.middleware logs it

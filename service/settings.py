@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 PREFIX = "ATTRSERVE_"
 
@@ -139,6 +139,23 @@ class Settings(BaseModel):
     keep_alive_s: int = Field(
         default=5, ge=1, description="idle keep-alive connections are closed after this long"
     )
+    cors_origins: tuple[str, ...] = Field(
+        default=(),
+        description="origins browsers may call from (comma-separated or a JSON list; '*' for "
+        "any); empty: CORS off",
+    )
+    gzip_min_bytes: int | None = Field(
+        default=16384,
+        ge=1,
+        description="gzip responses at least this large for clients that accept it (unset: off)",
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(o.strip() for o in value.split(",") if o.strip())
+        return value
 
     @property
     def drain_s(self) -> float:

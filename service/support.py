@@ -12,7 +12,7 @@ from typing import Any
 from methods import registry
 from methods.registry import MethodSpec
 from model_registry.spec import ModelSpec
-from service.errors import InvalidRequest, UnknownMethod, UnsupportedMethod
+from service.errors import InvalidRequest, UnknownMethod, UnsupportedMethod, from_engine
 
 #: engine arguments that are request fields of their own; a Captum user may put them in params
 SHARED_ARGUMENTS = (
@@ -41,8 +41,9 @@ class Plan:
 def method_spec(name: str) -> MethodSpec:
     try:
         return registry.get(name)
-    except Exception as exc:  # UnknownMethodError
-        raise UnknownMethod(str(exc), loc=("body", "method")) from None
+    except Exception as exc:  # UnknownMethodError: its message, pointing at GET /v1/methods
+        err = from_engine(exc)
+        raise UnknownMethod(err.detail, loc=("body", "method")) from None
 
 
 def is_torchscript(spec: ModelSpec) -> bool:

@@ -396,6 +396,8 @@ class WorkerPool:
         if kind == "ready":
             w.state, w.pid, w.failures = "ready", msg[1]["pid"], 0
             self.model_info = msg[1]["models"]
+            models = ", ".join(f"{m} ({i['device']})" for m, i in self.model_info.items())
+            log.info("attrserve: worker %d (pid %s) serves %s", w.index, w.pid, models)
         elif kind == "failed":
             w.state = "failed"
             w.failures += 1
