@@ -10,6 +10,7 @@ import torch
 
 import methods
 from methods.cancel import checkpoint
+from methods.errors import ModelError
 from model_registry.spec import LoadedModel
 from service.errors import InvalidRequest, LimitExceeded
 from service.pool.jobs import PREDICT, Job, Reply
@@ -51,8 +52,17 @@ def _select(out: torch.Tensor, target: Any, n: int) -> torch.Tensor:
 
 
 def _forward(lm: LoadedModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    with torch.no_grad():
-        out = lm.model(*xs)
+    """The model's output; its own failure reported as the engine reports one (a 422 that
+    names the request id, the details in the log)."""
+    try:
+        with torch.no_grad():
+            out = lm.model(*xs)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"the model raised {type(exc).__name__}: {exc}", argument="inputs"
+        ) from exc
     if not isinstance(out, torch.Tensor):
         raise InvalidRequest("the model did not return one tensor", loc=("body", "target"))
     return out
