@@ -1,6 +1,7 @@
 """HTTP load benchmark: attrserve (batching on and off) against a minimal Captum FastAPI server.
 
     python -m benchmarks.load [--clients 16] [--duration 5] [--max-requests 2000]
+    python -m benchmarks.load --servers on --routes native,v1-explain,oip-explain,oip-infer
 
 N concurrent keep-alive connections send identical-shape requests (one example each) for a bounded
 duration and count; throughput and p50/p99 latency are printed per server, model and method.
@@ -124,9 +125,37 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 # -- load --------------------------------------------------------------------------------------
-def body(model: str, method: str, rng: np.random.Generator) -> dict[str, Any]:
+#: how each route asks for the same work (one example, target 0): the native attributions
+#: route, KServe V1 explain, OIP explain (JSON tensors), and predictions (OIP infer, V1 predict)
+ROUTES = ("native", "v1-explain", "oip-explain", "oip-infer", "v1-predict")
+PREDICTIONS = ("oip-infer", "v1-predict")
+INPUT_NAMES = {"tabular-mlp": "x", "image-cnn": "image"}
+
+
+def body(
+    model: str, method: str, rng: np.random.Generator, route: str = "native"
+) -> tuple[str, dict[str, Any]]:
+    """The request path and body of one scenario on one route."""
     shape = (1, 8) if model == "tabular-mlp" else (1, 3, 32, 32)
-    return {"method": method, "inputs": rng.random(shape, dtype=np.float32).tolist(), "target": 0}
+    x = rng.random(shape, dtype=np.float32)
+    tensor = {
+        "name": INPUT_NAMES[model],
+        "shape": list(shape),
+        "datatype": "FP32",
+        "data": x.reshape(-1).tolist(),
+    }
+    if route == "v1-explain":
+        params = {"method": method, "target": 0}
+        return f"/v1/models/{model}:explain", {"instances": x.tolist(), "parameters": params}
+    if route == "oip-explain":
+        params = {"method": method, "target": 0}
+        return f"/v2/models/{model}/explain", {"inputs": [tensor], "parameters": params}
+    if route == "oip-infer":
+        return f"/v2/models/{model}/infer", {"inputs": [tensor]}
+    if route == "v1-predict":
+        return f"/v1/models/{model}:predict", {"instances": x.tolist()}
+    body = {"method": method, "inputs": x.tolist(), "target": 0}
+    return f"/v1/models/{model}/attributions", body
 
 
 class Conn:
@@ -167,14 +196,21 @@ class Conn:
 
 
 async def load(
-    url: str, model: str, method: str, clients: int, duration: float, max_requests: int
+    url: str,
+    model: str,
+    method: str,
+    clients: int,
+    duration: float,
+    max_requests: int,
+    route: str = "native",
 ) -> dict[str, float]:
     rng = np.random.default_rng(0)
-    bodies = [orjson.dumps(body(model, method, rng)) for _ in range(64)]
+    requests = [body(model, method, rng, route) for _ in range(64)]
+    path = requests[0][0]
+    bodies = [orjson.dumps(b) for _, b in requests]
     latencies: list[float] = []
     computes: list[float] = []
     errors = 0
-    path = f"/v1/models/{model}/attributions"
     host, port = url.removeprefix("http://").split(":")
 
     async def client(i: int, conn: Conn, end: float) -> None:
@@ -185,7 +221,8 @@ async def load(
             status, data = await conn.post(path, bodies[k % len(bodies)])
             if status == 200:
                 latencies.append((time.perf_counter() - t0) * 1e3)
-                computes.append(float(orjson.loads(data)["timing_ms"]["compute"]))
+                timing = orjson.loads(data).get("timing_ms")  # OIP and predict have none
+                computes.append(float(timing["compute"]) if timing else float("nan"))
             else:
                 errors += 1
             k += clients
@@ -212,6 +249,24 @@ async def load(
     }
 
 
+def plan(
+    scenarios: list[tuple[str, str]], routes: list[str], clients: int
+) -> list[tuple[str, str, str, int]]:
+    """(model, method, route, clients) to run: attribution routes per scenario, side by side;
+    prediction routes once per model."""
+    out: list[tuple[str, str, str, int]] = []
+    predicted: set[tuple[str, str, int]] = set()
+    for model, method in scenarios:
+        for c in sorted({1, clients}):
+            for route in routes:
+                if route in PREDICTIONS:
+                    if (model, route, c) in predicted:
+                        continue
+                    predicted.add((model, route, c))
+                out.append((model, method, route, c))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="benchmarks.load", description=__doc__)
     p.add_argument("--clients", type=int, default=16)
@@ -223,6 +278,12 @@ def main(argv: list[str] | None = None) -> None:
         "--servers",
         default="on,off,minimal",
         help="subset of on,off,minimal,route (route: attrserve without its fast path)",
+    )
+    p.add_argument(
+        "--routes",
+        default="native",
+        help=f"attrserve routes to load, a subset of {','.join(ROUTES)} (predict routes run "
+        "once per model)",
     )
     p.add_argument("--serve-minimal", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-route", type=int, default=None, help=argparse.SUPPRESS)
@@ -254,18 +315,20 @@ def main(argv: list[str] | None = None) -> None:
         try:
             one = asyncio.run(load(url, "tabular-mlp", "saliency", 1, min(2.0, args.duration), 500))
             overhead[name] = one["p50"] - one["compute_p50"]
-            for model, method in scenarios:
-                for clients in sorted({1, args.clients}):
-                    r = asyncio.run(
-                        load(url, model, method, clients, args.duration, args.max_requests)
-                    )
-                    rows.append((name, model, method, clients, r))
-                    print(
-                        f"{name:26} {model:12} {method:21} c={clients:<3} "
-                        f"{r['rps']:8.1f} req/s  p50 {r['p50']:7.2f} ms  "
-                        f"p99 {r['p99']:7.2f} ms  errors {r['errors']}",
-                        flush=True,
-                    )
+            routes = args.routes.split(",") if kind != "minimal" else ["native"]
+            for model, method, route, clients in plan(scenarios, routes, args.clients):
+                r = asyncio.run(
+                    load(url, model, method, clients, args.duration, args.max_requests, route)
+                )
+                label = name if route == "native" else f"{name} {route}"
+                shown = "-" if route in PREDICTIONS else method
+                rows.append((label, model, shown, clients, r))
+                print(
+                    f"{label:26} {model:12} {shown:21} c={clients:<3} "
+                    f"{r['rps']:8.1f} req/s  p50 {r['p50']:7.2f} ms  "
+                    f"p99 {r['p99']:7.2f} ms  errors {r['errors']}",
+                    flush=True,
+                )
         finally:
             stop(proc)
     print("\n| server | model | method | clients | req/s | p50 ms | p99 ms |")

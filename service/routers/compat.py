@@ -123,7 +123,13 @@ async def v1_predict(
 
 
 async def _explain(
-    state: AppState, request: Request, model_id: str, req: Any, spec: Any, large: bool
+    state: AppState,
+    request: Request,
+    model_id: str,
+    req: Any,
+    spec: Any,
+    large: bool,
+    predictions: bool,
 ) -> tuple[dict[str, Any], Any]:
     with Observed(state, request.scope, model_id, req.method) as seen:
         result, _, reply = await attributions.attribute(
@@ -136,7 +142,7 @@ async def _explain(
             request_id=request_id.get(),
             disconnected=lambda: until_disconnect(request.receive),
             offload=large,
-            predictions=True,
+            predictions=predictions,
         )
         seen.computed(reply.compute_ms)
         return result, reply
@@ -148,8 +154,12 @@ async def v1_explain(
 ) -> Response:
     spec = _spec(state, params)
     data = kserve.validated(V1Request, _json(body), ("body",))
-    req = kserve.explain_request(data, spec, kserve.inputs_of(data, spec))
-    result, reply = await _explain(state, request, spec.id, req, spec, len(body) > OFFLOAD_BYTES)
+    try:
+        req = kserve.explain_request(data, spec, kserve.inputs_of(data, spec))
+        large = len(body) > OFFLOAD_BYTES
+        result, reply = await _explain(state, request, spec.id, req, spec, large, True)
+    except ServiceError as err:
+        raise kserve.relocated(err, kserve.v1_move(data.instances is not None)) from None
     return OrjsonResponse(kserve.explain_response(result, reply, req.output_encoding))
 
 
@@ -209,7 +219,7 @@ async def v2_explain(
     d = await _oip_decode(state, request, spec, body, explain=True)
     try:
         req = oip.explain_request(d, spec)
-        result, reply = await _explain(state, request, spec.id, req, spec, False)
+        result, reply = await _explain(state, request, spec.id, req, spec, False, predictions=False)
     except ServiceError as err:
         raise kserve.relocated(err, oip.oip_move(d)) from None
     parameters = {"method": result["method"], "params": result["params"]}

@@ -192,6 +192,12 @@ def test_v1_errors_name_the_field(server: Server) -> None:
         assert r.headers["content-type"] == "application/problem+json"
         assert problem["error"] == problem["detail"]  # what KServe clients read
         assert field in str(problem["errors"]) or field in problem["detail"], problem
+    # locations as the KServe body has them: instances, parameters.*
+    r = httpx.post(url + ":predict", json={"instances": [[1.0, 2.0]]})
+    assert r.json()["errors"][0]["loc"] == ["body", "instances"]
+    assert r.json()["detail"].startswith("instances has shape [1, 2]")
+    r = httpx.post(url + ":explain", json={"instances": TAB.tolist(), "parameters": {"target": 7}})
+    assert r.json()["errors"][0]["loc"] == ["body", "parameters", "target"]
     r = httpx.post(
         url + ":predict", content=b"{not json", headers={"content-type": "application/json"}
     )
