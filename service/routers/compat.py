@@ -343,67 +343,66 @@ async def server_ready(state: State) -> OrjsonResponse:
     return OrjsonResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
-@router.get(
-    "/v2/models/{model_id}",
-    operation_id="modelMetadata",
-    response_model=ModelMetadata,
-    tags=["oip"],
-)
-async def model_metadata(model_id: str, state: State) -> OrjsonResponse:
+def _v2_model_route(
+    verb: str, suffix: str, endpoint: Callable[..., Awaitable[Response]], **doc: Any
+) -> None:
+    """An OIP model route, also under ``/versions/{version}`` (undocumented: the same)."""
+    for path, shown in (
+        ("/v2/models/{model_id}", True),
+        ("/v2/models/{model_id}/versions/{version}", False),
+    ):
+        router.add_api_route(
+            path + suffix,
+            endpoint,
+            methods=[verb],
+            tags=["oip"],
+            include_in_schema=shown,
+            **(doc if shown else {"response_model": doc.get("response_model")}),
+        )
+
+
+async def model_metadata(model_id: str, state: State, request: Request) -> OrjsonResponse:
     """OIP model metadata: inputs and output with OIP datatypes, -1 for free dims."""
-    return _metadata(state, {"model_id": model_id})
-
-
-@router.get(
-    "/v2/models/{model_id}/versions/{version}",
-    response_model=ModelMetadata,
-    tags=["oip"],
-    include_in_schema=False,
-)
-async def model_version_metadata(model_id: str, version: str, state: State) -> OrjsonResponse:
-    return _metadata(state, {"model_id": model_id, "version": version})
-
-
-def _metadata(state: AppState, params: dict[str, str]) -> OrjsonResponse:
-    spec = _spec(state, params)
+    spec = _spec(state, dict(request.path_params))
     torchscript = state.pool.model_info.get(spec.id, {}).get("torchscript", False)
     platform = "pytorch_libtorch" if torchscript else "pytorch"
     return OrjsonResponse(oip.model_metadata(spec, platform))
 
 
-@router.get(
-    "/v2/models/{model_id}/ready",
-    operation_id="modelReady",
-    response_model=ModelReadyResponse,
-    tags=["oip"],
-    responses={503: {"model": ModelReadyResponse, "description": "not loaded yet"}},
-)
-async def model_ready(model_id: str, state: State) -> OrjsonResponse:
+async def model_ready(model_id: str, state: State, request: Request) -> OrjsonResponse:
     """OIP model readiness: the model is loaded on every worker (503 otherwise)."""
-    return _ready(state, {"model_id": model_id})
-
-
-@router.get(
-    "/v2/models/{model_id}/versions/{version}/ready",
-    response_model=ModelReadyResponse,
-    tags=["oip"],
-    include_in_schema=False,
-)
-async def model_version_ready(model_id: str, version: str, state: State) -> OrjsonResponse:
-    return _ready(state, {"model_id": model_id, "version": version})
-
-
-def _ready(state: AppState, params: dict[str, str]) -> OrjsonResponse:
-    spec = _spec(state, params)
+    spec = _spec(state, dict(request.path_params))
     ok = state.pool.ready
     return OrjsonResponse({"name": spec.id, "ready": ok}, status_code=200 if ok else 503)
 
 
-@router.post(
-    "/v2/models/{model_id}/infer",
+async def infer_route(model_id: str, state: State, request: Request) -> Response:
+    """OIP inference: the model's output as the tensor ``output``."""
+    return await v2_infer(state, request, dict(request.path_params), await request.body())
+
+
+async def oip_explain_route(model_id: str, state: State, request: Request) -> Response:
+    """OIP explain: ``attributions.<input>`` per model input, ``outputs``, ``convergence_delta``."""
+    return await v2_explain(state, request, dict(request.path_params), await request.body())
+
+
+_v2_model_route(
+    "GET", "", model_metadata, operation_id="modelMetadata", response_model=ModelMetadata
+)
+_v2_model_route(
+    "GET",
+    "/ready",
+    model_ready,
+    operation_id="modelReady",
+    response_model=ModelReadyResponse,
+    responses={503: {"model": ModelReadyResponse, "description": "not loaded yet"}},
+)
+_v2_model_route(
+    "POST",
+    "/infer",
+    infer_route,
     operation_id="infer",
     response_model=InferenceResponse,
-    tags=["oip"],
     responses=COMPAT_ERRORS,
     openapi_extra=_body(
         InferenceRequest,
@@ -412,27 +411,12 @@ def _ready(state: AppState, params: dict[str, str]) -> OrjsonResponse:
         binary=True,
     ),
 )
-async def infer_route(model_id: str, state: State, request: Request) -> Response:
-    """OIP inference: the model's output as the tensor ``output``."""
-    return await _raw(v2_infer, state, request, model_id=model_id)
-
-
-@router.post(
-    "/v2/models/{model_id}/versions/{version}/infer",
-    tags=["oip"],
-    include_in_schema=False,
-)
-async def infer_version_route(
-    model_id: str, version: str, state: State, request: Request
-) -> Response:
-    return await _raw(v2_infer, state, request, model_id=model_id, version=version)
-
-
-@router.post(
-    "/v2/models/{model_id}/explain",
+_v2_model_route(
+    "POST",
+    "/explain",
+    oip_explain_route,
     operation_id="oipExplain",
     response_model=InferenceResponse,
-    tags=["oip"],
     responses=COMPAT_ERRORS,
     openapi_extra=_body(
         InferenceRequest,
@@ -441,17 +425,3 @@ async def infer_version_route(
         binary=True,
     ),
 )
-async def oip_explain_route(model_id: str, state: State, request: Request) -> Response:
-    """OIP explain: ``attributions.<input>`` per model input, ``outputs``, ``convergence_delta``."""
-    return await _raw(v2_explain, state, request, model_id=model_id)
-
-
-@router.post(
-    "/v2/models/{model_id}/versions/{version}/explain",
-    tags=["oip"],
-    include_in_schema=False,
-)
-async def oip_explain_version_route(
-    model_id: str, version: str, state: State, request: Request
-) -> Response:
-    return await _raw(v2_explain, state, request, model_id=model_id, version=version)

@@ -428,3 +428,24 @@ def test_oip_routes_keep_the_api_keys(tight_server: Server) -> None:
     assert httpx.get(f"{url}/v2/models/tabular-mlp", headers=key).status_code == 200
     r = httpx.post(f"{url}/v1/models/tabular-mlp:predict", json={"instances": TAB.tolist()})
     assert r.status_code == 401
+
+
+def test_routes_without_the_fast_path() -> None:
+    """The FastAPI routes (servers without the fast path) run the same handlers."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    app = create_app(Settings(), start_workers=False)
+    app.fast_path = None
+    with TestClient(app) as client:
+        meta = client.get("/v2/models/tabular-mlp/versions/1").json()
+        assert meta["inputs"][0]["name"] == "x"
+        assert client.get("/v2/models/tabular-mlp/versions/2").status_code == 404
+        bad = {"inputs": [{"name": "y", "shape": [1, 8], "datatype": "FP32", "data": [0] * 8}]}
+        for path in ("/v2/models/tabular-mlp/infer", "/v2/models/tabular-mlp/versions/1/explain"):
+            r = client.post(path, json=bad)
+            assert r.status_code == 422 and "unknown input 'y'" in r.json()["error"]
+        r = client.post("/v1/models/tabular-mlp:predict", json={"instances": [[1.0]]})
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "instances"]
