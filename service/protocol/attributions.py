@@ -6,57 +6,152 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
-TENSOR = {
-    "description": "A tensor: a nested JSON list, or {dtype, shape, b64} (raw little-endian "
-    "C-order bytes, base64).",
-    "anyOf": [
-        {"type": "array", "items": {}},
-        {
-            "type": "object",
-            "properties": {
-                "dtype": {"type": "string", "example": "float32"},
-                "shape": {"type": "array", "items": {"type": "integer"}},
-                "b64": {"type": "string"},
-            },
-            "required": ["dtype", "shape", "b64"],
+#: The wire's schemas. Each is written out in full where it is used (pydantic's own schema of
+#: these models stands alone); the OpenAPI document names each once, by its title, under
+#: components/schemas (``service.openapi_doc``). Nothing here is validated by pydantic: the
+#: codec checks tensors and targets against the model, with messages that say which.
+#:
+#: The shapes are what client generators digest (openapi-python-client, openapi-typescript,
+#: openapi-generator's typescript-fetch; tests/service/test_generated_clients.py):
+#: - unions are ``oneOf`` of arms that exclude each other (typescript-fetch collapses an
+#:   ``anyOf`` of an array and an object into the object);
+#: - nested lists are an array of numbers or arrays, any depth: a recursive schema would be
+#:   exact, but neither openapi-python-client nor typescript-fetch can build one;
+#: - openapi-python-client serializes a list by the union's first array arm, so that arm takes
+#:   every kind of item; typescript-fetch types the items of an ``anyOf`` holding an object as
+#:   that object, so lists of numbers (or class indices) get an arm of their own, which
+#:   ``contains`` keeps apart from the first.
+TENSOR_B64: dict[str, Any] = {
+    "title": "TensorB64",
+    "description": "A tensor as raw little-endian C-order bytes, base64.",
+    "type": "object",
+    "properties": {
+        "dtype": {
+            "type": "string",
+            "description": "float16, float32, float64, int8, int16, int32, int64, uint8 or bool",
+            "examples": ["float32"],
         },
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "b64": {"type": "string", "contentEncoding": "base64"},
+    },
+    "required": ["dtype", "shape", "b64"],
+}
+NESTED_NUMBERS: dict[str, Any] = {
+    "title": "NestedNumbers",
+    "description": "A tensor as nested lists of numbers, any depth (dim 0: the examples).",
+    "type": "array",
+    "items": {"anyOf": [{"type": "number"}, {"type": "array", "items": {}}]},
+}
+TENSOR: dict[str, Any] = {
+    "title": "Tensor",
+    "description": "A tensor: nested lists of numbers, or {dtype, shape, b64}.",
+    "oneOf": [NESTED_NUMBERS, TENSOR_B64],
+}
+TENSOR_LIST: dict[str, Any] = {
+    "title": "TensorList",
+    "description": "One tensor per model input, in order (baselines: or a number), at least one "
+    "of them {dtype, shape, b64}; nested lists alone are NestedNumbers.",
+    "type": "array",
+    "items": {"anyOf": [TENSOR_B64, {"type": "number"}, {"type": "array", "items": {}}]},
+    "contains": TENSOR_B64,
+}
+BY_NAME: dict[str, Any] = {
+    "title": "TensorsByName",
+    "description": "One tensor per model input, keyed by the input's name.",
+    "type": "object",
+    # open-ended values: typescript-fetch cannot compile a map of unions. (It also sends any
+    # object of a oneOf that is not a model as {}: its users give inputs as a list.)
+    "additionalProperties": {"description": "a tensor: nested lists, or {dtype, shape, b64}"},
+    "not": {"required": ["b64"]},  # then it is one TensorB64
+}
+TEXTS: dict[str, Any] = {
+    "title": "Texts",
+    "description": "Raw texts, one per example (models with a tokenizer).",
+    "type": "array",
+    "items": {"type": "string"},
+}
+INDEX_TARGET: dict[str, Any] = {
+    "title": "IndexTarget",
+    "description": "An index into the output of one example (outputs of more than one dim).",
+    "type": "object",
+    "properties": {"index": {"type": "array", "items": {"type": "integer"}, "minItems": 1}},
+    "required": ["index"],
+    "additionalProperties": False,
+}
+RESULT_NUMBERS: dict[str, Any] = {
+    "title": "ResultNumbers",
+    "description": "A tensor as nested lists of numbers; null stands for NaN or an infinity, "
+    "which JSON cannot carry.",
+    "type": "array",
+    "items": {"anyOf": [{"type": "number"}, {"type": "null"}, {"type": "array", "items": {}}]},
+}
+INPUTS: dict[str, Any] = {
+    "title": "Inputs",
+    "description": "One tensor, one tensor per model input (a list in order, or an object "
+    "keyed by input name), or (token models) raw texts.",
+    # a list of nested lists is itself nested lists: the model's input count tells them apart
+    "oneOf": [TENSOR_LIST, NESTED_NUMBERS, TENSOR_B64, BY_NAME, TEXTS],
+}
+TARGET: dict[str, Any] = {
+    "title": "Target",
+    "description": "A class index for all examples (3), one per example ([3, 1, 0]), an index "
+    'into outputs of more than one dim ({"index": [2, 3]}) or one per example, a label name '
+    'or one per example, "predicted" (each example\'s argmax), or null (models with one '
+    "output per example).",
+    "oneOf": [
+        {"type": "integer"},
+        {"type": "string"},
+        INDEX_TARGET,
+        {
+            "type": "array",
+            "items": {"anyOf": [INDEX_TARGET, {"type": "integer"}, {"type": "string"}]},
+            "contains": INDEX_TARGET,
+        },
+        {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "string"}]}},
+        {"type": "null"},
     ],
 }
+BASELINES: dict[str, Any] = {
+    "title": "Baselines",
+    "description": "null (zeros), a number, a tensor, or one per model input (a list in order, "
+    "or an object keyed by input name; each a number or a tensor). A tensor's dim 0 may be 1 "
+    "to broadcast.",
+    "oneOf": [
+        {"type": "number"},
+        TENSOR_LIST,
+        NESTED_NUMBERS,
+        TENSOR_B64,
+        BY_NAME,
+        {"type": "null"},
+    ],
+}
+#: named once each in the OpenAPI document
+WIRE_SCHEMAS = (
+    TENSOR_B64,
+    NESTED_NUMBERS,
+    TENSOR,
+    TENSOR_LIST,
+    BY_NAME,
+    TEXTS,
+    INDEX_TARGET,
+    RESULT_NUMBERS,
+    INPUTS,
+    TARGET,
+    BASELINES,
+)
 
-Inputs = Annotated[
-    Any,
-    WithJsonSchema(
-        {
-            "description": "One tensor, a list of tensors (one per model input, in order), an "
-            "object keyed by input name, or (token models) a list of raw texts.",
-            "anyOf": [
-                TENSOR,
-                {"type": "object", "additionalProperties": TENSOR},
-                {"type": "array", "items": {"type": "string"}},
-            ],
-        }
-    ),
-]
-Target = Annotated[
-    Any,
-    WithJsonSchema(
-        {
-            "description": "A class index for all examples (3), one per example ([3, 1, 0]), "
-            'an index tuple ({"index": [2, 3]}) or a list of them, a label name or a list of '
-            "label names, "
-            '"predicted" (each example\'s argmax), or null for scalar-output models.',
-        }
-    ),
-]
-Baselines = Annotated[
-    Any,
-    WithJsonSchema(
-        {
-            "description": "null (zeros), a number, a tensor, or one per input (list or by name). "
-            "A tensor's dim 0 may be 1 to broadcast.",
-        }
-    ),
-]
+RESULT_OR_NULL = (RESULT_NUMBERS, TENSOR_B64, {"type": "null"})
+
+Inputs = Annotated[Any, WithJsonSchema(INPUTS)]
+Target = Annotated[Any, WithJsonSchema(TARGET)]
+Baselines = Annotated[Any, WithJsonSchema(BASELINES)]
+
+
+def _result(description: str, *arms: dict[str, Any]) -> Any:
+    """A response field's schema: one of ``arms``."""
+    return WithJsonSchema({"description": description, "oneOf": list(arms)})
+
+
 BatchSize = Annotated[
     int | Literal["auto"] | None,
     Field(description="rows per forward: an int, 'auto' (memory budget), or null (default)"),
@@ -188,10 +283,22 @@ class AttributionResponse(BaseModel):
         default=None,
         description="token models: the embedding layer attributed (summed over its dim)",
     )
-    attributions: Any = Field(description="a tensor, or a list of tensors (multi-input models)")
-    convergence_delta: Any = None
+    attributions: Annotated[
+        Any,
+        _result(
+            "a tensor, or one per model input (multi-input models)",
+            TENSOR_LIST,
+            RESULT_NUMBERS,
+            TENSOR_B64,
+        ),
+    ]
+    convergence_delta: Annotated[
+        Any, _result("per example, when return_convergence_delta was set", *RESULT_OR_NULL)
+    ] = None
     target: list[Any] | None = Field(description="the resolved target, one per example")
-    outputs: Any = Field(description="the model's output at the target, per example")
+    outputs: Annotated[
+        Any, _result("the model's output at the target, per example", *RESULT_OR_NULL)
+    ]
     tokens: list[list[str]] | None = Field(default=None, description="raw-text inputs: the tokens")
     params: dict[str, Any] = Field(description="every effective parameter")
     renders: list[Render] | None = Field(
