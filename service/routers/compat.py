@@ -42,7 +42,7 @@ from service.routing import OFFLOAD_BYTES, offload, parse_json
 from service.serving import attributions, kserve, oip, predictions
 from service.state import AppState, get_state
 
-router = APIRouter(tags=["kserve"])
+router = APIRouter()  # tags per route: each operation in one group (one class per API)
 State = Annotated[AppState, Depends(get_state)]
 Handler = Callable[[AppState, Request, dict[str, str], bytes], Awaitable[Response]]
 #: what the OIP server metadata lists
@@ -290,6 +290,7 @@ async def _raw(handler: Handler, state: AppState, request: Request, **params: st
 @router.post(
     "/v1/models/{model_id}:predict",
     operation_id="predict",
+    tags=["kserve"],
     response_model=V1Predictions,
     responses=COMPAT_ERRORS,
     openapi_extra=_body(V1Request, "KServe V1: instances (or inputs)"),
@@ -302,6 +303,7 @@ async def predict_route(model_id: str, state: State, request: Request) -> Respon
 @router.post(
     "/v1/models/{model_id}:explain",
     operation_id="explain",
+    tags=["kserve"],
     response_model=V1Explanations,
     responses=COMPAT_ERRORS,
     openapi_extra=_body(V1Request, "KServe V1: instances and optional attribution parameters"),

@@ -60,6 +60,11 @@ def _steer(case: schemathesis.Case, model: str, method: str | None) -> schemathe
         case.path_parameters = {**case.path_parameters, "model_id": model}
     if method is not None and isinstance(case.body, dict):
         case.body = {**case.body, "method": method}
+    # a deadline too short to meet is a 504 by design, not the server error the check looks for
+    if isinstance(case.body, dict):
+        case.body.pop("deadline_ms", None)
+    if case.headers:
+        case.headers = {k: v for k, v in case.headers.items() if k.lower() != "x-deadline-ms"}
     return case
 
 
