@@ -285,6 +285,13 @@ def main(argv: list[str] | None = None) -> None:
         help=f"attrserve routes to load, a subset of {','.join(ROUTES)} (predict routes run "
         "once per model)",
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds over the routes, interleaved; the table shows each row's median round "
+        "(routes compared in one server, under the same drift)",
+    )
     p.add_argument("--serve-minimal", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-route", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -316,12 +323,21 @@ def main(argv: list[str] | None = None) -> None:
             one = asyncio.run(load(url, "tabular-mlp", "saliency", 1, min(2.0, args.duration), 500))
             overhead[name] = one["p50"] - one["compute_p50"]
             routes = args.routes.split(",") if kind != "minimal" else ["native"]
-            for model, method, route, clients in plan(scenarios, routes, args.clients):
-                r = asyncio.run(
-                    load(url, model, method, clients, args.duration, args.max_requests, route)
-                )
+            runs = plan(scenarios, routes, args.clients)
+            rounds: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(runs))}
+            for _ in range(args.repeat):  # interleaved: every route sees the same drift
+                for i, (model, method, route, clients) in enumerate(runs):
+                    rounds[i].append(
+                        asyncio.run(
+                            load(
+                                url, model, method, clients, args.duration, args.max_requests, route
+                            )
+                        )
+                    )
+            for i, (model, method, route, clients) in enumerate(runs):
                 label = name if route == "native" else f"{name} {route}"
                 shown = "-" if route in PREDICTIONS else method
+                r = sorted(rounds[i], key=lambda x: x["rps"])[len(rounds[i]) // 2]
                 rows.append((label, model, shown, clients, r))
                 print(
                     f"{label:26} {model:12} {shown:21} c={clients:<3} "
