@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,16 +18,19 @@ import model_registry
 from service import docs, openapi_doc, problems
 from service.errors import ServiceError
 from service.fastpath import FastAttributions, takes
+from service.jobs.runner import JobRunner
 from service.limits import BodyLimit
 from service.middleware import ApiKeys, RequestContext
 from service.pool.pool import WorkerPool
 from service.responses import OrjsonResponse
-from service.routers import attributions, catalog, compat, health
+from service.routers import attributions, catalog, compat, health, jobs
 from service.serving import kserve
 from service.settings import Settings
 from service.state import AppState
 from service.telemetry import Telemetry
 
+#: the job submission route takes bodies up to ``max_job_body_bytes``
+JOB_SUBMIT = re.compile(r"/v1/models/[^/]+/attribution-jobs")
 DESCRIPTION = (
     "Attributions for PyTorch models over HTTP: Captum's catalogue, exact and fast. "
     "Errors are application/problem+json (RFC 9457)."
@@ -99,9 +103,14 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         method_names=frozenset(m.name for m in methods.available()),
     )
 
+    if start_workers:
+        state.jobs = JobRunner(settings, state.specs, pool, telemetry)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        if state.jobs is not None:
+            await state.jobs.start()
         if pool.workers:
             # torch and the app leave a large heap of long-lived objects: keep them out of the
             # cyclic collector's way, so full collections stay cheap on the request path
@@ -110,6 +119,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         try:
             yield
         finally:
+            if state.jobs is not None:
+                await state.jobs.stop()
             await pool.stop()
 
     from service import __version__
@@ -130,8 +141,13 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(catalog.router)
     app.include_router(attributions.router)
     app.include_router(compat.router)
+    app.include_router(jobs.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
-    inner: ASGIApp = BodyLimit(ApiKeys(app.dispatch, settings), max_bytes=settings.max_body_bytes)
+    inner: ASGIApp = BodyLimit(
+        ApiKeys(app.dispatch, settings),
+        max_bytes=settings.max_body_bytes,
+        larger={JOB_SUBMIT: settings.max_job_body_bytes},
+    )
     if settings.gzip_min_bytes is not None:
         inner = GZipMiddleware(inner, minimum_size=settings.gzip_min_bytes)
     if settings.cors_origins:  # outside the keys: a browser's preflight carries none

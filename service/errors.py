@@ -62,6 +62,14 @@ class UnknownMethod(ServiceError):
     status, code, title = 404, "unknown_method", "Unknown method"
 
 
+class NotFound(ServiceError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class Conflict(ServiceError):
+    status, code, title = 409, "conflict", "Not in a state for this"
+
+
 class BodyTooLarge(ServiceError):
     status, code, title = 413, "body_too_large", "Request body too large"
 
@@ -84,6 +92,10 @@ class AttributionFailed(InvalidRequest):
     """The engine rejected the request (an ``AttributionError``)."""
 
     code, title = "attribution_error", "Attribution failed"
+
+
+class StorageFull(ServiceError):
+    status, code, title = 507, "storage_full", "Insufficient storage"
 
 
 class QueueFull(ServiceError):

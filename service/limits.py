@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import BodyTooLarge
@@ -9,17 +11,30 @@ from service.problems import problem
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    """``max_bytes`` for every route; routes whose path matches a pattern in ``larger`` get
+    that pattern's limit instead (attribution jobs take larger bodies)."""
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, larger: dict[re.Pattern[str], int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger or {}
+
+    def limit(self, path: str) -> int:
+        for pattern, limit in self.larger.items():
+            if pattern.fullmatch(path):
+                return limit
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        err = BodyTooLarge(f"the request body is over the limit of {self.max_bytes} bytes")
+        max_bytes = self.limit(scope["path"])
+        err = BodyTooLarge(f"the request body is over the limit of {max_bytes} bytes")
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+            if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
                 await problem(err, scope.get("path"))(scope, receive, send)
                 return
         seen = 0
@@ -30,7 +45,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     raise err
             return message
 

@@ -46,6 +46,16 @@ class ApiKey(BaseModel):
     def allows(self, model_id: str) -> bool:
         return "*" in self.models or model_id in self.models
 
+    @property
+    def owner(self) -> str:
+        """Who owns the jobs this key submits: a digest of the key, never the key itself."""
+        digest = (
+            self.sha256.lower()
+            if self.sha256
+            else hashlib.sha256((self.key or "").encode("utf-8", "surrogateescape")).hexdigest()
+        )
+        return digest[:32]
+
 
 class Settings(BaseModel):
     """Server settings; each is the environment variable ``ATTRSERVE_<NAME>``."""
@@ -138,6 +148,34 @@ class Settings(BaseModel):
     )
     keep_alive_s: int = Field(
         default=5, ge=1, description="idle keep-alive connections are closed after this long"
+    )
+    data_dir: str = Field(
+        default="./.attrserve", description="attribution jobs: their database and results"
+    )
+    job_ttl_s: float = Field(
+        default=86400, gt=0, description="finished jobs and their results are removed after this"
+    )
+    max_job_body_bytes: int = Field(
+        default=256 << 20, ge=1, description="largest attribution-job body (413 above)"
+    )
+    max_job_examples: int = Field(default=100_000, ge=1, description="most examples in one job")
+    max_data_bytes: int = Field(
+        default=10 << 30, ge=1, description="disk the jobs may use under data_dir (507 above)"
+    )
+    max_jobs_queued: int = Field(
+        default=100, ge=1, description="jobs queued or running at once (429 above)"
+    )
+    job_chunk_cost: int = Field(
+        default=2048,
+        ge=1,
+        description="a job runs in chunks of examples of about this many forward rows",
+    )
+    job_share: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="share of worker time jobs get while synchronous requests wait (these "
+        "keep priority; jobs use every idle moment)",
     )
     cors_origins: tuple[str, ...] = Field(
         default=(),

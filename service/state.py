@@ -8,6 +8,7 @@ from fastapi import Request
 
 from model_registry.spec import ModelSpec
 from service.errors import UnknownModel
+from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 from service.settings import Settings
 from service.telemetry import Telemetry
@@ -20,6 +21,8 @@ class AppState:
     pool: WorkerPool
     telemetry: Telemetry
     method_names: frozenset[str]
+    #: attribution jobs (None: a server without workers)
+    jobs: JobRunner | None = None
 
     def spec(self, model_id: str) -> ModelSpec:
         try:

@@ -56,6 +56,11 @@ class Telemetry:
         self.workers_ready = Gauge(
             "attrserve_workers_ready", "Workers with their models loaded", registry=r
         )
+        self.jobs = Gauge("attrserve_jobs", "Attribution jobs by status", ["status"], registry=r)
+        self.job_queue = Gauge("attrserve_job_queue_depth", "Attribution jobs queued", registry=r)
+        self.job_chunk = Histogram(
+            "attrserve_job_chunk_seconds", "Time to run one chunk of an attribution job", registry=r
+        )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def labels(self, metric: MetricWrapperBase, *values: str) -> Any:

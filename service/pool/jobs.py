@@ -48,6 +48,9 @@ class Job:
     max_tokens: int | None = None
     #: also return the model's whole output per example (KServe/OIP explain; always on PREDICT)
     predictions: bool = False
+    #: a chunk of an attribution job: runs when no synchronous request waits (or when jobs are
+    #: owed their share of worker time), never merged, preempted by synchronous work
+    background: bool = False
 
 
 @dataclass

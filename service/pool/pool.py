@@ -61,6 +61,10 @@ class Pending:
     worker: Worker | None = None  # set once sent
     #: when its last live request was cancelled while a worker had it
     abandoned_at: float | None = None
+    #: a job chunk (``Job.background``); preempted: told to stop for synchronous work, it
+    #: queues again when the worker gives it back
+    background: bool = False
+    preempted: bool = False
 
 
 @dataclass(eq=False)
@@ -106,6 +110,10 @@ class WorkerPool:
         self._draining = False
         self._gpus = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: job chunks waiting (``Job.background``), and recent worker time by kind (decaying)
+        self._jobs: deque[Pending] = deque()
+        self._busy = {False: 0.0, True: 0.0}
+        self._busy_at = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,11 +156,13 @@ class WorkerPool:
         self._fail_all(NotReady("the server is shutting down", headers=self._retry()))
 
     def _fail_all(self, err: ServiceError) -> None:
-        for p in [*self._waiting, *(p for w in self.workers for p in w.outstanding)]:
+        pendings = [*self._waiting, *self._jobs, *(p for w in self.workers for p in w.outstanding)]
+        for p in pendings:
             for e in p.entries:
                 if not e.future.done():
                     e.future.set_exception(err)
         self._waiting.clear()
+        self._jobs.clear()
         self._by_key.clear()
 
     def _open_entries(self) -> int:
@@ -279,6 +289,12 @@ class WorkerPool:
             raise NotReady("the server is shutting down", headers=self._retry())
         if all(w.state == "failed" for w in self.workers):
             raise NotReady("no worker could load the models; see the server log")
+        if job.background:
+            entry = Entry(job, self._running_loop().create_future())
+            entry.pending = Pending(next(self._ids), [entry], job.cost, None, background=True)
+            self._jobs.append(entry.pending)
+            self._dispatch()
+            return entry
         if self.queue_depth() >= self.settings.queue_size:
             self.telemetry.rejected.inc()
             raise QueueFull(
@@ -305,6 +321,7 @@ class WorkerPool:
             self._by_key.pop(pending.key, None)
             pending.closed = True
         self._dispatch()
+        self._preempt()
         return entry
 
     def cancel(self, entry: Entry) -> None:
@@ -320,7 +337,7 @@ class WorkerPool:
         if w is None:  # still queued here
             if not pending.entries:
                 with contextlib.suppress(ValueError):
-                    self._waiting.remove(pending)
+                    (self._jobs if pending.background else self._waiting).remove(pending)
                 if pending.key is not None and self._by_key.get(pending.key) is pending:
                     del self._by_key[pending.key]
         else:
@@ -343,7 +360,48 @@ class WorkerPool:
         """Whether requests arriving now could still join this batch."""
         return pending.key is not None and self._by_key.get(pending.key) is pending
 
+    # -- jobs beside synchronous requests ---------------------------------------------------
+    def _account(self, background: bool, seconds: float) -> None:
+        """Worker time by kind, decaying with a 10 s half-life."""
+        now = time.monotonic()
+        decay = 0.5 ** ((now - self._busy_at) / 10.0)
+        self._busy_at = now
+        for kind in self._busy:
+            self._busy[kind] *= decay
+        self._busy[background] += seconds
+
+    def _owed(self) -> bool:
+        """Whether jobs got less than their share of recent worker time."""
+        share = self.settings.job_share
+        total = self._busy[True] + self._busy[False]
+        return share > 0 and (total == 0 or self._busy[True] < share * total)
+
+    def _dispatch_jobs(self, waiting_sync: bool) -> None:
+        """Job chunks to idle workers: when no synchronous request waits, or when owed."""
+        while self._jobs and (not waiting_sync or self._owed()):
+            idle = [w for w in self.workers if w.state == "ready" and not w.outstanding]
+            if not idle:
+                return
+            pending = self._jobs.popleft()
+            pending.entries = [e for e in pending.entries if not e.future.done()]
+            if pending.entries:
+                pending.preempted = False
+                self._send(idle[0], pending)
+
+    def _preempt(self) -> None:
+        """Synchronous requests wait and every worker is busy: stop the job chunks running
+        (unless jobs are owed their share); they queue again and run later."""
+        if self._next() is None or self._owed():
+            return
+        for w in self.workers:
+            running = w.outstanding[0] if w.outstanding else None
+            if running is not None and running.background and not running.preempted:
+                running.preempted = True
+                self._write(w, ("cancel", [e.job.id for e in running.entries]))
+
     def _dispatch(self) -> None:
+        if self._jobs and self._owed():
+            self._dispatch_jobs(waiting_sync=True)
         while self._waiting:
             pending = self._next()
             if pending is None:
@@ -362,6 +420,7 @@ class WorkerPool:
             pending.entries = [e for e in pending.entries if not e.future.done()]
             if pending.entries:
                 self._send(min(free, key=lambda w: len(w.outstanding)), pending)
+        self._dispatch_jobs(waiting_sync=self._next() is not None)
         self.telemetry.queue_depth.set(self.queue_depth())
 
     def _send(self, w: Worker, pending: Pending) -> None:
@@ -408,12 +467,29 @@ class WorkerPool:
             if not w.outstanding:
                 w.state = "ready"
             if pending is not None:
-                by_id = {e.job.id: e for e in pending.entries}
-                for reply in msg[2]:
-                    entry = by_id.get(reply.job_id)
-                    if entry is not None and not entry.future.done():
-                        entry.future.set_result(reply)
+                self._done(pending, msg[2])
         self._dispatch()
+
+    def _done(self, pending: Pending, replies: list[Reply]) -> None:
+        started = min((e.dispatched for e in pending.entries), default=time.perf_counter())
+        self._account(pending.background, time.perf_counter() - started)
+        by_id = {e.job.id: e for e in pending.entries}
+        again = []
+        for reply in replies:
+            entry = by_id.get(reply.job_id)
+            if entry is None or entry.future.done():
+                continue
+            cancelled = reply.error is not None and reply.error.get("code") == "cancelled"
+            if pending.preempted and cancelled:
+                again.append(entry)  # stopped for synchronous work: it runs again later
+            else:
+                entry.future.set_result(reply)
+        if again:
+            retry = Pending(next(self._ids), again, sum(e.job.cost for e in again), None)
+            retry.background = True
+            for e in again:
+                e.pending = retry
+            self._jobs.appendleft(retry)
 
     def _on_dead(self, w: Worker, generation: int, reason: str) -> None:
         if generation != w.generation:
@@ -428,9 +504,9 @@ class WorkerPool:
                 if not e.future.done():
                     e.future.set_exception(lost)
             # batches that never started wait for a worker again, at the head of the queue
-            for p in w.outstanding:
+            for p in reversed(w.outstanding):
                 p.worker = None
-            self._waiting.extendleft(reversed(w.outstanding))
+                (self._jobs if p.background else self._waiting).appendleft(p)
             w.outstanding.clear()
         failed = w.state == "failed"
         w.state = "failed" if failed else "dead"

@@ -1,0 +1,355 @@
+"""Attribution jobs: validated whole at submission, then run chunk by chunk through the worker
+pool as background work (``Job.background``: synchronous requests keep priority, jobs get
+``job_share`` of worker time while those wait), persisted after every chunk.
+
+One job runs at a time, oldest first. A server restart (clean or killed) requeues the job that
+was running; it resumes after its last finished chunk. Finished jobs are removed after
+``job_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from model_registry.spec import ModelSpec
+from service import codec, routing
+from service.errors import (
+    InvalidRequest,
+    NotReady,
+    QueueFull,
+    ServiceError,
+    StorageFull,
+    WorkerLost,
+)
+from service.jobs.store import JobRow, JobStore
+from service.pool.jobs import Job, Reply
+from service.pool.pool import Entry, WorkerPool
+from service.protocol.attributions import AttributionRequest
+from service.serving.attributions import build_job
+from service.settings import Settings
+from service.telemetry import Telemetry
+
+log = logging.getLogger("attrserve.jobs")
+#: times a chunk is tried again after its worker was lost
+RETRIES = 3
+
+
+def job_settings(settings: Settings) -> Settings:
+    """The limits a whole job is validated against: its size is bounded by the job body and
+    example limits, not by the synchronous per-request ones (each chunk still meets those)."""
+    return settings.model_copy(
+        update={
+            "max_batch_size": settings.max_job_examples,
+            "max_tensor_elements": max(settings.max_tensor_elements, settings.max_job_body_bytes),
+            "max_cost": 2**62,
+        }
+    )
+
+
+class JobRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        specs: dict[str, ModelSpec],
+        pool: WorkerPool,
+        telemetry: Telemetry,
+    ) -> None:
+        self.settings = settings
+        self.specs = specs
+        self.pool = pool
+        self.telemetry = telemetry
+        self.store = JobStore(settings.data_dir)
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        #: the chunk running now: (job id, its pool entry)
+        self._current: tuple[str, Entry] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        n = self.store.requeue_interrupted()
+        if n:
+            log.info("attrserve: %d interrupted job(s) queued again", n)
+        self._tasks = [
+            asyncio.create_task(self._loop()),
+            asyncio.create_task(self._expire()),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self.store.close()
+
+    # -- the API ---------------------------------------------------------------------------
+    async def submit(
+        self, owner: str, spec: ModelSpec, req: AttributionRequest, body: bytes
+    ) -> JobRow:
+        """Validate the whole request now (a bad one gets its 4xx here), then queue it."""
+        if req.render is not None:
+            raise InvalidRequest(
+                "render draws pictures in synchronous answers; jobs return tensors",
+                loc=("body", "render"),
+            )
+        counts = self.store.counts()
+        if counts["queued"] + counts["running"] >= self.settings.max_jobs_queued:
+            raise QueueFull(
+                f"{self.settings.max_jobs_queued} jobs are already queued or running; retry "
+                "when one has finished",
+                headers={"Retry-After": "30"},
+            )
+        if self.store.used_bytes() + len(body) > self.settings.max_data_bytes:
+            raise StorageFull(
+                f"the jobs' disk budget ({self.settings.max_data_bytes} bytes) is full; "
+                "fetch and delete finished jobs, or retry when older ones expire"
+            )
+        checked = await routing.offload(
+            build_job, job_settings(self.settings), spec, req, math.inf, ""
+        )
+        per_example = max(1, checked.cost // max(1, checked.n))
+        chunk = max(
+            1, min(self.settings.job_chunk_cost // per_example, self.settings.max_batch_size)
+        )
+        if per_example > self.settings.max_cost:
+            raise InvalidRequest(
+                f"one example costs about {per_example} forward rows; the server's limit per "
+                f"chunk is {self.settings.max_cost}",
+                loc=("body",),
+            )
+        row = self.store.create(owner, spec.id, checked.method, checked.n, chunk, body)
+        self._wake.set()
+        self._gauges()
+        return row
+
+    def get(self, owner: str, job_id: str) -> JobRow | None:
+        row = self.store.get(job_id)
+        return row if row is not None and row.owner == owner else None
+
+    def cancel(self, row: JobRow) -> JobRow:
+        """Cancel a queued or running job; the running chunk stops at its next checkpoint."""
+        if self.store.finish(row.id, "cancelled") and self._current is not None:
+            job_id, entry = self._current
+            if job_id == row.id:
+                self.pool.cancel(entry)
+        self._gauges()
+        return self.store.get(row.id) or row
+
+    # -- running ---------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            row = self.store.next_queued()
+            if row is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                await self._run(row)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug: the job fails, the loop goes on
+                log.exception("attrserve: job %s failed", row.id)
+                self.store.finish(row.id, "failed", _error(exc))
+            self._gauges()
+
+    async def _run(self, row: JobRow) -> None:
+        if not self.store.start(row.id):
+            return
+        self._gauges()
+        spec = self.specs[row.model_id]
+        req = AttributionRequest.model_validate(routing.parse_json(self.store.request(row.id)))
+        parts = await routing.offload(self._parts, spec, req)
+        done = row.done
+        while done < row.total:
+            stop = min(row.total, done + row.chunk)
+            ran = await self._chunk(row, spec, req.model_copy(update=parts(done, stop)))
+            if ran is None:  # cancelled
+                return
+            reply, job = ran
+            if reply.error is not None:
+                self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
+                return
+            arrays = _chunk_arrays(reply, job)
+            nbytes = await asyncio.to_thread(
+                self.store.write_chunk, row.id, done // row.chunk, arrays
+            )
+            done = stop
+            self.store.progress(row.id, done, nbytes)
+        self.store.finish(row.id, "succeeded")
+
+    def _parts(
+        self, spec: ModelSpec, req: AttributionRequest
+    ) -> Callable[[int, int], dict[str, Any]]:
+        """The request's per-example parts (inputs, per-example targets and baselines),
+        decoded once; returns the fields of the chunk of examples [start, stop)."""
+        settings = job_settings(self.settings)
+        inputs = codec.decode_inputs(
+            req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
+        )
+        n = inputs.n
+        names = [i.name for i in spec.inputs]
+        target = req.target
+        # a list as long as the batch is one target per example (an index tuple is an object)
+        per_example_target = isinstance(target, list) and len(target) == n
+        baselines = codec.decode_baselines(
+            req.baselines, spec, inputs, settings.max_tensor_elements
+        )
+
+        def fields(start: int, stop: int) -> dict[str, Any]:
+            out: dict[str, Any] = {"render": None, "deadline_ms": None}
+            if inputs.texts:
+                out["inputs"] = list(inputs.texts[start:stop])
+            else:
+                out["inputs"] = {
+                    k: a[start:stop] for k, a in zip(names, inputs.arrays, strict=True)
+                }
+            if per_example_target:
+                out["target"] = target[start:stop]
+            if isinstance(baselines, tuple):
+                out["baselines"] = {
+                    k: b[start:stop]
+                    if isinstance(b, np.ndarray) and b.ndim and b.shape[0] == n and n > 1
+                    else b
+                    for k, b in zip(names, baselines, strict=True)
+                }
+            return out
+
+        return fields
+
+    async def _chunk(
+        self, row: JobRow, spec: ModelSpec, req: AttributionRequest
+    ) -> tuple[Reply, Job] | None:
+        """One chunk through the pool, as background work; None when the job was cancelled."""
+        for attempt in range(RETRIES + 1):
+            job: Job = build_job(
+                self.settings,
+                spec,
+                req,
+                time.time() + self.settings.max_deadline_ms / 1e3,
+                request_id=f"job-{row.id}",
+            )
+            job.background = True
+            started = time.perf_counter()
+            try:
+                entry = self.pool.submit(job)
+            except NotReady:
+                await asyncio.sleep(1.0)
+                continue
+            self._current = (row.id, entry)
+            try:
+                reply = await entry.future
+            except asyncio.CancelledError:
+                if entry.future.cancelled():  # pool.cancel: the job was cancelled
+                    return None
+                raise
+            except (WorkerLost, NotReady):
+                if attempt == RETRIES:
+                    raise
+                continue
+            finally:
+                self._current = None
+            self.telemetry.job_chunk.observe(time.perf_counter() - started)
+            current = self.store.get(row.id)
+            if current is None or current.status == "cancelled":
+                return None
+            return reply, job
+        raise WorkerLost("the job's chunk could not be run")
+
+    async def _expire(self) -> None:
+        every = min(60.0, self.settings.job_ttl_s / 4)
+        while True:
+            for job_id in self.store.expired(self.settings.job_ttl_s):
+                await asyncio.to_thread(self.store.delete, job_id)
+            self._gauges()
+            await asyncio.sleep(every)
+
+    def _gauges(self) -> None:
+        counts = self.store.counts()
+        for status, n in counts.items():
+            self.telemetry.jobs.labels(status).set(n)
+        self.telemetry.job_queue.set(counts["queued"])
+
+    # -- results ---------------------------------------------------------------------------
+    def result(self, row: JobRow) -> dict[str, Any]:
+        """The whole job as the attributions route answers (chunks concatenated)."""
+        chunks = self.store.read_chunks(row.id)
+        spec = self.specs.get(row.model_id)
+        metas = [json.loads(str(c["meta"])) for c in chunks]
+        n_attr = sum(1 for k in chunks[0] if k.startswith("attributions_")) if chunks else 0
+        attrs = [_concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)]
+        first = metas[0] if metas else {}
+        body: dict[str, Any] = {
+            "job_id": row.id,
+            "model_id": row.model_id,
+            "model_version": spec.version if spec else "",
+            "method": row.method,
+            "attributions": attrs if first.get("as_tuple") else (attrs[0] if attrs else []),
+            "convergence_delta": _concat([c["convergence_delta"] for c in chunks])
+            if chunks and "convergence_delta" in chunks[0]
+            else None,
+            "target": [t for m in metas for t in (m.get("target") or [])] or None,
+            "outputs": _concat([c["outputs"] for c in chunks]) if chunks else None,
+            "params": first.get("params", {}),
+            "timing_ms": {"compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3)},
+        }
+        tokens = [t for m in metas for t in (m.get("tokens") or [])]
+        if tokens:
+            body["tokens"] = tokens
+        if first.get("attributed_layer"):
+            body["attributed_layer"] = first["attributed_layer"]
+        return body
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    """Chunks along dim 0; token scores padded with zeros to the longest chunk's length."""
+    if parts and parts[0].ndim >= 2:
+        width = max(p.shape[-1] for p in parts)
+        parts = [
+            np.pad(p, [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])])
+            if p.shape[-1] != width
+            else p
+            for p in parts
+        ]
+    return np.concatenate(parts, axis=0) if parts else np.zeros(0)
+
+
+def _chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
+    out = {f"attributions_{i}": a for i, a in enumerate(reply.attributions)}
+    if reply.outputs is not None:
+        out["outputs"] = reply.outputs
+    if reply.delta is not None:
+        out["convergence_delta"] = reply.delta
+    meta = {
+        "as_tuple": reply.as_tuple,
+        "target": reply.target,
+        "tokens": reply.tokens,
+        "params": reply.params,
+        "compute_ms": reply.compute_ms,
+        "attributed_layer": job.attributed_layer,
+    }
+    out["meta"] = np.array(json.dumps(meta, default=_jsonable))
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def _error(exc: Exception) -> dict[str, Any]:
+    from service.problems import to_service_error
+
+    err = to_service_error(exc)
+    return {"status": err.status, "title": err.title, "detail": err.detail, "errors": err.errors}

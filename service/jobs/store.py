@@ -1,0 +1,251 @@
+"""Attribution jobs on disk: one SQLite database (WAL) for their state, and files beside it for
+their requests and results, each written atomically (a temporary file, then a rename).
+
+Layout under ``data_dir``: ``jobs.sqlite3``, and ``jobs/<id>/request.json`` plus one
+``chunk-<k>.npz`` per finished chunk. A chunk file is written before the progress that counts it,
+so a crash between the two only means the chunk runs again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED = ("succeeded", "failed", "cancelled")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    model_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    status TEXT NOT NULL,
+    done INTEGER NOT NULL DEFAULT 0,
+    total INTEGER NOT NULL,
+    chunk INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    error TEXT,
+    bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at);
+"""
+
+
+@dataclass
+class JobRow:
+    id: str
+    owner: str
+    model_id: str
+    method: str
+    status: str
+    done: int
+    total: int
+    chunk: int  # examples per chunk
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    error: dict[str, Any] | None
+    bytes: int
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model_id": self.model_id,
+            "method": self.method,
+            "status": self.status,
+            "progress": {"done": self.done, "total": self.total},
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "error": self.error,
+        }
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all (fsynced, then renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class JobStore:
+    """The jobs database and files. Thread-safe (one connection, one lock): the event loop
+    does the small queries, threads write the large files."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(data_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            self.root / "jobs.sqlite3", check_same_thread=False, isolation_level=None
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- rows ------------------------------------------------------------------------------
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[JobRow]:
+        with self._lock:
+            cur = self._db.execute(sql, args)
+            names = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        out = []
+        for r in rows:
+            d = dict(zip(names, r, strict=True))
+            d["error"] = json.loads(d["error"]) if d["error"] else None
+            out.append(JobRow(**d))
+        return out
+
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> int:
+        with self._lock:
+            return self._db.execute(sql, args).rowcount
+
+    def create(
+        self, owner: str, model_id: str, method: str, total: int, chunk: int, request: bytes
+    ) -> JobRow:
+        job_id = uuid.uuid4().hex
+        atomic_write(self.dir(job_id) / "request.json", request)
+        now = time.time()
+        self._exec(
+            "INSERT INTO jobs (id, owner, model_id, method, status, total, chunk, created_at, "
+            "bytes) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
+            (job_id, owner, model_id, method, total, chunk, now, len(request)),
+        )
+        return self.get(job_id)  # type: ignore[return-value]
+
+    def get(self, job_id: str) -> JobRow | None:
+        rows = self._rows("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return rows[0] if rows else None
+
+    def next_queued(self) -> JobRow | None:
+        rows = self._rows(
+            "SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at, id LIMIT 1"
+        )
+        return rows[0] if rows else None
+
+    def page(
+        self, owner: str, status: str | None, limit: int, before: tuple[float, str] | None
+    ) -> list[JobRow]:
+        sql = "SELECT * FROM jobs WHERE owner = ?"
+        args: list[Any] = [owner]
+        if status is not None:
+            sql += " AND status = ?"
+            args.append(status)
+        if before is not None:
+            sql += " AND (created_at < ? OR (created_at = ? AND id < ?))"
+            args += [before[0], before[0], before[1]]
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        args.append(limit)
+        return self._rows(sql, tuple(args))
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        return {s: 0 for s in STATUSES} | {str(s): int(n) for s, n in rows}
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            (n,) = self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM jobs").fetchone()
+        return int(n)
+
+    def start(self, job_id: str) -> bool:
+        """queued -> running (False if it is no longer queued: cancelled meanwhile)."""
+        return (
+            self._exec(
+                "UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, ?) "
+                "WHERE id = ? AND status = 'queued'",
+                (time.time(), job_id),
+            )
+            == 1
+        )
+
+    def progress(self, job_id: str, done: int, added_bytes: int) -> None:
+        self._exec(
+            "UPDATE jobs SET done = ?, bytes = bytes + ? WHERE id = ?",
+            (done, added_bytes, job_id),
+        )
+
+    def finish(self, job_id: str, status: str, error: dict[str, Any] | None = None) -> bool:
+        """running/queued -> a finished status (False if it had finished already)."""
+        return (
+            self._exec(
+                "UPDATE jobs SET status = ?, finished_at = ?, error = ? "
+                "WHERE id = ? AND status IN ('queued', 'running')",
+                (status, time.time(), json.dumps(error) if error else None, job_id),
+            )
+            == 1
+        )
+
+    def requeue_interrupted(self) -> int:
+        """At start-up: jobs that were running when the server stopped run again."""
+        return self._exec("UPDATE jobs SET status = 'queued' WHERE status = 'running'")
+
+    def expired(self, ttl_s: float) -> list[str]:
+        rows = self._rows(
+            "SELECT * FROM jobs WHERE status IN ('succeeded', 'failed', 'cancelled') "
+            "AND finished_at < ?",
+            (time.time() - ttl_s,),
+        )
+        return [r.id for r in rows]
+
+    def delete(self, job_id: str) -> None:
+        shutil.rmtree(self.dir(job_id), ignore_errors=True)
+        self._exec("DELETE FROM jobs WHERE id = ?", (job_id,))
+
+    # -- files -----------------------------------------------------------------------------
+    def dir(self, job_id: str) -> Path:
+        return self.root / "jobs" / job_id
+
+    def request(self, job_id: str) -> bytes:
+        return (self.dir(job_id) / "request.json").read_bytes()
+
+    def write_chunk(self, job_id: str, index: int, arrays: dict[str, np.ndarray]) -> int:
+        """One finished chunk's arrays; returns the bytes written."""
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)  # type: ignore[arg-type]
+        data = buf.getvalue()
+        atomic_write(self.dir(job_id) / f"chunk-{index:06d}.npz", data)
+        return len(data)
+
+    def read_chunks(self, job_id: str) -> list[dict[str, np.ndarray]]:
+        out = []
+        for path in sorted(self.dir(job_id).glob("chunk-*.npz")):
+            with np.load(path, allow_pickle=False) as z:
+                out.append({k: z[k] for k in z.files})
+        return out
