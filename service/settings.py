@@ -168,10 +168,16 @@ class Settings(BaseModel):
     job_chunk_cost: int = Field(
         default=2048,
         ge=1,
-        description="a job runs in chunks of examples of about this many forward rows",
+        description="a job's chunks hold at most about this many forward rows",
+    )
+    job_chunk_ms: float = Field(
+        default=100,
+        gt=0,
+        description="a job's chunks are sized to take about this long (a running chunk "
+        "delays synchronous requests only while jobs are owed their share)",
     )
     job_share: float = Field(
-        default=0.2,
+        default=0.1,
         ge=0,
         le=1,
         description="share of worker time jobs get while synchronous requests wait (these "

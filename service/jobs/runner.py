@@ -168,9 +168,11 @@ class JobRunner:
         spec = self.specs[row.model_id]
         req = AttributionRequest.model_validate(routing.parse_json(self.store.request(row.id)))
         parts = await routing.offload(self._parts, spec, req)
-        done = row.done
+        done, size = row.done, min(row.chunk, 4)  # grows to job_chunk_ms worth of examples
+        target_s = self.settings.job_chunk_ms / 1e3
         while done < row.total:
-            stop = min(row.total, done + row.chunk)
+            stop = min(row.total, done + size)
+            started = time.perf_counter()
             ran = await self._chunk(row, spec, req.model_copy(update=parts(done, stop)))
             if ran is None:  # cancelled
                 return
@@ -179,9 +181,11 @@ class JobRunner:
                 self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
                 return
             arrays = _chunk_arrays(reply, job)
-            nbytes = await asyncio.to_thread(
-                self.store.write_chunk, row.id, done // row.chunk, arrays
-            )
+            nbytes = await asyncio.to_thread(self.store.write_chunk, row.id, done, arrays)
+            # the next chunk sized to take about job_chunk_ms: short chunks keep synchronous
+            # requests waiting little when a chunk runs while they wait (jobs owed their share)
+            per_example = max(reply.compute_ms / 1e3, time.perf_counter() - started) / (stop - done)
+            size = max(1, min(int(target_s / max(per_example, 1e-6)), 2 * size, row.chunk))
             done = stop
             self.store.progress(row.id, done, nbytes)
         self.store.finish(row.id, "succeeded")

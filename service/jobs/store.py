@@ -2,8 +2,8 @@
 their requests and results, each written atomically (a temporary file, then a rename).
 
 Layout under ``data_dir``: ``jobs.sqlite3``, and ``jobs/<id>/request.json`` plus one
-``chunk-<k>.npz`` per finished chunk. A chunk file is written before the progress that counts it,
-so a crash between the two only means the chunk runs again.
+``chunk-<first example>.npz`` per finished chunk. A chunk file is written before the progress
+that counts it, so a crash between the two only means the chunk runs again.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class JobRow:
     status: str
     done: int
     total: int
-    chunk: int  # examples per chunk
+    chunk: int  # the most examples in one chunk (chunks are sized by time below that)
     created_at: float
     started_at: float | None
     finished_at: float | None
@@ -235,12 +235,13 @@ class JobStore:
     def request(self, job_id: str) -> bytes:
         return (self.dir(job_id) / "request.json").read_bytes()
 
-    def write_chunk(self, job_id: str, index: int, arrays: dict[str, np.ndarray]) -> int:
-        """One finished chunk's arrays; returns the bytes written."""
+    def write_chunk(self, job_id: str, start: int, arrays: dict[str, np.ndarray]) -> int:
+        """One finished chunk's arrays (named by its first example, so they sort in order);
+        returns the bytes written."""
         buf = io.BytesIO()
         np.savez(buf, **arrays)  # type: ignore[arg-type]
         data = buf.getvalue()
-        atomic_write(self.dir(job_id) / f"chunk-{index:06d}.npz", data)
+        atomic_write(self.dir(job_id) / f"chunk-{start:09d}.npz", data)
         return len(data)
 
     def read_chunks(self, job_id: str) -> list[dict[str, np.ndarray]]:
