@@ -177,11 +177,12 @@ class Settings(BaseModel):
         "delays synchronous requests only while jobs are owed their share)",
     )
     job_share: float = Field(
-        default=0.1,
+        default=0.0,
         ge=0,
         le=1,
-        description="share of worker time jobs get while synchronous requests wait (these "
-        "keep priority; jobs use every idle moment)",
+        description="share of worker time jobs are guaranteed while synchronous requests wait "
+        "(0: jobs use only idle time and yield at once; above 0, a chunk owed its share runs "
+        "to its end, delaying waiting requests by up to job_chunk_ms)",
     )
     cors_origins: tuple[str, ...] = Field(
         default=(),

@@ -32,7 +32,7 @@ from service.errors import (
 )
 from service.jobs.store import JobRow, JobStore
 from service.pool.jobs import Job, Reply
-from service.pool.pool import Entry, WorkerPool
+from service.pool.pool import PREEMPTED, Entry, WorkerPool
 from service.protocol.attributions import AttributionRequest
 from service.serving.attributions import build_job
 from service.settings import Settings
@@ -177,6 +177,9 @@ class JobRunner:
             if ran is None:  # cancelled
                 return
             reply, job = ran
+            if reply.error is not None and reply.error.get("code") == PREEMPTED["code"]:
+                size = max(1, (stop - done) // 2)  # stopped for synchronous work: smaller
+                continue
             if reply.error is not None:
                 self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
                 return

@@ -45,6 +45,8 @@ from service.telemetry import Telemetry
 
 log = logging.getLogger("attrserve.pool")
 
+#: the reply of a job chunk stopped for synchronous work (``Job.background``)
+PREEMPTED = {"code": "preempted", "detail": "stopped for synchronous requests", "errors": []}
 #: batches a worker holds: one computing, one (sealed) ready behind it
 DEPTH = 2
 #: a spawned worker's grace before its first heartbeat (interpreter start, imports)
@@ -390,7 +392,8 @@ class WorkerPool:
 
     def _preempt(self) -> None:
         """Synchronous requests wait and every worker is busy: stop the job chunks running
-        (unless jobs are owed their share); they queue again and run later."""
+        (unless jobs are owed their share); their runner gets ``PREEMPTED`` and tries again
+        with a smaller chunk, which fits the idle moments better."""
         if self._next() is None or self._owed():
             return
         for w in self.workers:
@@ -474,22 +477,14 @@ class WorkerPool:
         started = min((e.dispatched for e in pending.entries), default=time.perf_counter())
         self._account(pending.background, time.perf_counter() - started)
         by_id = {e.job.id: e for e in pending.entries}
-        again = []
         for reply in replies:
             entry = by_id.get(reply.job_id)
             if entry is None or entry.future.done():
                 continue
             cancelled = reply.error is not None and reply.error.get("code") == "cancelled"
-            if pending.preempted and cancelled:
-                again.append(entry)  # stopped for synchronous work: it runs again later
-            else:
-                entry.future.set_result(reply)
-        if again:
-            retry = Pending(next(self._ids), again, sum(e.job.cost for e in again), None)
-            retry.background = True
-            for e in again:
-                e.pending = retry
-            self._jobs.appendleft(retry)
+            if pending.preempted and cancelled:  # stopped for synchronous work: the job's
+                reply = Reply(job_id=reply.job_id, error=PREEMPTED)  # runner tries a smaller one
+            entry.future.set_result(reply)
 
     def _on_dead(self, w: Worker, generation: int, reason: str) -> None:
         if generation != w.generation:

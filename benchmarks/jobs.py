@@ -1,0 +1,159 @@
+"""Attribution jobs beside synchronous traffic, and bulk throughput three ways.
+
+    python -m benchmarks.jobs [--images 2000] [--clients 8] [--duration 5]
+
+(1) Synchronous tabular IG, p50/p99 at N clients, without and with a long image job running.
+(2) Occlusion over N images: examples/s as one job, as synchronous requests of 100 images
+    (4 at a time), and with the offline CLI (``attrserve attribute``), on the same machine.
+Not a timed test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from benchmarks.load import load, start, stop
+
+OCCLUSION = {"sliding_window_shapes": [3, 8, 8], "strides": [3, 8, 8]}
+
+
+def images(n: int) -> np.ndarray:
+    import torch
+
+    from model_registry.builtin import image
+
+    x, _ = image.make_data(n, torch.Generator().manual_seed(1))
+    return x.numpy().astype(np.float32)
+
+
+def b64(x: np.ndarray) -> dict[str, Any]:
+    raw = np.ascontiguousarray(x, dtype="<f4").tobytes()
+    return {"dtype": "float32", "shape": list(x.shape), "b64": base64.b64encode(raw).decode()}
+
+
+def job_body(x: np.ndarray) -> dict[str, Any]:
+    return {"method": "occlusion", "inputs": b64(x), "target": 0, "params": OCCLUSION}
+
+
+def run_job(c: httpx.Client, x: np.ndarray) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    r = c.post("/v1/models/image-cnn/attribution-jobs", json=job_body(x))
+    r.raise_for_status()
+    job_id = r.json()["id"]
+    while c.get(f"/v1/jobs/{job_id}").json()["status"] not in ("succeeded", "failed", "cancelled"):
+        time.sleep(0.05)
+    return job_id, time.perf_counter() - t0
+
+
+async def sync_bulk(url: str, x: np.ndarray, per_request: int, concurrency: int) -> float:
+    parts = [x[i : i + per_request] for i in range(0, len(x), per_request)]
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+
+        async def one(part: np.ndarray) -> None:
+            async with sem:
+                r = await c.post("/v1/models/image-cnn/attributions", json=job_body(part))
+                r.raise_for_status()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(p) for p in parts))
+        return time.perf_counter() - t0
+
+
+def cli(x: np.ndarray) -> float | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "x.npy", Path(tmp) / "out.npz"
+        np.save(src, x)
+        cmd = [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "attribute",
+            "--model",
+            "image-cnn",
+            "--method",
+            "occlusion",
+            "--inputs",
+            str(src),
+            "--output",
+            str(out),
+            "--target",
+            "0",
+            "--params",
+            '{"sliding_window_shapes": [3, 8, 8], "strides": [3, 8, 8]}',
+            "--quiet",
+        ]
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print("CLI failed:", done.stderr.strip()[-300:])
+            return None
+        return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="benchmarks.jobs", description=__doc__)
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--duration", type=float, default=5.0)
+    args = p.parse_args(argv)
+    x = images(args.images)
+    tmp = tempfile.mkdtemp(prefix="attrserve-bench-")
+    proc, url = start("attrserve", workers=1, data_dir=tmp, batching="true")
+    rows: list[str] = []
+    try:
+        c = httpx.Client(base_url=url, timeout=600)
+        quiet = asyncio.run(
+            load(url, "tabular-mlp", "integrated_gradients", args.clients, args.duration, 10**6)
+        )
+        long_x = np.concatenate([x] * 5)  # runs past the measurement
+        r = c.post("/v1/models/image-cnn/attribution-jobs", json=job_body(long_x))
+        r.raise_for_status()
+        job_id = r.json()["id"]
+        time.sleep(1.0)
+        busy = asyncio.run(
+            load(url, "tabular-mlp", "integrated_gradients", args.clients, args.duration, 10**6)
+        )
+        progress = c.get(f"/v1/jobs/{job_id}").json()["progress"]
+        c.delete(f"/v1/jobs/{job_id}")
+        rows.append("| synchronous tabular IG | clients | req/s | p50 ms | p99 ms |")
+        rows.append("|---|---|---|---|---|")
+        for name, res in (("no job", quiet), ("a long image job running", busy)):
+            rows.append(
+                f"| {name} | {args.clients} | {res['rps']:.1f} | {res['p50']:.2f} "
+                f"| {res['p99']:.2f} |"
+            )
+        rows.append(
+            f"\n(the job meanwhile: {progress['done']} of {progress['total']} images; "
+            f"p99 ratio {busy['p99'] / quiet['p99']:.2f})\n"
+        )
+        _, job_s = run_job(c, x)
+        sync_s = asyncio.run(sync_bulk(url, x, 100, 4))
+    finally:
+        stop(proc)
+    cli_s = cli(x)
+    rows.append(f"| occlusion over {args.images} images | seconds | images/s |")
+    rows.append("|---|---|---|")
+    for name, secs in (
+        ("one attribution job", job_s),
+        ("synchronous requests of 100 (4 at a time)", sync_s),
+        ("offline CLI (attrserve attribute)", cli_s),
+    ):
+        if secs is not None:
+            rows.append(f"| {name} | {secs:.2f} | {args.images / secs:.1f} |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
