@@ -99,6 +99,7 @@ def models_dir(tmp: Path) -> Path:
 
 def start_server(tmp: Path, **settings: object) -> Server:
     port = free_port()
+    settings.setdefault("data_dir", tmp / "data")  # jobs: never in the working tree
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
     env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
     env["ATTRSERVE_TORCH_THREADS"] = env.get("ATTRSERVE_TORCH_THREADS", "1")
