@@ -37,12 +37,14 @@ COPY model_registry ./model_registry
 COPY service ./service
 RUN pip install --no-deps . \
     && useradd --create-home --uid 10001 --user-group attrserve \
-    && mkdir -p /models && chown 10001:10001 /models
+    && mkdir -p /models /data && chown 10001:10001 /models /data
 
 # A numeric user, so that runAsNonRoot-style checks can verify it without the passwd file.
 USER 10001:10001
+# attribution jobs persist under /data: mount a volume there to keep them across containers
 ENV ATTRSERVE_HOST=0.0.0.0 \
-    ATTRSERVE_PORT=8000
+    ATTRSERVE_PORT=8000 \
+    ATTRSERVE_DATA_DIR=/data
 EXPOSE 8000
 # Reads ATTRSERVE_PORT when it runs, so `-e ATTRSERVE_PORT=...` moves the check with the server;
 # the exec form needs no shell, and no curl (slim has none). urlopen raises on a non-2xx answer.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import re
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -104,7 +105,13 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     )
 
     if start_workers:
-        state.jobs = JobRunner(settings, state.specs, pool, telemetry)
+        try:
+            state.jobs = JobRunner(settings, state.specs, pool, telemetry)
+        except (OSError, sqlite3.Error) as exc:
+            raise SystemExit(
+                f"attrserve: cannot use ATTRSERVE_DATA_DIR={settings.data_dir!r} for attribution "
+                f"jobs: {exc}"
+            ) from None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
