@@ -255,9 +255,10 @@ class JobRunner:
             try:
                 reply = await entry.future
             except asyncio.CancelledError:
-                if entry.future.cancelled():  # pool.cancel: the job was cancelled
-                    return None
-                raise
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # the server is stopping
+                    raise
+                return None  # pool.cancel: the job was cancelled
             except (WorkerLost, NotReady):
                 if attempt == RETRIES:
                     raise

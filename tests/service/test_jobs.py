@@ -175,7 +175,7 @@ def test_synchronous_requests_keep_priority_and_cancel_frees_the_worker(
             t0 = time.perf_counter()
             r = c.post("/v1/models/slow/attributions", json=sync, headers=A)
             assert r.status_code == 200, r.text
-            assert time.perf_counter() - t0 < 2.0
+            assert time.perf_counter() - t0 < 5.0  # not after the chunk (~50 s)
         info = c.get(f"/v1/jobs/{job_id}", headers=A).json()
         assert info["status"] == "running"
         t0 = time.perf_counter()
@@ -186,7 +186,7 @@ def test_synchronous_requests_keep_priority_and_cancel_frees_the_worker(
             json={"method": "saliency", "inputs": [[1.0] * 8], "target": 0},
             headers=A,
         )
-        assert r.status_code == 200 and time.perf_counter() - t0 < 2.0
+        assert r.status_code == 200 and time.perf_counter() - t0 < 5.0
         assert c.get(f"/v1/jobs/{job_id}/result", headers=A).status_code == 409
         assert wait(c, job_id, A)["status"] == "cancelled"
 
