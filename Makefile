@@ -17,7 +17,7 @@ install: $(BIN)/python
 	$(PIP) install --quiet -c constraints.txt -e .
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) install --quiet -c constraints.txt -e '.[dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray]'
 	touch $(STAMP)
 
 install-dev: $(STAMP)
