@@ -717,7 +717,7 @@ class Progress:
 # --------------------------------------------------------------------------------- command
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
@@ -846,7 +846,7 @@ def _cut(request: dict[str, Any], baselines: Any, start: int, stop: int) -> dict
 
 
 @dataclass
-class _Plan:
+class RunPlan:
     spec: ModelSpec
     settings: Settings
     request: dict[str, Any]
@@ -859,7 +859,7 @@ class _Plan:
         return _cut(self.request, self.baselines, start, stop)
 
 
-def _plan(args: argparse.Namespace) -> _Plan:
+def plan_run(args: argparse.Namespace) -> RunPlan:
     """Everything checked before any work: the model, the request, the file, the first chunk."""
     settings = Settings.from_env(models=args.models)
     output = Path(args.output)
@@ -924,39 +924,39 @@ def _plan(args: argparse.Namespace) -> _Plan:
             "chunks": math.ceil(examples.n / chunk),
         },
     )
-    return _Plan(spec, settings, request, examples, per_row, chunk, progress)
+    return RunPlan(spec, settings, request, examples, per_row, chunk, progress)
 
 
 def main(args: argparse.Namespace) -> int:
     """``attrserve attribute``: 0 done, 2 a request or file the HTTP API would refuse (said
     on stderr), 130 interrupted (progress kept; the same command resumes)."""
     try:
-        plan = _plan(args)
+        plan = plan_run(args)
     except ServiceError as err:
-        _say(f"error: {describe(err)}")
+        say(f"error: {describe(err)}")
         return 2
     except KeyboardInterrupt:
-        _say("interrupted before any work")
+        say("interrupted before any work")
         return 130
     progress, n, size = plan.progress, plan.examples.n, plan.chunk
     total = math.ceil(n / size)
     note = progress.open()
     if note and not args.quiet:
-        _say(note)
+        say(note)
     try:
         return _work(args, plan, total)
     except KeyboardInterrupt:
         if progress.done:
-            _say(
+            say(
                 f"interrupted after {progress.done} of {total} chunks; run the same command "
                 f"again to resume (progress is kept in {progress.dir}/)"
             )
         else:
-            _say("interrupted before the first chunk finished; nothing was kept")
+            say("interrupted before the first chunk finished; nothing was kept")
         return 130
 
 
-def _work(args: argparse.Namespace, plan: _Plan, total: int) -> int:
+def _work(args: argparse.Namespace, plan: RunPlan, total: int) -> int:
     from tqdm import tqdm
 
     import model_registry
@@ -965,7 +965,7 @@ def _work(args: argparse.Namespace, plan: _Plan, total: int) -> int:
     try:
         lm = model_registry.load(plan.spec)
     except model_registry.RegistryError as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         return 2
     quiet = args.quiet or not sys.stderr.isatty()
     with tqdm(
@@ -989,14 +989,14 @@ def _work(args: argparse.Namespace, plan: _Plan, total: int) -> int:
                 )
             except ServiceError as err:
                 bar.close()
-                _say(f"error: {describe(err, (start, stop) if total > 1 else None)}")
+                say(f"error: {describe(err, (start, stop) if total > 1 else None)}")
                 if progress.done:
-                    _say(f"{progress.done} finished chunks are kept in {progress.dir}/")
+                    say(f"{progress.done} finished chunks are kept in {progress.dir}/")
                 return 2
             progress.save(k, cols)
             bar.update(stop - start)
     write_output(args.output, list(progress.chunks()))
     progress.remove()
     if not args.quiet:
-        _say(f"wrote {n} examples to {args.output}")
+        say(f"wrote {n} examples to {args.output}")
     return 0

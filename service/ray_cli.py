@@ -292,15 +292,15 @@ def attribute(args: argparse.Namespace) -> int:
     from service.errors import ServiceError
 
     try:  # every check the local command makes, before Ray starts
-        plan = offline._plan(args)
+        plan = offline.plan_run(args)
     except ServiceError as err:
-        offline._say(f"error: {offline.describe(err)}")
+        offline.say(f"error: {offline.describe(err)}")
         return 2
     progress, n, size = plan.progress, plan.examples.n, plan.chunk
     total = math.ceil(n / size)
     note = progress.open()
     if note and not args.quiet:
-        offline._say(note)
+        offline.say(note)
     _init(getattr(args, "address", None))
     import ray
 
@@ -338,16 +338,16 @@ def attribute(args: argparse.Namespace) -> int:
         if refused is not None and progress.done == refused[0]:
             break
     if refused is not None:
-        offline._say(f"error: {refused[1]}")
+        offline.say(f"error: {refused[1]}")
         if progress.done:
-            offline._say(f"{progress.done} finished chunks are kept in {progress.dir}/")
+            offline.say(f"{progress.done} finished chunks are kept in {progress.dir}/")
         return 2
     if progress.done != total:
         raise RuntimeError(f"Ray Data returned {progress.done} of {total} chunks")
     offline.write_output(args.output, list(progress.chunks()))
     progress.remove()
     if not args.quiet:
-        offline._say(f"wrote {n} examples to {args.output}")
+        offline.say(f"wrote {n} examples to {args.output}")
     return 0
 
 
