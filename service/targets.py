@@ -1,4 +1,4 @@
-"""Targets on the wire: every JSON form of CONTRACT §3, resolved against the model's output.
+"""Targets on the wire: every JSON form the README lists, resolved against the model's output.
 
 The result is plain data the worker turns into an engine target:
 ``None`` | ``{"kind": "index", "index": [...]}`` | ``{"kind": "per_example", "rows": [...]}`` |
@@ -125,8 +125,3 @@ def per_example(t: WireTarget, n: int) -> WireTarget:
         return {"kind": "per_example", "rows": [idx[0]] * n}
     return {"kind": "per_example_tuple", "rows": [list(idx)] * n}
 
-
-def describe(t: WireTarget, n: int) -> list[Any] | None:
-    """The response's ``target``: one entry per example."""
-    t = per_example(t, n)
-    return None if t is None else list(t["rows"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,6 @@ from torch import Tensor
 from methods.errors import AttributionError, InvalidArgumentError, InvalidTypeError, ModelError
 
 Tensors = tuple[Tensor, ...]
-TensorOrTensors = Tensor | Sequence[Tensor]
 
 
 def format_inputs(inputs: object) -> tuple[Tensors, bool]:

@@ -3,7 +3,8 @@
 Dhamdhere et al. 2018, https://arxiv.org/abs/1805.12233. Along the input path, the input
 gradient of the neuron times the target's gradient at the neuron, integrated and multiplied
 by (inputs - baselines). Captum's default rule is ``riemann_trapezoid``; its weights sum to
-(n-1)/n, ours are the true trapezoid weights, so ours = Captum's x n/(n-1) (CONTRACT).
+(n-1)/n, ours are the true trapezoid weights, so ours = Captum's x n/(n-1) (the README lists
+this difference).
 """
 
 from __future__ import annotations

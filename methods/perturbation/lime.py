@@ -36,10 +36,15 @@ class LimeParams(MethodParams):
         description="map coefficients onto the inputs' shape; false returns (N, n_features)",
     )
     interpretable_model: Literal["lasso", "ridge", "linear_regression"] = Field(
-        "lasso", description="the surrogate: scikit-learn's Lasso, Ridge or LinearRegression"
+        "lasso",
+        description="the surrogate: weighted least squares with an L1 penalty (lasso), an L2 "
+        "penalty (ridge), or none (linear_regression), fitted in torch",
     )
     alpha: float = Field(
-        0.01, ge=0, description="regularisation strength of lasso or ridge (scikit-learn's alpha)"
+        0.01,
+        ge=0,
+        description="penalty strength of lasso or ridge (alpha, on the mean squared error, "
+        "as in scikit-learn's convention)",
     )
     kernel_width: float = Field(1.0, gt=0, description="width of the exponential kernel")
     distance_mode: Literal["cosine", "euclidean"] = Field(

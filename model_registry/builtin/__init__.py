@@ -1,4 +1,4 @@
-"""The built-in demo models of CONTRACT section 4, each with a ground truth to find.
+"""The built-in demo models (README, "Built-in demo models"), each with a ground truth to find.
 
 The architectures and synthetic data live in ``tabular``, ``image`` and ``text``; ``train``
 regenerates the committed weights in ``weights/``. Serving only loads those weights.

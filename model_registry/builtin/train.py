@@ -55,10 +55,6 @@ RECIPES: dict[str, Recipe] = {
 }  # fmt: skip
 
 
-def weights_path(name: str) -> Path:
-    return WEIGHTS_DIR / f"{name}.safetensors"
-
-
 @contextlib.contextmanager
 def deterministic() -> Iterator[None]:
     """One thread and deterministic kernels, restored afterwards (reduction order is fixed)."""

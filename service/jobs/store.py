@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-FINISHED = ("succeeded", "failed", "cancelled")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

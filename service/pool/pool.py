@@ -73,7 +73,6 @@ class Pending:
 class Entry:
     job: Job
     future: asyncio.Future[Reply]
-    submitted: float = field(default_factory=time.perf_counter)
     dispatched: float = 0.0
     pending: Pending | None = None
 

@@ -1,4 +1,4 @@
-"""Schemas of the attribution-job routes (CONTRACT §6.3)."""
+"""Schemas of the attribution-job routes (README, "Attribution jobs")."""
 
 from __future__ import annotations
 

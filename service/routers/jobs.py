@@ -1,5 +1,5 @@
-"""Attribution jobs (CONTRACT §6.3): submit, status, result, cancel, list. Jobs belong to the
-API key that submitted them: another key is told they do not exist (404)."""
+"""Attribution jobs (README, "Attribution jobs"): submit, status, result, cancel, list. Jobs
+belong to the API key that submitted them: another key is told they do not exist (404)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pictures of a reply's attributions (CONTRACT §6.4): which examples and inputs to draw, and
+"""Pictures of a reply's attributions (README, "Pictures"): which examples and inputs to draw, and
 what to draw them over; the drawing itself is ``service.render``."""
 
 from __future__ import annotations
