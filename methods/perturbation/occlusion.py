@@ -176,8 +176,6 @@ def _cost(p: OcclusionParams, shape: CostShape) -> int:
     )
 
 
-
-
 @register(
     "occlusion",
     kind="perturbation",
@@ -221,4 +219,6 @@ def occlusion(call: Call, p: OcclusionParams) -> Output:
     if not diff.is_floating_point():
         diff = diff.to(torch.get_default_dtype())
     attrs = tuple(w.average(diff[offsets[i] : offsets[i + 1]]) for i, w in enumerate(wins))
-    return Output(attrs, echo=echo(ev))
+    # which path ran: "incremental" recomputes only what each box changes (engine.incremental)
+    strategy = "plain" if fast is None else "incremental"
+    return Output(attrs, echo={**echo(ev), "strategy": strategy})
