@@ -8,13 +8,13 @@ import torch
 
 from methods import registry
 from methods.call import Call, Output, Result
-from methods.engine import chain
+from methods.engine import chain, layers
 from methods.engine.batching import check_batch_size
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
 from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
-from methods.layer._common import upsampler
+from methods.layer._common import LayerParams, upsampler
 from methods.params import parse_params
 from methods.registry import MethodInfo
 
@@ -28,6 +28,7 @@ def attribute(
     model: Any,
     inputs: Any,
     method: str,
+    /,
     target: Any = None,
     baselines: Any = None,
     additional_forward_args: Any = None,
@@ -41,7 +42,9 @@ def attribute(
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
 
     Arguments follow Captum's vocabulary and semantics (CONTRACT section 2); method-specific
-    parameters are keyword arguments with Captum's names.
+    parameters are keyword arguments with Captum's names. ``model``, ``inputs`` and ``method``
+    are positional, so Captum's IG keyword ``method=`` reaches the parameter check (which
+    names its spelling here, ``approximation_method``) instead of clashing with them.
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)
@@ -88,7 +91,7 @@ def attribute(
         generator=generator,
         return_delta=bool(return_convergence_delta),
     )
-    with model_guard(model):
+    with model_guard(model), layers.recording() as nested:
         if noise_tunnel is not None:
             from methods.noise_tunnel import run_noise_tunnel
 
@@ -98,7 +101,11 @@ def attribute(
             nt_echo = None
     if upsample is not None:  # after the noise tunnel, as a Captum user interpolates its result
         out = upsample(out)
-    return _result(spec, call, p, out, as_tuple, nt_echo)
+    # a layer whose value nests tuples (an LSTM's out, (h, c)) gets its attributions re-nested
+    nest = None
+    if isinstance(p, LayerParams) and out.as_tuple is not None:
+        nest = nested.get((p.layer, p.attribute_to_layer_input))
+    return _result(spec, call, p, out, as_tuple, nt_echo, nest)
 
 
 def _result(
@@ -108,6 +115,7 @@ def _result(
     out: Output,
     as_tuple: bool,
     nt_echo: dict[str, Any] | None,
+    nest: layers.Nest | None = None,
 ) -> Result:
     # Iterating the frozen params model gives model_dump()'s top-level values, without its cost.
     echo: dict[str, Any] = {
@@ -122,7 +130,9 @@ def _result(
         echo["noise_tunnel"] = nt_echo
     form = as_tuple if out.as_tuple is None else out.as_tuple
     return Result(
-        attributions=restore_form(out.attributions, form),
+        attributions=(
+            restore_form(out.attributions, form) if nest is None else nest(out.attributions)
+        ),
         convergence_delta=out.delta if call.return_delta else None,
         outputs=out.outputs,
         params=echo,

@@ -81,7 +81,9 @@ class Output:
 class Result:
     """The result of ``methods.attribute``."""
 
-    attributions: Tensor | tuple[Tensor, ...]
+    #: a tensor, a tuple (one per input, or per tensor of the layer), or for a layer whose
+    #: value nests tuples (an LSTM's ``out, (h, c)``) the same nesting
+    attributions: Tensor | tuple[Any, ...]
     convergence_delta: Tensor | None
     #: the model's output at the target for each example, when the method computed it
     outputs: Tensor | None

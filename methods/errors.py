@@ -43,6 +43,11 @@ class BaselineError(InvalidArgumentError):
     """``baselines`` cannot be matched against ``inputs``."""
 
 
+class UnsupportedLayerError(InvalidArgumentError):
+    """The layer's value has a structure the method cannot attribute (its message names the
+    layer and the structure, e.g. a packed sequence or a tensor without the batch)."""
+
+
 class UnsupportedModelError(AttributionError, TypeError):
     """The method cannot run on this kind of model (e.g. hooks on TorchScript)."""
 

@@ -64,6 +64,10 @@ class NoParams(MethodParams):
     """This method takes no parameters beyond the shared ones."""
 
 
+#: Captum's keyword -> ours, where we renamed one (IG's ``method`` clashes with the method name)
+_CAPTUM_RENAMES = {"method": "approximation_method"}
+
+
 def parse_params(model: type[MethodParams], method: str, params: dict[str, Any]) -> MethodParams:
     for name, value in params.items():
         field = model.model_fields.get(name)
@@ -84,6 +88,9 @@ def parse_params(model: type[MethodParams], method: str, params: dict[str, Any])
 
             known = ", ".join(model.model_fields) or "none"
             close = difflib.get_close_matches(name, list(model.model_fields), n=2)
+            renamed = _CAPTUM_RENAMES.get(name)
+            if renamed in model.model_fields:
+                close = [renamed]  # Captum's spelling of the same parameter
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ";"
             raise UnknownParameterError(
                 f"{method} has no parameter {name!r}{hint} its parameters are: {known}",

@@ -13,7 +13,11 @@ returns, and can hand the rest of the model something else in their place:
   integrated gradients: the interpolated activations), as leaves to differentiate.
 
 Layer results are tuples here; the API returns a tuple when the layer has several tensors
-(Captum's rule), a single tensor otherwise.
+(Captum's rule), a single tensor otherwise. A layer whose value nests tuples (an LSTM's
+``out, (h, c)``) is flattened depth first, every tensor attributed, and the API re-nests the
+attributions in the layer's structure (``recording``). Every tensor must carry the batch: in
+dim 0, or for a recurrent module's hidden states (and a seq-first ``out``) in dim 1, which the
+tap moves to dim 0 so attributions are batch-first like every other.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,7 +34,12 @@ from torch import Tensor, nn
 
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.targets import Target
-from methods.errors import AttributionError, InvalidArgumentError, UnsupportedModelError
+from methods.errors import (
+    AttributionError,
+    InvalidArgumentError,
+    UnsupportedLayerError,
+    UnsupportedModelError,
+)
 
 TapMode = Literal["read", "cut", "swap"]
 
@@ -77,6 +87,8 @@ class Tap:
     values: Tensors = ()
     leaves: Tensors = ()
     calls: int = 0
+    #: rows the forward runs on (set by ``run``): every layer tensor must carry them
+    rows: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def reset(self) -> None:
@@ -122,22 +134,72 @@ class Tap:
         return tuple(leaf.clone() for leaf in self.leaves)
 
 
-def _split(obj: Any) -> tuple[Tensors, Callable[[Tensors], Any]]:
-    """The tensors in a hook's value and how to rebuild the value with other tensors."""
+Nest = Callable[[Tensors], Any]
+
+#: the nested layer structures seen while ``recording`` (keyed by path and side)
+_recorded: ContextVar[dict[tuple[str, bool], Nest] | None] = ContextVar(
+    "layer_structures", default=None
+)
+
+
+@contextmanager
+def recording() -> Iterator[dict[tuple[str, bool], Nest]]:
+    """Collect, for each tapped layer whose value nests tuples, how to re-nest its tensors."""
+    seen: dict[tuple[str, bool], Nest] = {}
+    token = _recorded.set(seen)
+    try:
+        yield seen
+    finally:
+        _recorded.reset(token)
+
+
+def _split(obj: Any) -> tuple[Tensors, Nest]:
+    """The tensors in a hook's value, depth first through nested tuples and lists, and how to
+    rebuild the value with other tensors in their places (non-tensor items kept)."""
     if isinstance(obj, Tensor):
         return (obj,), lambda ts: ts[0]
     if isinstance(obj, (tuple, list)):
-        pos = [i for i, v in enumerate(obj) if isinstance(v, Tensor)]
-        kind = type(obj)
+        parts = [_split(v) for v in obj]
 
         def rebuild(ts: Tensors) -> Any:
-            items = list(obj)
-            for i, t in zip(pos, ts, strict=True):
-                items[i] = t
-            return tuple(items) if kind is tuple else items
+            items, i = [], 0
+            for sub, (tensors, nest) in zip(obj, parts, strict=True):
+                items.append(nest(ts[i : i + len(tensors)]) if tensors else sub)
+                i += len(tensors)
+            if isinstance(obj, list):
+                return items
+            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
 
-        return tuple(obj[i] for i in pos), rebuild
+        return tuple(t for ts, _ in parts for t in ts), rebuild
     return (), lambda ts: obj
+
+
+def _describe(obj: Any) -> str:
+    """A value's structure as messages print it: ``(Tensor, (Tensor, Tensor))``."""
+    if isinstance(obj, nn.utils.rnn.PackedSequence):
+        return "PackedSequence"
+    if isinstance(obj, Tensor):
+        return "Tensor"
+    if isinstance(obj, (tuple, list)):
+        inner = ", ".join(_describe(v) for v in obj)
+        return f"[{inner}]" if isinstance(obj, list) else f"({inner}{',' if len(obj) == 1 else ''})"
+    return type(obj).__name__
+
+
+def _packed(obj: Any) -> bool:
+    if isinstance(obj, nn.utils.rnn.PackedSequence):
+        return True
+    return isinstance(obj, (tuple, list)) and any(_packed(v) for v in obj)
+
+
+def _batch_dims(module: nn.Module, tensors: Tensors) -> list[int]:
+    """Where each of the layer's tensors holds the batch. A recurrent module's hidden states
+    (h, c; in and out) are (layers, N, H) and its sequence is (T, N, F) unless batch_first;
+    everything else is batch-first."""
+    dims = [0] * len(tensors)
+    if isinstance(module, nn.RNNBase) and tensors and tensors[0].dim() == 3:
+        dims = [0 if module.batch_first else 1] + [1] * (len(tensors) - 1)
+    return dims
 
 
 @contextmanager
@@ -153,17 +215,41 @@ def tap(
     """Hook ``module`` for the duration of the block; the hook is always removed."""
     t = Tap(path=path, to_input=to_input, mode=mode, stop=stop, replacement=replacement)
 
+    side = "received" if to_input else "returned"
+
     def on_value(value: Any) -> Any:
-        tensors, rebuild = _split(value)
-        if not tensors:
-            raise InvalidArgumentError(
-                f"layer {path!r} {'received' if to_input else 'returned'} no tensors",
+        if _packed(value):
+            raise UnsupportedLayerError(
+                f"layer {path!r} {side} {_describe(value)}: packed sequences cannot be "
+                "attributed; pick a layer that sees padded tensors",
                 argument="layer",
             )
+        tensors, rebuild = _split(value)
+        if not tensors:
+            raise InvalidArgumentError(f"layer {path!r} {side} no tensors", argument="layer")
+        if isinstance(value, (tuple, list)) and any(isinstance(v, (tuple, list)) for v in value):
+            seen = _recorded.get()
+            if seen is not None:
+                seen[(path, to_input)] = rebuild
+        dims = _batch_dims(module, tensors)
+        tensors = tuple(v.transpose(0, 1) if d else v for v, d in zip(tensors, dims, strict=True))
+        if t.rows is not None:
+            for i, v in enumerate(tensors):
+                if v.dim() == 0 or v.shape[0] != t.rows:
+                    where = f"dim {dims[i]}" if v.dim() else "no dims"
+                    raise UnsupportedLayerError(
+                        f"layer {path!r} {side} {_describe(value)} whose tensor {i} "
+                        f"({list(v.transpose(0, 1).shape) if dims[i] else list(v.shape)}) "
+                        f"has no batch of {t.rows} rows ({where}); layer attribution needs "
+                        "every tensor of the layer to carry the batch",
+                        argument="layer",
+                    )
         new = t._new(tensors)
         if t.stop:
             raise _Stop("layer reached")
-        return None if new is None else rebuild(new)
+        if new is None:
+            return None
+        return rebuild(tuple(v.transpose(0, 1) if d else v for v, d in zip(new, dims, strict=True)))
 
     if to_input:
         handle = module.register_forward_pre_hook(lambda m, args: on_value(args))
@@ -178,6 +264,7 @@ def tap(
 def run(forward: Forward, xs: Tensors, t: Tap) -> Tensor | None:
     """Run ``forward`` with ``t`` active; the output, or None when the tap stopped it early."""
     t.reset()
+    t.rows = int(xs[0].shape[0]) if xs and xs[0].dim() else None
     try:
         out = forward(xs)
     except _Stop:
@@ -210,6 +297,13 @@ def layer_gradients(
         selected = target.select(out)  # type: ignore[arg-type]  # a "cut"/"swap" tap never stops
         leaves = t.leaves
         wanted = [leaf for leaf in leaves if leaf.requires_grad]
+        if wanted and not selected.requires_grad:
+            raise InvalidArgumentError(
+                f"the targeted output does not depend on layer {path!r}'s "
+                f"{'input' if to_input else 'output'} (no gradient flows back to it); pick a "
+                "layer on the path to the output",
+                argument="layer",
+            )
         grads = torch.autograd.grad(selected.sum(), wanted, allow_unused=True) if wanted else ()
     it = iter(grads)
     full = tuple((next(it) if leaf.requires_grad else None) for leaf in leaves)
