@@ -135,7 +135,7 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
     )
     attrs = res.attributions
     as_tuple = isinstance(attrs, tuple)
-    parts = list(attrs) if isinstance(attrs, tuple) else [attrs]
+    parts = _flat(attrs)  # a nested layer output (an LSTM's out, (h, c)): depth first
     if job.attributed_layer is not None:  # one score per token: sum over the embedding dim
         parts = [(p.abs() if job.post_abs else p).sum(dim=-1) for p in parts]
     if res.outputs is not None and res.outputs.numel() == n:
@@ -154,6 +154,12 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
         predictions=None if not job.predictions or out is None else _numpy(out),
         compute_ms=(time.perf_counter() - t0) * 1e3,
     )
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for v in value for t in _flat(v)]
 
 
 def _rows(wire: dict[str, Any], n: int) -> list[Any]:
