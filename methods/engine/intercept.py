@@ -179,21 +179,63 @@ def rescale_rule(eps: float) -> Rule:
 
 
 def softmax_rule(eps: float) -> Rule:
+    """DeepLift's Rescale rule through softmax written as ``exp(x - logsumexp(x))``.
+
+    Per example (reductions along the softmax dim only), with e = exp(x - M), S = sum(e),
+    z = x - log S: d(log S) = sum_k (de_k / dx_k) dx_k / L(S, S') (L the logarithmic mean)
+    and dy_j = (dy_j / dz_j) dz_j, so the multipliers m_k = g_k r_k - (g . r) w_k give
+    sum(m * dx) = sum(g * dy) exactly; they reduce to the gradient as x' -> x and for a
+    shift x = x' + c. Captum 0.9.0 instead centres rescale multipliers over the whole doubled
+    batch, which breaks completeness and couples the examples (see README).
+    """
+
     def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
-        if not _halves_ok(x):
-            return plain
-        dx, dy = _diffs(x, y)
-        unnorm = torch.where(dx.abs() < eps, plain, g * dy / dx)
-        # Captum 0.9.0 centres the multipliers over the whole doubled tensor; kept for parity.
-        return unnorm - unnorm.sum() / plain.numel()
+        dim = _softmax_dim(x, call)
+        if not _halves_ok(x) or dim is None:
+            return plain  # a softmax over the batch mixes inputs and baselines itself
+        xi, xr = x.to(y.dtype).chunk(2)
+        yi, yr = y.chunk(2)
+        top = torch.maximum(xi.amax(dim, keepdim=True), xr.amax(dim, keepdim=True))
+        ei, er = (xi - top).exp(), (xr - top).exp()
+        si, sr = ei.sum(dim, keepdim=True), er.sum(dim, keepdim=True)
+        dlse = si.log() - sr.log()
+        dx = xi - xr
+        rho = torch.where(_tiny(dx, eps), (ei + er) / 2, (ei - er) / dx)
+        lmean = torch.where(_tiny(dlse, eps), (si + sr) / 2, (si - sr) / dlse)
+        dz = dx - dlse
+        r = torch.where(_tiny(dz, eps), (yi + yr) / 2, (yi - yr) / dz)
+        w = rho / lmean
+        r2, w2 = torch.cat([r, r]), torch.cat([w, w])
+        gr = g * r2
+        return (gr - gr.sum(dim, keepdim=True) * w2).to(x.dtype)
 
     return rule
 
 
-_UNPOOL = {1: F.max_unpool1d, 2: F.max_unpool2d, 3: F.max_unpool3d}
+def _tiny(d: Tensor, eps: float) -> Tensor:
+    return (d.abs() < eps) | ~torch.isfinite(d)  # equal inputs, or -inf on both sides (masks)
+
+
+def _softmax_dim(x: Tensor, call: Any) -> int | None:
+    """The softmax's dim, normalised; None where it is the batch dim (or cannot be found)."""
+    _func, rest, kwargs = call
+    dim = kwargs.get("dim", rest[0] if rest else None)
+    if dim is None:  # torch's legacy implicit choice (F._get_softmax_dim)
+        dim = 0 if x.dim() in (0, 1, 3) else 1
+    if not isinstance(dim, int) or x.dim() == 0:
+        return None
+    dim %= x.dim()
+    return None if dim == 0 else dim
 
 
 def maxpool_rule(eps: float) -> Rule:
+    """DeepLift's max rule: each window's output change goes to its argmax in both halves.
+
+    Where windows overlap (stride < kernel size, e.g. MaxPool2d(3, 2, 1)) one input can be the
+    argmax of several windows; their changes are *added* (Captum's ``max_unpool`` keeps one,
+    which breaks completeness). With non-overlapping windows this equals Captum exactly.
+    """
+
     def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
         if not _halves_ok(x):
             return plain
@@ -206,33 +248,18 @@ def maxpool_rule(eps: float) -> Rule:
         ymax = torch.max(yi, yr)
         dy = torch.cat([ymax - yr, yi - ymax])
         _, indices = func(x, *params[:5], return_indices=True)
-        kernel, stride, padding = params[0], params[1], params[2]
-        if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0):
-            stride = kernel
-        if _dilated(params[3]):
-            # max_unpool cannot size a dilated pool's input (Captum 0.9.0 raises here)
-            unpooled = _scatter_unpool(g * dy, indices, x.shape, dims)
-        else:
-            unpooled = _UNPOOL[dims](
-                g * dy, indices, kernel, stride, padding, output_size=list(x.shape)
-            )
-        a, b = unpooled.chunk(2)
+        a, b = _scatter_unpool(g * dy, indices, x.shape, dims).chunk(2)
         summed = a + b
         return torch.where(dx.abs() < eps, plain, torch.cat([summed, summed]) / dx)
 
     return rule
 
 
-def _dilated(dilation: Any) -> bool:
-    values = dilation if isinstance(dilation, (list, tuple)) else (dilation,)
-    return any(int(v) != 1 for v in values)
-
-
 def _scatter_unpool(src: Tensor, indices: Tensor, shape: torch.Size, dims: int) -> Tensor:
-    """``max_unpool`` for any pool: ``src`` placed at the flat spatial ``indices``."""
+    """``max_unpool`` that adds: ``src`` summed at the flat spatial ``indices``."""
     lead = tuple(shape[: len(shape) - dims])
     out = src.new_zeros(*lead, math.prod(shape[len(lead) :]))
-    out.scatter_(len(lead), indices.reshape(*lead, -1), src.reshape(*lead, -1))
+    out.scatter_add_(len(lead), indices.reshape(*lead, -1), src.reshape(*lead, -1))
     return out.reshape(shape)
 
 

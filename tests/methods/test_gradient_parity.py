@@ -19,6 +19,7 @@ from captum.attr import (
 
 import methods
 from tests import zoo
+from tests.methods.test_deeplift_rules import captum_per_example_softmax
 
 CASES = [c.name for c in zoo.cases()]
 
@@ -150,9 +151,10 @@ DEEPLIFT_CASES = [c for c in CASES if c != "conv_twin"]  # conv_twin: checked se
 @pytest.mark.parametrize("mbi", [True, False])
 def test_deeplift(case: str, mbi: bool) -> None:
     c = zoo.by_name(case)
-    ref, ref_delta = DeepLift(_captum_model(c), multiply_by_inputs=mbi).attribute(
-        c.inputs, baselines=c.baselines, return_convergence_delta=True, **_common(c)
-    )
+    with captum_per_example_softmax():  # our softmax rule (README); module_twin
+        ref, ref_delta = DeepLift(_captum_model(c), multiply_by_inputs=mbi).attribute(
+            c.inputs, baselines=c.baselines, return_convergence_delta=True, **_common(c)
+        )
     res = methods.attribute(
         c.model, c.inputs, "deeplift", baselines=c.baselines, multiply_by_inputs=mbi,
         return_convergence_delta=True, **_common(c),
@@ -168,9 +170,10 @@ def test_deeplift_shap(case: str) -> None:
     xs = _tuple(c.inputs)
     dist = tuple(torch.randn((3, *x.shape[1:]), generator=g, dtype=x.dtype) for x in xs)
     base = dist if isinstance(c.inputs, tuple) else dist[0]
-    ref, ref_delta = DeepLiftShap(_captum_model(c)).attribute(
-        c.inputs, baselines=base, return_convergence_delta=True, **_common(c)
-    )
+    with captum_per_example_softmax():  # our softmax rule (README); module_twin
+        ref, ref_delta = DeepLiftShap(_captum_model(c)).attribute(
+            c.inputs, baselines=base, return_convergence_delta=True, **_common(c)
+        )
     res = methods.attribute(
         c.model, c.inputs, "deeplift_shap", baselines=base, return_convergence_delta=True,
         **_common(c),

@@ -23,6 +23,7 @@ from captum.attr import (
 import methods
 from tests import zoo
 from tests.captum_models import ConvNetOneConv, MultiLayer
+from tests.methods.test_deeplift_rules import captum_per_example_softmax
 
 LAYER_CASES = [(c.name, layer) for c in zoo.cases() for layer in c.layers]
 #: Captum's DeepLift breaks the rescale chain where nn.ReLU feeds nn.MaxPool directly; these
@@ -184,9 +185,10 @@ def test_layer_deeplift_and_shap(case: str, layer: str, to_input: bool) -> None:
                 ours.convergence_delta, torch.zeros_like(ours.convergence_delta), rtol=0, atol=1e-9
             )
             continue
-        ref, ref_delta = cls(c.model, mod).attribute(
-            c.inputs, baselines=bl, return_convergence_delta=True, **common
-        )
+        with captum_per_example_softmax():  # our softmax rule (README); module_twin
+            ref, ref_delta = cls(c.model, mod).attribute(
+                c.inputs, baselines=bl, return_convergence_delta=True, **common
+            )
         _close(ours.attributions, ref)
         torch.testing.assert_close(ours.convergence_delta, ref_delta, rtol=1e-10, atol=1e-9)
 
