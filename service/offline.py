@@ -393,7 +393,8 @@ def _request(request: dict[str, Any], examples: Examples) -> Any:
     if examples.texts is not None:
         body["inputs"] = list(examples.texts)
     else:
-        assert examples.arrays is not None
+        if examples.arrays is None:  # read_examples gives arrays or texts; say so if neither
+            raise InvalidRequest("the input file holds no examples", loc=("body", "inputs"))
         arrays = examples.arrays
         # one input: the bare array, so shape errors read as for a nested list on the wire
         body["inputs"] = next(iter(arrays.values())) if len(arrays) == 1 else dict(arrays)
