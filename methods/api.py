@@ -8,7 +8,7 @@ import torch
 
 from methods import registry
 from methods.call import Call, Output, Result
-from methods.engine import chain, layers
+from methods.engine import layers
 from methods.engine.batching import check_batch_size
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
@@ -77,8 +77,6 @@ def attribute(
         generator.manual_seed(seed)
     upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
     forward = Forward(model, format_args(additional_forward_args))
-    if spec.kind == "perturbation":
-        forward = chain.replayed(forward)  # the same ops without nn.Module call overhead
     call = Call(
         method=method,
         model=model,

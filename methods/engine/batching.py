@@ -8,7 +8,6 @@ measured cost per row, and on an out-of-memory error halves the chunk and retrie
 
 from __future__ import annotations
 
-import contextvars
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeVar, overload
@@ -55,8 +54,6 @@ def count_saved_bytes(run: Callable[[], T]) -> tuple[T, int]:
     """
     seen: set[int] = set()
     total = 0
-    # Autograd must record this run: paths that bypass it (``chain``) hold about as much.
-    token = _counting.set(True)
 
     def pack(t: Tensor) -> Tensor:
         nonlocal total
@@ -72,20 +69,9 @@ def count_saved_bytes(run: Callable[[], T]) -> tuple[T, int]:
             total += t.numel() * t.element_size()
         return t
 
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            result = run()
-    finally:
-        _counting.reset(token)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = run()
     return result, total
-
-
-_counting = contextvars.ContextVar("counting_saved_bytes", default=False)
-
-
-def counting_saved_bytes() -> bool:
-    """True inside ``count_saved_bytes``: gradients must then come from autograd."""
-    return _counting.get()
 
 
 def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: int = 0) -> int:

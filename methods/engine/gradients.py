@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from methods.engine import chain
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.targets import Target
 
@@ -17,11 +16,6 @@ def gradients(forward: Forward, xs: Tensors, target: Target) -> tuple[Tensors, T
     ``autograd.grad(torch.unbind(selected))`` in every case. The backward starts from the
     selection's cotangent rather than from a sum over a selection (fewer graph nodes).
     """
-    chain_links = chain.links(forward, xs)
-    if chain_links is not None:
-        done = chain.backward(chain_links, xs[0], target)
-        if done is not None:
-            return (done[0],), target.select(done[1])
     with torch.enable_grad():
         leaves = tuple(x.detach().requires_grad_(True) for x in xs)
         out = forward(leaves)

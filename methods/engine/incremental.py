@@ -41,7 +41,6 @@ from torch import Tensor, fx, nn
 from methods.call import Call
 from methods.engine import tracing
 from methods.engine.batching import count_saved_bytes
-from methods.engine.chain import Replay
 from methods.engine.inputs import Forward
 from methods.engine.perturb import Evaluator
 
@@ -450,7 +449,7 @@ def evaluate_boxes(
     dim) replaced by ``baseline``; as ``perturb.evaluate_with_initial``: the evaluator, f(x)
     and the (W, *out_shape) outputs. None when the model has no local chain worth using."""
     fn = call.forward.fn
-    direct = fn is call.model or (isinstance(fn, Replay) and fn.model is call.model)
+    direct = fn is call.model
     if not direct or not x.is_floating_point() or x.dim() < 3:
         return None
     prefix = local_prefix(call.model)
