@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from methods.call import Call
-from methods.engine import tracing
+from methods.engine import ops, tracing
 from methods.engine.batching import count_saved_bytes
 from methods.engine.inputs import Forward
 from methods.engine.perturb import Evaluator
@@ -48,41 +48,22 @@ Ints = tuple[int, ...]
 Index = tuple[slice, ...]
 Layer = Callable[[Tensor], Tensor]
 
-_POINTWISE_MODULES: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
-    nn.Sigmoid, nn.Tanh, nn.Softplus, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.PReLU,
-    nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-)  # fmt: skip
-_POINTWISE_FUNCTIONS: frozenset[Any] = frozenset({
-    F.relu, torch.relu, F.relu6, F.leaky_relu, F.elu, F.selu, F.celu, F.gelu, F.silu, F.mish,
-    torch.sigmoid, F.sigmoid, torch.tanh, F.tanh, F.softplus, F.hardtanh, F.hardswish,
-    F.hardsigmoid,
-})  # fmt: skip
-_POINTWISE_METHODS = frozenset({"relu", "sigmoid", "tanh"})
-_CONVS: dict[type[nn.Module], Any] = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
-_MAX_POOLS: dict[type[nn.Module], Any] = {
-    nn.MaxPool1d: F.max_pool1d, nn.MaxPool2d: F.max_pool2d, nn.MaxPool3d: F.max_pool3d,
-}  # fmt: skip
-_AVG_POOLS: dict[type[nn.Module], Any] = {
-    nn.AvgPool1d: F.avg_pool1d, nn.AvgPool2d: F.avg_pool2d, nn.AvgPool3d: F.avg_pool3d,
-}  # fmt: skip
-_ADAPTIVE: dict[type[nn.Module], Any] = {
-    nn.AdaptiveAvgPool1d: F.avg_pool1d, nn.AdaptiveAvgPool2d: F.avg_pool2d,
-    nn.AdaptiveAvgPool3d: F.avg_pool3d, nn.AdaptiveMaxPool1d: F.max_pool1d,
-    nn.AdaptiveMaxPool2d: F.max_pool2d, nn.AdaptiveMaxPool3d: F.max_pool3d,
-}  # fmt: skip
-_MAX = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-_AVG = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+# What incremental occlusion can box, from the engine's table of operations: element-wise
+# layers and dropout as they are, sliding windows (convolutions, pooling) on boxes.
+_POINTWISE_OPS = tuple(op for op in ops.OPS if op.local and op.kind in ("elementwise", "dropout"))
+_POINTWISE_MODULES: tuple[type[nn.Module], ...] = tuple(
+    m for op in _POINTWISE_OPS for m in op.modules
+)
+_POINTWISE_FUNCTIONS = frozenset(f for op in _POINTWISE_OPS if op.kind == "elementwise"
+                                 for f in op.functions)  # fmt: skip
+_POINTWISE_METHODS = frozenset(name for op in _POINTWISE_OPS for name in op.methods)
 #: functional pooling calls, rebuilt as their module twins: the module, and the functional's
 #: positional parameter names after the input (the orders differ, so arguments pass by name)
 _FUNCTIONAL_POOLS: dict[Any, tuple[type[nn.Module], tuple[str, ...]]] = {
-    F.max_pool1d: (nn.MaxPool1d, _MAX), F.max_pool2d: (nn.MaxPool2d, _MAX),
-    F.max_pool3d: (nn.MaxPool3d, _MAX), F.avg_pool1d: (nn.AvgPool1d, _AVG[:5]),
-    F.avg_pool2d: (nn.AvgPool2d, _AVG), F.avg_pool3d: (nn.AvgPool3d, _AVG),
-    F.adaptive_avg_pool1d: (nn.AdaptiveAvgPool1d, ("output_size",)),
-    F.adaptive_avg_pool2d: (nn.AdaptiveAvgPool2d, ("output_size",)),
-    F.adaptive_avg_pool3d: (nn.AdaptiveAvgPool3d, ("output_size",)),
-}  # fmt: skip
+    op.functions[0]: (op.modules[0], op.signature)
+    for op in ops.OPS
+    if op.kind in ("max_pool", "pooling") and op.signature
+}
 
 
 @dataclass(frozen=True)
@@ -138,7 +119,8 @@ def _tuple(v: Any, nd: int) -> Ints:
     return tuple(int(a) for a in v) if isinstance(v, (tuple, list)) else (int(v),) * nd
 
 
-def _conv(m: nn.Module, nd: int) -> Callable[[Ints], _Window | None] | None:
+def _conv(m: nn.Module, op: ops.Op) -> Callable[[Ints], _Window | None] | None:
+    nd = op.dims
     if m.padding_mode != "zeros" or getattr(m, "transposed", False):
         return None
     k, d = _tuple(m.kernel_size, nd), _tuple(m.dilation, nd)
@@ -149,7 +131,7 @@ def _conv(m: nn.Module, nd: int) -> Callable[[Ints], _Window | None] | None:
         lo = hi = (0,) * nd
     else:
         lo = hi = _tuple(m.padding, nd)
-    fn = _CONVS[type(m)]
+    fn = op.functions[0]
     w = _Window(
         k, _tuple(m.stride, nd), d, lo, hi, 0.0,
         lambda r: fn(r, m.weight, m.bias, m.stride, 0, m.dilation, m.groups),
@@ -157,29 +139,32 @@ def _conv(m: nn.Module, nd: int) -> Callable[[Ints], _Window | None] | None:
     return lambda _: w
 
 
-def _pool(m: nn.Module, nd: int) -> Callable[[Ints], _Window | None] | None:
+def _pool(m: nn.Module, op: ops.Op) -> Callable[[Ints], _Window | None] | None:
+    nd = op.dims
     if m.ceil_mode or getattr(m, "return_indices", False):
         return None
     k = _tuple(m.kernel_size, nd)
     s = _tuple(m.stride if m.stride is not None else m.kernel_size, nd)
     p = _tuple(m.padding, nd)
-    if isinstance(m, tuple(_MAX_POOLS)):
-        fn = _MAX_POOLS[type(m)]
+    if op.kind == "max_pool":
+        fn = op.functions[0]
         d = _tuple(m.dilation, nd)
         w = _Window(k, s, d, p, p, -math.inf, lambda r: fn(r, k, s, 0, d))
     else:
         if any(p) and not m.count_include_pad:
             return None  # edge divisors would count only the real elements
-        fn = _AVG_POOLS[type(m)]
+        fn = op.functions[0]
         extra = () if nd == 1 else (m.divisor_override,)
         w = _Window(k, s, (1,) * nd, p, p, 0.0, lambda r: fn(r, k, s, 0, False, True, *extra))
     return lambda _: w
 
 
-def _adaptive(m: nn.Module, nd: int) -> Callable[[Ints], _Window | None] | None:
+def _adaptive(m: nn.Module, op: ops.Op) -> Callable[[Ints], _Window | None] | None:
+    nd = op.dims
     if getattr(m, "return_indices", False):
         return None
-    fn = _ADAPTIVE[type(m)]
+    kind = "max" if op.name.startswith("adaptive_max") else "avg"
+    fn = ops.BY_NAME[f"{kind}_pool{nd}d"].functions[0]  # the equivalent sliding window
     size = m.output_size if isinstance(m.output_size, (tuple, list)) else (m.output_size,) * nd
 
     def window(n_in: Ints) -> _Window | None:
@@ -198,13 +183,13 @@ def _module_op(m: nn.Module) -> _Op | None:
         return _Op(m, None)
     if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
         return _Op(m, None)  # eval mode (checked by the caller): a per-channel affine map
-    for table, make in ((_CONVS, _conv), (_MAX_POOLS, _pool), (_AVG_POOLS, _pool),
-                        (_ADAPTIVE, _adaptive)):  # fmt: skip
-        if type(m) in table:
-            nd = int(type(m).__name__[-2])
-            window = make(m, nd)
-            return None if window is None else _Op(m, window)
-    return None
+    op = ops.of_module(m)
+    # sliding windows by exact class: a subclass may compute something else in forward
+    if op is None or not op.local or not op.dims or type(m) not in op.modules:
+        return None
+    make = _conv if op.kind == "weighted" else _adaptive if "adaptive" in op.name else _pool
+    window = make(m, op)
+    return None if window is None else _Op(m, window)
 
 
 def _has_node(values: Any) -> bool:

@@ -1,18 +1,24 @@
-"""Hook-free backward rules for non-linearities, functional or module, reused or not.
+"""Hook-free backward rules for the operations of ``ops``, functional or module, reused or not.
 
-Captum's DeepLift, GuidedBackprop and Deconvolution hook ``nn.ReLU``-style *modules*, so a
-model that calls ``F.relu``/``torch.sigmoid`` or reuses one module silently gets plain
-gradients or crashes. Here each non-linear *call* is intercepted with a ``TorchFunctionMode``
-while the model runs and replaced by an autograd function whose forward value is unchanged
-and whose backward applies the method's rule to that call's own input and output. Every call
-is handled on its own, so functional ops, reused modules and module ops all behave alike.
+Captum's DeepLift, GuidedBackprop, Deconvolution and LRP hook ``nn.ReLU``-style *modules*,
+so a model that calls ``F.relu``/``torch.sigmoid`` or reuses one module silently gets plain
+gradients or crashes. Here each *call* of an op in the table is intercepted with one
+``TorchFunctionMode`` while the model runs and replaced by an autograd function whose
+forward value is unchanged and whose backward applies the method's rule to that call's own
+input and output. Every call is handled on its own, so functional ops, reused modules and
+module ops all behave alike.
+
+A method names its rules with a ``Composite`` (after Zennit's composites): a small map from
+a column of the ops table (``name``, ``kind``, ``deeplift``, ``lrp``) to a rule. A rule is
+``rule(site, grad_out) -> grad_in``; the ``Site`` holds the call (its op, arguments, input
+and output) and its plain vector-Jacobian product.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,291 +26,153 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-#: rule(x, y, grad_out, plain_grad_in, call) -> grad_in, where call = (func, args, kwargs)
-Rule = Callable[[Tensor, Tensor, Tensor, Tensor, tuple[Any, ...]], Tensor]
-
-RELU = (F.relu, torch.relu, Tensor.relu, F.relu_, torch.relu_, Tensor.relu_)
-ELEMENTWISE = (
-    *RELU,
-    F.elu, F.elu_, F.leaky_relu, F.leaky_relu_,
-    torch.sigmoid, torch.sigmoid_, Tensor.sigmoid, Tensor.sigmoid_, F.sigmoid,
-    torch.tanh, torch.tanh_, Tensor.tanh, Tensor.tanh_, F.tanh,
-    F.softplus,
-)  # fmt: skip
-SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
-MAXPOOL = {F.max_pool1d: 1, F.max_pool2d: 2, F.max_pool3d: 3}
-INPLACE = {F.relu_, torch.relu_, Tensor.relu_, F.elu_, F.leaky_relu_, torch.sigmoid_,
-           Tensor.sigmoid_, torch.tanh_, Tensor.tanh_}  # fmt: skip
+from methods.engine import ops
+from methods.engine.ops import Op
 
 
-class _Ruled(torch.autograd.Function):
-    """y = fn(x) forward; backward replaced by ``rule`` (given the plain gradient too)."""
+@dataclass(eq=False)
+class Site:
+    """One intercepted call, as its rule sees it in the backward pass."""
+
+    op: Op
+    #: the out-of-place callable, and the call's arguments after the input
+    func: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: what the composite's ``context()`` returned when the call ran (LRP: the module's rule)
+    context: Any = None
+    x: Tensor = field(init=False)
+    y: Tensor = field(init=False)
+    _vjp: Callable[[Tensor], Tensor] | None = field(init=False, default=None)
+
+    def call(self, t: Tensor, **overrides: Any) -> Tensor:
+        """The call on another input, with keyword arguments replaced by ``overrides``."""
+        return self.func(t, *self.args, **{**self.kwargs, **overrides})
+
+    def vjp(self, v: Tensor) -> Tensor:
+        """The plain vector-Jacobian product ``v @ dy/dx`` of the call at its input (once)."""
+        if self._vjp is None:
+            raise RuntimeError("this rule did not ask for the plain gradient")
+        return self._vjp(v)
+
+
+#: rule(site, grad_out) -> grad_in
+Rule = Callable[[Site, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Composite:
+    """The rules of one method: ``rules[getattr(op, column)]`` for each op of the table.
+
+    ``plain_gradient``: whether the rules call ``site.vjp`` (then the call's subgraph, or its
+    analytic derivative, is kept for the backward): True, False, or the keys whose rules do.
+    ``context``, if given, is called when an op runs and its value handed to the rule (LRP
+    reads the running module's rule this way).
+    """
+
+    column: str
+    rules: Mapping[Any, Rule]
+    plain_gradient: bool | frozenset[Any] = True
+    context: Callable[[], Any] | None = None
+
+    def rule(self, op: Op) -> tuple[Rule | None, bool]:
+        """The op's rule, and whether it needs the plain gradient."""
+        key = getattr(op, self.column)
+        plain = self.plain_gradient
+        return self.rules.get(key), plain if isinstance(plain, bool) else key in plain
+
+
+class _Intercepted(torch.autograd.Function):
+    """y = site.call(x) forward; backward replaced by ``rule(site, grad_out)``."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor], rule: Rule, call: Any
-    ) -> Tensor:
-        with torch.enable_grad():
-            xd = x.detach().requires_grad_(True)
-            y = fn(xd)
-        ctx.xd, ctx.y, ctx.rule, ctx.call = xd, y, rule, call
-        return y.detach()
+    def forward(ctx: Any, x: Tensor, site: Site, rule: Rule, plain: bool) -> Tensor:
+        deriv = site.op.derivative
+        if plain and deriv is None:
+            with torch.enable_grad():
+                xd = x.detach().requires_grad_(True)
+                y = site.call(xd)
+
+            def vjp(v: Tensor) -> Tensor:
+                return torch.autograd.grad(y, xd, v)[0]
+
+            site.x, site.y, site._vjp = xd.detach(), y.detach(), vjp
+            out = site.y
+        else:
+            out = site.call(x)
+            site.x, site.y = x.detach(), out.detach()
+            if plain and deriv is not None:
+                d = deriv(site.x, site.y)
+                site._vjp = lambda v: v * d
+        ctx.site, ctx.rule = site, rule
+        return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
-        (plain,) = torch.autograd.grad(ctx.y, ctx.xd, grad_out)
-        grad_in = ctx.rule(ctx.xd.detach(), ctx.y.detach(), grad_out, plain, ctx.call)
-        ctx.xd = ctx.y = None
-        return grad_in, None, None, None
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, None, None, None]:
+        site, rule = ctx.site, ctx.rule
+        ctx.site = ctx.rule = None  # the call's subgraph goes with the site
+        return rule(site, grad_out), None, None, None
 
 
-class _RuledAnalytic(torch.autograd.Function):
-    """As ``_Ruled`` for ops whose derivative is a cheap function of (x, y): no subgraph."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,
-        fn: Callable[[Tensor], Tensor],
-        rule: Rule,
-        call: Any,
-        deriv: Callable[[Tensor, Tensor], Tensor],
-    ) -> Tensor:
-        y = fn(x)
-        ctx.save_for_backward(x, y)
-        ctx.rule, ctx.call, ctx.deriv = rule, call, deriv
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, y = ctx.saved_tensors
-        plain = grad_out * ctx.deriv(x, y)
-        return ctx.rule(x, y, grad_out, plain, ctx.call), None, None, None, None
-
-
-def _d_relu(x: Tensor, y: Tensor) -> Tensor:
-    return (x > 0).to(x.dtype)
-
-
-def _d_sigmoid(x: Tensor, y: Tensor) -> Tensor:
-    return y * (1 - y)
-
-
-def _d_tanh(x: Tensor, y: Tensor) -> Tensor:
-    return 1 - y * y
-
-
-def _is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
-    return func in INPLACE or bool(kwargs.get("inplace", False))
-
-
-class _RuleMode(TorchFunctionMode):
-    def __init__(self, rules: dict[Any, Rule]) -> None:
+class _Mode(TorchFunctionMode):
+    def __init__(self, composite: Composite) -> None:
         super().__init__()
-        self.rules = rules
+        self.composite = composite
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        rule = self.rules.get(func)
-        if rule is None or not args or not isinstance(args[0], Tensor):
-            return func(*args, **kwargs)
-        if func in MAXPOOL and (kwargs.get("return_indices") or (len(args) > 6 and args[6])):
+        op = ops.BY_FUNCTION.get(func)
+        rule, plain = (None, False) if op is None else self.composite.rule(op)
+        if rule is None or op is None or not args or not isinstance(args[0], Tensor):
             return func(*args, **kwargs)
         x = args[0]
-        if not x.requires_grad:  # nothing to propagate through this call
-            return func(*args, **kwargs)
-        inplace = _is_inplace(func, kwargs)
-        out_kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
-        base = _OUT_OF_PLACE.get(func, func)
-
-        def fn(t: Tensor) -> Tensor:
-            return base(t, *args[1:], **out_kwargs)
-
+        if not x.requires_grad or _returns_indices(op, args, kwargs):
+            return func(*args, **kwargs)  # nothing to propagate, or not one output tensor
+        inplace = ops.is_inplace(func, kwargs)
+        kw = {k: v for k, v in kwargs.items() if k != "inplace"}
+        c = self.composite
+        site = Site(op, ops.OUT_OF_PLACE.get(func, func), tuple(args[1:]), kw,
+                    None if c.context is None else c.context())  # fmt: skip
         # an in-place call overwrites x afterwards, so the rule must keep its own copy
-        src = x.clone() if inplace else x
-        deriv = _ANALYTIC.get(func)
-        if deriv is not None:
-            y = _RuledAnalytic.apply(src, fn, rule, (base, args[1:], out_kwargs), deriv)
-        else:
-            y = _Ruled.apply(src, fn, rule, (base, args[1:], out_kwargs))
-        if inplace:
-            return x.copy_(y)
-        return y
+        y = _Intercepted.apply(x.clone() if inplace else x, site, rule, plain)
+        return x.copy_(y) if inplace else y
 
 
-_OUT_OF_PLACE: dict[Any, Any] = {
-    F.relu_: F.relu, torch.relu_: torch.relu, Tensor.relu_: torch.relu,
-    F.elu_: F.elu, F.leaky_relu_: F.leaky_relu, torch.sigmoid_: torch.sigmoid,
-    Tensor.sigmoid_: torch.sigmoid, torch.tanh_: torch.tanh, Tensor.tanh_: torch.tanh,
-}  # fmt: skip
-
-
-_ANALYTIC: dict[Any, Callable[[Tensor, Tensor], Tensor]] = {
-    **dict.fromkeys(RELU, _d_relu),
-    **dict.fromkeys((torch.sigmoid, torch.sigmoid_, Tensor.sigmoid, Tensor.sigmoid_, F.sigmoid),
-                    _d_sigmoid),
-    **dict.fromkeys((torch.tanh, torch.tanh_, Tensor.tanh, Tensor.tanh_, F.tanh), _d_tanh),
-}  # fmt: skip
+def _returns_indices(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if "return_indices" not in op.signature:
+        return False
+    pos = 1 + op.signature.index("return_indices")
+    return bool(kwargs.get("return_indices") or (len(args) > pos and args[pos]))
 
 
 @contextmanager
-def rules(mapping: dict[Any, Rule]) -> Iterator[None]:
-    """Apply ``mapping`` (torch function -> backward rule) to every call made inside."""
-    with _RuleMode(mapping):
+def rules(composite: Composite) -> Iterator[None]:
+    """Apply ``composite`` to every call made inside."""
+    with _Mode(composite):
         yield
 
 
-# --- DeepLift's rescale and max rules (Shrikumar et al. 2017, https://arxiv.org/abs/1704.02685)
+def ruled(forward: Any, composite: Composite) -> Any:
+    """``forward`` with ``composite`` applied while the model runs (not during backward)."""
+    fn = forward.fn
 
+    def wrapped(*args: Any) -> Any:
+        with _Mode(composite):
+            return fn(*args)
 
-def _halves_ok(x: Tensor) -> bool:
-    return x.dim() >= 1 and x.shape[0] % 2 == 0
-
-
-def _diffs(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    xi, xr = x.chunk(2)
-    yi, yr = y.chunk(2)
-    dx, dy = xi - xr, yi - yr
-    return torch.cat([dx, dx]), torch.cat([dy, dy])
-
-
-def rescale_rule(eps: float) -> Rule:
-    def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
-        if not _halves_ok(x):
-            return plain
-        dx, dy = _diffs(x, y)
-        return torch.where(dx.abs() < eps, plain, g * dy / dx)
-
-    return rule
-
-
-def softmax_rule(eps: float) -> Rule:
-    """DeepLift's Rescale rule through softmax written as ``exp(x - logsumexp(x))``.
-
-    Per example (reductions along the softmax dim only), with e = exp(x - M), S = sum(e),
-    z = x - log S: d(log S) = sum_k (de_k / dx_k) dx_k / L(S, S') (L the logarithmic mean)
-    and dy_j = (dy_j / dz_j) dz_j, so the multipliers m_k = g_k r_k - (g . r) w_k give
-    sum(m * dx) = sum(g * dy) exactly; they reduce to the gradient as x' -> x and for a
-    shift x = x' + c. Captum 0.9.0 instead centres rescale multipliers over the whole doubled
-    batch, which breaks completeness and couples the examples (see README).
-    """
-
-    def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
-        dim = _softmax_dim(x, call)
-        if not _halves_ok(x) or dim is None:
-            return plain  # a softmax over the batch mixes inputs and baselines itself
-        xi, xr = x.to(y.dtype).chunk(2)
-        yi, yr = y.chunk(2)
-        top = torch.maximum(xi.amax(dim, keepdim=True), xr.amax(dim, keepdim=True))
-        ei, er = (xi - top).exp(), (xr - top).exp()
-        si, sr = ei.sum(dim, keepdim=True), er.sum(dim, keepdim=True)
-        dlse = si.log() - sr.log()
-        dx = xi - xr
-        rho = torch.where(_tiny(dx, eps), (ei + er) / 2, (ei - er) / dx)
-        lmean = torch.where(_tiny(dlse, eps), (si + sr) / 2, (si - sr) / dlse)
-        dz = dx - dlse
-        r = torch.where(_tiny(dz, eps), (yi + yr) / 2, (yi - yr) / dz)
-        w = rho / lmean
-        r2, w2 = torch.cat([r, r]), torch.cat([w, w])
-        gr = g * r2
-        return (gr - gr.sum(dim, keepdim=True) * w2).to(x.dtype)
-
-    return rule
-
-
-def _tiny(d: Tensor, eps: float) -> Tensor:
-    return (d.abs() < eps) | ~torch.isfinite(d)  # equal inputs, or -inf on both sides (masks)
-
-
-def _softmax_dim(x: Tensor, call: Any) -> int | None:
-    """The softmax's dim, normalised; None where it is the batch dim (or cannot be found)."""
-    _func, rest, kwargs = call
-    dim = kwargs.get("dim", rest[0] if rest else None)
-    if dim is None:  # torch's legacy implicit choice (F._get_softmax_dim)
-        dim = 0 if x.dim() in (0, 1, 3) else 1
-    if not isinstance(dim, int) or x.dim() == 0:
-        return None
-    dim %= x.dim()
-    return None if dim == 0 else dim
-
-
-def maxpool_rule(eps: float) -> Rule:
-    """DeepLift's max rule: each window's output change goes to its argmax in both halves.
-
-    Where windows overlap (stride < kernel size, e.g. MaxPool2d(3, 2, 1)) one input can be the
-    argmax of several windows; their changes are *added* (Captum's ``max_unpool`` keeps one,
-    which breaks completeness). With non-overlapping windows this equals Captum exactly.
-    """
-
-    def rule(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
-        if not _halves_ok(x):
-            return plain
-        func, rest, kwargs = call
-        dims = MAXPOOL[func]
-        params = _pool_params(rest, kwargs)
-        xi, xr = x.chunk(2)
-        yi, yr = y.chunk(2)
-        dx = torch.cat([xi - xr, xi - xr])
-        ymax = torch.max(yi, yr)
-        dy = torch.cat([ymax - yr, yi - ymax])
-        _, indices = func(x, *params[:5], return_indices=True)
-        a, b = _scatter_unpool(g * dy, indices, x.shape, dims).chunk(2)
-        summed = a + b
-        return torch.where(dx.abs() < eps, plain, torch.cat([summed, summed]) / dx)
-
-    return rule
-
-
-def _scatter_unpool(src: Tensor, indices: Tensor, shape: torch.Size, dims: int) -> Tensor:
-    """``max_unpool`` that adds: ``src`` summed at the flat spatial ``indices``."""
-    lead = tuple(shape[: len(shape) - dims])
-    out = src.new_zeros(*lead, math.prod(shape[len(lead) :]))
-    out.scatter_add_(len(lead), indices.reshape(*lead, -1), src.reshape(*lead, -1))
-    return out.reshape(shape)
-
-
-def _pool_params(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    names = ["kernel_size", "stride", "padding", "dilation", "ceil_mode"]
-    defaults: list[Any] = [None, None, 0, 1, False]
-    values = list(rest[:5]) + defaults[len(rest[:5]) :]
-    for i, name in enumerate(names):
-        if name in kwargs:
-            values[i] = kwargs[name]
-    return values
-
-
-def deeplift_rules(eps: float) -> dict[Any, Rule]:
-    mapping: dict[Any, Rule] = {}
-    for elementwise in ELEMENTWISE:
-        mapping[elementwise] = rescale_rule(eps)
-    for softmax in SOFTMAX:
-        mapping[softmax] = softmax_rule(eps)
-    for pool in MAXPOOL:
-        mapping[pool] = maxpool_rule(eps)
-    return mapping
+    return type(forward)(wrapped, forward.args)
 
 
 # --- Guided backprop (Springenberg et al. 2015) and deconvolution (Zeiler & Fergus 2014)
 
 
-def _guided(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
-    return F.relu(plain)
+def _guided(site: Site, g: Tensor) -> Tensor:
+    return F.relu(site.vjp(g))
 
 
-def _deconv(x: Tensor, y: Tensor, g: Tensor, plain: Tensor, call: Any) -> Tensor:
+def _deconv(site: Site, g: Tensor) -> Tensor:
     return F.relu(g)
 
 
-GUIDED_BACKPROP: dict[Any, Rule] = dict.fromkeys(RELU, _guided)
-DECONVOLUTION: dict[Any, Rule] = dict.fromkeys(RELU, _deconv)
-
-
-def ruled(forward: Any, mapping: dict[Any, Rule]) -> Any:
-    """``forward`` with ``mapping`` applied while the model runs (not during backward)."""
-    fn = forward.fn
-
-    def wrapped(*args: Any) -> Any:
-        with _RuleMode(mapping):
-            return fn(*args)
-
-    return type(forward)(wrapped, forward.args)
+GUIDED_BACKPROP = Composite("name", {"relu": _guided})
+DECONVOLUTION = Composite("name", {"relu": _deconv}, plain_gradient=False)

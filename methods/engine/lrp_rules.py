@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from methods.engine import intercept
+from methods.engine.intercept import Composite, Site
 from methods.errors import InvalidArgumentError
 
 RULE_NAMES = ("epsilon", "gamma", "alpha1_beta0", "z_plus", "identity")
@@ -107,131 +106,41 @@ def parse_rule(spec: object, where: str) -> Rule:
     return rule
 
 
-# (weight position, bias position) in the call's positional arguments, and kwarg names
-WEIGHTED: dict[Any, tuple[int, int, str, str]] = {
-    F.linear: (1, 2, "weight", "bias"),
-    F.conv1d: (1, 2, "weight", "bias"),
-    F.conv2d: (1, 2, "weight", "bias"),
-    F.conv3d: (1, 2, "weight", "bias"),
-    torch.conv1d: (1, 2, "weight", "bias"),
-    torch.conv2d: (1, 2, "weight", "bias"),
-    torch.conv3d: (1, 2, "weight", "bias"),
-    F.batch_norm: (3, 4, "weight", "bias"),
-}
-POOLING = (
-    F.max_pool1d, F.max_pool2d, F.max_pool3d,
-    F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
-    F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
-    F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
-)  # fmt: skip
-PASS_THROUGH = (*intercept.ELEMENTWISE, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d)
-
-
-def _with(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, value: Any) -> None:
-    """Set argument ``pos``/``name`` in place in (list) args or kwargs."""
-    if name in kwargs:
-        kwargs[name] = value
-    elif pos < len(args):
-        args[pos] = value  # type: ignore[index]
-
-
-def _get(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    return args[pos] if pos < len(args) else None
-
-
-class _Relevance(torch.autograd.Function):
-    """y = f(a) forward; backward a * vjp(f'(a), g / stab(f'(a))), or g for identity."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        a: Tensor,
-        f: Callable[[Tensor], Tensor],
-        fp: Callable[[Tensor], Tensor] | None,
-        rule: Rule,
-    ) -> Tensor:
+def _relevance(site: Site, g: Tensor) -> Tensor:
+    """a * vjp(f'(a), g / stab(f'(a))) with the running module's rule (identity: g)."""
+    rule: Rule = site.context
+    x = site.x
+    if rule.name == "identity":
+        if g.shape != x.shape:
+            raise InvalidArgumentError(
+                f"the identity rule needs a layer whose input and output have the same "
+                f"shape, got {tuple(x.shape)} -> {tuple(g.shape)}",
+                argument="rules",
+            )
+        return g
+    if site.op.weight is not None and rule.name != "epsilon":
+        args, kwargs = list(site.args), dict(site.kwargs)
+        for (pos, name), modify in zip(site.op.weight, (rule.weight, rule.bias), strict=True):
+            if name in kwargs:
+                kwargs[name] = modify(kwargs[name])
+            elif pos - 1 < len(args):  # positions count the input; site.args do not
+                args[pos - 1] = modify(args[pos - 1])
         with torch.enable_grad():
-            ad = a.detach().requires_grad_(True)
-            zp = (fp or f)(ad)
-        y = zp.detach() if fp is None else f(a.detach())
-        ctx.ad, ctx.zp, ctx.rule = ad, zp, rule
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, None, None]:
-        ad, zp, rule = ctx.ad, ctx.zp, ctx.rule
-        ctx.ad = ctx.zp = None
-        if rule.name == "identity":
-            if g.shape != ad.shape:
-                raise InvalidArgumentError(
-                    f"the identity rule needs a layer whose input and output have the same "
-                    f"shape, got {tuple(ad.shape)} -> {tuple(g.shape)}",
-                    argument="rules",
-                )
-            return g, None, None, None
+            xd = x.detach().requires_grad_(True)
+            zp = site.func(xd, *args, **kwargs)
         z = zp.detach()
-        sign = torch.where(z >= 0, torch.ones_like(z), -torch.ones_like(z))
-        (c,) = torch.autograd.grad(zp, ad, g / (z + sign * rule.epsilon))
-        return ad.detach() * c, None, None, None
+        (c,) = torch.autograd.grad(zp, xd, g / (z + _sign(z) * rule.epsilon))
+    else:
+        c = site.vjp(g / (site.y + _sign(site.y) * rule.epsilon))
+    return x * c
 
 
-class _PassThrough(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, a: Tensor, f: Callable[[Tensor], Tensor]) -> Tensor:
-        return f(a.detach())
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
-        return g, None
+def _sign(z: Tensor) -> Tensor:
+    return torch.where(z >= 0, torch.ones_like(z), -torch.ones_like(z))
 
 
-class _LRPMode(TorchFunctionMode):
-    def __init__(self, rule_for: Callable[[], Rule]) -> None:
-        super().__init__()
-        self.rule_for = rule_for
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = dict(kwargs or {})
-        if not args or not isinstance(args[0], Tensor) or not args[0].requires_grad:
-            return func(*args, **kwargs)
-        if func in PASS_THROUGH:
-            inplace = intercept._is_inplace(func, kwargs)
-            base = intercept._OUT_OF_PLACE.get(func, func)
-            kw = {k: v for k, v in kwargs.items() if k != "inplace"}
-            y = _PassThrough.apply(args[0], lambda t: base(t, *args[1:], **kw))
-            return args[0].copy_(y) if inplace else y
-        if func in POOLING:
-            if kwargs.get("return_indices"):
-                return func(*args, **kwargs)
-            rule = self.rule_for()
-
-            def pooled(t: Tensor) -> Tensor:
-                return func(t, *args[1:], **kwargs)
-
-            return _Relevance.apply(args[0], pooled, None, rule)
-        spec = WEIGHTED.get(func)
-        if spec is None:
-            return func(*args, **kwargs)
-        rule = self.rule_for()
-        wpos, bpos, wname, bname = spec
-        rest = list(args)
-
-        def call(t: Tensor, a: list[Any], kw: dict[str, Any]) -> Tensor:
-            return func(t, *a[1:], **kw)
-
-        if rule.name in ("epsilon", "identity"):
-            fp = None
-        else:
-            a2, kw2 = list(rest), dict(kwargs)
-            _with(a2, kw2, wpos, wname, rule.weight(_get(args, kwargs, wpos, wname)))  # type: ignore[arg-type]
-            _with(a2, kw2, bpos, bname, rule.bias(_get(args, kwargs, bpos, bname)))  # type: ignore[arg-type]
-
-            def fp(t: Tensor) -> Tensor:
-                return call(t, a2, kw2)
-
-        return _Relevance.apply(args[0], lambda t: call(t, rest, kwargs), fp, rule)
+def _pass(site: Site, g: Tensor) -> Tensor:
+    return g
 
 
 @contextmanager
@@ -262,8 +171,19 @@ def lrp(model: Any, rules: dict[str, Rule]) -> Iterator[None]:
 
                 handles.append(mod.register_forward_pre_hook(pre))
                 handles.append(mod.register_forward_hook(post, always_call=True))
-        with _LRPMode(rule_for):
+        with intercept.rules(composite(rule_for)):
             yield
     finally:
         for h in handles:
             h.remove()
+
+
+def composite(rule_for: Callable[[], Rule]) -> Composite:
+    """LRP by the ops table's ``lrp`` column: relevance through linear-like calls with the
+    running module's rule (``rule_for``, read when the call runs), passed on elsewhere."""
+    return Composite(
+        "lrp",
+        {"relevance": _relevance, "pass": _pass},
+        plain_gradient=frozenset({"relevance"}),
+        context=rule_for,
+    )

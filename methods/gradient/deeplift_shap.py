@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from methods.call import Call, Output
 from methods.cost import baseline_pairs_cost
-from methods.engine.baselines import format_baseline_distribution
-from methods.gradient.deeplift import DeepLiftParams, run_rows
+from methods.engine import deeplift as dl
+from methods.engine.path import completeness_delta
+from methods.gradient.deeplift import DeepLiftParams
 from methods.registry import TokenCounterpart, register
 
 
@@ -26,14 +27,7 @@ from methods.registry import TokenCounterpart, register
 )
 def deeplift_shap(call: Call, p: DeepLiftParams) -> Output:
     """DeepLift averaged over baseline rows (baselines: B reference rows per input)."""
-    dist = format_baseline_distribution(call.baselines, call.inputs, "deeplift_shap")
-    n, b = call.n, dist[0].shape[0]
-    xs = tuple(x.repeat_interleave(b, dim=0) for x in call.inputs)
-    bs = tuple(d.repeat((n,) + (1,) * (d.dim() - 1)) for d in dist)
-    sub = call.replace(
-        forward=call.forward.expanded(b, interleave=True),
-        target=call.target.expand(b, interleave=True),
-    )
-    attrs, fx, _fb, delta, echo = run_rows(sub, xs, bs, sub.target, p)
-    mean = tuple(a.reshape(n, b, *a.shape[1:]).mean(1) for a in attrs)
-    return Output(mean, delta=delta, outputs=fx.reshape(n, b)[:, 0], echo=echo)
+    sub, xs, bs, b = dl.baseline_pairs(call)
+    attrs, fx, fb, echo = dl.run_rows(sub, xs, bs, sub.target, dl.input_step(p.eps), p.combiner())
+    delta = completeness_delta(attrs, fx, fb)
+    return Output(dl.pair_mean(attrs, b), delta=delta, outputs=fx[::b], echo=echo)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from methods.call import Call, Output
 from methods.cost import baseline_pairs_cost
-from methods.engine.baselines import format_baseline_distribution
+from methods.engine import deeplift as dl
+from methods.engine.path import completeness_delta
 from methods.layer._common import layer_output, target_layer
-from methods.layer.layer_deeplift import LayerDeepLiftParams, delta, run_layer_rows
+from methods.layer.layer_deeplift import LayerDeepLiftParams, layer_step
 from methods.registry import register
 
 
@@ -27,15 +28,8 @@ from methods.registry import register
 )
 def layer_deeplift_shap(call: Call, p: LayerDeepLiftParams) -> Output:
     """Layer DeepLift averaged over baseline rows (baselines: B reference rows per input)."""
-    module = target_layer(call, p)
-    dist = format_baseline_distribution(call.baselines, call.inputs, "layer_deeplift_shap")
-    n, b = call.n, dist[0].shape[0]
-    xs = tuple(x.repeat_interleave(b, dim=0) for x in call.inputs)
-    bs = tuple(d.repeat((n,) + (1,) * (d.dim() - 1)) for d in dist)
-    sub = call.replace(
-        forward=call.forward.expanded(b, interleave=True),
-        target=call.target.expand(b, interleave=True),
-    )
-    attrs, fx, fb, echo = run_layer_rows(sub, xs, bs, sub.target, module, p)
-    mean = tuple(a.reshape(n, b, *a.shape[1:]).mean(1) for a in attrs)
-    return layer_output(mean, delta=delta(attrs, fx, fb), outputs=fx.reshape(n, b)[:, 0], echo=echo)
+    step = layer_step(target_layer(call, p), p)
+    sub, xs, bs, b = dl.baseline_pairs(call)
+    attrs, fx, fb, echo = dl.run_rows(sub, xs, bs, sub.target, step, p.combiner())
+    delta = completeness_delta(attrs, fx, fb)
+    return layer_output(dl.pair_mean(attrs, b), delta=delta, outputs=fx[::b], echo=echo)

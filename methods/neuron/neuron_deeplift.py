@@ -9,10 +9,11 @@ from __future__ import annotations
 from pydantic import Field
 
 from methods.call import Call, Output
+from methods.engine import deeplift as dl
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
-from methods.gradient.deeplift import DeepLiftParams, apply_multipliers, multipliers
+from methods.gradient.deeplift import DeepLiftParams
 from methods.neuron._common import NeuronSelector, neuron_target
 from methods.registry import register
 
@@ -36,12 +37,12 @@ def neuron_deeplift_rows(call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: T
     module, selector = neuron_target(call, p)  # type: ignore[arg-type]
     with layers.tap(module, p.layer, to_input=p.attribute_to_neuron_input) as t:
         t.reset()
-        mults, _, _ = multipliers(
+        mults, _, _ = dl.multipliers(
             call, xs, bs, call.target, p.eps,
             grad_fn=lambda out: layers.select_neuron(t.values, selector),
         )  # fmt: skip
         t.check_ran()
-    return apply_multipliers(p, mults, xs, bs)
+    return p.combiner()(mults, xs, bs)
 
 
 @register(
