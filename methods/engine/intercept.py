@@ -49,6 +49,11 @@ class Site:
         """The call on another input, with keyword arguments replaced by ``overrides``."""
         return self.func(t, *self.args, **{**self.kwargs, **overrides})
 
+    def own(self) -> None:
+        """Copy the input and output the rule reads: the model is about to write in place
+        into a tensor they share storage with (``nn.ReLU(inplace=True)`` after a layer)."""
+        self.x, self.y = self.x.clone(), self.y.clone()
+
     def vjp(self, v: Tensor) -> Tensor:
         """The plain vector-Jacobian product ``v @ dy/dx`` of the call at its input (once)."""
         if self._vjp is None:
@@ -118,9 +123,15 @@ class _Mode(TorchFunctionMode):
     def __init__(self, composite: Composite) -> None:
         super().__init__()
         self.composite = composite
+        #: id of a tensor's storage owner -> the sites whose saved x or y share its storage
+        self.sharing: dict[int, list[Site]] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.sharing:
+            for t in _written(func, args, kwargs):
+                for site in self.sharing.pop(id(_root(t)), ()):
+                    site.own()
         op = ops.BY_FUNCTION.get(func)
         rule, plain = (None, False) if op is None else self.composite.rule(op)
         if rule is None or op is None or not args or not isinstance(args[0], Tensor):
@@ -135,7 +146,25 @@ class _Mode(TorchFunctionMode):
                     None if c.context is None else c.context())  # fmt: skip
         # an in-place call overwrites x afterwards, so the rule must keep its own copy
         y = _Intercepted.apply(x.clone() if inplace else x, site, rule, plain)
-        return x.copy_(y) if inplace else y
+        if inplace:
+            return x.copy_(y)
+        for t in (x, y):  # site.x and site.y share these tensors' storage
+            self.sharing.setdefault(id(_root(t)), []).append(site)
+        return y
+
+
+def _root(t: Tensor) -> Tensor:
+    return t if t._base is None else t._base
+
+
+def _written(func: Any, args: Any, kwargs: dict[str, Any]) -> list[Tensor]:
+    """The tensors a call writes into: its first argument when in place, and ``out=``."""
+    out = ops.as_tensors(kwargs.get("out"))
+    name = getattr(func, "__name__", "")
+    inplace = (name.endswith("_") and not name.endswith("__")) or name == "__setitem__"
+    if args and isinstance(args[0], Tensor) and (inplace or kwargs.get("inplace") is True):
+        out.append(args[0])
+    return out
 
 
 def _returns_indices(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -87,8 +87,7 @@ _AVG = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "d
 _WEIGHT = ((1, "weight"), (2, "bias"))
 
 OPS: tuple[Op, ...] = (
-    _elementwise("relu", F.relu, torch.relu, Tensor.relu, inplace=(F.relu_, torch.relu_,
-                 Tensor.relu_), modules=(nn.ReLU,), methods=("relu",), derivative=_d_relu,
+    _elementwise("relu", F.relu, torch.relu, Tensor.relu, inplace=(torch.relu_, Tensor.relu_), modules=(nn.ReLU,), methods=("relu",), derivative=_d_relu,
                  deeplift="rescale", lrp="pass"),
     _elementwise("elu", F.elu, inplace=(F.elu_,), modules=(nn.ELU,), deeplift="rescale",
                  lrp="pass"),
@@ -128,7 +127,7 @@ OPS: tuple[Op, ...] = (
          signature=("output_size", "return_indices")) for d in (1, 2, 3)),
     Op("linear", "weighted", functions=(F.linear,), modules=(nn.Linear,), lrp="relevance",
        weight=_WEIGHT),
-    *(Op(f"conv{d}d", "weighted", functions=(getattr(F, f"conv{d}d"), getattr(torch, f"conv{d}d")),
+    *(Op(f"conv{d}d", "weighted", functions=(getattr(F, f"conv{d}d"),),
          modules=(getattr(nn, f"Conv{d}d"),), dims=d, lrp="relevance", weight=_WEIGHT,
          local=True) for d in (1, 2, 3)),
     Op("batch_norm", "weighted", functions=(F.batch_norm,),
@@ -165,3 +164,12 @@ def is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
 def functions_where(pred: Callable[[Op], bool]) -> frozenset[Any]:
     """Every out-of-place and in-place callable of the ops ``pred`` selects."""
     return frozenset(f for op in OPS if pred(op) for f in (*op.functions, *op.inplace))
+
+
+def as_tensors(v: Any) -> list[Tensor]:
+    """``v`` as a list of tensors: a tensor, a tuple/list of them, or nothing."""
+    if isinstance(v, Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [t for t in v if isinstance(t, Tensor)]
+    return []
