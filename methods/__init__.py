@@ -21,24 +21,30 @@ from methods.errors import (
     UnknownParameterError,
     UnsupportedModelError,
 )
+from methods.export import NotExportableError, export
+from methods.generation import GenerationResult, attribute_generation
 from methods.registry import MethodInfo
 
 __all__ = [
     "AttributionCancelled",
     "AttributionError",
     "BaselineError",
+    "GenerationResult",
     "InvalidArgumentError",
     "InvalidTypeError",
     "MethodInfo",
     "ModelError",
+    "NotExportableError",
     "Result",
     "TargetError",
     "UnknownMethodError",
     "UnknownParameterError",
     "UnsupportedModelError",
     "attribute",
+    "attribute_generation",
     "available",
     "cancel_scope",
+    "export",
     "infidelity",
     "memory_budget",
     "sensitivity_max",

@@ -28,7 +28,7 @@ __all__ = [
 
 
 def builtin_specs() -> list[ModelSpec]:
-    """The built-in demo models (tabular-mlp, image-cnn, text-classifier), not yet loaded."""
+    """The built-in demo models (tabular-mlp, image-cnn, text-classifier, tiny-lm), unloaded."""
     from model_registry import builtin
 
     return builtin.specs()

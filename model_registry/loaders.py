@@ -41,6 +41,8 @@ def load(spec: ModelSpec) -> LoadedModel:
             model=spec.id,
             field="dtype",
         )
+    if spec.kind == "causal_lm":
+        return _load_causal_lm(spec, source, device)
     tokenizer = None
     if source.kind == "builtin":
         model, tokenizer = _load_builtin(spec, source)
@@ -316,3 +318,66 @@ def check_forward(loaded: LoadedModel) -> None:
             model=spec.id,
             field="output_shape",
         )
+
+
+def _load_causal_lm(spec: ModelSpec, source: Source, device: torch.device) -> LoadedModel:
+    """A generative language model and its tokenizer (``LoadedModel.extra["lm_tokenizer"]``):
+    built-in, a python: factory returning (model, tokenizer), or a local Hugging Face
+    directory (``hf:``; transformers from the ``attrserve[hf]`` extra, local files only)."""
+    if source.kind == "hf":
+        model, tokenizer = _load_hf(spec, source)
+    elif source.kind == "builtin":
+        model, tokenizer = _load_builtin(spec, source)
+    elif source.kind == "python":
+        model, tokenizer = _load_python(spec, source)
+    else:  # models_toml refuses these; a spec built by hand may still carry one
+        raise RegistryError(
+            f"a causal_lm model cannot come from a {source.kind}: source",
+            model=spec.id,
+            field="source",
+        )
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        raise RegistryError(
+            "a causal_lm model needs its tokenizer (an object with encode, decode, "
+            "convert_ids_to_tokens and convert_tokens_to_ids, as Hugging Face's)",
+            model=spec.id,
+            field="source",
+        )
+    model = model.to(device=device, dtype=getattr(torch, spec.dtype))
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    check_layers(spec, model)
+    return LoadedModel(
+        spec=spec,
+        model=model,
+        device=device,
+        extra={"source_kind": source.kind, "lm_tokenizer": tokenizer},
+    )
+
+
+def _load_hf(spec: ModelSpec, source: Source) -> tuple[nn.Module, Any]:
+    path = source.path(spec.base_dir)
+    try:
+        import transformers
+    except ImportError:
+        raise RegistryError(
+            "hf: sources need the transformers package: pip install 'attrserve[hf]'",
+            model=spec.id,
+            field="source",
+        ) from None
+    try:
+        # local_files_only: a directory on disk, never the network
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=getattr(torch, spec.dtype)
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # OSError, ValueError, KeyError for unknown architectures ...
+        flat = " ".join(str(e).split())
+        raise RegistryError(
+            f"{str(path)!r} is not a loadable Hugging Face causal LM directory (config, "
+            f"weights and tokenizer files): {flat}",
+            model=spec.id,
+            field="source",
+        ) from e
+    return model, tokenizer

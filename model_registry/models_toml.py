@@ -5,7 +5,8 @@ The format (the README's Models section has the full reference)::
 
     [[models]]
     id = "churn"
-    source = "python:mypkg.models:make_churn"   # or builtin:NAME, torchscript:PATH, export:PATH
+    source = "python:mypkg.models:make_churn"   # or builtin:NAME, torchscript:PATH, export:PATH,
+                                                 # hf:DIRECTORY (with kind = "causal_lm")
     weights = "weights/churn.safetensors"        # python: and builtin: sources only
     labels = ["stays", "leaves"]
     layers = ["fc1"]
@@ -53,7 +54,12 @@ MODEL_KEYS = (
     "internal_batch_size",
     "perturbations_per_eval",
     "explain",
+    "kind",
 )
+#: what a model is: tensors in and one output ("tensor"), or a generative language model
+MODEL_KINDS = ("tensor", "causal_lm")
+#: keys a causal_lm model does not take: its inputs are prompts, its output the next token
+NOT_FOR_LM = ("inputs", "labels", "output_shape", "explain")
 INPUT_KEYS = ("name", "dtype", "shape")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # safe in a URL path segment
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -141,6 +147,8 @@ class _Model:
             self.fail(unknown[0], f"unknown key(s) {unknown}; expected some of {list(MODEL_KEYS)}")
         source = self.source(t)
         base = builtin.BUILTINS[source.target].spec() if source.kind == "builtin" else None
+        if self.kind(t, source, base) == "causal_lm":
+            return self.causal_lm(t, model_id, source, base)
         dtype = self.choice(t, "dtype", MODEL_DTYPES, base.dtype if base else "float32")
         if "inputs" in t or base is None:
             inputs = self.inputs(t)
@@ -198,6 +206,57 @@ class _Model:
             perturbations_per_eval=self.batch(t, "perturbations_per_eval"),
             base_dir=self.base_dir,
             explain=self.explain(t),
+        )
+
+    def kind(self, t: dict[str, Any], source: Source, base: ModelSpec | None) -> str:
+        default = "causal_lm" if source.kind == "hf" else (base.kind if base else "tensor")
+        kind = self.choice(t, "kind", MODEL_KINDS, default)
+        if source.kind == "hf" and kind != "causal_lm":
+            self.fail("kind", 'hf: sources are causal language models: kind = "causal_lm"')
+        if base is not None and kind != base.kind:
+            self.fail("kind", f"builtin:{source.target} is of kind {base.kind!r}")
+        if kind == "causal_lm" and source.kind in ("torchscript", "export"):
+            self.fail(
+                "source",
+                "a causal_lm model comes from hf:DIRECTORY, builtin:tiny-lm or a python: "
+                "factory returning (model, tokenizer)",
+            )
+        return kind
+
+    def causal_lm(
+        self, t: dict[str, Any], model_id: str, source: Source, base: ModelSpec | None
+    ) -> ModelSpec:
+        """A generative language model: no inputs, labels or output to declare."""
+        for key in NOT_FOR_LM:
+            if key in t:
+                self.fail(
+                    key,
+                    "a causal_lm model takes prompts and attributes answers; it has no "
+                    f"{key} to declare",
+                )
+        if source.kind == "hf" and "weights" in t:
+            self.fail("weights", "hf: directories carry their own weights; remove 'weights'")
+        return ModelSpec(
+            id=model_id,
+            version=self.version(t),
+            description=self.string(t, "description") or (base.description if base else ""),
+            source=t["source"],
+            device=self.string(t, "device", pattern=DEVICE, hint="'auto', 'cpu' or 'cuda:N'")
+            or "auto",
+            dtype=self.choice(t, "dtype", MODEL_DTYPES, base.dtype if base else "float32"),
+            inputs=(InputSpec("ids", "int64", (None, None)),),
+            output=base.output if base else OutputSpec(shape=(None, None)),
+            layers=self.layers(t) if "layers" in t or base is None else base.layers,
+            embedding_layer=(
+                self.string(t, "embedding_layer", pattern=_LAYER, hint="a dotted module path")
+                if "embedding_layer" in t or base is None
+                else base.embedding_layer
+            ),
+            weights=None if source.kind == "hf" else self.weights(t, source),
+            internal_batch_size=self.batch(t, "internal_batch_size"),
+            perturbations_per_eval=self.batch(t, "perturbations_per_eval"),
+            base_dir=self.base_dir,
+            kind="causal_lm",
         )
 
     def explain(self, t: dict[str, Any]) -> ExplainSpec | None:
@@ -278,6 +337,13 @@ class _Model:
             )
         if source.kind in ("torchscript", "export"):
             self.existing(source.target, "source")
+        if source.kind == "hf" and not resolve_path(source.target, self.base_dir).is_dir():
+            rel = "" if Path(source.target).is_absolute() else f" (relative to {self.base_dir})"
+            self.fail(
+                "source",
+                f"directory {source.target!r} not found{rel}; hf: takes a local Hugging Face "
+                "model directory (config, weights, tokenizer files)",
+            )
         return source
 
     def weights(self, t: dict[str, Any], source: Source) -> str | None:

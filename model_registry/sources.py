@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("builtin", "torchscript", "export", "python")
+KINDS = ("builtin", "torchscript", "export", "python", "hf")
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _PYTHON = re.compile(rf"^(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})$")
 
@@ -37,7 +37,8 @@ class Source:
         return self.target.partition(":")[2]
 
     def path(self, base_dir: str | None) -> Path:
-        """torchscript/export sources: the file, relative paths taken from ``base_dir``."""
+        """torchscript/export sources: the file (hf: the directory), relative paths taken from
+        ``base_dir``."""
         return resolve_path(self.target, base_dir)
 
 
@@ -51,8 +52,8 @@ def parse_source(text: str) -> Source:
     kind, sep, target = text.partition(":")
     if not sep or kind not in KINDS:
         raise ValueError(
-            "expected 'builtin:NAME', 'torchscript:PATH', 'export:PATH' or "
-            f"'python:package.module:factory', got {text!r}"
+            "expected 'builtin:NAME', 'torchscript:PATH', 'export:PATH', "
+            f"'python:package.module:factory' or 'hf:DIRECTORY', got {text!r}"
         )
     if not target:
         raise ValueError(f"{kind}: source needs a target after the colon, got {text!r}")

@@ -49,7 +49,8 @@ class ModelSpec:
     id: str
     version: str
     description: str
-    source: str  # "builtin:NAME", "torchscript:PATH", "export:PATH", "python:pkg.mod:factory"
+    #: "builtin:NAME", "torchscript:PATH", "export:PATH", "python:pkg.mod:factory", "hf:DIR"
+    source: str
     device: str  # "auto" | "cpu" | "cuda:N" as configured
     dtype: str  # working floating dtype of the model's parameters
     inputs: tuple[InputSpec, ...]
@@ -66,6 +67,9 @@ class ModelSpec:
     base_dir: str | None = None
     #: models.toml ``explain``; None: the built-in default for the model's kind
     explain: ExplainSpec | None = None
+    #: "tensor" (tensors in, one tensor out) or "causal_lm" (a generative language model with
+    #: its tokenizer: attributions of an answer to the prompt, ``methods.attribute_generation``)
+    kind: str = "tensor"
 
 
 @dataclass

@@ -141,6 +141,12 @@ class Settings(BaseModel):
         "(unset: the default deadline)",
     )
     max_text_tokens: int = Field(default=512, ge=1, description="most tokens in one text (422)")
+    max_target_tokens: int = Field(
+        default=64, ge=1, description="causal LMs: most tokens in the answer attributed (422)"
+    )
+    max_features: int = Field(
+        default=64, ge=1, description="causal LMs: most prompt features (tokens or slots) (422)"
+    )
     max_concurrency: int | None = Field(
         default=None,
         ge=1,

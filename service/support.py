@@ -139,6 +139,10 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
 
 def served_methods(spec: ModelSpec) -> list[str]:
     """Method names a model can serve as requested (for ModelInfo.methods)."""
+    if spec.kind == "causal_lm":
+        from service.serving.generation import served_methods as generation_methods
+
+        return generation_methods()
     names = []
     for ms in registry.specs():
         try:

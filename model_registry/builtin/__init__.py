@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from model_registry.builtin import image, tabular, text
+from model_registry.builtin import image, lm, tabular, text
 from model_registry.errors import RegistryError
 from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 
@@ -35,8 +35,12 @@ class Builtin:
     layers: tuple[str, ...]
     embedding_layer: str | None = None
     tokenizer: Callable[[], Any] | None = None
+    kind: str = "tensor"
 
     def spec(self) -> ModelSpec:
+        output = OutputSpec(shape=(len(self.labels),), labels=self.labels)
+        if self.kind == "causal_lm":  # next-token logits per position
+            output = OutputSpec(shape=(None, len(lm.VOCAB)))
         return ModelSpec(
             id=self.name,
             version="1",
@@ -45,9 +49,10 @@ class Builtin:
             device="auto",
             dtype="float32",
             inputs=self.inputs,
-            output=OutputSpec(shape=(len(self.labels),), labels=self.labels),
+            output=output,
             layers=self.layers,
             embedding_layer=self.embedding_layer,
+            kind=self.kind,
         )
 
 
@@ -83,6 +88,19 @@ BUILTINS: dict[str, Builtin] = {
             layers=text.LAYERS,
             embedding_layer=text.EMBEDDING_LAYER,
             tokenizer=text.WordTokenizer,
+        ),
+        Builtin(
+            name="tiny-lm",
+            description="Demo causal language model (2 layers, word-level tokenizer) trained on "
+            "'<name> lives in <city>' facts: attributing the city it answers to the prompt puts "
+            "most of the score on the name.",
+            build=lm.TinyLM,
+            inputs=(InputSpec("ids", "int64", (None, None)),),
+            labels=(),
+            layers=("embed", "blocks.0", "blocks.1"),
+            embedding_layer=lm.EMBEDDING_LAYER,
+            tokenizer=lm.TinyTokenizer,
+            kind="causal_lm",
         ),
     )
 }

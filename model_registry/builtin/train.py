@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from model_registry.builtin import image, tabular, text
+from model_registry.builtin import image, lm, tabular, text
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -118,26 +118,45 @@ def metadata(name: str) -> dict[str, str]:
     return {"attrserve": json.dumps(meta, sort_keys=True)}
 
 
+#: the causal language model is trained on next tokens, not classes (``lm.train``)
+LM_NAME = "tiny-lm"
+
+
+def train_lm() -> tuple[dict[str, torch.Tensor], float, dict[str, str]]:
+    """tiny-lm's state dict, its accuracy on every (filler, name) prompt, and its header."""
+    with deterministic():
+        state = lm.train()
+    model = lm.TinyLM()
+    model.load_state_dict(state)
+    model.eval()
+    meta = {"model": LM_NAME, "vocab": list(lm.VOCAB), "recipe": "model_registry.builtin.lm.train"}
+    return state, lm.accuracy(model), {"attrserve": json.dumps(meta, sort_keys=True)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    every = [*RECIPES, LM_NAME]
     parser.add_argument(
-        "names", nargs="*", metavar="NAME", help=f"any of {list(RECIPES)}; default: all"
+        "names", nargs="*", metavar="NAME", help=f"any of {every}; default: all"
     )
     parser.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output directory")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.names) - set(RECIPES))
+    unknown = sorted(set(args.names) - set(every))
     if unknown:
-        parser.error(f"unknown built-in model(s) {unknown}; choose from {list(RECIPES)}")
+        parser.error(f"unknown built-in model(s) {unknown}; choose from {every}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.names or RECIPES:
+    for name in args.names or every:
         t0 = time.perf_counter()
-        state = train(name)
-        model = RECIPES[name].build()
-        model.load_state_dict(state)
-        model.eval()
-        acc = accuracy(name, model)
+        if name == LM_NAME:
+            state, acc, meta = train_lm()
+        else:
+            state = train(name)
+            model = RECIPES[name].build()
+            model.load_state_dict(state)
+            model.eval()
+            acc, meta = accuracy(name, model), metadata(name)
         path = args.out / f"{name}.safetensors"
-        save_file(state, str(path), metadata=metadata(name))
+        save_file(state, str(path), metadata=meta)
         print(
             f"{name}: accuracy {acc:.4f} on fresh data, {time.perf_counter() - t0:.1f} s, "
             f"{path.stat().st_size / 1024:.0f} KiB -> {path}"

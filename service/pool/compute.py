@@ -106,6 +106,10 @@ def predict(lm: LoadedModel, job: Job) -> Reply:
 def run_job(lm: LoadedModel, job: Job) -> Reply:
     if job.method == PREDICT:
         return predict(lm, job)
+    if job.generation is not None:
+        from service.pool.generation import run_generation
+
+        return run_generation(lm, job)
     t0 = time.perf_counter()
     device = lm.device
     xs, tokens = _inputs(lm, job)

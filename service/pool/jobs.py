@@ -51,6 +51,9 @@ class Job:
     #: a chunk of an attribution job: runs when no synchronous request waits (or when jobs are
     #: owed their share of worker time), never merged, preempted by synchronous work
     background: bool = False
+    #: causal LMs: the prompt, features, baselines, skip_tokens, target text and gen_args of
+    #: an ``attribute_generation`` call (``service.serving.generation``); None otherwise
+    generation: dict[str, Any] | None = None
 
 
 @dataclass
@@ -76,3 +79,5 @@ class Reply:
     compute_ms: float = 0.0
     merged: int = 1
     error: dict[str, Any] | None = None
+    #: causal LMs: input_tokens, output_tokens, seq_attr, token_attr (plain lists)
+    generation: dict[str, Any] | None = None

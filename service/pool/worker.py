@@ -149,6 +149,8 @@ def _warm_up(lm: Any) -> None:
     import methods
 
     spec = lm.spec
+    if spec.kind == "causal_lm":  # prompts, not tensors: nothing lazy to set up
+        return
     xs = tuple(
         torch.zeros(
             [1 if d is None else d for d in (1, *i.shape[1:])],

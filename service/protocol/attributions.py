@@ -88,7 +88,9 @@ RESULT_NUMBERS: dict[str, Any] = {
 INPUTS: dict[str, Any] = {
     "title": "Inputs",
     "description": "One tensor, one tensor per model input (a list in order, or an object "
-    "keyed by input name), or (token models) raw texts.",
+    "keyed by input name), or (token models) raw texts. Causal language models take an object "
+    '{"prompt": "... {} ...", "features": ["slot value", ...], "baselines": [...], '
+    '"skip_tokens": [...]} (features null: every prompt token is a feature).',
     # a list of nested lists is itself nested lists: the model's input count tells them apart
     "oneOf": [TENSOR_LIST, NESTED_NUMBERS, TENSOR_B64, BY_NAME, TEXTS],
 }
@@ -97,7 +99,7 @@ TARGET: dict[str, Any] = {
     "description": "A class index for all examples (3), one per example ([3, 1, 0]), an index "
     'into outputs of more than one dim ({"index": [2, 3]}) or one per example, a label name '
     'or one per example, "predicted" (each example\'s argmax), or null (models with one '
-    "output per example).",
+    "output per example); causal language models: the answer's text, or null to generate it.",
     "oneOf": [
         {"type": "integer"},
         {"type": "string"},
@@ -300,6 +302,19 @@ class AttributionResponse(BaseModel):
         Any, _result("the model's output at the target, per example", *RESULT_OR_NULL)
     ]
     tokens: list[list[str]] | None = Field(default=None, description="raw-text inputs: the tokens")
+    input_tokens: list[str] | None = Field(
+        default=None,
+        description="causal LMs: the prompt's features (its tokens, or the template's slot values)",
+    )
+    output_tokens: list[str] | None = Field(
+        default=None, description="causal LMs: the tokens of the answer attributed"
+    )
+    seq_attr: list[float] | None = Field(
+        default=None, description="causal LMs: one score per feature for the whole answer"
+    )
+    token_attr: list[list[float]] | None = Field(
+        default=None, description="causal LMs: one row of scores per answer token"
+    )
     params: dict[str, Any] = Field(description="every effective parameter")
     renders: list[Render] | None = Field(
         default=None, description="pictures of the attributions, when render was asked for"

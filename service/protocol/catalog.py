@@ -31,6 +31,11 @@ class ModelInfo(BaseModel):
     embedding_layer: str | None = None
     tokenizer: bool = Field(default=False, description="accepts raw text inputs")
     methods: list[str] = Field(description="methods this model can serve")
+    kind: str = Field(
+        default="tensor",
+        description='"tensor" (tensors or texts in, one output) or "causal_lm" (a generative '
+        'language model: inputs {prompt, features, baselines}, target the answer text)',
+    )
 
 
 class ModelList(BaseModel):

@@ -17,6 +17,7 @@ from model_registry.spec import ModelSpec
 from service import codec, routing, support
 from service.errors import (
     DeadlineExceeded,
+    InvalidRequest,
     LimitExceeded,
     RequestCancelled,
     ServiceError,
@@ -26,7 +27,7 @@ from service.pool.jobs import Job, Reply, new_id
 from service.pool.merge import merge_key
 from service.pool.pool import Entry, WorkerPool
 from service.protocol.attributions import AttributionRequest
-from service.serving import pictures
+from service.serving import generation, pictures
 from service.settings import Settings
 from service.targets import resolve_target
 
@@ -314,6 +315,16 @@ async def attribute(
     reply also carries the model's whole output per example (KServe and OIP explain)."""
     budget = budget_ms(settings, deadline_ms, req.deadline_ms)
     deadline = time.time() + budget / 1e3
+    if generation.is_causal_lm(spec):
+        if predictions or req.render is not None:
+            what = "predictions" if predictions else "render"
+            raise InvalidRequest(
+                f"{what} is not available for causal language models",
+                loc=("body",) if predictions else ("body", "render"),
+            )
+        job = generation.build_job(settings, spec, req, deadline, request_id)
+        reply, queue_ms = await run(pool, job, budget, started, disconnected)
+        return generation.response(spec, req, job, reply, queue_ms, started), job, reply
     if offload:
         job = await routing.offload(build_job, settings, spec, req, deadline, request_id)
     else:

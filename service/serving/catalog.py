@@ -31,6 +31,7 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, ready: bool) -> M
         embedding_layer=spec.embedding_layer,
         tokenizer=bool((loaded or {}).get("tokenizer", support.token_model(spec))),
         methods=support.served_methods(spec),
+        kind=spec.kind,
     )
 
 

@@ -1,0 +1,306 @@
+"""``methods.attribute_generation``: which part of the prompt made the model say this?
+
+Captum's ``LLMAttribution`` / ``LLMGradientAttribution`` semantics (CONTRACT section 6.5), on
+the engine's own methods. The answer being explained is the target's log-probability under
+teacher forcing: ``seq_attr`` attributes its sum over the target tokens, ``token_attr`` each
+token's. Perturbation methods see the model as a function of the feature-presence vector
+(ones: the prompt as given) and run unchanged through ``methods.attribute``; what is fast is
+that function (``scorer``). Gradient methods run at the model's token embedding, summed over
+the embedding dim per prompt token (``gradient``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from methods import registry
+from methods.api import attribute
+from methods.errors import InvalidArgumentError, InvalidTypeError
+from methods.generation import gradient
+from methods.generation.errors import (
+    EmptyTargetError,
+    TargetTooLongError,
+    UnsupportedGenerationMethodError,
+)
+from methods.generation.features import Features, TokenFeatures, encode, make_features
+from methods.generation.lm import DEFAULT_GEN_ARGS, LanguageModel, wrap
+from methods.generation.scorer import Scorer
+
+#: perturbation methods whose attributions cover every output value at once (Captum's
+#: per-token methods): the model's output is [total, token 1, ..., token T] per prompt
+PER_OUTPUT = ("feature_ablation", "shapley_value_sampling", "shapley_values")
+#: surrogate fits: one per output value, over the same (seeded) coalitions
+FITTED = ("kernel_shap", "lime")
+PERTURBATION = PER_OUTPUT + FITTED
+#: gradient methods at the embedding layer (saliency, input_x_gradient, integrated_gradients
+#: reach them through their registered token counterparts)
+LAYER_GRADIENT = ("layer_integrated_gradients", "layer_gradient_x_activation")
+METHODS = (*PERTURBATION, *LAYER_GRADIENT, "saliency", "input_x_gradient", "integrated_gradients")
+#: params attribute_generation sets itself
+RESERVED = ("feature_mask", "layer", "target", "baselines", "additional_forward_args")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What ``attribute_generation`` returns (Captum's ``LLMAttributionResult``, plus echoes)."""
+
+    #: one label per feature: the prompt's tokens, or the template's slot values
+    input_tokens: list[str]
+    #: the target's tokens
+    output_tokens: list[str]
+    #: one score per feature for the whole target's log-probability: [n_features]
+    seq_attr: Tensor
+    #: one row per target token: [n_target_tokens, n_features]
+    token_attr: Tensor
+    #: the method that ran (a layer method for saliency / input_x_gradient)
+    method: str
+    #: the target's token ids
+    output_ids: list[int]
+    #: log-probability of each target token after the unperturbed prompt: [n_target_tokens]
+    output_log_probs: Tensor
+    #: every effective parameter
+    params: dict[str, Any] = field(default_factory=dict)
+    #: how the work was done: forwards, prompts evaluated, tokens run and taken from the cache
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def attribute_generation(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    method: str = "feature_ablation",
+    target: str | Tensor | list[int] | None = None,
+    features: list[str] | dict[str, str] | None = None,
+    baselines: Any = None,
+    gen_args: dict[str, Any] | None = None,
+    *,
+    skip_tokens: list[int] | list[str] | None = None,
+    seed: int | None = None,
+    perturbations_per_eval: int | str | None = None,
+    internal_batch_size: int | str | None = None,
+    use_cache: bool = True,
+    **params: Any,
+) -> GenerationResult:
+    """Attribute a causal LM's answer ``target`` (None: generated greedily with ``gen_args``,
+    Captum's defaults: 25 new tokens) to the features of ``prompt``.
+
+    ``features`` None: every prompt token (except ``skip_tokens``) is a feature and
+    ``baselines`` is the token standing for an absent one (an id or a token string; default
+    id 0). Otherwise ``prompt`` is a template with ``{}`` slots (``{name}`` for a dict) and
+    ``features`` their values; ``baselines`` their replacements (default ``""``).
+    ``perturbations_per_eval``: perturbed prompts per model forward (default: the memory
+    budget decides). ``use_cache=False`` runs every prompt whole (same numbers, slower).
+    ``params``: the method's own (``n_samples``, ``n_steps``, ...).
+    """
+    if method not in METHODS:
+        raise UnsupportedGenerationMethodError(
+            f"{method!r} cannot attribute a generated answer; use one of {list(METHODS)}",
+            argument="method",
+        )
+    for name in RESERVED:
+        if name in params:
+            raise InvalidArgumentError(
+                f"{name} is set by attribute_generation from the prompt and its features; "
+                "leave it out",
+                argument=name,
+            )
+    if not isinstance(use_cache, bool):
+        raise InvalidTypeError("use_cache must be a bool", argument="use_cache")
+    lm = wrap(model)
+    feats = make_features(tokenizer, prompt, features, baselines, skip_tokens)
+    target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
+    if method in PERTURBATION:
+        out = _perturbation(
+            lm, feats, target_ids, method, seed, perturbations_per_eval, use_cache, params
+        )
+    else:
+        if not isinstance(feats, TokenFeatures):
+            raise UnsupportedGenerationMethodError(
+                f"{method} differentiates through the token embedding, which needs the prompt's "
+                "tokens as the features; template slots (which may change the prompt's length) "
+                f"take a perturbation method: {list(PERTURBATION)}",
+                argument="method",
+            )
+        out = gradient.run(lm, feats, target_ids, method, seed, internal_batch_size, params)
+    seq, tok, ran, echo, stats, logp = out
+    echo.update({"use_cache": use_cache})
+    if gen_args is not None or target is None:
+        echo["gen_args"] = dict(gen_args or DEFAULT_GEN_ARGS)
+    return GenerationResult(
+        input_tokens=list(feats.labels),
+        output_tokens=_pretty(tokenizer, target_ids.tolist()),
+        seq_attr=seq,
+        token_attr=tok,
+        method=ran,
+        output_ids=[int(i) for i in target_ids.tolist()],
+        output_log_probs=logp,
+        params=echo,
+        stats=stats,
+    )
+
+
+def _target_ids(
+    lm: LanguageModel, tokenizer: Any, feats: Features, target: Any, gen_args: Any
+) -> Tensor:
+    prompt = feats.prompt_ids()
+    limit = lm.max_length
+    if target is None:
+        if gen_args is not None and not isinstance(gen_args, dict):
+            raise InvalidTypeError("gen_args must be a dict or None", argument="gen_args")
+        new = (gen_args or DEFAULT_GEN_ARGS).get(
+            "max_new_tokens", DEFAULT_GEN_ARGS["max_new_tokens"]
+        )
+        if limit is not None and isinstance(new, int) and len(prompt) + new > limit:
+            raise TargetTooLongError(
+                f"the prompt has {len(prompt)} tokens and max_new_tokens is {new}: more than "
+                f"the {limit} positions the model attends to; lower max_new_tokens",
+                argument="gen_args",
+            )
+        ids = torch.tensor([prompt], dtype=torch.long, device=lm.device)
+        with torch.no_grad():
+            out = lm.generate(ids, dict(gen_args or {}), getattr(tokenizer, "eos_token_id", None))
+        out = out.detach().to("cpu", torch.long).reshape(-1)
+        if out.numel() == 0:
+            raise EmptyTargetError("the model generated no tokens", argument="target")
+        return out
+    if gen_args is not None:
+        raise InvalidArgumentError(
+            "gen_args apply only when the target is generated (target=None)", argument="gen_args"
+        )
+    if isinstance(target, str):
+        out = torch.tensor(encode(tokenizer, target, add_special_tokens=False), dtype=torch.long)
+    elif isinstance(target, Tensor) and not target.is_floating_point() and target.dim() <= 1:
+        out = target.detach().to("cpu", torch.long).reshape(-1)
+    elif isinstance(target, (list, tuple)) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in target
+    ):
+        out = torch.tensor(list(target), dtype=torch.long)
+    else:
+        raise InvalidTypeError(
+            "target must be the answer's text, its token ids (a 1-D integer tensor or a list of "
+            f"ints), or None to generate it; got {type(target).__name__}",
+            argument="target",
+        )
+    if out.numel() == 0:
+        raise EmptyTargetError(f"the target {target!r} has no tokens", argument="target")
+    return out
+
+
+def check_length(lm: LanguageModel, prompts: list[tuple[int, ...]], t: int) -> None:
+    """Prompt plus target must fit the model's positions."""
+    limit = lm.max_length
+    if limit is None or not prompts:
+        return
+    longest = max(len(q) for q in prompts)
+    if longest + t > limit:
+        raise TargetTooLongError(
+            f"a prompt of {longest} tokens and a target of {t} tokens need {longest + t} "
+            f"positions; the model attends to {limit}",
+            argument="target",
+        )
+
+
+class _Presence:
+    """The model as a function of feature presence: [B, F] -> [B, 1 + T] log-probabilities
+    (the target's total, then each token's)."""
+
+    def __init__(self, feats: Features, scorer: Scorer, lm: LanguageModel) -> None:
+        self.feats, self.scorer, self.lm = feats, scorer, lm
+
+    def __call__(self, present: Tensor) -> Tensor:
+        prompts = self.feats.ids(present == 1)
+        check_length(self.lm, prompts, self.scorer.t)
+        logp = self.scorer.score(prompts).to(present.device)
+        return torch.cat([logp.sum(1, keepdim=True), logp], dim=1)
+
+
+def _perturbation(
+    lm: LanguageModel,
+    feats: Features,
+    target_ids: Tensor,
+    method: str,
+    seed: int | None,
+    ppe: int | str | None,
+    use_cache: bool,
+    params: dict[str, Any],
+) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int], Tensor]:
+    if (
+        ppe is not None
+        and ppe != "auto"
+        and (isinstance(ppe, bool) or not isinstance(ppe, int) or ppe < 1)
+    ):
+        raise InvalidArgumentError(
+            f"perturbations_per_eval must be a positive int, 'auto' or None, got {ppe!r}",
+            argument="perturbations_per_eval",
+        )
+    n = feats.n
+    absent = feats.ids(torch.zeros(1, n, dtype=torch.bool))[0]
+    scorer = Scorer(
+        lm,
+        target_ids.to(lm.device),
+        references=[feats.prompt_ids(), absent],
+        use_cache=use_cache,
+        max_rows=ppe if isinstance(ppe, int) else None,
+    )
+    f = _Presence(feats, scorer, lm)
+    ones = torch.ones(1, n, dtype=lm.dtype)
+    t = int(target_ids.numel())
+    # Every perturbation of one engine chunk reaches the scorer at once; it decides the forwards.
+    everything = 1 << 20
+    common: dict[str, Any] = {"baselines": 0, "perturbations_per_eval": everything}
+    if method in PER_OUTPUT:
+        res = attribute(f, ones, method, seed=seed, **common, **params)
+        attrs = res.attributions
+        if not isinstance(attrs, Tensor):
+            raise TypeError("unexpected attribution form")  # one input: one tensor
+        rows = attrs.reshape(1 + t, n)
+    else:
+        # The same coalitions for the total and every token: a drawn seed when none is given.
+        s = seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        parts = []
+        for j in range(1 + t):
+            res = attribute(f, ones, method, target=j, seed=s, **common, **params)
+            a = res.attributions
+            if not isinstance(a, Tensor):
+                raise TypeError("unexpected attribution form")
+            parts.append(a.reshape(n))
+        rows = torch.stack(parts)
+    echo = {k: v for k, v in res.params.items() if k != "perturbations_per_eval"}
+    echo["perturbations_per_eval"] = ppe if ppe is not None else "auto"
+    echo["seed"] = seed
+    logp = scorer.score([feats.prompt_ids()])[0].detach().cpu()
+    st = scorer.stats
+    stats = {
+        "forwards": st.forwards,
+        "prompts": st.rows,
+        "max_prompts_per_forward": st.max_rows,
+        "tokens_run": st.tokens,
+        "tokens_from_cache": st.cached_tokens,
+    }
+    return rows[0].detach(), rows[1:].detach(), method, echo, stats, logp
+
+
+def _pretty(tokenizer: Any, ids: list[int]) -> list[str]:
+    """One readable string per target token (BPE's space markers decoded away)."""
+    raw = tokenizer.convert_ids_to_tokens(ids)
+    out = []
+    for i, tok in zip(ids, raw, strict=True):
+        text = tokenizer.decode([i]).strip()
+        out.append(text if text else str(tok))
+    return out
+
+
+def counterpart(method: str) -> tuple[str, dict[str, Any], bool]:
+    """The layer method a gradient method runs as at the embedding: (name, params, post_abs)."""
+    if method in LAYER_GRADIENT:
+        return method, {}, False
+    tc = registry.get(method).token_counterpart
+    if tc is None:  # pragma: no cover - every name in METHODS has one
+        raise UnsupportedGenerationMethodError(
+            f"{method} has no layer counterpart", argument="method"
+        )
+    return tc.method, dict(tc.set_params), tc.post_abs

@@ -1,0 +1,97 @@
+"""Gradient methods on a generated answer: at the token embedding, per target token.
+
+Captum's ``LLMGradientAttribution`` runs the layer method once per target token ``t`` on
+prompt + the first ``t`` target tokens, objective ``log_softmax(last logits)[target_t]``, and
+sums the embedding-layer attributions over the embedding dim. Here one call does every target
+token: the examples are the T target tokens (example ``t`` selects output ``t``), and each
+forward runs prompt + whole target once; causal attention makes output ``t`` depend on the
+prompt and the first ``t`` target tokens only, so the numbers are Captum's to rounding. The
+target tokens' own embedding rows are the same in the inputs and the baselines, so they get
+no attribution and are dropped, as Captum drops them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from methods.api import attribute
+from methods.errors import InvalidArgumentError
+from methods.generation.errors import UnsupportedGenerationMethodError
+from methods.generation.features import TokenFeatures
+from methods.generation.lm import LanguageModel
+
+
+class _TargetLogProbs(nn.Module):
+    """feature presence [B, F] -> log-probability of each target token [B, T]. The caller's
+    model is the submodule ``lm``, so its embedding is the layer ``lm.<path>``."""
+
+    def __init__(self, lm: LanguageModel, feats: TokenFeatures, target: Tensor) -> None:
+        super().__init__()
+        self.lm = lm.module
+        self.adapter, self.feats, self.target = lm, feats, target
+        self.n = len(feats.base)
+
+    def forward(self, present: Tensor) -> Tensor:
+        prompt = self.feats.id_rows(present == 1)
+        target = self.target.to(prompt.device)
+        b, t = int(prompt.shape[0]), int(target.numel())
+        ids = torch.cat([prompt, target.expand(b, t)], dim=1).to(self.adapter.device)
+        logits = self.adapter.logits(ids, keep_from=self.n - 1)[:, :t]
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.gather(-1, target.to(logp.device).expand(b, t).unsqueeze(-1)).squeeze(-1)
+
+
+def run(
+    lm: LanguageModel,
+    feats: TokenFeatures,
+    target_ids: Tensor,
+    method: str,
+    seed: int | None,
+    internal_batch_size: Any,
+    params: dict[str, Any],
+) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int], Tensor]:
+    from methods.generation.api import check_length, counterpart
+
+    if not isinstance(lm.module, nn.Module) or lm.embedding_layer is None:
+        raise UnsupportedGenerationMethodError(
+            f"{method} needs the model's token embedding layer: a Hugging Face causal LM, or "
+            "an nn.Module with forward_cached and an embedding_layer attribute; use a "
+            "perturbation method for other models",
+            argument="method",
+        )
+    ran, extra, post_abs = counterpart(method)
+    given = dict(params)
+    if method == "saliency":
+        post_abs = post_abs and given.pop("abs", True) is not False
+    if "abs" in given:
+        raise InvalidArgumentError(f"{method} takes no parameter 'abs'", argument="abs")
+    check_length(lm, [tuple(feats.base)], int(target_ids.numel()))
+    module = _TargetLogProbs(lm, feats, target_ids)
+    t = int(target_ids.numel())
+    ones = torch.ones(t, feats.n, dtype=torch.long)
+    res = attribute(
+        module,
+        ones,
+        ran,
+        target=list(range(t)),
+        baselines=0,
+        seed=seed,
+        internal_batch_size=internal_batch_size,
+        layer=f"lm.{lm.embedding_layer}",
+        **extra,
+        **given,
+    )
+    a = res.attributions
+    if not isinstance(a, Tensor):
+        raise TypeError("unexpected attribution form")  # the embedding gives one tensor
+    a = a.detach()
+    per_token = (a.abs() if post_abs else a).sum(-1)  # [T, L + T]
+    token_attr = per_token[:, torch.tensor(feats.positions, device=per_token.device)].cpu()
+    with torch.no_grad():
+        logp = module(torch.ones(1, feats.n, dtype=torch.long))[0].detach().cpu()
+    echo = {k: v for k, v in res.params.items()}
+    echo["seed"] = seed
+    return token_attr.sum(0), token_attr, ran, echo, {"forwards": 0}, logp

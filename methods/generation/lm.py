@@ -1,0 +1,266 @@
+"""Causal language models as the generation engine sees them.
+
+Three kinds, told apart by duck typing (``transformers`` is never imported here):
+
+- a Hugging Face causal LM (``config``, ``get_input_embeddings``, ``generate``): its
+  ``past_key_values`` cache holds a prompt prefix, cropped and repeated per batch;
+- an attrserve KV model (``forward_cached(ids, past, keep_from) -> (logits, past)``, e.g. the
+  built-in ``tiny-lm``): its cache is a tuple of per-layer ``(keys, values)`` tensors
+  ``[B, heads, P, head_dim]``, sliced and expanded without copies;
+- any other callable ``ids [B, L] -> logits [B, L, V]`` (or an object with ``.logits``): no
+  cache, every perturbed prompt is run whole (still batched).
+
+Every kind answers ``logits`` (optionally only from position ``keep_from`` on: the rest is
+never needed), ``prefix`` (a cache of a prompt's first tokens, or None), ``logits_after``
+(the logits of continuations of a cached prefix) and ``generate`` (greedy).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from methods.errors import InvalidArgumentError
+from methods.generation.errors import UnsupportedLanguageModelError
+
+#: Captum's ``DEFAULT_GEN_ARGS`` (used when ``target`` is None and no ``gen_args`` are given)
+DEFAULT_GEN_ARGS: dict[str, Any] = {
+    "max_new_tokens": 25,
+    "do_sample": False,
+    "temperature": None,
+    "top_p": None,
+}
+#: the gen_args models without ``generate`` understand (greedy decoding only)
+GREEDY_ARGS = ("max_new_tokens", "do_sample", "temperature", "top_p")
+
+KV = tuple[tuple[Tensor, Tensor], ...]
+
+
+def _logits_of(out: Any) -> Tensor:
+    logits = out.logits if hasattr(out, "logits") else out
+    if not isinstance(logits, Tensor):
+        raise UnsupportedLanguageModelError(
+            f"the model returned {type(out).__name__}; expected logits [B, L, vocab] (a tensor "
+            "or an object with .logits)",
+            argument="model",
+        )
+    # Llama4-style heads return (B, 1, L, V) (as Captum, take the first)
+    return logits[:, 0] if logits.dim() == 4 else logits
+
+
+class LanguageModel:
+    """Base: a plain callable ``ids -> logits``, without a cache."""
+
+    #: the dotted path of the token embedding inside ``module`` (gradient methods attach there)
+    embedding_layer: str | None = None
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    @property
+    def module(self) -> Any:
+        return self.model
+
+    @property
+    def max_length(self) -> int | None:
+        """The most positions the model can attend to (None: unknown)."""
+        return None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        params = list(self.model.parameters()) if isinstance(self.model, nn.Module) else []
+        floats = [p.dtype for p in params if p.is_floating_point()]
+        return floats[0] if floats else torch.get_default_dtype()
+
+    @property
+    def device(self) -> torch.device:
+        params = list(self.model.parameters()) if isinstance(self.model, nn.Module) else []
+        return params[0].device if params else torch.device("cpu")
+
+    @property
+    def caches(self) -> bool:
+        return False
+
+    def logits(self, ids: Tensor, keep_from: int = 0) -> Tensor:
+        return _logits_of(self.model(ids))[:, keep_from:]
+
+    def prefix(self, ids: Tensor) -> Any:
+        """A cache of ``ids`` [1, P] (None: this kind has none)."""
+        return None
+
+    def logits_after(self, cache: Any, p: int, ids: Tensor, keep_from: int = 0) -> Tensor:
+        """Logits of ``ids`` [B, S] continuing the first ``p`` cached tokens."""
+        raise NotImplementedError
+
+    def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
+        """Greedy continuation of ``ids`` [1, P]: the new ids (1-D), stopping after ``eos``."""
+        steps = _greedy_steps(gen_args)
+        out: list[int] = []
+        cur = ids
+        for _ in range(steps):
+            nxt = int(self.logits(cur, keep_from=cur.shape[1] - 1)[0, -1].argmax())
+            out.append(nxt)
+            if eos is not None and nxt == eos:
+                break
+            cur = torch.cat([cur, cur.new_tensor([[nxt]])], dim=1)
+        return torch.tensor(out, dtype=torch.long, device=ids.device)
+
+
+def _greedy_steps(gen_args: dict[str, Any]) -> int:
+    unknown = sorted(set(gen_args) - set(GREEDY_ARGS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"gen_args {unknown} are not understood by this model (it has no .generate); it "
+            f"decodes greedily and takes only {list(GREEDY_ARGS)}",
+            argument="gen_args",
+        )
+    if gen_args.get("do_sample"):
+        raise InvalidArgumentError(
+            "gen_args do_sample=True: this model decodes greedily only", argument="gen_args"
+        )
+    steps = gen_args.get("max_new_tokens", DEFAULT_GEN_ARGS["max_new_tokens"])
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidArgumentError(
+            f"gen_args max_new_tokens must be a positive int, got {steps!r}", argument="gen_args"
+        )
+    return steps
+
+
+class KVLanguageModel(LanguageModel):
+    """attrserve's KV protocol: ``forward_cached(ids, past, keep_from) -> (logits, past)``."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.embedding_layer = getattr(model, "embedding_layer", None)
+
+    @property
+    def max_length(self) -> int | None:
+        n = getattr(self.model, "max_positions", None)
+        return int(n) if isinstance(n, int) else None
+
+    @property
+    def caches(self) -> bool:
+        return True
+
+    def logits(self, ids: Tensor, keep_from: int = 0) -> Tensor:
+        logits, _ = self.model.forward_cached(ids, None, keep_from)
+        return logits
+
+    def prefix(self, ids: Tensor) -> KV:
+        _, past = self.model.forward_cached(ids, None, int(ids.shape[1]) - 1)
+        return tuple(past)
+
+    def logits_after(self, cache: KV, p: int, ids: Tensor, keep_from: int = 0) -> Tensor:
+        b = int(ids.shape[0])
+        past = tuple(
+            (k[:, :, :p].expand(b, -1, -1, -1), v[:, :, :p].expand(b, -1, -1, -1)) for k, v in cache
+        )
+        logits, _ = self.model.forward_cached(ids, past, keep_from)
+        return logits
+
+    def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
+        steps = _greedy_steps(gen_args)
+        max_len = self.max_length
+        out: list[int] = []
+        logits, past = self.model.forward_cached(ids, None, int(ids.shape[1]) - 1)
+        pos = int(ids.shape[1])
+        for _ in range(steps):
+            nxt = int(logits[0, -1].argmax())
+            out.append(nxt)
+            pos += 1
+            if (eos is not None and nxt == eos) or (max_len is not None and pos >= max_len):
+                break
+            logits, past = self.model.forward_cached(ids.new_tensor([[nxt]]), past, 0)
+        return torch.tensor(out, dtype=torch.long, device=ids.device)
+
+
+class HFLanguageModel(LanguageModel):
+    """A Hugging Face causal LM (``*ForCausalLM``): ``past_key_values`` holds the prefix."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        emb = model.get_input_embeddings()
+        self.embedding_layer = next(
+            (name for name, m in model.named_modules() if m is emb and name), None
+        )
+        params = inspect.signature(model.forward).parameters
+        self._keep = "logits_to_keep" in params
+
+    @property
+    def max_length(self) -> int | None:
+        cfg = self.model.config
+        for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+            n = getattr(cfg, name, None)
+            if isinstance(n, int) and n > 0:
+                return n
+        return None
+
+    @property
+    def caches(self) -> bool:
+        return True
+
+    def _kept(self, s: int, keep_from: int) -> dict[str, Any]:
+        # logits_to_keep=k keeps the last k positions; 0 keeps all
+        return {"logits_to_keep": s - keep_from} if self._keep and keep_from > 0 else {}
+
+    def logits(self, ids: Tensor, keep_from: int = 0) -> Tensor:
+        s = int(ids.shape[1])
+        out = self.model(input_ids=ids, use_cache=False, **self._kept(s, keep_from))
+        logits = _logits_of(out)
+        return logits[:, keep_from - s :] if keep_from > 0 else logits
+
+    def prefix(self, ids: Tensor) -> Any:
+        s = int(ids.shape[1])
+        out = self.model(input_ids=ids, use_cache=True, **self._kept(s, s - 1))
+        cache = out.past_key_values
+        if cache is None or not all(
+            callable(getattr(cache, m, None)) for m in ("crop", "batch_repeat_interleave")
+        ):
+            return None  # a cache this engine cannot crop and repeat: prompts run whole
+        return (cache, s)
+
+    def logits_after(self, cache: Any, p: int, ids: Tensor, keep_from: int = 0) -> Tensor:
+        full, length = cache
+        past = copy.deepcopy(full)  # the model appends to the cache it is given
+        if p < length:
+            past.crop(p - length)  # negative: remove that many (transformers 4.x and 5.x)
+        b = int(ids.shape[0])
+        if b > 1:
+            past.batch_repeat_interleave(b)
+        s = int(ids.shape[1])
+        out = self.model(
+            input_ids=ids, past_key_values=past, use_cache=True, **self._kept(s, keep_from)
+        )
+        logits = _logits_of(out)
+        return logits[:, keep_from - s :] if keep_from > 0 else logits
+
+    def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
+        args = gen_args or DEFAULT_GEN_ARGS  # Captum: the defaults replace, not merge
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **args)
+        return out[0, ids.shape[1] :]
+
+
+def wrap(model: Any) -> LanguageModel:
+    """The adapter for ``model`` (see the module docstring)."""
+    if isinstance(model, LanguageModel):
+        return model
+    if callable(getattr(model, "forward_cached", None)):
+        return KVLanguageModel(model)
+    if (
+        hasattr(model, "config")
+        and callable(getattr(model, "get_input_embeddings", None))
+        and callable(getattr(model, "generate", None))
+    ):
+        return HFLanguageModel(model)
+    if callable(model):
+        return LanguageModel(model)
+    raise UnsupportedLanguageModelError(
+        f"model must be a causal language model (a Hugging Face *ForCausalLM, a model with "
+        f"forward_cached, or a callable ids -> logits), got {type(model).__name__}",
+        argument="model",
+    )

@@ -1,0 +1,221 @@
+"""The log-probability of a fixed target after each of many perturbed prompts, fast.
+
+Captum runs one perturbed prompt at a time, one forward per target token. Here:
+
+- every target token of a prompt comes from one teacher-forced forward over prompt + target
+  (causal attention: position ``n - 1 + t`` sees exactly the prompt and the first ``t``
+  target tokens, as token-by-token decoding does);
+- prompts are batched: each row is right-padded after its target, so no row attends to
+  padding (it comes later) and positions stay 0, 1, ... without masks or position ids;
+- the key/value cache of a reference prompt (the unperturbed one, and the one with every
+  feature absent) is computed once per attribution; a perturbed prompt sharing its first
+  ``p`` tokens with a reference runs only its remaining tokens on top of that cache. Rows
+  are grouped into forwards by that shared depth, trading padding and lost sharing against
+  the per-forward overhead;
+- distinct prompts are evaluated once (a memo keyed by token ids), so Shapley sampling's
+  repeated coalitions, and the per-token fits of lime and kernel_shap, cost nothing more.
+
+The result equals one plain forward per prompt to rounding (tests/methods/test_generation.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from methods.cancel import checkpoint
+from methods.engine.batching import memory_budget
+from methods.errors import InvalidArgumentError
+from methods.generation.lm import LanguageModel
+
+#: the fixed cost of one forward (kernel launches, Python, the cache copy) counted in tokens;
+#: grouping prompts into forwards weighs this against padding and lost prefix sharing
+FORWARD_OVERHEAD_TOKENS = 48
+
+Prompt = tuple[int, ...]
+
+
+@dataclass
+class Stats:
+    forwards: int = 0
+    rows: int = 0
+    tokens: int = 0
+    max_rows: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class Scorer:
+    lm: LanguageModel
+    target: Tensor  # 1-D target ids
+    #: prompts whose prefix caches rows may reuse (the unperturbed and all-absent prompts)
+    references: list[Prompt] = field(default_factory=list)
+    use_cache: bool = True
+    #: the most prompts per forward (None: as many as the memory budget allows)
+    max_rows: int | None = None
+    stats: Stats = field(default_factory=Stats)
+    _memo: dict[Prompt, Tensor] = field(default_factory=dict)
+    _caches: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def t(self) -> int:
+        return int(self.target.numel())
+
+    def score(self, prompts: list[Prompt]) -> Tensor:
+        """Per-token log-probabilities of the target after each prompt: [B, T]."""
+        todo = [q for q in dict.fromkeys(prompts) if q not in self._memo]
+        if todo:
+            self._compute(todo)
+        return torch.stack([self._memo[q] for q in prompts])
+
+    # -- planning --------------------------------------------------------------------------
+
+    def _depth(self, q: Prompt) -> tuple[int, int]:
+        """(reference, shared tokens) with the deepest reusable prefix; (-1, 0) for none."""
+        best = (-1, 0)
+        if not self.use_cache or not self.lm.caches:
+            return best
+        for r, ref in enumerate(self.references):
+            p = min(_shared(q, ref), len(q) - 1)  # keep >= 1 token to run
+            if p > best[1]:
+                best = (r, p)
+        return best
+
+    def _token_budget(self) -> int:
+        itemsize = torch.finfo(self.lm.dtype).bits // 8 if self.lm.dtype.is_floating_point else 4
+        vocab, width = _sizes(self.lm)
+        # logits kept for ~T positions per row, plus ~16 activations of the model's width
+        per_token = itemsize * (16 * width + vocab * 2)
+        return max(1, memory_budget() // per_token)
+
+    def _plan(self, todo: list[Prompt]) -> list[tuple[int, int, list[Prompt]]]:
+        """Forwards as (reference, depth, prompts)."""
+        by_ref: dict[int, dict[int, list[Prompt]]] = {}
+        depth: dict[Prompt, int] = {}
+        for q in todo:
+            if not q:
+                raise InvalidArgumentError(
+                    "a perturbed prompt has no tokens at all, so nothing predicts the first "
+                    "target token; use non-empty baselines (or a tokenizer that adds a "
+                    "beginning-of-sequence token)",
+                    argument="baselines",
+                )
+            r, depth[q] = self._depth(q)
+            by_ref.setdefault(r, {}).setdefault(depth[q], []).append(q)
+        budget = self._token_budget()
+        plan: list[tuple[int, int, list[Prompt]]] = []
+        for r, groups in by_ref.items():
+            depths = sorted(groups, reverse=True)
+            rows = [groups[p] for p in depths]
+            for lo, hi in _segments(depths, rows, self.t, budget, self.max_rows):
+                chunk = [q for g in rows[lo:hi] for q in g]
+                cap = self._cap(chunk, depths[hi - 1], budget)
+                for s in range(0, len(chunk), cap):
+                    part = chunk[s : s + cap]
+                    plan.append((r, min(depth[q] for q in part), part))
+        return plan
+
+    def _cap(self, chunk: list[Prompt], p: int, budget: int) -> int:
+        longest = max(len(q) for q in chunk) - p + self.t
+        cap = max(1, budget // max(1, longest))
+        return min(cap, self.max_rows) if self.max_rows is not None else cap
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def _cache(self, r: int) -> Any:
+        if r not in self._caches:
+            ref = self.references[r]
+            ids = torch.tensor([ref], dtype=torch.long, device=self.lm.device)
+            self._caches[r] = self.lm.prefix(ids)
+        return self._caches[r]
+
+    def _compute(self, todo: list[Prompt]) -> None:
+        device, t = self.lm.device, self.t
+        target = self.target.to(device)
+        tail = target.tolist()
+        with torch.no_grad():
+            for r, p, part in self._plan(todo):
+                checkpoint()
+                cache = self._cache(r) if r >= 0 and p > 0 else None
+                if cache is None:
+                    p = 0
+                lengths = [len(q) - p for q in part]  # prompt tokens each row still runs
+                width = max(lengths) + t
+                pad = tail[-1]
+                rows = [
+                    list(q[p:]) + tail + [pad] * (width - n - t)
+                    for q, n in zip(part, lengths, strict=True)
+                ]
+                ids = torch.tensor(rows, dtype=torch.long, device=device)
+                keep = min(lengths) - 1  # the first position whose logits are needed
+                if cache is None:
+                    logits = self.lm.logits(ids, keep_from=keep)
+                else:
+                    logits = self.lm.logits_after(cache, p, ids, keep_from=keep)
+                start = torch.tensor(lengths, device=device) - 1 - keep
+                pos = start[:, None] + torch.arange(t, device=device)[None]
+                picked = logits[torch.arange(len(part), device=device)[:, None], pos]  # [B, T, V]
+                logp = torch.log_softmax(picked, dim=-1)
+                values = logp.gather(-1, target.expand(len(part), t).unsqueeze(-1)).squeeze(-1)
+                for q, v in zip(part, values, strict=True):
+                    self._memo[q] = v
+                s = self.stats
+                s.forwards += 1
+                s.rows += len(part)
+                s.tokens += len(part) * width
+                s.cached_tokens += len(part) * p
+                s.max_rows = max(s.max_rows, len(part))
+
+
+def _shared(a: Prompt, b: Prompt) -> int:
+    """Length of the common prefix of two prompts."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+        min(len(a), len(b)),
+    )
+
+
+def _sizes(lm: LanguageModel) -> tuple[int, int]:
+    """(vocabulary, hidden width) of the model, as far as it tells; generous guesses else."""
+    cfg = getattr(lm.module, "config", None)
+    vocab = getattr(cfg, "vocab_size", None) or getattr(lm.module, "vocab_size", None)
+    width = (
+        getattr(cfg, "hidden_size", None)
+        or getattr(cfg, "n_embd", None)
+        or getattr(lm.module, "width", None)
+    )
+    return int(vocab or 50_000), int(width or 1024)
+
+
+def _segments(
+    depths: list[int], rows: list[list[Prompt]], t: int, budget: int, max_rows: int | None
+) -> list[tuple[int, int]]:
+    """Split groups (sorted by shared depth, deepest first) into consecutive runs, each run
+    evaluated with the shallowest depth in it: least estimated work (tokens run plus
+    ``FORWARD_OVERHEAD_TOKENS`` per forward), by dynamic programming over the groups."""
+    g = len(depths)
+    longest = [max(len(q) for q in grp) for grp in rows]
+    best = [0.0] + [float("inf")] * g
+    cut = [0] * (g + 1)
+    for hi in range(1, g + 1):
+        n_rows, long_ = 0, 0
+        for lo in range(hi - 1, -1, -1):
+            n_rows += len(rows[lo])
+            long_ = max(long_, longest[lo])
+            width = long_ - depths[hi - 1] + t
+            cap = max(1, budget // max(1, width))
+            if max_rows is not None:
+                cap = min(cap, max_rows)
+            forwards = -(-n_rows // cap)
+            cost = best[lo] + forwards * FORWARD_OVERHEAD_TOKENS + n_rows * width
+            if cost < best[hi]:
+                best[hi], cut[hi] = cost, lo
+    out = []
+    hi = g
+    while hi > 0:
+        out.append((cut[hi], hi))
+        hi = cut[hi]
+    return out[::-1]
