@@ -5,8 +5,9 @@ from __future__ import annotations
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
+from methods.engine.quadrature import ApproximationMethod
 from methods.errors import InvalidArgumentError, InvalidTypeError, UnknownParameterError
 
 TENSOR_SCHEMA: dict[str, Any] = {
@@ -108,3 +109,52 @@ def _where(loc: tuple[int | str, ...]) -> str:
     if not loc:
         return "params"
     return ".".join([str(loc[0]), *(str(p) for p in loc[1:] if isinstance(p, int))])
+
+
+# --- Fields several methods share, defined once and composed into their params models.
+# A method that needs another default or wording redefines the one field in its own model.
+
+
+class FeatureMaskParams(MethodParams):
+    feature_mask: TensorParam = Field(
+        None,
+        description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
+        "elements sharing an id (also across inputs) are perturbed together as one feature. "
+        "Default: every scalar is its own feature",
+    )
+
+
+class SurrogateParams(FeatureMaskParams):
+    """Methods that fit a linear model on sampled coalitions (kernel_shap, lime)."""
+
+    n_samples: int = Field(25, gt=0, description="perturbed samples the surrogate is fitted on")
+    return_input_shape: bool = Field(
+        True,
+        description="map coefficients onto the inputs' shape; false returns (N, n_features)",
+    )
+
+
+class MultiplyByInputsParams(MethodParams):
+    multiply_by_inputs: bool = Field(
+        True,
+        description="multiply by the difference between the inputs (for layer methods, the "
+        "layer's values) and the baselines; false returns the global attribution alone",
+    )
+
+
+class QuadratureParams(MethodParams):
+    approximation_method: ApproximationMethod = Field(
+        "gausslegendre", description="quadrature rule along the path"
+    )
+
+
+class PathParams(QuadratureParams):
+    """Methods that integrate gradients along the path from the baselines to the inputs."""
+
+    n_steps: int = Field(50, ge=1, description="integration points along the path")
+
+
+class NoisySamplesParams(MultiplyByInputsParams):
+    """Methods that average gradients over noisy samples between baselines and inputs."""
+
+    n_samples: int = Field(5, ge=1, description="random samples per example")

@@ -14,14 +14,11 @@ from methods.call import Call, Output
 from methods.engine import deeplift as dl
 from methods.engine.baselines import format_baselines
 from methods.engine.path import completeness_delta
-from methods.params import MethodParams, PythonOnly
+from methods.params import MultiplyByInputsParams, PythonOnly
 from methods.registry import TokenCounterpart, register
 
 
-class DeepLiftParams(MethodParams):
-    multiply_by_inputs: bool = Field(
-        True, description="multiply the multipliers by (inputs - baselines)"
-    )
+class DeepLiftParams(MultiplyByInputsParams):
     eps: float = Field(
         1e-10, gt=0, description="below this |input difference| the plain gradient is used"
     )

@@ -24,17 +24,13 @@ from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
 from methods.engine.path import output_change
 from methods.errors import InvalidArgumentError
-from methods.params import MethodParams
+from methods.params import NoisySamplesParams
 from methods.registry import TokenCounterpart, register
 
 
-class GradientShapParams(MethodParams):
-    n_samples: int = Field(5, ge=1, description="random samples per example")
+class GradientShapParams(NoisySamplesParams):
     stdevs: float | tuple[float, ...] = Field(
         0.0, description="standard deviation of the input noise, one or one per input"
-    )
-    multiply_by_inputs: bool = Field(
-        True, description="multiply the gradients by (noisy input - baseline)"
     )
 
 

@@ -22,21 +22,15 @@ from methods.engine.path import (
     output_change,
     path_gradient_sum,
 )
-from methods.engine.quadrature import ApproximationMethod, rule_tensors
+from methods.engine.quadrature import rule_tensors
 from methods.errors import InvalidArgumentError
-from methods.params import MethodParams
+from methods.params import MultiplyByInputsParams, QuadratureParams
 from methods.registry import TokenCounterpart, register
 
 
-class IntegratedGradientsParams(MethodParams):
+class IntegratedGradientsParams(QuadratureParams, MultiplyByInputsParams):
     n_steps: int | Literal["auto"] = Field(
         50, description="integration points, or 'auto' for the fewest meeting delta_tolerance"
-    )
-    approximation_method: ApproximationMethod = Field(
-        "gausslegendre", description="quadrature rule along the path"
-    )
-    multiply_by_inputs: bool = Field(
-        True, description="multiply the integrated gradient by (inputs - baselines)"
     )
     delta_tolerance: float = Field(
         0.01,

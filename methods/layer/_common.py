@@ -7,15 +7,18 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal, get_args
 
+import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
 from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
+from methods.engine.quadrature import rule_tensors
 from methods.errors import InvalidArgumentError
-from methods.params import MethodParams
+from methods.params import MethodParams, NoisySamplesParams, PathParams
 
 #: ``F.interpolate`` modes (align_corners left unset, as Captum's ``LayerAttribution.interpolate``)
 InterpolateMode = Literal[
@@ -57,12 +60,8 @@ def layer_output(attrs: Tensors, **kw: Any) -> Output:
     return Output(tuple(attrs), as_tuple=len(attrs) > 1, **kw)
 
 
-class GradientShapParams(MethodParams):
-    n_samples: int = Field(5, ge=1, description="random samples per example")
+class GradientShapParams(NoisySamplesParams):
     stdevs: float = Field(0.0, ge=0, description="standard deviation of the input noise")
-    multiply_by_inputs: bool = Field(
-        True, description="multiply the gradients by the (noisy input - baseline) difference"
-    )
 
 
 def shap_samples(
@@ -155,3 +154,22 @@ def upsampler(p: MethodParams, inputs: Tensors) -> Callable[[Output], Output] | 
 def _shape(shape: Any) -> str:
     """A shape as messages print it, the batch dim as N: [N, 6, 4, 4]."""
     return "[" + ", ".join(["N", *(str(int(s)) for s in shape[1:])]) + "]"
+
+
+class LayerPathParams(LayerParams, PathParams):
+    """Layer methods that follow the path from the baselines to the inputs at a layer."""
+
+
+def path_at_layer(
+    call: Call, p: LayerPathParams, points: int
+) -> tuple[Tensors, Tensors, torch.Tensor, dict[str, Any]]:
+    """The target's gradients and the layer's values at ``points`` points of the rule
+    (point-major: (points * N, ...)), the rule's weights, and the batching echo."""
+    module = target_layer(call, p)
+    xs = call.inputs
+    bs = format_baselines(call.baselines, xs)
+    alphas, weights = rule_tensors(p.approximation_method, points, xs[0].dtype, xs[0].device)
+    grads, values, echo = layers.layer_path(
+        call, xs, bs, alphas, module, p.layer, p.attribute_to_layer_input
+    )
+    return grads, values, weights, echo

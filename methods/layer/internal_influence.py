@@ -7,21 +7,14 @@ but the gradient is taken with respect to the layer and not multiplied by any di
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from methods.call import Call, Output
-from methods.engine import layers
-from methods.engine.baselines import format_baselines
-from methods.engine.quadrature import ApproximationMethod, rule_tensors
-from methods.layer._common import LayerParams, layer_output, target_layer
+from methods.layer._common import LayerPathParams, layer_output, path_at_layer
 from methods.registry import register
 
 
-class InternalInfluenceParams(LayerParams):
-    n_steps: int = Field(50, ge=1, description="integration points along the path")
-    approximation_method: ApproximationMethod = Field(
-        "gausslegendre", description="quadrature rule along the path"
-    )
+class InternalInfluenceParams(LayerPathParams):
+    pass
 
 
 @register(
@@ -33,13 +26,7 @@ class InternalInfluenceParams(LayerParams):
 )
 def internal_influence(call: Call, p: InternalInfluenceParams) -> Output:
     """Path-integrated gradient of the targeted output with respect to the layer."""
-    module = target_layer(call, p)
-    xs = call.inputs
-    bs = format_baselines(call.baselines, xs)
-    alphas, weights = rule_tensors(p.approximation_method, p.n_steps, xs[0].dtype, xs[0].device)
-    grads, _, echo = layers.layer_path(
-        call, xs, bs, alphas, module, p.layer, p.attribute_to_layer_input
-    )
+    grads, _, weights, echo = path_at_layer(call, p, p.n_steps)
     n, k = call.n, p.n_steps
     attrs = tuple(
         torch.tensordot(weights.to(g.dtype), g.reshape(k, -1), dims=1).reshape(n, *g.shape[1:])

@@ -10,15 +10,14 @@ from __future__ import annotations
 from pydantic import Field
 
 from methods.call import Call, Output
-from methods.engine import layers
 from methods.engine.baselines import format_baselines
 from methods.engine.path import completeness_delta, endpoint_outputs
-from methods.engine.quadrature import ApproximationMethod, rule_tensors
-from methods.layer._common import LayerParams, layer_output, target_layer
+from methods.engine.quadrature import ApproximationMethod
+from methods.layer._common import LayerPathParams, layer_output, path_at_layer
 from methods.registry import register
 
 
-class LayerConductanceParams(LayerParams):
+class LayerConductanceParams(LayerPathParams):
     n_steps: int = Field(50, ge=1, description="steps along the path (n_steps + 1 points)")
     approximation_method: ApproximationMethod = Field(
         "gausslegendre", description="rule whose n_steps + 1 points are used"
@@ -35,14 +34,8 @@ class LayerConductanceParams(LayerParams):
 )
 def layer_conductance(call: Call, p: LayerConductanceParams) -> Output:
     """Conductance of every unit of the layer (sums to f(inputs) - f(baselines) in the limit)."""
-    module = target_layer(call, p)
-    xs = call.inputs
-    bs = format_baselines(call.baselines, xs)
     k = p.n_steps + 1
-    alphas, _ = rule_tensors(p.approximation_method, k, xs[0].dtype, xs[0].device)
-    grads, values, echo = layers.layer_path(
-        call, xs, bs, alphas, module, p.layer, p.attribute_to_layer_input
-    )
+    grads, values, _, echo = path_at_layer(call, p, k)
     n = call.n
     attrs = []
     for g, v in zip(grads, values, strict=True):
@@ -51,6 +44,7 @@ def layer_conductance(call: Call, p: LayerConductanceParams) -> Output:
         attrs.append(((v[1:] - v[:-1]) * g[:-1]).sum(0))
     out = layer_output(tuple(attrs), echo=echo)
     if call.return_delta:
-        fx, fb = endpoint_outputs(call, xs, bs)
+        xs = call.inputs
+        fx, fb = endpoint_outputs(call, xs, format_baselines(call.baselines, xs))
         out.delta, out.outputs = completeness_delta(tuple(attrs), fx, fb), fx
     return out

@@ -11,26 +11,20 @@ models the layer is the embedding: baselines are token ids (e.g. the pad id) and
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from methods.call import Call, Output
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
 from methods.engine.path import completeness_delta, path_gradient_sum
-from methods.engine.quadrature import ApproximationMethod, rule_tensors
-from methods.layer._common import LayerParams, layer_output, target_layer
+from methods.engine.quadrature import rule_tensors
+from methods.layer._common import LayerPathParams, layer_output, target_layer
+from methods.params import MultiplyByInputsParams
 from methods.registry import register
 
 
-class LayerIntegratedGradientsParams(LayerParams):
-    n_steps: int = Field(50, ge=1, description="integration points along the path")
-    approximation_method: ApproximationMethod = Field(
-        "gausslegendre", description="quadrature rule along the path"
-    )
-    multiply_by_inputs: bool = Field(
-        True, description="multiply by (layer(inputs) - layer(baselines))"
-    )
+class LayerIntegratedGradientsParams(LayerPathParams, MultiplyByInputsParams):
+    pass
 
 
 def endpoint_values(

@@ -8,10 +8,14 @@ from typing import Annotated, Any
 from pydantic import Field, WithJsonSchema
 from torch import nn
 
-from methods.call import Call
-from methods.engine import layers
+from methods.call import Call, Output
+from methods.engine import intercept, layers
+from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Forward, Tensors
-from methods.params import MethodParams
+from methods.engine.intercept import Composite
+from methods.engine.path import path_gradient_sum
+from methods.engine.quadrature import rule_tensors
+from methods.params import MethodParams, MultiplyByInputsParams, PathParams
 
 NeuronSelector = Annotated[
     Any,
@@ -64,3 +68,29 @@ def neuron_grad_fn(
         return grads
 
     return fn
+
+
+def ruled_neuron_gradients(call: Call, p: NeuronParams, composite: Composite) -> Output:
+    """The selected neuron's gradient w.r.t. the inputs with ``composite``'s backward rules
+    (neuron guided backprop and neuron deconvolution)."""
+    module, selector = neuron_target(call, p)
+    forward = intercept.ruled(call.forward, composite)
+    grads, _ = layers.neuron_gradients(
+        forward, call.inputs, module, p.layer, p.attribute_to_neuron_input, selector
+    )
+    return Output(grads)
+
+
+class NeuronPathParams(NeuronParams, PathParams, MultiplyByInputsParams):
+    """Neuron methods integrating along the path from the baselines to the inputs."""
+
+
+def neuron_path(call: Call, p: NeuronPathParams, grad_fn: GradFn) -> Output:
+    """sum_k w_k grad_fn(b + a_k (x - b)), times (x - b) unless ``multiply_by_inputs`` is off."""
+    xs = call.inputs
+    bs = format_baselines(call.baselines, xs)
+    alphas, weights = rule_tensors(p.approximation_method, p.n_steps, xs[0].dtype, xs[0].device)
+    grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
+    if p.multiply_by_inputs:
+        grads = tuple((x - b) * g for x, b, g in zip(xs, bs, grads, strict=True))
+    return Output(grads, echo=echo)

@@ -14,21 +14,15 @@ from pydantic import Field
 
 from methods.call import Call, Output
 from methods.engine import layers
-from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
-from methods.engine.path import path_gradient_sum
-from methods.engine.quadrature import ApproximationMethod, rule_tensors
-from methods.neuron._common import NeuronParams, neuron_target
+from methods.engine.quadrature import ApproximationMethod
+from methods.neuron._common import NeuronPathParams, neuron_path, neuron_target
 from methods.registry import register
 
 
-class NeuronConductanceParams(NeuronParams):
-    n_steps: int = Field(50, ge=1, description="integration points along the path")
+class NeuronConductanceParams(NeuronPathParams):
     approximation_method: ApproximationMethod = Field(
         "riemann_trapezoid", description="quadrature rule along the path (Captum's default)"
-    )
-    multiply_by_inputs: bool = Field(
-        True, description="multiply the integrated gradient by (inputs - baselines)"
     )
 
 
@@ -43,8 +37,6 @@ class NeuronConductanceParams(NeuronParams):
 def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
     """Conductance of the selected neuron, attributed to each input element."""
     module, selector = neuron_target(call, p)
-    xs = call.inputs
-    bs = format_baselines(call.baselines, xs)
     to_input = p.attribute_to_neuron_input
 
     def grad_fn(sub: Call, points: Tensors) -> Tensors:
@@ -69,8 +61,4 @@ def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
             for g, x in zip(grads, leaves, strict=True)
         )
 
-    alphas, weights = rule_tensors(p.approximation_method, p.n_steps, xs[0].dtype, xs[0].device)
-    grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
-    if p.multiply_by_inputs:
-        grads = tuple((x - b) * g for x, b, g in zip(xs, bs, grads, strict=True))
-    return Output(grads, echo=echo)
+    return neuron_path(call, p, grad_fn)

@@ -6,35 +6,22 @@ model output; every non-linear call is intercepted, functional or module, reused
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from methods.call import Call, Output
 from methods.engine import deeplift as dl
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
 from methods.engine.inputs import Tensors
 from methods.gradient.deeplift import DeepLiftParams
-from methods.neuron._common import NeuronSelector, neuron_target
+from methods.neuron._common import NeuronParams, neuron_target
 from methods.registry import register
 
 
-class NeuronDeepLiftParams(DeepLiftParams):
-    layer: str = Field(
-        ..., description="dotted path of the module holding the neuron, as in get_submodule"
-    )
-    neuron_selector: NeuronSelector = Field(
-        ...,
-        description="the neuron: an index into the layer's output without the batch dim (an "
-        "int or a list of ints); Python callers may also pass a tuple with slices (summed) or "
-        "a callable layer_output -> one value per example",
-    )
-    attribute_to_neuron_input: bool = Field(
-        False, description="select the neuron from the layer's input instead of its output"
-    )
+class NeuronDeepLiftParams(NeuronParams, DeepLiftParams):
+    pass
 
 
 def neuron_deeplift_rows(call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: Tensors) -> Tensors:
-    module, selector = neuron_target(call, p)  # type: ignore[arg-type]
+    module, selector = neuron_target(call, p)
     with layers.tap(module, p.layer, to_input=p.attribute_to_neuron_input) as t:
         t.reset()
         mults, _, _ = dl.multipliers(

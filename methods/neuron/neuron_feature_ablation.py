@@ -8,25 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from methods.call import Call, Output
 from methods.cost import per_feature_cost
 from methods.engine import layers
 from methods.engine.inputs import Forward
 from methods.engine.targets import NONE
 from methods.neuron._common import NeuronParams, neuron_target
-from methods.params import TensorParam
+from methods.params import FeatureMaskParams
 from methods.perturbation.feature_ablation import FeatureAblationParams, feature_ablation
 from methods.registry import register
 
 
-class NeuronFeatureAblationParams(NeuronParams):
-    feature_mask: TensorParam = Field(
-        None,
-        description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
-        "elements sharing an id are ablated together. Default: every scalar is its own feature",
-    )
+class NeuronFeatureAblationParams(NeuronParams, FeatureMaskParams):
+    pass
 
 
 @register(

@@ -7,8 +7,8 @@ functional, reused or not) passes on relu(gradient w.r.t. the ReLU input).
 from __future__ import annotations
 
 from methods.call import Call, Output
-from methods.engine import intercept, layers
-from methods.neuron._common import NeuronParams, neuron_target
+from methods.engine import intercept
+from methods.neuron._common import NeuronParams, ruled_neuron_gradients
 from methods.registry import register
 
 
@@ -22,9 +22,4 @@ from methods.registry import register
 )
 def neuron_guided_backprop(call: Call, p: NeuronParams) -> Output:
     """Guided Backpropagation gradient of the selected neuron with respect to each input."""
-    module, selector = neuron_target(call, p)
-    forward = intercept.ruled(call.forward, intercept.GUIDED_BACKPROP)
-    grads, _ = layers.neuron_gradients(
-        forward, call.inputs, module, p.layer, p.attribute_to_neuron_input, selector
-    )
-    return Output(grads)
+    return ruled_neuron_gradients(call, p, intercept.GUIDED_BACKPROP)

@@ -6,7 +6,6 @@ Zeiler & Fergus 2014 (occlusion analysis), https://arxiv.org/abs/1311.2901, in C
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from methods.call import Call, Output
 from methods.cost import per_feature_cost
@@ -18,17 +17,12 @@ from methods.engine.perturb import (
     format_feature_mask,
     spread,
 )
-from methods.params import MethodParams, TensorParam
+from methods.params import FeatureMaskParams
 from methods.registry import register
 
 
-class FeatureAblationParams(MethodParams):
-    feature_mask: TensorParam = Field(
-        None,
-        description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
-        "elements sharing an id (also across inputs) are ablated together. Default: every "
-        "scalar is its own feature",
-    )
+class FeatureAblationParams(FeatureMaskParams):
+    pass
 
 
 @register(

@@ -9,7 +9,6 @@ group's values stay together. Needs at least two examples.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from methods.call import Call, Output
@@ -23,20 +22,15 @@ from methods.engine.perturb import (
     spread,
 )
 from methods.errors import InvalidArgumentError
-from methods.params import MethodParams, TensorParam
+from methods.params import FeatureMaskParams
 from methods.registry import register
 
 #: redraws of identity permutations before falling back to a cyclic shift (keeps it finite)
 _REDRAWS = 64
 
 
-class FeaturePermutationParams(MethodParams):
-    feature_mask: TensorParam = Field(
-        None,
-        description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
-        "elements sharing an id (also across inputs) are shuffled together. Default: every "
-        "scalar is its own feature",
-    )
+class FeaturePermutationParams(FeatureMaskParams):
+    pass
 
 
 def _permutations(call: Call, f: int, n: int, device: torch.device) -> Tensor:

@@ -19,25 +19,16 @@ from methods.call import Call, Output
 from methods.engine.coalitions import all_coalitions
 from methods.engine.linear_models import constrained_least_squares
 from methods.engine.surrogate import prepare
-from methods.params import MethodParams, TensorParam
+from methods.params import SurrogateParams
 from methods.registry import register
 
 
-class KernelShapParams(MethodParams):
-    feature_mask: TensorParam = Field(
-        None,
-        description="integer ids of the interpretable features per input (broadcastable, dim 0 "
-        "of 1 or N); default: every scalar",
-    )
+class KernelShapParams(SurrogateParams):
     n_samples: int = Field(
         25,
         gt=0,
         description="coalitions evaluated, counting the all-present and all-absent ones; at "
         "2**M or more every coalition is enumerated (exact Shapley values)",
-    )
-    return_input_shape: bool = Field(
-        True,
-        description="map coefficients onto the inputs' shape; false returns (N, n_features)",
     )
 
 
@@ -75,9 +66,14 @@ def kernel_shap(call: Call, p: KernelShapParams) -> Output:
     else:
         sizes = torch.arange(1, m, dtype=s.dtype)
         probs = (m - 1) / (sizes * (m - sizes))
-        k = torch.multinomial(
-            probs.expand(n_random * b, -1), 1, replacement=True, generator=call.generator
-        ).reshape(n_random, b, 1).to(dev) + 1
+        k = (
+            torch.multinomial(
+                probs.expand(n_random * b, -1), 1, replacement=True, generator=call.generator
+            )
+            .reshape(n_random, b, 1)
+            .to(dev)
+            + 1
+        )
         like = torch.empty(0, device=dev)
         rank = torch.argsort(torch.argsort(call.rand((n_random, b, m), like), dim=2), dim=2)
         keep = rank < k

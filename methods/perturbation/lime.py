@@ -20,21 +20,11 @@ from methods.engine.coalitions import PerRow
 from methods.engine.inputs import Tensors
 from methods.engine.linear_models import lasso, least_squares
 from methods.engine.surrogate import prepare
-from methods.params import MethodParams, TensorParam
+from methods.params import SurrogateParams
 from methods.registry import register
 
 
-class LimeParams(MethodParams):
-    feature_mask: TensorParam = Field(
-        None,
-        description="integer ids of the interpretable features per input (broadcastable, dim 0 "
-        "of 1 or N); default: every scalar",
-    )
-    n_samples: int = Field(25, gt=0, description="perturbed samples the surrogate is fitted on")
-    return_input_shape: bool = Field(
-        True,
-        description="map coefficients onto the inputs' shape; false returns (N, n_features)",
-    )
+class LimeParams(SurrogateParams):
     interpretable_model: Literal["lasso", "ridge", "linear_regression"] = Field(
         "lasso",
         description="the surrogate: weighted least squares with an L1 penalty (lasso), an L2 "
@@ -43,8 +33,8 @@ class LimeParams(MethodParams):
     alpha: float = Field(
         0.01,
         ge=0,
-        description="penalty strength of lasso or ridge (alpha, on the mean squared error, "
-        "as in scikit-learn's convention)",
+        description="penalty strength: lasso minimises sum(w (y - Xc - c0)^2) / (2 sum(w)) + "
+        "alpha |c|_1, ridge sum(w (y - Xc - c0)^2) + alpha |c|^2 (w: sample weights)",
     )
     kernel_width: float = Field(1.0, gt=0, description="width of the exponential kernel")
     distance_mode: Literal["cosine", "euclidean"] = Field(

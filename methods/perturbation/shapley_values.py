@@ -8,7 +8,6 @@ coalitions once and weighting them: phi = A v (``coalitions.exact_shapley_matrix
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from methods.call import Call, Output
 from methods.cost import n_features
@@ -21,16 +20,12 @@ from methods.engine.coalitions import (
 )
 from methods.engine.perturb import echo, format_feature_mask, spread, start
 from methods.errors import InvalidArgumentError
-from methods.params import MethodParams, TensorParam
+from methods.params import FeatureMaskParams
 from methods.registry import register
 
 
-class ShapleyValuesParams(MethodParams):
-    feature_mask: TensorParam = Field(
-        None,
-        description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
-        "elements sharing an id (also across inputs) form one player. Default: every scalar",
-    )
+class ShapleyValuesParams(FeatureMaskParams):
+    pass
 
 
 def working_dtype(out: torch.Tensor) -> torch.dtype:
