@@ -23,6 +23,7 @@ from methods.errors import (
 )
 from methods.export import NotExportableError, export
 from methods.generation import GenerationResult, attribute_generation
+from methods.export import NotExportableError, export
 from methods.registry import MethodInfo
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "MethodInfo",
     "ModelError",
     "NotExportableError",
+    "NotExportableError",
     "Result",
     "TargetError",
     "UnknownMethodError",
@@ -44,6 +46,7 @@ __all__ = [
     "attribute_generation",
     "available",
     "cancel_scope",
+    "export",
     "export",
     "infidelity",
     "memory_budget",
