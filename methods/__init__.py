@@ -23,7 +23,6 @@ from methods.errors import (
 )
 from methods.export import NotExportableError, export
 from methods.generation import GenerationResult, attribute_generation
-from methods.export import NotExportableError, export
 from methods.registry import MethodInfo
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "MethodInfo",
     "ModelError",
     "NotExportableError",
-    "NotExportableError",
     "Result",
     "TargetError",
     "UnknownMethodError",
@@ -46,7 +44,6 @@ __all__ = [
     "attribute_generation",
     "available",
     "cancel_scope",
-    "export",
     "export",
     "infidelity",
     "memory_budget",
