@@ -30,10 +30,11 @@ captum_attr = pytest.importorskip("captum.attr")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-WORDS = (
-    "<unk> <bos> <eos> <pad> the a of in to and is was lives city alice bob carol dave paris "
-    "rome oslo lima my friend old young from near who said that"
-).split()
+WORDS = [
+    "<unk>", "<bos>", "<eos>", "<pad>", "the", "a", "of", "in", "to", "and", "is", "was", "lives",
+    "city", "alice", "bob", "carol", "dave", "paris", "rome", "oslo", "lima", "my", "friend",
+    "old", "young", "from", "near", "who", "said", "that",
+]  # fmt: skip
 
 TEMPLATE = "my friend {} lives in {} near {}"
 VALUES = ["alice", "the city", "bob"]
@@ -244,8 +245,10 @@ def test_scorer_equals_one_plain_forward_per_prompt(which: str, max_rows: int | 
         model, tok = tiny_lm()
         model = copy.deepcopy(model).double()
     base = tok.encode("my friend alice lives in the city")
-    prompts = [tuple(base), tuple(base[:3] + [5] + base[4:]), tuple(base[:5]), tuple(base[:2] + [9, 9, 9] + base[2:]),
-               tuple(base[:1] + base[2:]), tuple(base)]  # fmt: skip
+    prompts = [
+        tuple(base), (*base[:3], 5, *base[4:]), tuple(base[:5]), (*base[:2], 9, 9, 9, *base[2:]),
+        (*base[:1], *base[2:]), tuple(base),
+    ]  # fmt: skip
     target = [4, 6, 7]
     scorer = Scorer(wrap(model), torch.tensor(target), references=[tuple(base)], max_rows=max_rows)
     got = scorer.score(prompts)
@@ -274,10 +277,10 @@ def test_tiny_lm_puts_the_city_on_the_name(method: str) -> None:
     model = model.float()
     for i in (1, 2, 6):  # (alice's paris is also the guess without a name: a weak case)
         name, city = tiny.NAMES[i], tiny.CITIES[tiny.FACTS[i]]
+        extra: dict[str, Any] = {"n_samples": 4} if method == "kernel_shap" else {}
         res = methods.attribute_generation(
-            model, tok, "{} {} lives in", method, features=["my old friend", name],
-            **({"n_samples": 4} if method == "kernel_shap" else {}),
-        )  # fmt: skip
+            model, tok, "{} {} lives in", method, features=["my old friend", name], **extra
+        )
         assert res.output_tokens[0] == city
         assert int(res.seq_attr.argmax()) == 1
         assert res.token_attr[0, 1] > 5 * abs(float(res.token_attr[0, 0]))
@@ -319,7 +322,7 @@ def test_bad_input_is_a_typed_error(kw: dict[str, Any], error: type, argument: s
     with pytest.raises(error) as info:
         methods.attribute_generation(gpt2(), gpt2_tokenizer(), **args)
     if argument is not None:
-        assert info.value.argument == argument
+        assert getattr(info.value, "argument", None) == argument
 
 
 def test_the_callers_model_is_left_as_it_was() -> None:
