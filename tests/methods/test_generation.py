@@ -115,7 +115,7 @@ def captum(cls: Any, inp: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor | 
         raw.append(inner(*a, **k))
         return raw[-1]
 
-    llm.attr_method.attribute = spy  # type: ignore[method-assign]
+    llm.attr_method.attribute = spy
     res = llm.attribute(inp, target=TARGET, use_cached_outputs=False, **kw)
     rows = raw[0].reshape(-1, inp.n_itp_features)
     return rows[0], (rows[1:] if rows.shape[0] > 1 else None), res

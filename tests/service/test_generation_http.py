@@ -1,0 +1,169 @@
+"""Causal language models over HTTP: tiny-lm (built-in) and a Hugging Face directory (hf:),
+through POST /v1/models/{id}/attributions; the engine's numbers, the ground truth, typed 422s."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import methods
+import model_registry
+from model_registry.builtin import lm as tiny
+from tests.methods.test_generation import gpt2, gpt2_tokenizer
+from tests.service.conftest import REPO, Server, free_port, stop_server
+
+MODELS = """
+[[models]]
+id = "tiny-lm"
+source = "builtin:tiny-lm"
+
+[[models]]
+id = "gpt2-dir"
+source = "hf:gpt2-dir"
+dtype = "float64"
+"""
+
+
+@pytest.fixture(scope="module")
+def lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("lm")
+    gpt2().save_pretrained(tmp / "gpt2-dir")
+    gpt2_tokenizer().save_pretrained(tmp / "gpt2-dir")
+    (tmp / "models.toml").write_text(MODELS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env |= {"ATTRSERVE_DATA_DIR": str(tmp / "data"), "ATTRSERVE_MAX_TARGET_TOKENS": "6"}
+    port = free_port()
+    log = tmp / "server.log"
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port",
+           str(port), "--models", str(tmp / "models.toml")]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        server.wait_ready()
+    except Exception:
+        proc.kill()
+        raise
+    yield server
+    stop_server(server)
+
+
+def post(server: Server, model: str, body: dict[str, Any]) -> Any:
+    with server.client() as c:
+        return c.post(f"/v1/models/{model}/attributions", json=body)
+
+
+def test_model_info_describes_a_causal_lm(lm_server: Server) -> None:
+    with lm_server.client() as c:
+        info = c.get("/v1/models/tiny-lm").json()
+    assert info["kind"] == "causal_lm"
+    assert "feature_ablation" in info["methods"] and "layer_integrated_gradients" in info["methods"]
+    assert "occlusion" not in info["methods"]
+
+
+def test_tiny_lm_ground_truth_over_http(lm_server: Server) -> None:
+    r = post(lm_server, "tiny-lm", {
+        "method": "shapley_values",
+        "inputs": {"prompt": "{} {} lives in", "features": ["my old friend", "grace"]},
+        "target": None, "params": {"gen_args": {"max_new_tokens": 2}},
+    })  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["input_tokens"] == ["my old friend", "grace"]
+    assert body["output_tokens"][0] == tiny.CITIES[tiny.FACTS[tiny.NAMES.index("grace")]]
+    assert body["seq_attr"][1] > 5 * abs(body["seq_attr"][0])
+    assert len(body["token_attr"]) == len(body["output_tokens"])
+    assert body["attributions"] == [pytest.approx(body["seq_attr"], rel=1e-6)]
+
+
+def test_http_equals_the_engine_on_a_hugging_face_directory(lm_server: Server) -> None:
+    body = {
+        "method": "feature_ablation",
+        "inputs": {"prompt": "my friend {} lives in {}", "features": ["alice", "the city"],
+                   "baselines": ["bob", ""]},
+        "target": "paris rome",
+    }  # fmt: skip
+    r = post(lm_server, "gpt2-dir", body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    want = methods.attribute_generation(
+        gpt2(), gpt2_tokenizer(), "my friend {} lives in {}", features=["alice", "the city"],
+        baselines=["bob", ""], target="paris rome",
+    )  # fmt: skip
+    torch.testing.assert_close(torch.tensor(got["seq_attr"], dtype=torch.float64), want.seq_attr)
+    torch.testing.assert_close(
+        torch.tensor(got["token_attr"], dtype=torch.float64), want.token_attr
+    )
+    assert got["output_tokens"] == ["paris", "rome"]
+
+
+def test_gradient_method_on_tokens_over_http(lm_server: Server) -> None:
+    r = post(lm_server, "tiny-lm", {
+        "method": "saliency",
+        "inputs": {"prompt": "my old friend grace lives in", "skip_tokens": ["<bos>"]},
+        "target": "cairo",
+    })  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["method"] == "layer_gradient_x_activation"
+    assert body["requested_method"] == "saliency"
+    assert len(body["seq_attr"]) == 6 and min(body["seq_attr"]) >= 0
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"inputs": {"prompt": ""}}, ["body", "inputs", "prompt"]),
+        ({"inputs": {"prompt": "{} lives in {}", "features": ["alice"]}},
+         ["body", "inputs", "features"]),
+        ({"inputs": {"prompt": "{} lives in", "features": ["alice"], "baselines": ["a", "b"]}},
+         ["body", "inputs", "baselines"]),
+        ({"target": "paris rome oslo lima paris rome oslo"}, ["body", "target"]),
+        ({"inputs": {"prompt": "alice lives in", "colour": 1}}, ["body", "inputs", "colour"]),
+        ({"inputs": [[1, 2, 3]]}, ["body", "inputs"]),
+        ({"method": "occlusion"}, ["body", "method"]),
+        ({"inputs": {"prompt": "{} lives in", "features": ["alice"]}, "method": "saliency"},
+         ["body", "method"]),
+        ({"baselines": 0}, ["body", "baselines"]),
+        ({"params": {"gen_args": {"max_new_tokens": 3}}}, ["body", "params", "gen_args"]),
+        ({"params": {"n_samples": 4}}, ["body", "params", "n_samples"]),
+        ({"method": "shapley_values", "inputs": {"prompt": " ".join(["{}"] * 30),
+          "features": ["alice"] * 30}}, ["body"]),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_typed_422s(
+    lm_server: Server, body: dict[str, Any], loc: list[Any]
+) -> None:
+    full = {"method": "feature_ablation", "inputs": {"prompt": "alice lives in"}, "target": "rome"}
+    r = post(lm_server, "tiny-lm", {**full, **body})
+    assert r.status_code == 422, r.text
+    problem = r.json()
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert problem["errors"][0]["loc"] == loc, problem
+
+
+def test_tensor_routes_refuse_a_causal_lm(lm_server: Server) -> None:
+    with lm_server.client() as c:
+        r = c.post("/v1/models/tiny-lm:predict", json={"instances": [[1, 2, 3]]})
+    assert r.status_code == 422, r.text
+
+
+def test_hf_directory_loads_with_the_engine(tmp_path: Path) -> None:
+    gpt2().save_pretrained(tmp_path / "m")
+    gpt2_tokenizer().save_pretrained(tmp_path / "m")
+    (tmp_path / "models.toml").write_text('[[models]]\nid = "m"\nsource = "hf:m"\n')
+    (spec,) = model_registry.load_specs(tmp_path / "models.toml")
+    assert spec.kind == "causal_lm"
+    loaded = model_registry.load(spec)
+    res = methods.attribute_generation(
+        loaded.model, loaded.extra["lm_tokenizer"], "alice lives in", target="paris"
+    )
+    assert res.seq_attr.shape == (4,)
