@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -89,7 +90,11 @@ def attribute(
         generator=generator,
         return_delta=bool(return_convergence_delta),
     )
-    with model_guard(model), layers.recording() as nested:
+    layered = isinstance(p, LayerParams)  # only layer methods re-nest their values
+    recording: AbstractContextManager[dict[Any, Any]] = (
+        layers.recording() if layered else nullcontext({})
+    )
+    with model_guard(model), recording as nested:
         if noise_tunnel is not None:
             from methods.noise_tunnel import run_noise_tunnel
 

@@ -13,16 +13,14 @@ def gradients(forward: Forward, xs: Tensors, target: Target) -> tuple[Tensors, T
     """d(sum of targeted outputs)/d(inputs), and the targeted outputs (detached).
 
     Summing is exact for models whose rows are independent, and equals Captum's
-    ``autograd.grad(torch.unbind(selected))`` in every case. The backward starts from the
-    selection's cotangent rather than from a sum over a selection (fewer graph nodes).
+    ``autograd.grad(torch.unbind(selected))`` in every case.
     """
     with torch.enable_grad():
         leaves = tuple(x.detach().requires_grad_(True) for x in xs)
-        out = forward(leaves)
-        selected = target.select(out.detach())  # checks the target against the output
+        selected = target.select(forward(leaves))  # checks the target against the output
         grads = (
-            torch.autograd.grad(out, leaves, target.cotangent(out), allow_unused=True)
-            if out.requires_grad
+            torch.autograd.grad(selected, leaves, torch.ones_like(selected), allow_unused=True)
+            if selected.requires_grad
             else (None,) * len(leaves)
         )
     return (

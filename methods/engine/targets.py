@@ -72,20 +72,6 @@ class Target:
             return out[(slice(None), *self.index)]
         return out[self._row_index(out)]
 
-    def cotangent(self, out: Tensor) -> Tensor:
-        """The gradient of ``select(out).sum()`` with respect to ``out``: one where the target
-        picks, zero elsewhere. Seeding the backward with it (instead of differentiating
-        through the selection and the sum) saves two graph nodes per backward; the numbers
-        are the same, as the selection's backward produces exactly this tensor."""
-        if self.kind == "none":
-            return torch.ones_like(out)
-        cot = torch.zeros_like(out)
-        if self.kind == "index":
-            self.select_rows(cot).fill_(1)  # a view of cot at the target
-        else:
-            cot[self._row_index(out)] = 1
-        return cot
-
     def _row_index(self, out: Tensor) -> tuple[Tensor, ...]:
         """Advanced index of each row's target in ``out`` (per-example kinds), checked."""
         rows = self._rows()
@@ -126,7 +112,9 @@ class Target:
                 "example (an output of shape (N,) or (N, 1))",
                 argument="target",
             )
-        if sel[0].numel() != 1:
+        if sel.dim() == 1:
+            return sel
+        if sel.numel() != sel.shape[0]:
             hint = (
                 "pass a target (an int, one per example, or an index tuple)"
                 if self.kind == "none"
