@@ -316,15 +316,20 @@ async def attribute(
     budget = budget_ms(settings, deadline_ms, req.deadline_ms)
     deadline = time.time() + budget / 1e3
     if generation.is_causal_lm(spec):
-        if predictions or req.render is not None:
-            what = "predictions" if predictions else "render"
-            raise InvalidRequest(
-                f"{what} is not available for causal language models",
-                loc=("body",) if predictions else ("body", "render"),
-            )
+        if predictions:
+            raise InvalidRequest("predictions are not available for causal language models")
         job = generation.build_job(settings, spec, req, deadline, request_id)
+        if req.render is not None:
+            pictures.examples(req.render, 1)
         reply, queue_ms = await run(pool, job, budget, started, disconnected)
-        return generation.response(spec, req, job, reply, queue_ms, started), job, reply
+        body = generation.response(spec, req, job, reply, queue_ms, started)
+        if req.render is not None:  # the prompt's features highlighted by seq_attr
+            drawn = generation.for_render(reply)
+            title = f"{spec.id} · {body['method']}"
+            body["renders"] = await asyncio.to_thread(
+                pictures.draw, req.render, spec, job, drawn, title
+            )
+        return body, job, reply
     if offload:
         job = await routing.offload(build_job, settings, spec, req, deadline, request_id)
     else:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from methods import registry
 from methods.generation.api import METHODS, PERTURBATION
 from methods.params import MethodParams
@@ -271,6 +273,18 @@ def check_counts(
             "shorter prompt or target",
             loc=("body",),
         )
+
+
+def for_render(reply: Reply) -> Reply:
+    """The reply as the picture code draws texts: the features as tokens, seq_attr as scores,
+    the answer as the target."""
+    g = reply.generation or {}
+    return Reply(
+        job_id=reply.job_id,
+        attributions=[np.asarray([g.get("seq_attr", [])], dtype=np.float64)],
+        tokens=[list(g.get("input_tokens") or [])],
+        target=[repr(g.get("target_text", ""))],
+    )
 
 
 def response(

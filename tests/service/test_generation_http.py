@@ -3,6 +3,7 @@ through POST /v1/models/{id}/attributions; the engine's numbers, the ground trut
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -167,3 +168,23 @@ def test_hf_directory_loads_with_the_engine(tmp_path: Path) -> None:
         loaded.model, loaded.extra["lm_tokenizer"], "alice lives in", target="paris"
     )
     assert res.seq_attr.shape == (4,)
+
+
+def test_render_highlights_the_prompt_features(lm_server: Server) -> None:
+    body = {
+        "method": "feature_ablation",
+        "inputs": {"prompt": "{} {} lives in", "features": ["my old friend", "grace"]},
+        "target": "cairo",
+        "render": {"format": "html", "sign": "all"},
+    }
+    r = post(lm_server, "tiny-lm", body)
+    assert r.status_code == 200, r.text
+    (pic,) = r.json()["renders"]
+    assert pic["media_type"] == "text/html"
+    html = base64.b64decode(pic["b64"]).decode()
+    assert "grace" in html and "my old friend" in html
+    with lm_server.client() as c:
+        png = c.post(
+            "/v1/models/tiny-lm/attributions", json=body, headers={"accept": "image/png"}
+        )
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
