@@ -184,7 +184,5 @@ def test_render_highlights_the_prompt_features(lm_server: Server) -> None:
     html = base64.b64decode(pic["b64"]).decode()
     assert "grace" in html and "my old friend" in html
     with lm_server.client() as c:
-        png = c.post(
-            "/v1/models/tiny-lm/attributions", json=body, headers={"accept": "image/png"}
-        )
+        png = c.post("/v1/models/tiny-lm/attributions", json=body, headers={"accept": "image/png"})
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
