@@ -83,7 +83,7 @@ def attribute(
         model=model,
         forward=forward,
         inputs=xs,
-        target=make_target(target, int(xs[0].shape[0])),
+        target=make_target(target, xs[0].shape[0]),
         baselines=baselines,
         internal_batch_size=check_batch_size(internal_batch_size, "internal_batch_size"),
         perturbations_per_eval=check_batch_size(perturbations_per_eval, "perturbations_per_eval"),

@@ -32,7 +32,7 @@ class Call:
 
     @property
     def n(self) -> int:
-        return int(self.inputs[0].shape[0])
+        return self.inputs[0].shape[0]  # a SymInt when traced (methods.export)
 
     def shape_key(self, *extra: Hashable) -> tuple[Hashable, ...]:
         """What a row's memory cost depends on: method, per-example shapes, dtypes, args."""
@@ -53,14 +53,17 @@ class Call:
             return self  # nothing per-row to tile (the common case): no copy
         return self.replace(forward=forward, target=target)
 
+    # torch.randn/rand/randint's own numbers (they fill an empty tensor the same way); unlike
+    # them, the in-place fills take a symbolic size when traced (methods.export)
     def randn(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        return torch.randn(shape, generator=self.generator, dtype=like.dtype, device=like.device)
+        return like.new_empty(shape).normal_(generator=self.generator)
 
     def rand(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        return torch.rand(shape, generator=self.generator, dtype=like.dtype, device=like.device)
+        return like.new_empty(shape).uniform_(generator=self.generator)
 
     def randint(self, high: int, shape: tuple[int, ...], device: torch.device) -> Tensor:
-        return torch.randint(high, shape, generator=self.generator, device=device)
+        out = torch.empty(shape, dtype=torch.long, device=device)
+        return out.random_(high, generator=self.generator)
 
 
 @dataclass

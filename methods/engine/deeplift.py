@@ -33,9 +33,16 @@ def _halves_ok(x: Tensor) -> bool:
     return x.dim() >= 1 and x.shape[0] % 2 == 0
 
 
+def _halves(t: Tensor) -> tuple[Tensor, Tensor]:
+    """The input and baseline halves of a doubled batch (slices keep a symbolic batch size
+    symbolic when traced by ``methods.export``; ``chunk(2)`` leaves a guard it cannot prove)."""
+    n = t.shape[0] // 2
+    return t[:n], t[n:]
+
+
 def _diffs(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    xi, xr = x.chunk(2)
-    yi, yr = y.chunk(2)
+    xi, xr = _halves(x)
+    yi, yr = _halves(y)
     dx, dy = xi - xr, yi - yr
     return torch.cat([dx, dx]), torch.cat([dy, dy])
 
@@ -69,8 +76,8 @@ def softmax_rule(eps: float) -> intercept.Rule:
         dim = _softmax_dim(x, site)
         if not _halves_ok(x) or dim is None:
             return site.vjp(g)  # a softmax over the batch mixes inputs and baselines itself
-        xi, xr = x.to(y.dtype).chunk(2)
-        yi, yr = y.chunk(2)
+        xi, xr = _halves(x.to(y.dtype))
+        yi, yr = _halves(y)
         top = torch.maximum(xi.amax(dim, keepdim=True), xr.amax(dim, keepdim=True))
         ei, er = (xi - top).exp(), (xr - top).exp()
         si, sr = ei.sum(dim, keepdim=True), er.sum(dim, keepdim=True)
@@ -116,13 +123,13 @@ def max_rule(eps: float) -> intercept.Rule:
         plain = site.vjp(g)
         if not _halves_ok(x):
             return plain
-        xi, xr = x.chunk(2)
-        yi, yr = y.chunk(2)
+        xi, xr = _halves(x)
+        yi, yr = _halves(y)
         dx = torch.cat([xi - xr, xi - xr])
         ymax = torch.max(yi, yr)
         dy = torch.cat([ymax - yr, yi - ymax])
         _, indices = site.func(x, *_pool_params(site.args, site.kwargs), return_indices=True)
-        a, b = _scatter_unpool(g * dy, indices, x.shape, site.op.dims).chunk(2)
+        a, b = _halves(_scatter_unpool(g * dy, indices, x.shape, site.op.dims))
         summed = a + b
         return torch.where(dx.abs() < eps, plain, torch.cat([summed, summed]) / dx)
 

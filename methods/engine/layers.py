@@ -264,7 +264,7 @@ def tap(
 def run(forward: Forward, xs: Tensors, t: Tap) -> Tensor | None:
     """Run ``forward`` with ``t`` active; the output, or None when the tap stopped it early."""
     t.reset()
-    t.rows = int(xs[0].shape[0]) if xs and xs[0].dim() else None
+    t.rows = xs[0].shape[0] if xs and xs[0].dim() else None
     try:
         out = forward(xs)
     except _Stop:

@@ -87,8 +87,9 @@ _AVG = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "d
 _WEIGHT = ((1, "weight"), (2, "bias"))
 
 OPS: tuple[Op, ...] = (
-    _elementwise("relu", F.relu, torch.relu, Tensor.relu, inplace=(torch.relu_, Tensor.relu_), modules=(nn.ReLU,), methods=("relu",), derivative=_d_relu,
-                 deeplift="rescale", lrp="pass"),
+    _elementwise("relu", F.relu, torch.relu, Tensor.relu, inplace=(torch.relu_, Tensor.relu_),
+                 modules=(nn.ReLU,), methods=("relu",), derivative=_d_relu, deeplift="rescale",
+                 lrp="pass"),
     _elementwise("elu", F.elu, inplace=(F.elu_,), modules=(nn.ELU,), deeplift="rescale",
                  lrp="pass"),
     _elementwise("leaky_relu", F.leaky_relu, inplace=(F.leaky_relu_,),

@@ -169,7 +169,8 @@ _FRESH = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, Refuse())
-    sys.path = [p for p in sys.path if p and "{root}" not in p]
+    # the project's root goes (its virtualenv may live inside it: that stays)
+    sys.path = [p for p in sys.path if p and Path(p).resolve() != Path("{root}")]
     import torch
 
     folder = Path(sys.argv[1])
