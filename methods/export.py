@@ -20,6 +20,11 @@ makes the class an input instead: the program's last argument is an int64 tensor
 one class per example, for a model with outputs ``(N, C)`` (the per-example list form of
 ``methods.attribute``); out-of-range classes fail at run time.
 
+Saving: ``save(program, path)`` (``from methods.export import save, load``) writes the program with ``torch.export.save``
+and a description of the step it computes (method, effective params, target mode, input specs)
+as the archive's extra file ``attrserve.json``; ``load(path)`` reads both back, and the
+service serves such a file as ``source = "attribution-export:PATH"``.
+
 Randomness (``gradient_shap``): the program draws from torch's default generator at every call,
 as a model with dropout would; ``torch.manual_seed(s)`` before the call gives exactly
 ``methods.attribute(..., seed=s)``'s numbers on the CPU. A seed cannot be baked into the graph.
@@ -27,7 +32,11 @@ as a model with dropout would; ``torch.manual_seed(s)`` before the call gives ex
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
+import weakref
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,7 +50,16 @@ from methods.engine import quadrature
 from methods.engine.inputs import format_inputs
 from methods.errors import AttributionError, InvalidArgumentError, ModelError
 
-__all__ = ["EXPORTABLE", "NotExportableError", "export"]
+__all__ = [
+    "DESCRIPTION_FILE",
+    "EXPORTABLE",
+    "NotExportableError",
+    "description",
+    "export",
+    "load",
+    "read_description",
+    "save",
+]
 
 #: the methods whose whole computation is a fixed graph of tensor ops over the batch
 EXPORTABLE: frozenset[str] = frozenset(
@@ -78,6 +96,14 @@ _WHY_NOT: dict[str, str] = {
 
 #: the per-call class input (``target="input"``)
 TARGET_INPUT = "input"
+#: the extra file of a saved program that describes its step (``save``, ``load``)
+DESCRIPTION_FILE = "attrserve.json"
+#: the description's format (bumped when a key changes meaning)
+DESCRIPTION_FORMAT = 1
+#: arguments of ``methods.attribute`` that are not the method's own params
+_CALL_ARGUMENTS = ("baselines", "additional_forward_args")
+#: what ``export`` knows of each program it returned, for ``save``
+_DESCRIPTIONS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class NotExportableError(InvalidArgumentError):
@@ -126,6 +152,7 @@ def export(
         torch.manual_seed(0)
         got = program.module()(*args)
     _check_equal(got, expected, method)
+    _DESCRIPTIONS[program] = _describe(model, method, target, params, xs, step.n_classes)
     return program
 
 
@@ -361,3 +388,141 @@ def _check_equal(got: Any, expected: Any, method: str) -> None:
                 "(branches on tensors, host-side randomness), which a graph cannot hold",
                 argument="model",
             )
+
+
+# -- saving with a description ------------------------------------------------------------
+
+
+def _json_value(value: Any) -> Any:
+    """A param as JSON: tensors by their dtype and shape (the values stay in the graph)."""
+    if isinstance(value, Tensor):
+        if value.numel() == 1:
+            return value.item()
+        return {"tensor": {"dtype": str(value.dtype).removeprefix("torch."),
+                           "shape": list(value.shape)}}  # fmt: skip
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return {"python": type(value).__name__}
+
+
+def _describe(
+    model: Any,
+    method: str,
+    target: Any,
+    params: dict[str, Any],
+    xs: tuple[Tensor, ...],
+    n_classes: int,
+) -> dict[str, Any]:
+    """What a server needs to know of a program: the step it computes and what it takes."""
+    spec = registry.get(method)
+    own = {k: v for k, v in params.items() if k not in _CALL_ARGUMENTS}
+    from methods.params import parse_params
+
+    effective = parse_params(spec.params, method, dict(own))
+    extra = params.get("additional_forward_args")
+    extra = () if extra is None else extra if isinstance(extra, tuple) else (extra,)
+    output: list[int] | None = None
+    try:
+        with torch.no_grad():
+            out = model(*xs, *extra)
+        if isinstance(out, Tensor):
+            output = [int(d) for d in out.shape[1:]]
+    except Exception:  # the program is already checked; the output shape is a courtesy
+        output = None
+    if isinstance(target, Tensor):
+        target = target.item()
+    return {
+        "format": DESCRIPTION_FORMAT,
+        "method": method,
+        "params": _json_value(effective.model_dump()),
+        "given_params": sorted(own),
+        "target": TARGET_INPUT if n_classes else _json_value(target),
+        "n_classes": n_classes or None,
+        "baselines": _json_value(params.get("baselines")),
+        "additional_forward_args": extra != (),
+        "inputs": [
+            {"dtype": str(x.dtype).removeprefix("torch."), "shape": [None, *x.shape[1:]]}
+            for x in xs
+        ],
+        "output_shape": output,
+        "torch": torch.__version__,
+    }
+
+
+def description(program: Any) -> dict[str, Any] | None:
+    """The description ``export`` (or ``load``) recorded for ``program``; None if neither did."""
+    try:
+        return _DESCRIPTIONS.get(program)
+    except TypeError:  # not weak-referenceable: not ours
+        return None
+
+
+def save(
+    program: torch.export.ExportedProgram,
+    path: str | os.PathLike[str],
+    /,
+    describe: dict[str, Any] | None = None,
+) -> None:
+    """``torch.export.save(program, path)`` with the step's description as the extra file
+    ``attrserve.json`` (what a server reads to know the method, params and target mode).
+
+    ``describe`` overrides the description ``export`` recorded; a program that ``export`` did
+    not make needs one (at least ``{"method": ...}``)."""
+    desc = describe if describe is not None else description(program)
+    if desc is None or not isinstance(desc.get("method"), str):
+        raise InvalidArgumentError(
+            "this program was not made by methods.export (or loaded with methods.export.load), "
+            'so its step is unknown: pass describe={"method": ..., "params": {...}, "target": '
+            "...}",
+            argument="program",
+        )
+    text = json.dumps(desc, sort_keys=True)
+    torch.export.save(program, path, extra_files={DESCRIPTION_FILE: text})
+
+
+def _parse(text: str, where: str) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        desc = json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgumentError(
+            f"{where}: {DESCRIPTION_FILE} is not valid JSON: {exc}", argument="path"
+        ) from None
+    if not isinstance(desc, dict) or not isinstance(desc.get("method"), str):
+        raise InvalidArgumentError(
+            f"{where}: {DESCRIPTION_FILE} must be an object naming the method", argument="path"
+        )
+    return desc
+
+
+def load(
+    path: str | os.PathLike[str],
+) -> tuple[torch.export.ExportedProgram, dict[str, Any] | None]:
+    """A saved program and its description (None when it was saved without one)."""
+    extra = {DESCRIPTION_FILE: ""}
+    program = torch.export.load(path, extra_files=extra)
+    desc = _parse(extra[DESCRIPTION_FILE], str(path))
+    if desc is not None:
+        _DESCRIPTIONS[program] = desc
+    return program, desc
+
+
+def read_description(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The description in a saved program's archive, without loading the program (a server
+    reads it at start-up to validate requests before any worker has loaded the file). None
+    when the file has none. Raises InvalidArgumentError when the file is no .pt2 archive."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith(f"/extra/{DESCRIPTION_FILE}")]
+            text = archive.read(names[0]).decode("utf-8") if names else ""
+    except (OSError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(
+            f"{str(path)!r} is not a program saved with torch.export.save: {exc}",
+            argument="path",
+        ) from None
+    return _parse(text, str(path))
