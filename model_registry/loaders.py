@@ -43,6 +43,8 @@ def load(spec: ModelSpec) -> LoadedModel:
         )
     if spec.kind == "causal_lm":
         return _load_causal_lm(spec, source, device)
+    if source.kind == "attribution-export":
+        return _load_attribution_export(spec, source, device)
     tokenizer = None
     if source.kind == "builtin":
         model, tokenizer = _load_builtin(spec, source)
@@ -150,6 +152,71 @@ def _load_export(spec: ModelSpec, source: Source) -> nn.Module:
         # torch's own unflatten trips its pytree deprecation warning (torch 2.13); not ours.
         warnings.simplefilter("ignore", FutureWarning)
         return torch.export.unflatten(program)
+
+
+def _load_attribution_export(spec: ModelSpec, source: Source, device: torch.device) -> LoadedModel:
+    """A program saved by ``methods.export.save``: its forward returns the attributions."""
+    from methods.export import load as load_program
+
+    path = _existing(source.path(spec.base_dir), spec, "source")
+    try:
+        program, desc = load_program(str(path))
+    except Exception as e:
+        raise RegistryError(
+            f"{str(path)!r} is not a loadable attribution program (saved with "
+            f"methods.export.save or torch.export.save): {e}",
+            model=spec.id,
+            field="source",
+        ) from e
+    step = spec.exported
+    if step is None or (desc is not None and desc.get("method") != step.method):
+        raise RegistryError(
+            f"the file computes {desc and desc.get('method')!r}, the model was configured "
+            f"for {step and step.method!r} (was the file replaced?)",
+            model=spec.id,
+            field="source",
+        )
+    if device.type != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, device)
+    loaded = LoadedModel(
+        spec=spec,
+        model=program.module(),
+        device=device,
+        extra={"source_kind": source.kind, "exported": step},
+    )
+    _check_program(loaded)
+    return loaded
+
+
+def _check_program(loaded: LoadedModel) -> None:
+    """Run two examples of zeros through an attribution program (with class 0 each, when it
+    takes the classes), so a wrong declaration fails at start-up."""
+    spec, step = loaded.spec, loaded.spec.exported
+    if step is None or any(d is None for i in spec.inputs for d in i.shape[1:]):
+        return
+    xs = [
+        torch.zeros(
+            [2, *(d for d in i.shape[1:] if d is not None)],
+            dtype=i.torch_dtype,
+            device=loaded.device,
+        )
+        for i in spec.inputs
+    ]
+    if step.per_example_target:
+        xs.append(torch.zeros(2, dtype=torch.int64, device=loaded.device))
+    try:
+        with torch.no_grad():
+            loaded.model(*xs)
+    except Exception as e:
+        shapes = ", ".join(f"{i.name}: {i.dtype}{[2, *i.shape[1:]]}" for i in spec.inputs)
+        raise RegistryError(
+            f"the program fails on zeros shaped as declared ({shapes}): {type(e).__name__}: "
+            + " ".join(str(e).split())[:500],
+            model=spec.id,
+            field="inputs",
+        ) from e
 
 
 @contextlib.contextmanager

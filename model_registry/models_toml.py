@@ -30,13 +30,21 @@ from model_registry import builtin
 from model_registry.errors import RegistryError
 from model_registry.sources import (
     DEVICE,
+    FILE_KINDS,
     INPUT_DTYPES,
     MODEL_DTYPES,
     Source,
     parse_source,
     resolve_path,
 )
-from model_registry.spec import ExplainSpec, InputSpec, ModelSpec, OutputSpec
+from model_registry.spec import (
+    COMPILE_MODES,
+    ExplainSpec,
+    ExportedStep,
+    InputSpec,
+    ModelSpec,
+    OutputSpec,
+)
 
 MODEL_KEYS = (
     "id",
@@ -55,11 +63,36 @@ MODEL_KEYS = (
     "perturbations_per_eval",
     "explain",
     "kind",
+    "compile",
+    "compile_mode",
+    "verify_device",
+    "method",
 )
 #: what a model is: tensors in and one output ("tensor"), or a generative language model
 MODEL_KINDS = ("tensor", "causal_lm")
 #: keys a causal_lm model does not take: its inputs are prompts, its output the next token
-NOT_FOR_LM = ("inputs", "labels", "output_shape", "explain")
+NOT_FOR_LM = (
+    "inputs",
+    "labels",
+    "output_shape",
+    "explain",
+    "compile",
+    "compile_mode",
+    "verify_device",
+)
+#: keys an attribution-export model does not take, and why
+NOT_FOR_PROGRAM = {
+    "weights": "the file carries its own weights",
+    "layers": "the file computes one attribution; it has no layers to choose from",
+    "embedding_layer": "the file computes one attribution; it has no layers to choose from",
+    "explain": "the file returns attributions, not predictions, so it has no :explain",
+    "internal_batch_size": "the program evaluates a whole batch at once",
+    "perturbations_per_eval": "the program evaluates a whole batch at once",
+    "compile": "the file is already one graph of aten operations; compile eager models",
+    "compile_mode": "the file is already one graph of aten operations; compile eager models",
+    "verify_device": "the file holds only the attribution step, no model to compare it with "
+    "in float64",
+}
 INPUT_KEYS = ("name", "dtype", "shape")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # safe in a URL path segment
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -114,6 +147,10 @@ def parse(
     return specs
 
 
+def _dims(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("N" if d is None else str(d) for d in shape) + "]"
+
+
 def _kind(v: object) -> str:
     if v is None:
         return "nothing"
@@ -149,6 +186,10 @@ class _Model:
         base = builtin.BUILTINS[source.target].spec() if source.kind == "builtin" else None
         if self.kind(t, source, base) == "causal_lm":
             return self.causal_lm(t, model_id, source, base)
+        if "method" in t and source.kind != "attribution-export":
+            self.fail("method", "only attribution-export: sources take a method")
+        if source.kind == "attribution-export":
+            return self.attribution_export(t, model_id, source)
         dtype = self.choice(t, "dtype", MODEL_DTYPES, base.dtype if base else "float32")
         if "inputs" in t or base is None:
             inputs = self.inputs(t)
@@ -206,6 +247,136 @@ class _Model:
             perturbations_per_eval=self.batch(t, "perturbations_per_eval"),
             base_dir=self.base_dir,
             explain=self.explain(t),
+            **self.runtime(t, source),
+        )
+
+    def runtime(self, t: dict[str, Any], source: Source) -> dict[str, Any]:
+        """``compile``, ``compile_mode`` and ``verify_device``."""
+        compiled = self.flag(t, "compile", False)
+        if "compile_mode" in t and not compiled:
+            self.fail("compile_mode", "takes effect with compile = true; add it, or remove this")
+        if compiled and source.kind == "torchscript":
+            self.fail("compile", "torch.compile does not take TorchScript modules")
+        verify = t.get("verify_device")
+        if verify is not None and not isinstance(verify, bool):
+            self.fail("verify_device", f"expected true or false, got {_kind(verify)}")
+        return {
+            "compile": compiled,
+            "compile_mode": self.choice(t, "compile_mode", COMPILE_MODES, "default"),
+            "verify_device": verify,
+        }
+
+    def flag(self, t: dict[str, Any], key: str, default: bool) -> bool:
+        v = t.get(key, default)
+        if not isinstance(v, bool):
+            self.fail(key, f"expected true or false, got {_kind(v)}")
+        return v
+
+    def attribution_export(self, t: dict[str, Any], model_id: str, source: Source) -> ModelSpec:
+        """A program saved by ``methods.export.save``: its description supplies the method,
+        the baked params and target, and the inputs; models.toml may add labels and a device."""
+        for key, why in NOT_FOR_PROGRAM.items():
+            if key in t:
+                self.fail(key, f"not for attribution-export: sources: {why}")
+        from methods.errors import InvalidArgumentError
+        from methods.export import read_description
+
+        try:
+            desc = read_description(source.path(self.base_dir))
+        except InvalidArgumentError as e:
+            self.fail("source", str(e))
+        method = self.string(t, "method")
+        if desc is None and method is None:
+            self.fail(
+                "method",
+                "the file has no attrserve.json description (it was saved with "
+                "torch.export.save, not methods.export.save): name the method it computes "
+                '(method = "saliency"), and declare inputs and labels or output_shape',
+            )
+        if desc is not None and method is not None and method != desc["method"]:
+            self.fail("method", f"the file computes {desc['method']!r}, not {method!r}")
+        declared = self.inputs(t) if "inputs" in t or desc is None else None
+        described = self.described_inputs(desc) if desc is not None else None
+        if declared is not None and described is not None:
+            mismatch = [
+                (j, d, f)
+                for j, (d, f) in enumerate(zip(declared, described, strict=False))
+                if d.dtype != f.dtype or d.shape != f.shape
+            ]
+            if len(declared) != len(described) or mismatch:
+                self.fail(
+                    "inputs",
+                    "the file's program takes "
+                    + ", ".join(f"{f.dtype}{_dims(f.shape)}" for f in described)
+                    + "; declared "
+                    + ", ".join(f"{d.dtype}{_dims(d.shape)}" for d in declared),
+                )
+        inputs = declared if declared is not None else described
+        if inputs is None:  # one of the two is set whenever desc is None or not
+            self.fail("inputs", "required")
+        floats = [i.dtype for i in inputs if i.dtype in MODEL_DTYPES]
+        fixed = floats[0] if floats else None
+        dtype = self.choice(t, "dtype", MODEL_DTYPES, fixed or "float32")
+        if fixed is not None and dtype != fixed:
+            self.fail("dtype", f"the program computes in {fixed}; its dtypes are fixed")
+        labels = self.labels(t)
+        out_shape = (desc or {}).get("output_shape")
+        if "output_shape" in t:
+            shape = self.dims(t["output_shape"], "output_shape", batch=False)
+        elif labels:
+            shape = (len(labels),)
+        elif isinstance(out_shape, list):
+            shape = tuple(out_shape)
+        else:
+            self.fail("output_shape", "required when there are no labels")
+        if labels and shape != (len(labels),):
+            self.fail("labels", f"{len(labels)} labels for a model output {list(shape)}")
+        step = self.exported_step(desc, method)
+        if step.per_example_target and shape != ((desc or {}).get("n_classes"),):
+            self.fail(
+                "labels" if labels else "output_shape",
+                f"the program takes one class per example out of {desc and desc['n_classes']}",
+            )
+        return ModelSpec(
+            id=model_id,
+            version=self.version(t),
+            description=self.string(t, "description") or f"{step.method} (attribution-export)",
+            source=t["source"],
+            device=self.string(t, "device", pattern=DEVICE, hint="'auto', 'cpu' or 'cuda:N'")
+            or "auto",
+            dtype=dtype,
+            inputs=inputs,
+            output=OutputSpec(shape=shape, labels=labels),
+            base_dir=self.base_dir,
+            exported=step,
+        )
+
+    def described_inputs(self, desc: dict[str, Any]) -> tuple[InputSpec, ...]:
+        raw = desc.get("inputs")
+        try:
+            return tuple(
+                InputSpec(
+                    f"x{j}" if len(raw) > 1 else "x",
+                    str(i["dtype"]),
+                    tuple(None if d is None else int(d) for d in i["shape"]),
+                )
+                for j, i in enumerate(raw)
+            )
+        except (TypeError, KeyError, ValueError):
+            self.fail("source", "the file's description has no valid inputs; declare inputs")
+
+    def exported_step(self, desc: dict[str, Any] | None, method: str | None) -> ExportedStep:
+        if desc is None:
+            if method is None:  # attribution_export already reported it; narrows the type
+                self.fail("method", "is required")
+            return ExportedStep(method=method, described=False)
+        target = desc.get("target")
+        params = desc.get("params")
+        return ExportedStep(
+            method=str(desc["method"]),
+            params=params if isinstance(params, dict) else None,
+            target=tuple(target) if isinstance(target, list) else target,
+            baselines=desc.get("baselines"),
         )
 
     def kind(self, t: dict[str, Any], source: Source, base: ModelSpec | None) -> str:
@@ -215,7 +386,7 @@ class _Model:
             self.fail("kind", 'hf: sources are causal language models: kind = "causal_lm"')
         if base is not None and kind != base.kind:
             self.fail("kind", f"builtin:{source.target} is of kind {base.kind!r}")
-        if kind == "causal_lm" and source.kind in ("torchscript", "export"):
+        if kind == "causal_lm" and source.kind in FILE_KINDS:
             self.fail(
                 "source",
                 "a causal_lm model comes from hf:DIRECTORY, builtin:tiny-lm or a python: "
@@ -335,7 +506,7 @@ class _Model:
                 f"no built-in model {source.target!r}; built-ins are "
                 f"{[f'builtin:{n}' for n in builtin.BUILTINS]}",
             )
-        if source.kind in ("torchscript", "export"):
+        if source.kind in FILE_KINDS:
             self.existing(source.target, "source")
         if source.kind == "hf" and not resolve_path(source.target, self.base_dir).is_dir():
             rel = "" if Path(source.target).is_absolute() else f" (relative to {self.base_dir})"
@@ -350,7 +521,7 @@ class _Model:
         w = self.string(t, "weights")
         if w is None:
             return None
-        if source.kind in ("torchscript", "export"):
+        if source.kind in FILE_KINDS:
             self.fail("weights", f"{source.kind}: files carry their own weights; remove 'weights'")
         self.existing(w, "weights")
         return w

@@ -10,7 +10,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("builtin", "torchscript", "export", "python", "hf")
+KINDS = ("builtin", "torchscript", "export", "attribution-export", "python", "hf")
+#: sources that are one file (checked to exist when models.toml is read)
+FILE_KINDS = ("torchscript", "export", "attribution-export")
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _PYTHON = re.compile(rf"^(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})$")
 
@@ -37,8 +39,7 @@ class Source:
         return self.target.partition(":")[2]
 
     def path(self, base_dir: str | None) -> Path:
-        """torchscript/export sources: the file (hf: the directory), relative paths taken from
-        ``base_dir``."""
+        """File sources: the file (hf: the directory), relative paths taken from ``base_dir``."""
         return resolve_path(self.target, base_dir)
 
 
@@ -53,7 +54,8 @@ def parse_source(text: str) -> Source:
     if not sep or kind not in KINDS:
         raise ValueError(
             "expected 'builtin:NAME', 'torchscript:PATH', 'export:PATH', "
-            f"'python:package.module:factory' or 'hf:DIRECTORY', got {text!r}"
+            "'attribution-export:PATH', 'python:package.module:factory' or 'hf:DIRECTORY', "
+            f"got {text!r}"
         )
     if not target:
         raise ValueError(f"{kind}: source needs a target after the colon, got {text!r}")

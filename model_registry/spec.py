@@ -45,6 +45,33 @@ class ExplainSpec:
 
 
 @dataclass(frozen=True)
+class ExportedStep:
+    """``attribution-export:`` sources: the one attribution the file computes.
+
+    Read from the file's description (``methods.export.save``), or only ``method`` from
+    models.toml when the file has none (then ``params`` and ``target`` are unknown: requests
+    may give neither)."""
+
+    method: str
+    #: the effective params baked in (defaults included); None: unknown
+    params: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    #: "input" (one class per example, given at each call) or the baked target (None, an int,
+    #: an index list); ``described`` False: unknown
+    target: Any = field(default=None, hash=False, compare=False)
+    described: bool = True
+    #: whether baselines / additional forward args are baked in (requests may not give them)
+    baselines: Any = field(default=None, hash=False, compare=False)
+
+    @property
+    def per_example_target(self) -> bool:
+        return self.described and self.target == "input"
+
+
+#: torch.compile modes a models.toml may name
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     id: str
     version: str
@@ -70,6 +97,15 @@ class ModelSpec:
     #: "tensor" (tensors in, one tensor out) or "causal_lm" (a generative language model with
     #: its tokenizer: attributions of an answer to the prompt, ``methods.attribute_generation``)
     kind: str = "tensor"
+    #: models.toml ``compile``: hook-free methods run on ``torch.compile(model, dynamic=True,
+    #: mode=compile_mode)``, warmed up at load (eager on failure, with the reason reported)
+    compile: bool = False
+    compile_mode: str = "default"
+    #: models.toml ``verify_device``: a probe attribution compared at load with a float64 CPU
+    #: copy; None: on for devices other than the CPU and for float16/bfloat16 models
+    verify_device: bool | None = None
+    #: ``attribution-export:`` sources: the attribution the file computes (its only method)
+    exported: ExportedStep | None = None
 
 
 @dataclass
