@@ -108,7 +108,7 @@ class InReplica:
         async def send_when_ready(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete":
                 end = time.monotonic() + READY_TIMEOUT_S
-                while not pool.ready:
+                while not pool.workers_ready:  # a model that fails its checks is reported
                     failed = [w for w in pool.status() if w["state"] == "failed"]
                     if failed or time.monotonic() > end:
                         why = failed[0]["last_restart_reason"] if failed else "timed out"

@@ -110,6 +110,11 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
     """Check ``name`` can run on ``spec``; rewrite gradient methods on token models."""
     ms = method_spec(name)
     check_param_names(ms, params)
+    if spec.exported is not None:  # the file's one method, its layer (if any) baked in
+        from service.serving.exported import check_method
+
+        check_method(spec, name)
+        return Plan(ms, dict(params))
     loc = ("body", "method")
     if ms.needs_hooks and is_torchscript(spec):
         raise UnsupportedMethod(

@@ -9,11 +9,14 @@ import numpy as np
 import torch
 
 import methods
+from methods import registry
 from methods.cancel import checkpoint
 from methods.errors import ModelError
+from methods.verify import verify
 from model_registry.spec import LoadedModel
 from service.errors import InvalidRequest, LimitExceeded
 from service.pool.jobs import PREDICT, Job, Reply
+from service.pool.prepare import compile_failure, disable_compiled, reference, serving_model
 from service.targets import to_engine
 
 
@@ -54,9 +57,16 @@ def _select(out: torch.Tensor, target: Any, n: int) -> torch.Tensor:
 def _forward(lm: LoadedModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The model's output; its own failure reported as the engine reports one (a 422 that
     names the request id, the details in the log)."""
+    compiled = lm.extra.get("compiled")
     try:
         with torch.no_grad():
-            out = lm.model(*xs)
+            try:
+                out = (compiled or lm.model)(*xs)
+            except Exception as exc:
+                if compiled is None or not compile_failure(exc):
+                    raise
+                disable_compiled(lm, exc, "on a request")
+                out = lm.model(*xs)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:
@@ -103,6 +113,44 @@ def predict(lm: LoadedModel, job: Job) -> Reply:
     )
 
 
+def run_exported(lm: LoadedModel, job: Job) -> Reply:
+    """An ``attribution-export:`` model: the program's forward is the attribution."""
+    t0 = time.perf_counter()
+    step = lm.spec.exported
+    xs, _ = _inputs(lm, job)
+    n = int(xs[0].shape[0])
+    args = xs
+    if step is not None and step.per_example_target and job.target is not None:
+        classes = torch.tensor(job.target["rows"], dtype=torch.int64, device=lm.device)
+        args = (*xs, classes)
+    checkpoint()
+    try:
+        with torch.no_grad():
+            attrs = lm.model(*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"the program raised {type(exc).__name__}: {exc}", argument="inputs"
+        ) from exc
+    return Reply(
+        job_id=job.id,
+        attributions=[_numpy(p) for p in _flat(attrs)],
+        as_tuple=isinstance(attrs, (tuple, list)),
+        target=None if job.target is None else _rows(job.target, n),
+        params=dict((step.params if step is not None else None) or {}),
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
+def _attribute(lm: LoadedModel, model: Any, inputs: Any, job: Job, kwargs: dict[str, Any]) -> Any:
+    """``methods.attribute`` (``methods.verify`` against the float64 CPU copy when the job
+    asks): the result and the figures (None without verify)."""
+    if job.verify:
+        return verify(model, inputs, job.method, reference=reference(lm), **kwargs)
+    return methods.attribute(model, inputs, job.method, **kwargs), None
+
+
 def run_job(lm: LoadedModel, job: Job) -> Reply:
     if job.method == PREDICT:
         return predict(lm, job)
@@ -110,6 +158,8 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
         from service.pool.generation import run_generation
 
         return run_generation(lm, job)
+    if lm.spec.exported is not None:
+        return run_exported(lm, job)
     t0 = time.perf_counter()
     device = lm.device
     xs, tokens = _inputs(lm, job)
@@ -124,19 +174,25 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
     params = {k: _convert(v, device) for k, v in job.params.items()}
     if job.attributed_layer is not None:
         params["layer"] = job.attributed_layer
-    res = methods.attribute(
-        lm.model,
-        xs if len(xs) > 1 else xs[0],
-        job.method,
-        target=target,
-        baselines=_convert(job.baselines, device),
-        internal_batch_size=job.internal_batch_size,
-        perturbations_per_eval=job.perturbations_per_eval,
-        noise_tunnel=job.noise_tunnel,
-        seed=job.seed,
-        return_convergence_delta=job.return_delta,
+    kwargs: dict[str, Any] = {
+        "target": target,
+        "baselines": _convert(job.baselines, device),
+        "internal_batch_size": job.internal_batch_size,
+        "perturbations_per_eval": job.perturbations_per_eval,
+        "noise_tunnel": job.noise_tunnel,
+        "seed": job.seed,
+        "return_convergence_delta": job.return_delta,
         **params,
-    )
+    }
+    inputs = xs if len(xs) > 1 else xs[0]
+    model = serving_model(lm, registry.get(job.method))
+    try:
+        res, verification = _attribute(lm, model, inputs, job, kwargs)
+    except Exception as exc:  # a compiled graph that fails on new shapes: eager from now on
+        if model is lm.model or not compile_failure(exc):
+            raise
+        disable_compiled(lm, exc, "on a request")
+        res, verification = _attribute(lm, lm.model, inputs, job, kwargs)
     attrs = res.attributions
     as_tuple = isinstance(attrs, tuple)
     parts = _flat(attrs)  # a nested layer output (an LSTM's out, (h, c)): depth first
@@ -157,6 +213,7 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
         params=res.params,
         predictions=None if not job.predictions or out is None else _numpy(out),
         compute_ms=(time.perf_counter() - t0) * 1e3,
+        verification=None if verification is None else verification.as_dict(),
     )
 
 

@@ -54,6 +54,8 @@ class Job:
     #: causal LMs: the prompt, features, baselines, skip_tokens, target text and gen_args of
     #: an ``attribute_generation`` call (``service.serving.generation``); None otherwise
     generation: dict[str, Any] | None = None
+    #: also compare with the model's float64 CPU copy (never merged)
+    verify: bool = False
 
 
 @dataclass
@@ -81,3 +83,5 @@ class Reply:
     error: dict[str, Any] | None = None
     #: causal LMs: input_tokens, output_tokens, seq_attr, token_attr (plain lists)
     generation: dict[str, Any] | None = None
+    #: ``Job.verify``: ``methods.verify``'s figures (``Verification.as_dict``)
+    verification: dict[str, Any] | None = None

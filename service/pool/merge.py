@@ -68,7 +68,7 @@ def predict_key(job: Job) -> tuple[Any, ...] | None:
 
 def merge_key(job: Job, ms: MethodSpec, p: MethodParams) -> tuple[Any, ...] | None:
     """Jobs with equal keys give the same numbers merged as one by one; None: never merge."""
-    if job.texts or not ms.merges(p):
+    if job.texts or job.verify or not ms.merges(p):  # verify: figures of the job's own rows
         return None
     if (ms.stochastic or job.noise_tunnel is not None) and job.seed is not None:
         return None

@@ -91,6 +91,8 @@ class Worker:
     failures: int = 0
     last_heard: float = 0.0  # time.monotonic() of the last message (or the grace's end)
     reason: str | None = None  # why it was last restarted
+    #: what the worker reported of each model when it became ready
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class WorkerPool:
@@ -257,11 +259,30 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
+        """Every worker has loaded its models, and every model passed its checks."""
+        return self.workers_ready and not self.unready_models()
+
+    @property
+    def workers_ready(self) -> bool:
         return (
             bool(self.workers)
             and not self._draining
             and all(w.state in ("ready", "busy") for w in self.workers)
         )
+
+    def model_ready(self, model_id: str) -> bool:
+        """Loaded on every worker and passed its checks."""
+        return self.workers_ready and model_id not in self.unready_models()
+
+    def unready_models(self) -> dict[str, str]:
+        """Models a worker refused to serve (a failed device check), with the reason."""
+        out: dict[str, str] = {}
+        for w in self.workers:
+            for mid, info in w.models.items():
+                reason = info.get("not_ready")
+                if reason and mid not in out:
+                    out[mid] = reason if len(self.workers) == 1 else f"worker {w.index}: {reason}"
+        return out
 
     def queue_depth(self) -> int:
         """Requests not yet computing: in the parent's queue or ready behind a worker's batch."""
@@ -290,6 +311,9 @@ class WorkerPool:
             raise NotReady("the server is shutting down", headers=self._retry())
         if all(w.state == "failed" for w in self.workers):
             raise NotReady("no worker could load the models; see the server log")
+        refused = self.unready_models().get(job.model_id)
+        if refused is not None:
+            raise NotReady(f"model {job.model_id!r} is not ready: {refused}")
         if job.background:
             entry = Entry(job, self._running_loop().create_future())
             entry.pending = Pending(next(self._ids), [entry], job.cost, None, background=True)
@@ -456,7 +480,8 @@ class WorkerPool:
             return
         if kind == "ready":
             w.state, w.pid, w.failures = "ready", msg[1]["pid"], 0
-            self.model_info = msg[1]["models"]
+            w.models = msg[1]["models"]
+            self.model_info = w.models
             models = ", ".join(f"{m} ({i['device']})" for m, i in self.model_info.items())
             log.info("attrserve: worker %d (pid %s) serves %s", w.index, w.pid, models)
         elif kind == "failed":

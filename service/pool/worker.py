@@ -82,9 +82,11 @@ def worker_main(
 
         threads.limit(int(options.get("torch_threads") or 1))
         methods.set_memory_budget(int(options["memory_budget_bytes"]))
+        from service.pool.prepare import prepare
+
         models = {s.id: model_registry.load(s) for s in specs}
-        for lm in models.values():
-            _warm_up(lm)
+        # compile, warm up and check each model (its readiness and figures go to the parent)
+        prepared = {mid: prepare(lm) for mid, lm in models.items()}
     except BaseException as exc:  # report why, then exit: the parent decides on restarts
         chan.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
@@ -93,6 +95,7 @@ def worker_main(
             "device": str(m.device),
             "tokenizer": m.tokenizer is not None,
             "torchscript": bool(m.is_torchscript),
+            **prepared[mid],
         }
         for mid, m in models.items()
     }
@@ -138,37 +141,6 @@ def _receive(chan: BlockingChannel, inbox: queue.SimpleQueue[Batch | None], c: C
             c.cancelled.update(msg[1])
         else:
             inbox.put(msg[1])
-
-
-def _warm_up(lm: Any) -> None:
-    """One tiny attribution per model, so the first request does not pay for lazy set-up."""
-    import contextlib
-
-    import torch
-
-    import methods
-
-    spec = lm.spec
-    if spec.kind == "causal_lm":  # prompts, not tensors: nothing lazy to set up
-        return
-    xs = tuple(
-        torch.zeros(
-            [1 if d is None else d for d in (1, *i.shape[1:])],
-            dtype=i.torch_dtype,
-            device=lm.device,
-        )
-        for i in spec.inputs
-    )
-    method = "integrated_gradients"
-    extra: dict[str, Any] = {"n_steps": 2}
-    layer: dict[str, Any] = {}
-    if spec.embedding_layer is not None and not xs[0].is_floating_point():
-        method, layer = "layer_integrated_gradients", {"layer": spec.embedding_layer}
-    target = 0 if spec.output.shape and spec.output.shape[0] not in (None, 1) else None
-    with contextlib.suppress(Exception):  # best effort; real requests report real errors
-        methods.attribute(
-            lm.model, xs if len(xs) > 1 else xs[0], method, target=target, **extra, **layer
-        )
 
 
 def _error(job: Job, err: ServiceError) -> Reply:

@@ -257,6 +257,11 @@ class AttributionRequest(BaseModel):
         description="also draw the attributions (the response gains renders); with Accept: "
         "image/png or text/html and one example, the response is the picture itself",
     )
+    verify: bool = Field(
+        default=False,
+        description="also compute the attribution on a float64 CPU copy of the model and "
+        "return how far the served one is from it (verification); deterministic methods only",
+    )
 
 
 class TimingMs(BaseModel):
@@ -270,6 +275,16 @@ class Render(BaseModel):
     input: str | None = Field(default=None, description="multi-input models: the input drawn")
     media_type: Literal["image/png", "text/html"]
     b64: str = Field(description="the file's bytes, base64")
+
+
+class VerificationOut(BaseModel):
+    """The served attribution against the same attribution on a float64 CPU copy."""
+
+    max_abs_diff: float = Field(description="max |served - reference| over the attributions")
+    max_rel_diff: float = Field(description="max_abs_diff / max |reference|, per tensor")
+    tolerance: float = Field(description="the served dtype's tolerance on max_rel_diff")
+    reference: str = Field(description='"cpu-float64"')
+    ok: bool = Field(description="max_rel_diff within the tolerance")
 
 
 class AttributionResponse(BaseModel):
@@ -318,6 +333,9 @@ class AttributionResponse(BaseModel):
     params: dict[str, Any] = Field(description="every effective parameter")
     renders: list[Render] | None = Field(
         default=None, description="pictures of the attributions, when render was asked for"
+    )
+    verification: VerificationOut | None = Field(
+        default=None, description='when "verify" was set: the distance from cpu-float64'
     )
     merged_requests: int = Field(default=1, description="requests merged into the engine call")
     timing_ms: TimingMs

@@ -18,6 +18,16 @@ class OutputInfo(BaseModel):
     labels: list[str]
 
 
+class ExportedInfo(BaseModel):
+    """An attribution-export model's one step: the only method it serves, as baked in."""
+
+    method: str
+    params: dict[str, Any] | None = Field(description="the params baked in (null: unknown)")
+    target: Any = Field(
+        description='"input" (requests give one class per example) or the target baked in'
+    )
+
+
 class ModelInfo(BaseModel):
     id: str
     name: str = Field(description="the id again (KServe V1's model name)")
@@ -31,10 +41,26 @@ class ModelInfo(BaseModel):
     embedding_layer: str | None = None
     tokenizer: bool = Field(default=False, description="accepts raw text inputs")
     methods: list[str] = Field(description="methods this model can serve")
+    exported: ExportedInfo | None = Field(
+        default=None,
+        description="attribution-export models: the file's one method, params and target",
+    )
+    compiled: bool = Field(default=False, description="hook-free methods run torch.compile'd")
+    compile_error: str | None = Field(
+        default=None, description="compile = true but compilation failed: why (served eagerly)"
+    )
+    verification: dict[str, Any] | None = Field(
+        default=None,
+        description="the device check at load: the probe's max_abs_diff, max_rel_diff, "
+        "tolerance, reference (cpu-float64), ok, served (device/dtype) and method",
+    )
+    not_ready_reason: str | None = Field(
+        default=None, description="why the model is refused (a failed device check)"
+    )
     kind: str = Field(
         default="tensor",
         description='"tensor" (tensors or texts in, one output) or "causal_lm" (a generative '
-        'language model: inputs {prompt, features, baselines}, target the answer text)',
+        "language model: inputs {prompt, features, baselines}, target the answer text)",
     )
 
 
@@ -70,6 +96,9 @@ class Health(BaseModel):
     status: str
     ready: bool | None = Field(default=None, description="/ready only: the status as a bool")
     workers: list[WorkerStatus] = Field(default_factory=list)
+    models: dict[str, str] | None = Field(
+        default=None, description="/ready only: models refused by their checks, and why"
+    )
 
 
 class ProblemItem(BaseModel):

@@ -20,7 +20,7 @@ async def list_models(state: State, request: Request) -> ModelList:
     """Every served model (those the API key may use)."""
     key = route_info(request.scope).get("api_key")
     infos = [
-        catalog.model_info(s, state.pool.model_info.get(s.id), state.pool.ready)
+        catalog.model_info(s, state.pool.model_info.get(s.id), state.pool.model_ready(s.id))
         for s in state.specs.values()
         if key is None or key.allows(s.id)
     ]
@@ -30,8 +30,12 @@ async def list_models(state: State, request: Request) -> ModelList:
 @router.get("/v1/models/{model_id}", response_model=ModelInfo, operation_id="getModel")
 async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
     """One model: inputs, output, layers and the methods it serves."""
+    spec = state.spec(model_id)
     return catalog.model_info(
-        state.spec(model_id), state.pool.model_info.get(model_id), state.pool.ready
+        spec,
+        state.pool.model_info.get(spec.id),
+        state.pool.model_ready(spec.id),
+        state.pool.unready_models().get(spec.id),
     )
 
 

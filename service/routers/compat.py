@@ -372,9 +372,10 @@ async def model_metadata(model_id: str, state: State, request: Request) -> Orjso
 
 
 async def model_ready(model_id: str, state: State, request: Request) -> OrjsonResponse:
-    """OIP model readiness: the model is loaded on every worker (503 otherwise)."""
+    """OIP model readiness: the model is loaded on every worker and passed its checks (503
+    otherwise)."""
     spec = _spec(state, dict(request.path_params))
-    ok = state.pool.ready
+    ok = state.pool.model_ready(spec.id)
     return OrjsonResponse({"name": spec.id, "ready": ok}, status_code=200 if ok else 503)
 
 

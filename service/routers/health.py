@@ -28,14 +28,18 @@ async def live() -> OrjsonResponse:
     responses={503: {"model": Health, "description": "a worker is not ready"}},
 )
 async def ready(state: State) -> OrjsonResponse:
-    """200 once every worker has loaded its models, else 503 (a worker starting, restarting
-    after a crash or a missed heartbeat, or the server draining for shutdown)."""
+    """200 once every worker has loaded its models and every model passed its checks, else
+    503 (a worker starting, restarting after a crash or a missed heartbeat, the server
+    draining for shutdown, or a model refused by its device check: ``models`` says why)."""
     ok = state.pool.ready
     state.telemetry.workers_ready.set(
         sum(w["state"] in ("ready", "busy") for w in state.pool.status())
     )
     status = "ready" if ok else ("draining" if state.pool.draining else "not_ready")
-    body = {"status": status, "ready": ok, "workers": state.pool.status()}
+    body: dict[str, object] = {"status": status, "ready": ok, "workers": state.pool.status()}
+    refused = state.pool.unready_models()
+    if refused:
+        body["models"] = refused
     return OrjsonResponse(body, status_code=200 if ok else 503)
 
 

@@ -27,7 +27,7 @@ from service.pool.jobs import Job, Reply, new_id
 from service.pool.merge import merge_key
 from service.pool.pool import Entry, WorkerPool
 from service.protocol.attributions import AttributionRequest
-from service.serving import generation, pictures
+from service.serving import exported, generation, pictures
 from service.settings import Settings
 from service.targets import resolve_target
 
@@ -133,9 +133,20 @@ def build_job(
     ms = plan.method
     raw = decode_params(ms, plan.params, settings)
     p = validate_params(ms, raw)
+    step = spec.exported
+    if step is not None:  # the file's step is fixed: the request may only restate it
+        exported.check_fields(req)
+        p = exported.effective_params(ms, step, p)
     check_limits(ms, p, settings)
+    if req.verify and (ms.stochastic or req.noise_tunnel is not None):
+        raise InvalidRequest(
+            f"{ms.name}{' with a noise tunnel' if req.noise_tunnel else ''} draws random "
+            "samples in the working dtype, so a float64 reference would draw different ones; "
+            "verify a deterministic method",
+            loc=("body", "verify"),
+        )
     # what the worker passes on: the validated values of the params that were given
-    params = {name: getattr(p, name) for name in p.model_fields_set}
+    params = {} if step else {name: getattr(p, name) for name in p.model_fields_set}
     if plan.attributed_layer is not None and req.noise_tunnel is not None:
         raise support.UnsupportedMethod(
             "noise_tunnel adds noise to the inputs, which are token ids on this model",
@@ -151,7 +162,9 @@ def build_job(
         shapes = tuple(tuple(int(d) for d in a.shape[1:]) for a in inputs.arrays)
     if req.render is not None:  # before the work: examples in range, a known colormap
         pictures.examples(req.render, inputs.n, len(spec.inputs))
-    if req.target is None and not ms.needs_target:
+    if step is not None:
+        target = exported.target(spec, req.target, inputs.n)
+    elif req.target is None and not ms.needs_target:
         target = None
     else:
         target = resolve_target(req.target, spec.output, inputs.n)
@@ -178,14 +191,18 @@ def build_job(
         target=target,
         baselines=baselines,
         params=params,
-        internal_batch_size=_batch_size(
+        internal_batch_size=None
+        if step
+        else _batch_size(
             "internal_batch_size",
             req.internal_batch_size,
             spec.internal_batch_size,
             settings.internal_batch_size,
             settings.max_internal_batch_size,
         ),
-        perturbations_per_eval=_batch_size(
+        perturbations_per_eval=None
+        if step
+        else _batch_size(
             "perturbations_per_eval",
             req.perturbations_per_eval,
             spec.perturbations_per_eval,
@@ -202,6 +219,7 @@ def build_job(
         post_abs=plan.post_abs,
         request_id=request_id,
         max_tokens=settings.max_text_tokens,
+        verify=req.verify,
     )
     job.key = merge_key(job, ms, p)
     return job
@@ -242,6 +260,8 @@ def response(
         body["attributed_layer"] = job.attributed_layer
     if reply.tokens is not None:
         body["tokens"] = reply.tokens
+    if reply.verification is not None:
+        body["verification"] = reply.verification
     return body
 
 
@@ -315,7 +335,14 @@ async def attribute(
     reply also carries the model's whole output per example (KServe and OIP explain)."""
     budget = budget_ms(settings, deadline_ms, req.deadline_ms)
     deadline = time.time() + budget / 1e3
+    if predictions:
+        exported.not_for_predictions(spec)
     if generation.is_causal_lm(spec):
+        if req.verify:
+            raise InvalidRequest(
+                "verify compares tensor attributions; causal language models are not covered",
+                loc=("body", "verify"),
+            )
         if predictions:
             raise InvalidRequest("predictions are not available for causal language models")
         job = generation.build_job(settings, spec, req, deadline, request_id)

@@ -8,6 +8,7 @@ import methods
 from model_registry.spec import ModelSpec
 from service import support
 from service.protocol.catalog import (
+    ExportedInfo,
     InputInfo,
     MethodInfoOut,
     MethodList,
@@ -16,8 +17,16 @@ from service.protocol.catalog import (
 )
 
 
-def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, ready: bool) -> ModelInfo:
-    """``loaded``: what the workers report of the model (None before they have loaded it)."""
+def model_info(
+    spec: ModelSpec,
+    loaded: dict[str, Any] | None,
+    ready: bool,
+    not_ready: str | None = None,
+) -> ModelInfo:
+    """``loaded``: what the workers report of the model (None before they have loaded it);
+    ``not_ready``: why the workers refuse it (a failed device check)."""
+    got = loaded or {}
+    step = spec.exported
     return ModelInfo(
         id=spec.id,
         name=spec.id,
@@ -31,6 +40,13 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, ready: bool) -> M
         embedding_layer=spec.embedding_layer,
         tokenizer=bool((loaded or {}).get("tokenizer", support.token_model(spec))),
         methods=support.served_methods(spec),
+        exported=None
+        if step is None
+        else ExportedInfo(method=step.method, params=step.params, target=step.target),
+        compiled=bool(got.get("compiled", False)),
+        compile_error=got.get("compile_error"),
+        verification=got.get("verification"),
+        not_ready_reason=not_ready or got.get("not_ready"),
         kind=spec.kind,
     )
 

@@ -85,6 +85,8 @@ def default_explanation(spec: ModelSpec) -> ExplainSpec:
     rewrites it), feature ablation where they are not."""
     if spec.explain is not None:
         return spec.explain
+    if spec.exported is not None:  # the file's own method, nothing else
+        return ExplainSpec(spec.exported.method)
     floats = all(i.dtype.startswith(("float", "bfloat")) for i in spec.inputs)
     if floats or support.token_model(spec):
         return ExplainSpec("integrated_gradients")
@@ -100,6 +102,8 @@ def with_defaults(given: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
         ex = default_explanation(spec)
         out["method"] = ex.method
         out.setdefault("params", dict(ex.params))
+    if "target" not in out and spec.exported is not None:
+        out["target"] = None  # the file's baked target (a per-example one must be given)
     if "target" not in out:
         shape = spec.output.shape
         scalar = all(d == 1 for d in shape)

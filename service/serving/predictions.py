@@ -12,6 +12,7 @@ from service import codec, routing
 from service.pool.jobs import PREDICT, Job, Reply, new_id
 from service.pool.merge import predict_key
 from service.pool.pool import WorkerPool
+from service.serving import exported
 from service.serving.attributions import budget_ms, check_texts, run
 from service.settings import Settings
 
@@ -20,6 +21,7 @@ def build_job(
     settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str = ""
 ) -> Job:
     """Every check that needs no model: the inputs as a prediction job, or a 4xx error."""
+    exported.not_for_predictions(spec)
     decoded = codec.decode_inputs(
         inputs, spec, settings.max_tensor_elements, settings.max_batch_size
     )
