@@ -101,6 +101,12 @@ class JobRunner:
                 "render draws pictures in synchronous answers; jobs return tensors",
                 loc=("body", "render"),
             )
+        if req.verify:
+            raise InvalidRequest(
+                "verify compares one synchronous answer with a float64 CPU reference; "
+                "jobs return tensors only",
+                loc=("body", "verify"),
+            )
         counts = self.store.counts()
         if counts["queued"] + counts["running"] >= self.settings.max_jobs_queued:
             raise QueueFull(

@@ -40,3 +40,23 @@ class Slow(nn.Module):
 def slow() -> nn.Module:
     torch.manual_seed(0)  # the same weights in every process (a restarted server too)
     return Slow()
+
+
+class OffReference(nn.Module):
+    """[N, 4] -> 2 classes whose output is perturbed whenever it does not run in float64: a
+    fault that only shows off the float64 CPU reference path (the device check must see it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x)
+        if x.dtype != torch.float64:
+            out = out * 1.1 + 0.05 * x[:, :1] ** 2
+        return out
+
+
+def off_reference() -> nn.Module:
+    torch.manual_seed(0)
+    return OffReference()
