@@ -61,7 +61,7 @@ def _forward(lm: LoadedModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     try:
         with torch.no_grad():
             try:
-                out = (compiled or lm.model)(*xs)
+                out = (lm.model if compiled is None else compiled)(*xs)
             except Exception as exc:
                 if compiled is None or not compile_failure(exc):
                     raise

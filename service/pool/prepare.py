@@ -238,7 +238,7 @@ def check_device(lm: LoadedModel) -> tuple[dict[str, Any], str | None]:
     """The probe's figures and, when they fail, why the model is not ready."""
     spec = lm.spec
     where = f"{lm.device.type}" + (f":{lm.device.index}" if lm.device.index is not None else "")
-    served = f"{where}/{spec.dtype}" + (" compiled" if lm.extra.get("compiled") else "")
+    served = f"{where}/{spec.dtype}" + (" compiled" if lm.extra.get("compiled") is not None else "")
     xs = _one(probe_inputs(lm, PROBE_BATCH))
     target = probe_target(lm)
     per_method: dict[str, dict[str, Any]] = {}
