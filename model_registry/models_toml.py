@@ -331,6 +331,9 @@ class _Model:
             self.fail("output_shape", "required when there are no labels")
         if labels and shape != (len(labels),):
             self.fail("labels", f"{len(labels)} labels for a model output {list(shape)}")
+        if isinstance(out_shape, list) and shape != tuple(out_shape):
+            field = "labels" if labels and "output_shape" not in t else "output_shape"
+            self.fail(field, f"the file's model gives {out_shape} per example, not {list(shape)}")
         step = self.exported_step(desc, method)
         if step.per_example_target and shape != ((desc or {}).get("n_classes"),):
             self.fail(
@@ -353,6 +356,8 @@ class _Model:
 
     def described_inputs(self, desc: dict[str, Any]) -> tuple[InputSpec, ...]:
         raw = desc.get("inputs")
+        if not isinstance(raw, list) or not raw:
+            self.fail("source", "the file's description has no inputs; declare inputs")
         try:
             return tuple(
                 InputSpec(
