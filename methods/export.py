@@ -20,10 +20,11 @@ makes the class an input instead: the program's last argument is an int64 tensor
 one class per example, for a model with outputs ``(N, C)`` (the per-example list form of
 ``methods.attribute``); out-of-range classes fail at run time.
 
-Saving: ``save(program, path)`` (``from methods.export import save, load``) writes the program with ``torch.export.save``
-and a description of the step it computes (method, effective params, target mode, input specs)
-as the archive's extra file ``attrserve.json``; ``load(path)`` reads both back, and the
-service serves such a file as ``source = "attribution-export:PATH"``.
+Saving: ``save(program, path)`` (``from methods.export import save, load``) writes the
+program with ``torch.export.save`` and a description of the step it computes (method,
+effective params, target mode, input specs) as the archive's extra file ``attrserve.json``;
+``load(path)`` reads both back, and the service serves such a file as
+``source = "attribution-export:PATH"``.
 
 Randomness (``gradient_shap``): the program draws from torch's default generator at every call,
 as a model with dropout would; ``torch.manual_seed(s)`` before the call gives exactly
@@ -398,8 +399,8 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, Tensor):
         if value.numel() == 1:
             return value.item()
-        return {"tensor": {"dtype": str(value.dtype).removeprefix("torch."),
-                           "shape": list(value.shape)}}  # fmt: skip
+        dtype = str(value.dtype).removeprefix("torch.")
+        return {"tensor": {"dtype": dtype, "shape": list(value.shape)}}
     if isinstance(value, (tuple, list)):
         return [_json_value(v) for v in value]
     if isinstance(value, dict):
