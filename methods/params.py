@@ -69,7 +69,17 @@ class NoParams(MethodParams):
 _CAPTUM_RENAMES = {"method": "approximation_method"}
 
 
+#: each params model's all-defaults instance (immutable, so shared): most calls pass none
+_DEFAULTS: dict[type[MethodParams], MethodParams] = {}
+
+
 def parse_params(model: type[MethodParams], method: str, params: dict[str, Any]) -> MethodParams:
+    if not params:
+        found = _DEFAULTS.get(model)
+        if found is None and not any(f.is_required() for f in model.model_fields.values()):
+            found = _DEFAULTS[model] = model()
+        if found is not None:
+            return found
     for name, value in params.items():
         field = model.model_fields.get(name)
         # pydantic's lax mode reads True as 1: n_steps=True would silently mean one step.

@@ -105,6 +105,10 @@ class Target:
 
     def select(self, out: Tensor) -> Tensor:
         """One scalar per row, shape (rows,): what gradient methods differentiate."""
+        if self.kind == "index" and len(self.index) == 1 and out.dim() == 2:
+            i = self.index[0]  # the common case (one class of an (N, C) output), checked here
+            if isinstance(i, int) and -out.shape[1] <= i < out.shape[1]:
+                return out.select(1, i)
         sel = self.select_rows(out)
         if sel.dim() == 0:
             raise TargetError(
