@@ -42,10 +42,11 @@ def attribute(
 ) -> Result:
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
 
-    Arguments follow Captum's vocabulary and semantics (CONTRACT section 2); method-specific
-    parameters are keyword arguments with Captum's names. ``model``, ``inputs`` and ``method``
-    are positional, so Captum's IG keyword ``method=`` reaches the parameter check (which
-    names its spelling here, ``approximation_method``) instead of clashing with them.
+    Arguments follow Captum's vocabulary and semantics (see the README's Python quickstart);
+    method-specific parameters are keyword arguments with Captum's names. ``model``,
+    ``inputs`` and ``method`` are positional, so Captum's IG keyword ``method=`` reaches the
+    parameter check (which names its spelling here, ``approximation_method``) instead of
+    clashing with them.
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)

@@ -1,4 +1,6 @@
-"""Attribution of a causal language model's generated answer to its prompt (CONTRACT 6.5).
+"""Attribution of a causal language model's generated answer to its prompt.
+
+See the README's "Generative language models".
 
 res = methods.attribute_generation(model, tokenizer, "{} lives in", features=["alice"],
                                    target="paris")

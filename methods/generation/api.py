@@ -1,6 +1,6 @@
 """``methods.attribute_generation``: which part of the prompt made the model say this?
 
-Captum's ``LLMAttribution`` / ``LLMGradientAttribution`` semantics (CONTRACT section 6.5), on
+Captum's ``LLMAttribution`` / ``LLMGradientAttribution`` semantics (see the README), on
 the engine's own methods. The answer being explained is the target's log-probability under
 teacher forcing: ``seq_attr`` attributes its sum over the target tokens, ``token_attr`` each
 token's. Perturbation methods see the model as a function of the feature-presence vector

@@ -1,6 +1,6 @@
 """Serving causal language models: which part of the prompt made the model say this answer.
 
-``POST /v1/models/{id}/attributions`` on a model of kind ``causal_lm`` (CONTRACT 6.5):
+``POST /v1/models/{id}/attributions`` on a model of kind ``causal_lm`` (see the README):
 ``"inputs": {"prompt": "...", "features": [...] | {...} | null, "baselines": ...,
 "skip_tokens": [...]}``, ``"target": "answer text" | null`` (null: generated greedily, up to
 ``params.gen_args.max_new_tokens``). Checked here without the model (shapes of the fields,

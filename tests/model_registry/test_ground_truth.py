@@ -1,4 +1,4 @@
-"""The built-in models' known answers, found by the attribution engine (CONTRACT section 4)."""
+"""The built-in models' known answers, found by the attribution engine (README: built-in models)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Attribution jobs end to end (CONTRACT §6.3): a real server, real workers, SQLite on disk."""
+"""Attribution jobs end to end: a real server, real workers, SQLite on disk."""
 
 from __future__ import annotations
 

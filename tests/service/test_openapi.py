@@ -175,7 +175,7 @@ TENSOR_B64 = {"dtype": "float32", "shape": [1, 2], "b64": "AAAAAAAAgD8="}
     ],
 )
 def test_wire_schemas_take_every_form(spec: dict[str, Any], name: str, value: Any) -> None:
-    """Each form the codec takes (CONTRACT §3) matches exactly one arm of its ``oneOf``."""
+    """Each form the codec takes matches exactly one arm of its ``oneOf``."""
     _validator(spec, name).validate(value)
 
 

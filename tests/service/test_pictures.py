@@ -1,4 +1,4 @@
-"""Pictures through the service (CONTRACT §6.4): renders in the JSON response, the picture itself
+"""Pictures through the service: renders in the JSON response, the picture itself
 with an Accept header, and Grad-CAM upsampled to the input."""
 
 from __future__ import annotations
