@@ -104,7 +104,6 @@ class FastAttributions:
             return
         await response(scope, receive, send)
 
-
     async def _raw(
         self,
         handler: compat.Handler,

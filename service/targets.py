@@ -124,4 +124,3 @@ def per_example(t: WireTarget, n: int) -> WireTarget:
     if len(idx) == 1:
         return {"kind": "per_example", "rows": [idx[0]] * n}
     return {"kind": "per_example_tuple", "rows": [list(idx)] * n}
-

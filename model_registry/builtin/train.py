@@ -136,9 +136,7 @@ def train_lm() -> tuple[dict[str, torch.Tensor], float, dict[str, str]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     every = [*RECIPES, LM_NAME]
-    parser.add_argument(
-        "names", nargs="*", metavar="NAME", help=f"any of {every}; default: all"
-    )
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {every}; default: all")
     parser.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output directory")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(every))
