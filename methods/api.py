@@ -121,9 +121,9 @@ def _result(
     nt_echo: dict[str, Any] | None,
     nest: layers.Nest | None = None,
 ) -> Result:
-    # Iterating the frozen params model gives model_dump()'s top-level values, without its cost.
+    # The frozen params model's fields are model_dump()'s top-level values, without its cost.
     echo: dict[str, Any] = {
-        k: v for k, v in p if v is None or isinstance(v, (int, float, str, bool))
+        k: v for k, v in vars(p).items() if v is None or isinstance(v, (int, float, str, bool))
     }
     if spec.batching == "internal_batch_size":
         echo["internal_batch_size"] = call.internal_batch_size

@@ -66,11 +66,12 @@ class model_guard:
     def __enter__(self) -> None:
         if not isinstance(self.model, nn.Module):
             return
-        self.params = [p for p in _anatomy(self.model).params if p.requires_grad]
+        anatomy = _anatomy(self.model)
+        self.params = [p for p in anatomy.params if p.requires_grad]
         try:
             for p in self.params:
                 p.requires_grad_(False)
-            if needs_cudnn_off(self.model):
+            if anatomy.has_rnn and needs_cudnn_off(self.model):
                 self.cudnn = torch.backends.cudnn.flags(enabled=False)
                 self.cudnn.__enter__()
         except BaseException:
