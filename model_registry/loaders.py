@@ -190,20 +190,26 @@ def _load_attribution_export(spec: ModelSpec, source: Source, device: torch.devi
     return loaded
 
 
+def _zeros(loaded: LoadedModel) -> list[torch.Tensor] | None:
+    """Two examples of zeros shaped as the inputs are declared; None when an input has a free
+    dim other than the batch (no size is then known to be valid)."""
+    inputs = loaded.spec.inputs
+    if any(d is None for i in inputs for d in i.shape[1:]):
+        return None
+    return [
+        torch.zeros([2, *(int(d or 0) for d in i.shape[1:])], dtype=i.torch_dtype,
+                    device=loaded.device)
+        for i in inputs
+    ]  # fmt: skip
+
+
 def _check_program(loaded: LoadedModel) -> None:
     """Run two examples of zeros through an attribution program (with class 0 each, when it
     takes the classes), so a wrong declaration fails at start-up."""
     spec, step = loaded.spec, loaded.spec.exported
-    if step is None or any(d is None for i in spec.inputs for d in i.shape[1:]):
+    xs = _zeros(loaded)
+    if step is None or xs is None:
         return
-    xs = [
-        torch.zeros(
-            [2, *(d for d in i.shape[1:] if d is not None)],
-            dtype=i.torch_dtype,
-            device=loaded.device,
-        )
-        for i in spec.inputs
-    ]
     if step.per_example_target:
         xs.append(torch.zeros(2, dtype=torch.int64, device=loaded.device))
     try:
@@ -344,16 +350,9 @@ def check_forward(loaded: LoadedModel) -> None:
     than the batch, since then no size is known to be valid.
     """
     spec = loaded.spec
-    if any(d is None for i in spec.inputs for d in i.shape[1:]):
+    xs = _zeros(loaded)
+    if xs is None:
         return
-    xs = [
-        torch.zeros(
-            [2, *(d for d in i.shape[1:] if d is not None)],
-            dtype=i.torch_dtype,
-            device=loaded.device,
-        )
-        for i in spec.inputs
-    ]
     try:
         with torch.no_grad():
             out = loaded.model(*xs)
