@@ -231,24 +231,30 @@ class _Model:
                 "the eager model through a python: or export: source",
             )
         return ModelSpec(
-            id=model_id,
-            version=self.version(t),
-            description=self.string(t, "description") or (base.description if base else ""),
-            source=t["source"],
-            device=self.string(t, "device", pattern=DEVICE, hint="'auto', 'cpu' or 'cuda:N'")
-            or "auto",
+            **self.common(model_id, t, base),
             dtype=dtype,
             inputs=inputs,
             output=OutputSpec(shape=shape, labels=labels),
             layers=layers,
             embedding_layer=embedding,
             weights=self.weights(t, source),
-            internal_batch_size=self.batch(t, "internal_batch_size"),
-            perturbations_per_eval=self.batch(t, "perturbations_per_eval"),
-            base_dir=self.base_dir,
             explain=self.explain(t),
             **self.runtime(t, source),
         )
+
+    def common(self, model_id: str, t: dict[str, Any], base: ModelSpec | None) -> dict[str, Any]:
+        """The keys every kind of model reads alike."""
+        return {
+            "id": model_id,
+            "version": self.version(t),
+            "description": self.string(t, "description") or (base.description if base else ""),
+            "source": t["source"],
+            "device": self.string(t, "device", pattern=DEVICE, hint="'auto', 'cpu' or 'cuda:N'")
+            or "auto",
+            "internal_batch_size": self.batch(t, "internal_batch_size"),
+            "perturbations_per_eval": self.batch(t, "perturbations_per_eval"),
+            "base_dir": self.base_dir,
+        }
 
     def runtime(self, t: dict[str, Any], source: Source) -> dict[str, Any]:
         """``compile``, ``compile_mode`` and ``verify_device``."""
@@ -413,12 +419,7 @@ class _Model:
         if source.kind == "hf" and "weights" in t:
             self.fail("weights", "hf: directories carry their own weights; remove 'weights'")
         return ModelSpec(
-            id=model_id,
-            version=self.version(t),
-            description=self.string(t, "description") or (base.description if base else ""),
-            source=t["source"],
-            device=self.string(t, "device", pattern=DEVICE, hint="'auto', 'cpu' or 'cuda:N'")
-            or "auto",
+            **self.common(model_id, t, base),
             dtype=self.choice(t, "dtype", MODEL_DTYPES, base.dtype if base else "float32"),
             inputs=(InputSpec("ids", "int64", (None, None)),),
             output=base.output if base else OutputSpec(shape=(None, None)),
@@ -429,9 +430,6 @@ class _Model:
                 else base.embedding_layer
             ),
             weights=None if source.kind == "hf" else self.weights(t, source),
-            internal_batch_size=self.batch(t, "internal_batch_size"),
-            perturbations_per_eval=self.batch(t, "perturbations_per_eval"),
-            base_dir=self.base_dir,
             kind="causal_lm",
         )
 
