@@ -146,10 +146,6 @@ OUT_OF_PLACE: dict[Any, Any] = {f: op.functions[0] for op in OPS for f in op.inp
 BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
 
 
-def of_function(func: Any) -> Op | None:
-    return BY_FUNCTION.get(func)
-
-
 def of_module(m: nn.Module) -> Op | None:
     """The op a module performs (its exact class, or a listed base class)."""
     for op in OPS:
@@ -160,11 +156,6 @@ def of_module(m: nn.Module) -> Op | None:
 
 def is_inplace(func: Any, kwargs: dict[str, Any]) -> bool:
     return func in OUT_OF_PLACE or bool(kwargs.get("inplace", False))
-
-
-def functions_where(pred: Callable[[Op], bool]) -> frozenset[Any]:
-    """Every out-of-place and in-place callable of the ops ``pred`` selects."""
-    return frozenset(f for op in OPS if pred(op) for f in (*op.functions, *op.inplace))
 
 
 def as_tensors(v: Any) -> list[Tensor]:

@@ -16,7 +16,7 @@ from methods.verify import verify
 from model_registry.spec import LoadedModel
 from service.errors import InvalidRequest, LimitExceeded
 from service.pool.jobs import PREDICT, Job, Reply
-from service.pool.prepare import compile_failure, disable_compiled, reference, serving_model
+from service.pool.prepare import disable_compiled, reference, serving_model, worth_eager_retry
 from service.targets import to_engine
 
 
@@ -63,10 +63,10 @@ def _forward(lm: LoadedModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
             try:
                 out = (lm.model if compiled is None else compiled)(*xs)
             except Exception as exc:
-                if compiled is None or not compile_failure(exc):
+                if compiled is None or not worth_eager_retry(exc):
                     raise
+                out = lm.model(*xs)  # the model's own failure, if it fails eagerly too
                 disable_compiled(lm, exc, "on a request")
-                out = lm.model(*xs)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:
@@ -189,10 +189,10 @@ def run_job(lm: LoadedModel, job: Job) -> Reply:
     try:
         res, verification = _attribute(lm, model, inputs, job, kwargs)
     except Exception as exc:  # a compiled graph that fails on new shapes: eager from now on
-        if model is lm.model or not compile_failure(exc):
+        if model is lm.model or not worth_eager_retry(exc):
             raise
-        disable_compiled(lm, exc, "on a request")
         res, verification = _attribute(lm, lm.model, inputs, job, kwargs)
+        disable_compiled(lm, exc, "on a request")  # eager succeeded: the compiled graph failed
     attrs = res.attributions
     as_tuple = isinstance(attrs, tuple)
     parts = _flat(attrs)  # a nested layer output (an LSTM's out, (h, c)): depth first

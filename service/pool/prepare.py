@@ -140,17 +140,14 @@ def compile_model(lm: LoadedModel) -> None:
     log.info("attrserve: model %s compiled (mode %s)", spec.id, spec.compile_mode)
 
 
-def compile_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (or the error it wraps) comes from torch.compile's own machinery."""
-    from torch._dynamo.exc import TorchDynamoException
-
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 4:
-        if isinstance(e, TorchDynamoException):
-            return True
-        e, seen = e.__cause__, seen + 1
-    return False
+def worth_eager_retry(exc: BaseException) -> bool:
+    """Whether a failure on the compiled model may be the compiler's: anything but a typed
+    input error, a cancellation or an out-of-memory error (the eager model gives those too).
+    The caller retries on the eager model and drops the compiled one only if that succeeds,
+    so the model's own failures are reported as its own (no private torch exception types)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    return isinstance(exc, methods.ModelError) or not isinstance(exc, methods.AttributionError)
 
 
 def disable_compiled(lm: LoadedModel, exc: BaseException, when: str) -> None:
