@@ -1,43 +1,13 @@
-"""``methods.export``: an attribution step as a ``torch.export`` program.
+"""Tracing and exporting: ``methods.attribute`` as one aten graph over a symbolic batch.
 
-``export(model, "saliency", x, target=3)`` returns a ``torch.export.ExportedProgram`` whose
-``forward(*inputs)`` returns what ``methods.attribute(model, inputs, "saliency", target=3)
-.attributions`` returns, for any batch size. ``torch.export.save`` writes it to one file;
-``torch.export.load(...).module()(x)`` gives the heatmap with only torch installed.
-
-How: ``methods.attribute`` itself is traced (one implementation, not a second one written for
-export). ``make_fx`` records every aten op the call runs, the model's forward, autograd's
-backward kernels and the engine's own rules (DeepLift, guided backprop and deconvolution
-intercept the non-linearities, ``methods.engine.intercept``), over fake inputs whose batch
-size is a symbol; the graph of plain aten ops is then exported with that dim dynamic
-(``torch.export.Dim``). Whatever Python decides once per call (parameters, quadrature points,
-the target's form) is baked in. A step that turns the batch size into a Python int (chunking
-by ``internal_batch_size``, a loop over examples) would pin the graph to the example's batch:
-such traces are refused, never returned, and so are results that differ from the eager call.
-
-Targets: ``None``, an int or an index tuple are baked in (Captum's meaning). ``target="input"``
-makes the class an input instead: the program's last argument is an int64 tensor ``(N,)``,
-one class per example, for a model with outputs ``(N, C)`` (the per-example list form of
-``methods.attribute``); out-of-range classes fail at run time.
-
-Saving: ``save(program, path)`` (``from methods.export import save, load``) writes the
-program with ``torch.export.save`` and a description of the step it computes (method,
-effective params, target mode, input specs) as the archive's extra file ``attrserve.json``;
-``load(path)`` reads both back, and the service serves such a file as
-``source = "attribution-export:PATH"``.
-
-Randomness (``gradient_shap``): the program draws from torch's default generator at every call,
-as a model with dropout would; ``torch.manual_seed(s)`` before the call gives exactly
-``methods.attribute(..., seed=s)``'s numbers on the CPU. A seed cannot be baked into the graph.
+What is exported and how is told in the package docstring (``methods.export``); this module
+holds the checks (which methods and arguments can become a fixed graph), the step as a module,
+the trace with a symbolic batch size and the comparison with the eager call.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import warnings
-import weakref
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -50,17 +20,9 @@ from methods.api import attribute
 from methods.engine import quadrature
 from methods.engine.inputs import format_inputs
 from methods.errors import AttributionError, InvalidArgumentError, ModelError
+from methods.export.archive import TARGET_INPUT, describe, remember
 
-__all__ = [
-    "DESCRIPTION_FILE",
-    "EXPORTABLE",
-    "NotExportableError",
-    "description",
-    "export",
-    "load",
-    "read_description",
-    "save",
-]
+__all__ = ["EXPORTABLE", "NotExportableError", "export"]
 
 #: the methods whose whole computation is a fixed graph of tensor ops over the batch
 EXPORTABLE: frozenset[str] = frozenset(
@@ -94,17 +56,6 @@ _WHY_NOT: dict[str, str] = {
     "of tensor operations",
     "neuron": "neuron methods are not exportable yet",
 }
-
-#: the per-call class input (``target="input"``)
-TARGET_INPUT = "input"
-#: the extra file of a saved program that describes its step (``save``, ``load``)
-DESCRIPTION_FILE = "attrserve.json"
-#: the description's format (bumped when a key changes meaning)
-DESCRIPTION_FORMAT = 1
-#: arguments of ``methods.attribute`` that are not the method's own params
-_CALL_ARGUMENTS = ("baselines", "additional_forward_args")
-#: what ``export`` knows of each program it returned, for ``save``
-_DESCRIPTIONS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class NotExportableError(InvalidArgumentError):
@@ -153,7 +104,7 @@ def export(
         torch.manual_seed(0)
         got = program.module()(*args)
     _check_equal(got, expected, method)
-    _DESCRIPTIONS[program] = _describe(model, method, target, params, xs, step.n_classes)
+    remember(program, describe(model, method, target, params, xs, step.n_classes))
     return program
 
 
@@ -389,141 +340,3 @@ def _check_equal(got: Any, expected: Any, method: str) -> None:
                 "(branches on tensors, host-side randomness), which a graph cannot hold",
                 argument="model",
             )
-
-
-# -- saving with a description ------------------------------------------------------------
-
-
-def _json_value(value: Any) -> Any:
-    """A param as JSON: tensors by their dtype and shape (the values stay in the graph)."""
-    if isinstance(value, Tensor):
-        if value.numel() == 1:
-            return value.item()
-        dtype = str(value.dtype).removeprefix("torch.")
-        return {"tensor": {"dtype": dtype, "shape": list(value.shape)}}
-    if isinstance(value, (tuple, list)):
-        return [_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _json_value(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return {"python": type(value).__name__}
-
-
-def _describe(
-    model: Any,
-    method: str,
-    target: Any,
-    params: dict[str, Any],
-    xs: tuple[Tensor, ...],
-    n_classes: int,
-) -> dict[str, Any]:
-    """What a server needs to know of a program: the step it computes and what it takes."""
-    spec = registry.get(method)
-    own = {k: v for k, v in params.items() if k not in _CALL_ARGUMENTS}
-    from methods.params import parse_params
-
-    effective = parse_params(spec.params, method, dict(own))
-    extra = params.get("additional_forward_args")
-    extra = () if extra is None else extra if isinstance(extra, tuple) else (extra,)
-    output: list[int] | None = None
-    try:
-        with torch.no_grad():
-            out = model(*xs, *extra)
-        if isinstance(out, Tensor):
-            output = [int(d) for d in out.shape[1:]]
-    except Exception:  # the program is already checked; the output shape is a courtesy
-        output = None
-    if isinstance(target, Tensor):
-        target = target.item()
-    return {
-        "format": DESCRIPTION_FORMAT,
-        "method": method,
-        "params": _json_value(effective.model_dump()),
-        "given_params": sorted(own),
-        "target": TARGET_INPUT if n_classes else _json_value(target),
-        "n_classes": n_classes or None,
-        "baselines": _json_value(params.get("baselines")),
-        "additional_forward_args": extra != (),
-        "inputs": [
-            {"dtype": str(x.dtype).removeprefix("torch."), "shape": [None, *x.shape[1:]]}
-            for x in xs
-        ],
-        "output_shape": output,
-        "torch": torch.__version__,
-    }
-
-
-def description(program: Any) -> dict[str, Any] | None:
-    """The description ``export`` (or ``load``) recorded for ``program``; None if neither did."""
-    try:
-        return _DESCRIPTIONS.get(program)
-    except TypeError:  # not weak-referenceable: not ours
-        return None
-
-
-def save(
-    program: torch.export.ExportedProgram,
-    path: str | os.PathLike[str],
-    /,
-    describe: dict[str, Any] | None = None,
-) -> None:
-    """``torch.export.save(program, path)`` with the step's description as the extra file
-    ``attrserve.json`` (what a server reads to know the method, params and target mode).
-
-    ``describe`` overrides the description ``export`` recorded; a program that ``export`` did
-    not make needs one (at least ``{"method": ...}``)."""
-    desc = describe if describe is not None else description(program)
-    if desc is None or not isinstance(desc.get("method"), str):
-        raise InvalidArgumentError(
-            "this program was not made by methods.export (or loaded with methods.export.load), "
-            'so its step is unknown: pass describe={"method": ..., "params": {...}, "target": '
-            "...}",
-            argument="program",
-        )
-    text = json.dumps(desc, sort_keys=True)
-    torch.export.save(program, path, extra_files={DESCRIPTION_FILE: text})
-
-
-def _parse(text: str, where: str) -> dict[str, Any] | None:
-    if not text:
-        return None
-    try:
-        desc = json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgumentError(
-            f"{where}: {DESCRIPTION_FILE} is not valid JSON: {exc}", argument="path"
-        ) from None
-    if not isinstance(desc, dict) or not isinstance(desc.get("method"), str):
-        raise InvalidArgumentError(
-            f"{where}: {DESCRIPTION_FILE} must be an object naming the method", argument="path"
-        )
-    return desc
-
-
-def load(
-    path: str | os.PathLike[str],
-) -> tuple[torch.export.ExportedProgram, dict[str, Any] | None]:
-    """A saved program and its description (None when it was saved without one)."""
-    extra = {DESCRIPTION_FILE: ""}
-    program = torch.export.load(path, extra_files=extra)
-    desc = _parse(extra[DESCRIPTION_FILE], str(path))
-    if desc is not None:
-        _DESCRIPTIONS[program] = desc
-    return program, desc
-
-
-def read_description(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The description in a saved program's archive, without loading the program (a server
-    reads it at start-up to validate requests before any worker has loaded the file). None
-    when the file has none. Raises InvalidArgumentError when the file is no .pt2 archive."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = [n for n in archive.namelist() if n.endswith(f"/extra/{DESCRIPTION_FILE}")]
-            text = archive.read(names[0]).decode("utf-8") if names else ""
-    except (OSError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(
-            f"{str(path)!r} is not a program saved with torch.export.save: {exc}",
-            argument="path",
-        ) from None
-    return _parse(text, str(path))
