@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: test serve install install-dev lint bench openapi clean
+.PHONY: test serve install install-dev lint bench openapi docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ bench: $(STAMP)
 
 openapi: install
 	$(BIN)/attrserve openapi > openapi/openapi.json
+
+# The reference site (mkdocs.yml, docs/) into site/, offline; broken links fail the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info
