@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from model_registry import builtin, models_toml
 from model_registry.errors import RegistryError
 from model_registry.loaders import load
 from model_registry.spec import InputSpec, LoadedModel, ModelSpec, OutputSpec
@@ -29,8 +30,6 @@ __all__ = [
 
 def builtin_specs() -> list[ModelSpec]:
     """The built-in demo models (tabular-mlp, image-cnn, text-classifier, tiny-lm), unloaded."""
-    from model_registry import builtin
-
     return builtin.specs()
 
 
@@ -41,6 +40,4 @@ def load_specs(path: str | Path | None) -> list[ModelSpec]:
     """
     if path is None:
         return builtin_specs()
-    from model_registry import models_toml
-
     return models_toml.load_file(path)

@@ -7,11 +7,27 @@ requests against specs and runs the engine on loaded models).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+
+#: dtypes a model's parameters may be cast to (the "working" dtype of gradient methods)
+MODEL_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: dtypes a model input may have
+INPUT_DTYPES = (*MODEL_DTYPES, "int8", "int16", "int32", "int64", "uint8", "bool")
+#: what ``ModelSpec.device`` may say
+DEVICE = re.compile(r"^(auto|cpu|cuda:\d+)$")
+
+
+def resolve_path(path: str, base_dir: str | None) -> Path:
+    """``path`` from a spec's ``source`` or ``weights``: a relative one is taken from
+    ``base_dir`` (``ModelSpec.base_dir``, the directory of the models.toml)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or base_dir is None else Path(base_dir) / p
 
 
 @dataclass(frozen=True)

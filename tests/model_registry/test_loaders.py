@@ -17,7 +17,8 @@ from torch import nn
 
 import methods
 import model_registry
-from model_registry import RegistryError, loaders
+from model_registry import RegistryError
+from model_registry.checks import resolve_device
 from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 
 FACTORY = """
@@ -228,12 +229,12 @@ def spec(**kw: object) -> ModelSpec:
 
 
 def test_device_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert loaders.resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert loaders.resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cpu")
     assert model_registry.load(spec(device="auto")).device == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert loaders.resolve_device("auto") == torch.device("cuda:0")
+    assert resolve_device("auto") == torch.device("cuda:0")
 
 
 def test_missing_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:

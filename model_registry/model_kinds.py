@@ -1,0 +1,231 @@
+"""What a model is, one entry per kind: the spec its models.toml table gives, and how a built
+model of that kind is finished (placed on its device, frozen, checked) at load.
+
+``"tensor"``: tensors in and one output, with declared inputs, labels or output shape.
+``"causal_lm"``: a generative language model with its tokenizer; its inputs are prompts and
+its output the next token, so there is nothing of the sort to declare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import nn
+
+from model_registry.checks import check_dtype, check_forward, check_layers
+from model_registry.errors import RegistryError
+from model_registry.spec import (
+    COMPILE_MODES,
+    MODEL_DTYPES,
+    ExplainSpec,
+    InputSpec,
+    LoadedModel,
+    ModelSpec,
+    OutputSpec,
+)
+from model_registry.table import Table, describe_value
+
+
+@dataclass(frozen=True)
+class Built:
+    """A model as its source built it, before its kind finishes it."""
+
+    model: nn.Module
+    tokenizer: Any = None
+    #: TorchScript: no forward hooks, so no layers (``LoadedModel.is_torchscript``)
+    scripted: bool = False
+    #: False where the module has no train mode to leave (an exported graph bakes its mode in)
+    has_modes: bool = True
+    #: what the source knows of the usual cause of a failed forward probe, for its message
+    forward_hint: str = ""
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    name: str
+    #: the spec of a models.toml table; ``base``: a built-in's spec, filling what is not given
+    spec: Callable[[Table, ModelSpec | None], ModelSpec]
+    #: the built model on its device in its dtype, frozen and checked
+    finish: Callable[[ModelSpec, Built, torch.device], LoadedModel]
+
+
+# -- tensor ---------------------------------------------------------------------------------
+
+
+def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
+    dtype = table.choice("dtype", MODEL_DTYPES, base.dtype if base else "float32")
+    if "inputs" in table or base is None:
+        inputs = table.inputs()
+    else:  # a built-in's own inputs, following a dtype override for its float inputs
+        inputs = tuple(
+            replace(i, dtype=dtype) if i.dtype in MODEL_DTYPES else i for i in base.inputs
+        )
+    labels = table.labels() if "labels" in table or base is None else base.output.labels
+    if "output_shape" in table:
+        shape = table.output_shape()
+    elif labels:
+        shape = (len(labels),)
+    elif base is not None and "labels" not in table:
+        shape = base.output.shape
+    else:
+        table.fail(
+            "output_shape",
+            "required when there are no labels (per example, no batch "
+            "dim; e.g. [] for one scalar per example)",
+        )
+    if labels and shape != (len(labels),):
+        table.fail(
+            "output_shape",
+            f"with {len(labels)} labels the output must be [{len(labels)}] per example, "
+            f"got {list(shape)}",
+        )
+    return ModelSpec(
+        **table.common(description=base.description if base else ""),
+        dtype=dtype,
+        inputs=inputs,
+        output=OutputSpec(shape=shape, labels=labels),
+        layers=table.layers(base),
+        embedding_layer=table.embedding_layer(base),
+        weights=table.weights(),
+        explain=explain(table),
+        **runtime(table),
+    )
+
+
+def explain(table: Table) -> ExplainSpec | None:
+    """``explain = {method = "...", params = {...}}`` (the method is checked at start-up)."""
+    if "explain" not in table:
+        return None
+    v = table.get("explain")
+    if not isinstance(v, dict):
+        table.fail(
+            "explain",
+            f"expected a table {{method = ..., params = {{...}}}}, got {describe_value(v)}",
+        )
+    unknown = sorted(set(v) - {"method", "params"})
+    if unknown:
+        table.fail(f"explain.{unknown[0]}", "unknown key; expected method and params")
+    method, params = v.get("method"), v.get("params", {})
+    if not isinstance(method, str) or not method:
+        table.fail("explain.method", f"expected a method name, got {describe_value(method)}")
+    if not isinstance(params, dict):
+        table.fail(
+            "explain.params",
+            f"expected a table of the method's params, got {describe_value(params)}",
+        )
+    return ExplainSpec(method=method, params=params)
+
+
+def runtime(table: Table) -> dict[str, Any]:
+    """``compile``, ``compile_mode`` and ``verify_device``."""
+    compiled = table.flag("compile", False)
+    if "compile_mode" in table and not compiled:
+        table.fail("compile_mode", "takes effect with compile = true; add it, or remove this")
+    verify = table.get("verify_device")
+    if verify is not None and not isinstance(verify, bool):
+        table.fail("verify_device", f"expected true or false, got {describe_value(verify)}")
+    return {
+        "compile": compiled,
+        "compile_mode": table.choice("compile_mode", COMPILE_MODES, "default"),
+        "verify_device": verify,
+    }
+
+
+def _placed(spec: ModelSpec, built: Built, device: torch.device) -> nn.Module:
+    model = built.model.to(device=device, dtype=check_dtype(spec))
+    if built.has_modes:
+        model.eval()
+    # Serving never trains and the engine differentiates inputs and activations only: frozen
+    # parameters save the weight gradients, and leave the engine's guard nothing to toggle
+    # (so concurrent requests on one model do not race on requires_grad flags).
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _finish_tensor(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
+    model = _placed(spec, built, device)
+    check_layers(spec, model, is_torchscript=built.scripted)
+    loaded = LoadedModel(
+        spec=spec,
+        model=model,
+        device=device,
+        is_torchscript=built.scripted,
+        tokenizer=built.tokenizer,
+    )
+    check_forward(loaded, built.forward_hint)
+    return loaded
+
+
+# -- causal_lm ------------------------------------------------------------------------------
+
+#: keys a causal_lm model does not take: its inputs are prompts, its output the next token
+NOT_FOR_LM: Mapping[str, str] = MappingProxyType(
+    {
+        key: f"a causal_lm model takes prompts and attributes answers; it has no {key} to declare"
+        for key in (
+            "inputs",
+            "labels",
+            "output_shape",
+            "explain",
+            "compile",
+            "compile_mode",
+            "verify_device",
+        )
+    }
+)
+
+
+def _causal_lm_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
+    table.refuse(NOT_FOR_LM)
+    return ModelSpec(
+        **table.common(description=base.description if base else ""),
+        dtype=table.choice("dtype", MODEL_DTYPES, base.dtype if base else "float32"),
+        inputs=(InputSpec("ids", "int64", (None, None)),),
+        output=base.output if base else OutputSpec(shape=(None, None)),
+        layers=table.layers(base),
+        embedding_layer=table.embedding_layer(base),
+        weights=table.weights(),
+        kind="causal_lm",
+    )
+
+
+def _finish_causal_lm(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
+    """The model with its tokenizer in ``LoadedModel.extra["lm_tokenizer"]``."""
+    tokenizer = built.tokenizer
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        raise RegistryError(
+            "a causal_lm model needs its tokenizer (an object with encode, decode, "
+            "convert_ids_to_tokens and convert_tokens_to_ids, as Hugging Face's)",
+            model=spec.id,
+            field="source",
+        )
+    model = _placed(spec, built, device)
+    check_layers(spec, model)
+    return LoadedModel(spec=spec, model=model, device=device, extra={"lm_tokenizer": tokenizer})
+
+
+#: every model kind, by the name models.toml's ``kind`` and ``ModelSpec.kind`` give
+MODEL_KINDS: Mapping[str, ModelKind] = MappingProxyType(
+    {
+        k.name: k
+        for k in (
+            ModelKind("tensor", _tensor_spec, _finish_tensor),
+            ModelKind("causal_lm", _causal_lm_spec, _finish_causal_lm),
+        )
+    }
+)
+
+
+def model_kind(spec: ModelSpec) -> ModelKind:
+    """The kind ``spec`` names (a spec built by hand may name none that exists)."""
+    kind = MODEL_KINDS.get(spec.kind)
+    if kind is None:
+        raise RegistryError(
+            f"expected one of {list(MODEL_KINDS)}, got {spec.kind!r}", model=spec.id, field="kind"
+        )
+    return kind

@@ -1,0 +1,138 @@
+"""A model source: what one ``source = "NAME:TARGET"`` prefix decides, and the table of them.
+
+When models.toml is read, a source checks its target (its syntax, and that what it names is
+there), refuses the keys that make no sense for it, says which kind of model it serves and
+builds the spec; at load, it builds the model, which the model kind then finishes. ``@register``
+puts one instance of each in ``SOURCES``; the parser and the loader look a source up there
+once, by the prefix, and never compare source names themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar, TypeVar
+
+import torch
+
+from model_registry.errors import RegistryError
+from model_registry.model_kinds import MODEL_KINDS, Built, model_kind
+from model_registry.spec import LoadedModel, ModelSpec, resolve_path
+from model_registry.table import Table
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parsed ``source`` string."""
+
+    kind: str  # the source's name, a key of SOURCES: "builtin", "python", "hf", ...
+    target: str  # builtin name, file path, directory or "package.module:factory"
+
+    def path(self, base_dir: str | None) -> Path:
+        """File sources: the file (hf: the directory), relative paths taken from ``base_dir``."""
+        return resolve_path(self.target, base_dir)
+
+
+class ModelSource:
+    """What one source decides; subclasses set the class attributes and override the hooks
+    that differ from the defaults here."""
+
+    #: the prefix before the colon
+    name: ClassVar[str]
+    #: the whole form, as error messages list it ("torchscript:PATH")
+    syntax: ClassVar[str]
+    #: the model kinds it can serve (``MODEL_KINDS`` keys); the first is the default
+    kinds: ClassVar[tuple[str, ...]] = ("tensor",)
+    #: models.toml keys that only this source takes (beyond every model's keys)
+    own_keys: ClassVar[tuple[str, ...]] = ()
+    #: models.toml keys this source refuses, each with the message saying why
+    refused: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    # -- reading models.toml ---------------------------------------------------------------
+
+    def check_target(self, target: str) -> None:
+        """Raise ValueError, saying what was expected, when ``target`` is malformed."""
+
+    def validate(self, table: Table, source: Source) -> None:
+        """Check what the target names (a file or directory that must be there)."""
+
+    def defaults(self, source: Source) -> ModelSpec | None:
+        """A spec filling in what models.toml does not give; None: nothing to fill in."""
+        return None
+
+    def kind(self, table: Table, source: Source) -> str:
+        """The model kind: models.toml's ``kind``, else the source's first."""
+        kind = table.choice("kind", tuple(MODEL_KINDS), self.kinds[0])
+        if kind not in self.kinds:
+            table.fail("source", self.not_serving(kind))
+        return kind
+
+    def spec(self, table: Table, source: Source) -> ModelSpec:
+        """The spec of a models.toml table naming this source."""
+        self.validate(table, source)
+        table.refuse(self.refused)
+        kind = self.kind(table, source)
+        return MODEL_KINDS[kind].spec(table, self.defaults(source))
+
+    def not_serving(self, kind: str) -> str:
+        serving = [s.syntax for s in SOURCES.values() if kind in s.kinds]
+        where = one_of(serving) if serving else "no source"
+        return f"a {kind} model cannot come from a {self.name}: source; it comes from {where}"
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def build(self, spec: ModelSpec, source: Source, device: torch.device) -> Built:
+        """The model (and its tokenizer), before its kind places it on the device."""
+        raise NotImplementedError(f"{self.name}: sources build no module; they override load")
+
+    def load(self, spec: ModelSpec, source: Source, device: torch.device) -> LoadedModel:
+        """``spec``'s model built, on its device and checked, as its kind finishes it."""
+        kind = model_kind(spec)
+        if spec.kind not in self.kinds:  # models_toml refuses these; a hand-built spec may not
+            raise RegistryError(self.not_serving(spec.kind), model=spec.id, field="source")
+        loaded = kind.finish(spec, self.build(spec, source, device), device)
+        loaded.extra["source_kind"] = self.name
+        return loaded
+
+
+class FileSource(ModelSource):
+    """A source that is one file (checked to be there when models.toml is read)."""
+
+    def validate(self, table: Table, source: Source) -> None:
+        table.existing(source.target, "source")
+
+
+_SOURCES: dict[str, ModelSource] = {}
+#: every source, by the prefix of its ``source`` strings, in the order errors list them
+SOURCES: Mapping[str, ModelSource] = MappingProxyType(_SOURCES)
+
+S = TypeVar("S", bound=ModelSource)
+
+
+def register(cls: type[S]) -> type[S]:
+    """Class decorator: serve ``cls.name:TARGET`` sources with an instance of ``cls``."""
+    if cls.name in _SOURCES:
+        raise ValueError(f"source {cls.name!r} is registered twice")
+    _SOURCES[cls.name] = cls()
+    return cls
+
+
+def one_of(items: list[str]) -> str:
+    """``a, b or c``."""
+    return " or ".join(filter(None, (", ".join(items[:-1]), items[-1])))
+
+
+def parse_source(text: str) -> Source:
+    """Split ``text`` into source and target; ValueError (saying what was expected) if
+    malformed."""
+    name, sep, target = text.partition(":")
+    found = SOURCES.get(name) if sep else None
+    if found is None:
+        forms = one_of([repr(s.syntax) for s in SOURCES.values()])
+        raise ValueError(f"expected {forms}, got {text!r}")
+    if not target:
+        raise ValueError(f"{name}: source needs a target after the colon, got {text!r}")
+    found.check_target(target)
+    return Source(name, target)
