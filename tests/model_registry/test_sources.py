@@ -1,0 +1,164 @@
+"""The source table: every registered source read from models.toml and loaded end to end, and a
+new source added by registering one class."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import methods
+import model_registry
+from methods.export import save
+from model_registry import RegistryError
+from model_registry.model_kinds import MODEL_KINDS, Built
+from model_registry.models_toml import MODEL_KEYS
+from model_registry.sources import SOURCES, ModelSource, Source, base, parse_source
+from model_registry.spec import ModelSpec
+from tests.methods.test_generation import gpt2, gpt2_tokenizer
+
+TENSOR = (
+    'labels = ["a", "b", "c"]\ninputs = [{ name = "x", dtype = "float32", shape = ["N", 4] }]\n'
+)
+
+
+def tiny() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).eval()
+
+
+def builtin_example(tmp: Path) -> str:
+    return 'source = "builtin:tabular-mlp"\n'
+
+
+def torchscript_example(tmp: Path) -> str:
+    with warnings.catch_warnings():  # torch deprecates TorchScript; serving old files is the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(tiny()), str(tmp / "m.pt"))
+    return 'source = "torchscript:m.pt"\n' + TENSOR
+
+
+def export_example(tmp: Path) -> str:
+    batch = {0: torch.export.Dim("batch")}
+    program = torch.export.export(tiny(), (torch.zeros(3, 4),), dynamic_shapes=(batch,))
+    torch.export.save(program, str(tmp / "m.pt2"))
+    return 'source = "export:m.pt2"\n' + TENSOR
+
+
+def attribution_export_example(tmp: Path) -> str:
+    save(methods.export(tiny(), "saliency", torch.zeros(2, 4), target=0), tmp / "a.pt2")
+    return 'source = "attribution-export:a.pt2"\n'  # inputs and output from its description
+
+
+def python_example(tmp: Path) -> str:
+    name = f"tiny_{uuid.uuid4().hex}"
+    (tmp / f"{name}.py").write_text(
+        "from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Linear(4, 3))\n"
+    )
+    return f'source = "python:{name}:make"\n' + TENSOR
+
+
+def hf_example(tmp: Path) -> str:
+    gpt2().save_pretrained(tmp / "lm")
+    gpt2_tokenizer().save_pretrained(tmp / "lm")
+    return 'source = "hf:lm"\n'
+
+
+#: one models.toml table per source (a source without one fails test_every_source_has_one)
+EXAMPLES: dict[str, tuple[Callable[[Path], str], str]] = {
+    "builtin": (builtin_example, "tensor"),
+    "torchscript": (torchscript_example, "tensor"),
+    "export": (export_example, "tensor"),
+    "attribution-export": (attribution_export_example, "tensor"),
+    "python": (python_example, "tensor"),
+    "hf": (hf_example, "causal_lm"),
+}
+
+
+@pytest.fixture
+def clean_modules() -> Iterator[None]:
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("tiny_"):
+            del sys.modules[name]
+
+
+def read(tmp: Path, table: str) -> ModelSpec:
+    (tmp / "models.toml").write_text(f'[[models]]\nid = "m"\n{table}')
+    (spec,) = model_registry.load_specs(tmp / "models.toml")
+    return spec
+
+
+def test_every_source_has_one_example() -> None:
+    assert set(EXAMPLES) == set(SOURCES)
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_each_source_is_found_read_and_loaded(
+    name: str, tmp_path: Path, clean_modules: None
+) -> None:
+    found = SOURCES[name]
+    assert found.name == name and type(found).__module__ == (
+        f"model_registry.sources.{name.replace('-', '_')}"
+    )  # one module per source, named for it
+    assert set(found.kinds) <= set(MODEL_KINDS) and found.kinds
+    assert not set(found.own_keys) & set(MODEL_KEYS)
+    assert set(found.refused) <= {*MODEL_KEYS, *found.own_keys}
+    example, kind = EXAMPLES[name]
+    spec = read(tmp_path, example(tmp_path))
+    assert parse_source(spec.source) == Source(name, spec.source.partition(":")[2])
+    assert spec.kind == kind
+    loaded = model_registry.load(spec)
+    assert loaded.extra["source_kind"] == name and loaded.device == torch.device("cpu")
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_a_malformed_source_lists_every_source(name: str) -> None:
+    with pytest.raises(ValueError, match=r"got 'onnx:m\.onnx'") as info:
+        parse_source("onnx:m.onnx")
+    assert repr(SOURCES[name].syntax) in str(info.value)
+
+
+class ConstSource(ModelSource):
+    """A source added by registering one class: ``const:N``, a linear map of N features."""
+
+    name = "const"
+    syntax = "const:FEATURES"
+
+    def check_target(self, target: str) -> None:
+        if not target.isdigit():
+            raise ValueError(f"expected const:FEATURES (a number), got {target!r}")
+
+    def build(self, spec: ModelSpec, source: Source, device: torch.device) -> Built:
+        torch.manual_seed(0)
+        return Built(nn.Linear(int(source.target), 3))
+
+
+@pytest.fixture
+def const_source() -> Iterator[None]:
+    base.register(ConstSource)
+    try:
+        yield
+    finally:
+        del base._SOURCES["const"]  # the table as it was, for the tests parametrized over it
+
+
+def test_a_registered_source_is_read_and_loaded(tmp_path: Path, const_source: None) -> None:
+    spec = read(tmp_path, 'source = "const:4"\nlayers = []\n' + TENSOR)
+    loaded = model_registry.load(spec)
+    assert loaded.extra["source_kind"] == "const"
+    assert loaded.model(torch.zeros(2, 4)).shape == (2, 3)
+    with pytest.raises(RegistryError, match=r"field 'source': expected const:FEATURES"):
+        read(tmp_path, 'source = "const:four"\n' + TENSOR)
+    with pytest.raises(RegistryError, match="a causal_lm model cannot come from a const: source"):
+        read(tmp_path, 'source = "const:4"\nkind = "causal_lm"\n')
+    with pytest.raises(ValueError, match="registered twice"):
+        base.register(ConstSource)
