@@ -2,11 +2,16 @@
 tokenizer files), loaded with ``transformers`` (the ``attrserve[hf]`` extra), never from the
 network.
 
-A directory serves a causal language model (the kind's ``transformers`` Auto class loads it)."""
+The model kind comes from the config's ``architectures``, read as plain JSON when models.toml
+is read (no transformers needed for that): each architecture's class name is matched by its
+ending in ``ARCHITECTURES``, and the kind's ``transformers`` Auto class loads it. A new kind of
+Hugging Face model is an entry in each of the two tables (and the kind in ``model_kinds``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 
 import torch
@@ -17,8 +22,46 @@ from model_registry.sources.base import ModelSource, Source, register
 from model_registry.spec import ModelSpec
 from model_registry.table import Table
 
+#: how an architecture's class name ends → the model kind it is served as
+ARCHITECTURES: Mapping[str, str] = MappingProxyType(
+    {
+        "ForCausalLM": "causal_lm",
+        "LMHeadModel": "causal_lm",
+    }
+)
 #: the ``transformers`` Auto class that loads each kind
 AUTO_CLASSES: Mapping[str, str] = MappingProxyType({"causal_lm": "AutoModelForCausalLM"})
+
+
+def architecture_kind(name: str) -> str | None:
+    """The kind an architecture's class name is served as; None: not served."""
+    return next((kind for end, kind in ARCHITECTURES.items() if name.endswith(end)), None)
+
+
+def architectures(directory: Path) -> list[str]:
+    """The ``architectures`` of the directory's config.json; ValueError saying what is wrong."""
+    config = directory / "config.json"
+    try:
+        doc = json.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(
+            f"{str(directory)!r} has no config.json; hf: takes a local Hugging Face model "
+            "directory (config, weights, tokenizer files)"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"cannot read {str(config)!r} as JSON: {e}") from None
+    found = doc.get("architectures", []) if isinstance(doc, dict) else None
+    if not isinstance(found, list) or not all(isinstance(a, str) for a in found):
+        raise ValueError(f"{str(config)!r}: expected 'architectures' to list class names")
+    return found
+
+
+def served() -> str:
+    """The architectures hf: sources serve, as error messages list them."""
+    ends: dict[str, list[str]] = {}
+    for end, kind in ARCHITECTURES.items():
+        ends.setdefault(kind, []).append(f"*{end}")
+    return "; ".join(f"{', '.join(names)} (kind {kind!r})" for kind, names in ends.items())
 
 
 @register
@@ -39,10 +82,39 @@ class HFSource(ModelSource):
             )
 
     def kind(self, table: Table, source: Source) -> str:
-        kind = table.choice("kind", tuple(MODEL_KINDS), "causal_lm")
-        if kind not in self.kinds:
-            table.fail("kind", 'hf: sources are causal language models: kind = "causal_lm"')
-        return kind
+        """The kind the config's architectures give; models.toml's ``kind`` may repeat it."""
+        try:
+            names = architectures(source.path(table.base_dir))
+        except ValueError as e:
+            table.fail("source", str(e))
+        kinds = list(dict.fromkeys(k for k in map(architecture_kind, names) if k is not None))
+        if "kind" in table:
+            kind = table.choice("kind", tuple(MODEL_KINDS), "")
+            if kind not in self.kinds or (names and kind not in kinds):
+                what = (
+                    f"its architectures {names} are served as {kinds}"
+                    if kinds
+                    else f"none of its architectures {names} is served"
+                )
+                table.fail(
+                    "kind",
+                    f"{kind!r} contradicts the directory's config.json: {what}; hf: sources "
+                    f"serve {served()}",
+                )
+            return kind
+        if len(kinds) == 1:
+            return kinds[0]
+        if kinds:
+            table.fail(
+                "source",
+                f"the directory's config.json names architectures {names} of the kinds "
+                f"{kinds}; choose one with kind = ...",
+            )
+        found = f"the architectures {names}" if names else "no architectures"
+        table.fail(
+            "source",
+            f"the directory's config.json names {found}; hf: sources serve {served()}",
+        )
 
     def build(self, spec: ModelSpec, source: Source, device: torch.device) -> Built:
         path = source.path(spec.base_dir)

@@ -1,8 +1,10 @@
-"""The source table: every registered source read from models.toml and loaded end to end, and a
-new source added by registering one class."""
+"""The source table: every registered source read from models.toml and loaded end to end, a new
+source added by registering one class, and ``hf:`` directories served by the kind their
+config.json's ``architectures`` give."""
 
 from __future__ import annotations
 
+import json
 import sys
 import uuid
 import warnings
@@ -19,7 +21,7 @@ from methods.export import save
 from model_registry import RegistryError
 from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.models_toml import MODEL_KEYS
-from model_registry.sources import SOURCES, ModelSource, Source, base, parse_source
+from model_registry.sources import SOURCES, ModelSource, Source, base, hf, parse_source
 from model_registry.spec import ModelSpec
 from tests.methods.test_generation import gpt2, gpt2_tokenizer
 
@@ -162,3 +164,84 @@ def test_a_registered_source_is_read_and_loaded(tmp_path: Path, const_source: No
         read(tmp_path, 'source = "const:4"\nkind = "causal_lm"\n')
     with pytest.raises(ValueError, match="registered twice"):
         base.register(ConstSource)
+
+
+# -- hf: the kind from config.json ------------------------------------------------------------
+
+
+def hf_dir(tmp: Path, config: dict[str, object] | None) -> str:
+    (tmp / "d").mkdir()
+    if config is not None:
+        (tmp / "d" / "config.json").write_text(json.dumps(config))
+    return 'source = "hf:d"\n'
+
+
+@pytest.mark.parametrize(
+    "architecture", ["GPT2LMHeadModel", "LlamaForCausalLM", "XLMWithLMHeadModel"]
+)
+def test_hf_kind_comes_from_the_config(tmp_path: Path, architecture: str) -> None:
+    table = hf_dir(tmp_path, {"architectures": [architecture], "model_type": "x"})
+    assert read(tmp_path, table).kind == "causal_lm"
+    assert read(tmp_path, table + 'kind = "causal_lm"\n').kind == "causal_lm"  # may repeat it
+
+
+def test_hf_explicit_kind_is_enough_without_architectures(tmp_path: Path) -> None:
+    table = hf_dir(tmp_path, {"model_type": "gpt2"})
+    assert read(tmp_path, table + 'kind = "causal_lm"\n').kind == "causal_lm"
+    with pytest.raises(RegistryError, match="names no architectures") as info:
+        read(tmp_path, table)
+    assert info.value.field == "source"
+
+
+@pytest.mark.parametrize(
+    "architectures",
+    [["BertForSequenceClassification"], ["ViTForImageClassification"], ["GPT2Model"]],
+)
+def test_hf_unserved_architecture_is_refused(tmp_path: Path, architectures: list[str]) -> None:
+    table = hf_dir(tmp_path, {"architectures": architectures})
+    with pytest.raises(RegistryError) as info:
+        read(tmp_path, table)
+    err = info.value
+    assert err.model == "m" and err.field == "source"
+    assert str(architectures) in str(err)  # what it found
+    assert "*ForCausalLM, *LMHeadModel (kind 'causal_lm')" in str(err)  # what is served
+    with pytest.raises(RegistryError, match=r"contradicts the directory's config\.json") as info:
+        read(tmp_path, table + 'kind = "causal_lm"\n')
+    assert info.value.field == "kind"
+
+
+def test_hf_kind_contradicting_the_config_names_the_field(tmp_path: Path) -> None:
+    table = hf_dir(tmp_path, {"architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(RegistryError, match=r"'tensor' contradicts .* served as \['causal_lm'\]"):
+        read(tmp_path, table + 'kind = "tensor"\n')
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (None, "has no config.json"),
+        ({"architectures": "GPT2LMHeadModel"}, "expected 'architectures' to list class names"),
+    ],
+)
+def test_hf_config_problems_name_the_source(
+    tmp_path: Path, config: dict[str, object] | None, expected: str
+) -> None:
+    table = hf_dir(tmp_path, config)
+    with pytest.raises(RegistryError, match=expected) as info:
+        read(tmp_path, table)
+    assert info.value.field == "source"
+
+
+def test_hf_weights_are_refused(tmp_path: Path) -> None:
+    table = hf_dir(tmp_path, {"architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(RegistryError, match="field 'weights': hf: directories carry their own"):
+        read(tmp_path, table + 'weights = "w.safetensors"\n')
+
+
+def test_hf_tables_agree() -> None:
+    """Every kind an architecture maps to is a model kind with a transformers class to load
+    it, and ``kinds`` are exactly those."""
+    assert set(hf.ARCHITECTURES.values()) == set(hf.AUTO_CLASSES) == set(SOURCES["hf"].kinds)
+    assert set(hf.AUTO_CLASSES) <= set(MODEL_KINDS)
+    assert hf.architecture_kind("GPT2LMHeadModel") == "causal_lm"
+    assert hf.architecture_kind("BertModel") is None
