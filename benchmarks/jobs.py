@@ -78,7 +78,7 @@ def cli(x: np.ndarray) -> float | None:
         cmd = [
             sys.executable,
             "-m",
-            "service.cli",
+            "service.cli.main",
             "attribute",
             "--model",
             "image-cnn",

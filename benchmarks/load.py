@@ -72,11 +72,11 @@ def minimal_app() -> Any:
 
 def serve_route(port: int) -> None:
     """attrserve with every attribution request through its FastAPI route (no fast path):
-    what ``service.fastpath`` is measured against."""
+    what ``service.http.fastpath`` is measured against."""
     import uvicorn
 
     from service.app import create_app
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     app = create_app(Settings.from_env(port=port))
     app.fast_path = None
@@ -100,7 +100,7 @@ def start(kind: str, **settings: Any) -> tuple[subprocess.Popen[bytes], str]:
     elif kind == "route":
         cmd = [sys.executable, "-m", "benchmarks.load", "--serve-route", str(port)]
     else:
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
+        cmd = [sys.executable, "-m", "service.cli.main", "serve", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     probe = "/docs" if kind == "minimal" else "/v1/health/ready"

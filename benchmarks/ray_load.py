@@ -3,7 +3,7 @@
     python -m benchmarks.ray_load [--replicas 1,2] [--clients 8,16] [--duration 5]
 
 Our server: ``attrserve serve`` with one worker (batching on). Ray Serve: a local Ray instance
-with ``service.ray_cli``'s deployment, each replica one worker on one torch thread, requests
+with ``service.cli.ray``'s deployment, each replica one worker on one torch thread, requests
 through Ray's HTTP proxy. The load is ``benchmarks.load``'s (bare keep-alive connections, one
 example per request, tabular integrated gradients by default). Not a timed test: on a small
 machine Ray's proxy, controller and replicas compete with the workers for the same cores.
@@ -32,8 +32,8 @@ def ray_rows(
     from ray import serve
 
     from benchmarks.load import _port
-    from service import ray_cli
-    from service.settings import Settings
+    from service.cli import ray as ray_cli
+    from service.core.settings import Settings
 
     ray.init(
         num_cpus=replicas, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR

@@ -1,26 +1,12 @@
-"""attrserve's HTTP service: ``create_app(settings)`` and the ``attrserve`` command."""
+"""attrserve's HTTP service: ``service.app.create_app(settings)`` and the ``attrserve`` command.
 
-from __future__ import annotations
+The folders read as the path of a request: ``http`` (routes, middleware, fast path) ->
+``serving`` and ``jobs`` (use cases) -> ``pool`` (queue, batching, worker processes) ->
+``worker`` (the worker process) -> ``kinds`` (what each kind of model decides) -> ``wire``
+(schemas and codecs) -> ``core`` (errors, settings, the work that crosses processes). Each layer
+imports only the ones after it (``[tool.importlinter]`` in pyproject.toml).
+"""
 
-from typing import TYPE_CHECKING, Any
+from service.core.version import __version__
 
-__version__ = "0.1.0"
-
-if TYPE_CHECKING:
-    from service.app import create_app
-    from service.settings import Settings
-
-__all__ = ["Settings", "__version__", "create_app"]
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy: importing ``service`` must not import torch or fastapi.
-    if name == "create_app":
-        from service.app import create_app
-
-        return create_app
-    if name == "Settings":
-        from service.settings import Settings
-
-        return Settings
-    raise AttributeError(f"module 'service' has no attribute {name!r}")
+__all__ = ["__version__"]

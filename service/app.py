@@ -16,19 +16,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import methods
 import model_registry
-from service import docs, openapi_doc, problems
-from service.errors import ServiceError
-from service.fastpath import FastAttributions, takes
+from service.core.errors import ServiceError
+from service.core.settings import Settings
+from service.core.telemetry import Telemetry
+from service.http import docs, openapi_doc, problems
+from service.http.fastpath import FastAttributions, takes
+from service.http.limits import BodyLimit
+from service.http.middleware import ApiKeys, RequestContext
+from service.http.responses import OrjsonResponse
+from service.http.routes import attributions, catalog, compat, health, jobs
+from service.http.state import AppState
 from service.jobs.runner import JobRunner
-from service.limits import BodyLimit
-from service.middleware import ApiKeys, RequestContext
 from service.pool.pool import WorkerPool
-from service.responses import OrjsonResponse
-from service.routers import attributions, catalog, compat, health, jobs
 from service.serving import kserve
-from service.settings import Settings
-from service.state import AppState
-from service.telemetry import Telemetry
 
 #: the job submission route takes bodies up to ``max_job_body_bytes``
 JOB_SUBMIT = re.compile(r"/v1/models/[^/]+/attribution-jobs")
@@ -42,7 +42,7 @@ class AttrServe(FastAPI):
     """The FastAPI app inside our own middleware (``outer``: request id and access log,
     body limit, API keys), which every request passes, the attribution fast path's too.
 
-    ``fast_path`` (``service.fastpath``) takes only the attribution route's requests and hands
+    ``fast_path`` (``service.http.fastpath``) takes only the attribution route's requests and hands
     back to ``fastapi_call`` whatever it does not answer itself.
     """
 
@@ -130,7 +130,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
                 await state.jobs.stop()
             await pool.stop()
 
-    from service import __version__
+    from service.core.version import __version__
 
     app = AttrServe(
         title="attrserve",

@@ -15,12 +15,13 @@ import torch
 
 import methods
 import model_registry
-from service import cli, offline
-from service.errors import ServiceError
-from service.pool.compute import run_job
-from service.protocol.attributions import AttributionRequest
+from service.cli import main as cli
+from service.cli import offline
+from service.core.errors import ServiceError
+from service.core.settings import Settings
 from service.serving.attributions import build_job
-from service.settings import Settings
+from service.wire.attributions import AttributionRequest
+from service.worker.compute import run_job
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -513,7 +514,7 @@ def test_library_pieces_compose(tmp_path: Path, models: dict[str, Any]) -> None:
 def test_ray_needs_its_extra(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "service.ray_cli", None)  # import fails as if absent
+    monkeypatch.setitem(sys.modules, "service.cli.ray", None)  # import fails as if absent
     assert cli.main(["ray", "serve"]) == 2
     assert "install attrserve[ray]" in capsys.readouterr().err
     src = write_inputs(tmp_path / "x.npy")
@@ -531,7 +532,7 @@ def test_the_console_script(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "service.cli.main",
             "attribute",
             "--model",
             "tabular-mlp",

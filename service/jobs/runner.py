@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from model_registry.spec import ModelSpec
-from service import codec, routing
-from service.errors import (
+from service.core.errors import (
     InvalidRequest,
     NotReady,
     QueueFull,
@@ -30,13 +29,16 @@ from service.errors import (
     StorageFull,
     WorkerLost,
 )
+from service.core.offload import offload
+from service.core.settings import Settings
+from service.core.telemetry import Telemetry
+from service.core.work import Job, Reply
 from service.jobs.store import JobRow, JobStore
-from service.pool.jobs import Job, Reply
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
-from service.protocol.attributions import AttributionRequest
 from service.serving.attributions import build_job
-from service.settings import Settings
-from service.telemetry import Telemetry
+from service.wire import codec
+from service.wire.attributions import AttributionRequest
+from service.wire.json import parse_json
 
 log = logging.getLogger("attrserve.jobs")
 #: times a chunk is tried again after its worker was lost
@@ -119,9 +121,7 @@ class JobRunner:
                 f"the jobs' disk budget ({self.settings.max_data_bytes} bytes) is full; "
                 "fetch and delete finished jobs, or retry when older ones expire"
             )
-        checked = await routing.offload(
-            build_job, job_settings(self.settings), spec, req, math.inf, ""
-        )
+        checked = await offload(build_job, job_settings(self.settings), spec, req, math.inf, "")
         per_example = max(1, checked.cost // max(1, checked.n))
         chunk = max(
             1, min(self.settings.job_chunk_cost // per_example, self.settings.max_batch_size)
@@ -172,8 +172,8 @@ class JobRunner:
             return
         self._gauges()
         spec = self.specs[row.model_id]
-        req = AttributionRequest.model_validate(routing.parse_json(self.store.request(row.id)))
-        parts = await routing.offload(self._parts, spec, req)
+        req = AttributionRequest.model_validate(parse_json(self.store.request(row.id)))
+        parts = await offload(self._parts, spec, req)
         done, size = row.done, min(row.chunk, 4)  # grows to job_chunk_ms worth of examples
         target_s = self.settings.job_chunk_ms / 1e3
         while done < row.total:
@@ -363,7 +363,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _error(exc: Exception) -> dict[str, Any]:
-    from service.problems import to_service_error
+    from service.http.problems import to_service_error
 
     err = to_service_error(exc)
     return {"status": err.status, "title": err.title, "detail": err.detail, "errors": err.errors}

@@ -1,6 +1,6 @@
 """The parent side of the worker pool: a bounded queue, adaptive batching, dispatch, supervision.
 
-Each worker is a spawned process with one socket-pair channel (``service.pool.channel``) that
+Each worker is a spawned process with one socket-pair channel (``service.worker.channel``) that
 the event loop reads and writes through asyncio streams: the loop never blocks on a worker.
 Dispatch is adaptive: an idle worker gets a request at once; while a worker is computing,
 requests that may share an engine call (same merge key) wait together and go as one batch, up
@@ -35,13 +35,13 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from model_registry.spec import ModelSpec
-from service.errors import NotReady, QueueFull, ServiceError, WorkerLost
-from service.pool import threads
-from service.pool.channel import frame, read_message
-from service.pool.jobs import Batch, Job, Reply
-from service.pool.worker import worker_main
-from service.settings import Settings
-from service.telemetry import Telemetry
+from service.core.errors import NotReady, QueueFull, ServiceError, WorkerLost
+from service.core.settings import Settings
+from service.core.telemetry import Telemetry
+from service.core.work import Batch, Job, Reply
+from service.worker import threads
+from service.worker.channel import frame, read_message
+from service.worker.main import worker_main
 
 log = logging.getLogger("attrserve.pool")
 

@@ -14,8 +14,7 @@ from methods.noise_tunnel import parse_noise_tunnel
 from methods.params import MethodParams, parse_params
 from methods.registry import CostShape, MethodSpec
 from model_registry.spec import ModelSpec
-from service import codec, routing, support
-from service.errors import (
+from service.core.errors import (
     DeadlineExceeded,
     InvalidRequest,
     LimitExceeded,
@@ -23,13 +22,17 @@ from service.errors import (
     ServiceError,
     from_engine,
 )
-from service.pool.jobs import Job, Reply, new_id
-from service.pool.merge import merge_key
+from service.core.offload import offload as in_thread
+from service.core.settings import Settings
+from service.core.work import Job, Reply, new_id
+from service.kinds import causal_lm as generation
+from service.kinds import exported
 from service.pool.pool import Entry, WorkerPool
-from service.protocol.attributions import AttributionRequest
-from service.serving import exported, generation, pictures
-from service.settings import Settings
-from service.targets import resolve_target
+from service.serving import pictures, support
+from service.wire import codec
+from service.wire.attributions import AttributionRequest
+from service.wire.targets import resolve_target
+from service.worker.merge import merge_key
 
 #: characters a text may hold per allowed token before it is refused unread (long words)
 MAX_CHARS_PER_TOKEN = 32
@@ -358,7 +361,7 @@ async def attribute(
             )
         return body, job, reply
     if offload:
-        job = await routing.offload(build_job, settings, spec, req, deadline, request_id)
+        job = await in_thread(build_job, settings, spec, req, deadline, request_id)
     else:
         job = build_job(settings, spec, req, deadline, request_id)
     job.predictions = predictions

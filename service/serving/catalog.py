@@ -6,8 +6,8 @@ from typing import Any
 
 import methods
 from model_registry.spec import ModelSpec
-from service import support
-from service.protocol.catalog import (
+from service.serving import support
+from service.wire.catalog import (
     ExportedInfo,
     InputInfo,
     MethodInfoOut,

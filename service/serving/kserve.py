@@ -10,11 +10,12 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from model_registry.spec import ExplainSpec, ModelSpec
-from service import codec, support
-from service.errors import InvalidRequest, Loc, ServiceError
-from service.pool.jobs import Reply
-from service.protocol.attributions import AttributionRequest
-from service.protocol.oip import V1Request
+from service.core.errors import InvalidRequest, Loc, ServiceError
+from service.core.work import Reply
+from service.serving import support
+from service.wire import codec
+from service.wire.attributions import AttributionRequest
+from service.wire.oip import V1Request
 
 #: attributions request fields that ``parameters`` may not set (they come from the body)
 NOT_PARAMETERS = ("inputs",)
@@ -114,8 +115,8 @@ def with_defaults(given: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
 def check_explanation(spec: ModelSpec) -> None:
     """Start-up check of a models.toml ``explain``: the method serves this model and its
     params validate (the message names the model; the server does not start otherwise)."""
+    from service.core.settings import Settings
     from service.serving.attributions import decode_params, validate_params
-    from service.settings import Settings
 
     ex = default_explanation(spec)
     try:

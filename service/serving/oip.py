@@ -18,15 +18,15 @@ import numpy as np
 import orjson
 
 from model_registry.spec import ModelSpec
-from service import oip_tensors
-from service.errors import InvalidRequest, Loc
-from service.oip_tensors import OF_TORCH
-from service.pool.jobs import Reply
-from service.protocol.attributions import AttributionRequest
-from service.protocol.oip import InferenceRequest
-from service.responses import OPTIONS
+from service.core.errors import InvalidRequest, Loc
+from service.core.settings import Settings
+from service.core.work import Reply
 from service.serving.kserve import validated, with_defaults
-from service.settings import Settings
+from service.wire import oip_tensors
+from service.wire.attributions import AttributionRequest
+from service.wire.json import OPTIONS
+from service.wire.oip import InferenceRequest
+from service.wire.oip_tensors import OF_TORCH
 
 #: request parameters the protocol (or Triton's client) uses for itself, not explain options
 RESERVED = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority")

@@ -1,5 +1,5 @@
 """Pictures of a reply's attributions (README, "Pictures"): which examples and inputs to draw, and
-what to draw them over; the drawing itself is ``service.render``."""
+what to draw them over; the drawing itself is ``service.serving.render``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from model_registry.spec import ModelSpec
-from service import render
-from service.errors import InvalidRequest
-from service.pool.jobs import Job, Reply
-from service.protocol.attributions import RenderSpec
+from service.core.errors import InvalidRequest
+from service.core.work import Job, Reply
+from service.serving import render
+from service.wire.attributions import RenderSpec
 
 #: the most pictures one response carries
 MAX_RENDERS = 32

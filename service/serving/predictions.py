@@ -8,13 +8,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from model_registry.spec import ModelSpec
-from service import codec, routing
-from service.pool.jobs import PREDICT, Job, Reply, new_id
-from service.pool.merge import predict_key
+from service.core.offload import offload as in_thread
+from service.core.settings import Settings
+from service.core.work import PREDICT, Job, Reply, new_id
+from service.kinds import exported
 from service.pool.pool import WorkerPool
-from service.serving import exported
 from service.serving.attributions import budget_ms, check_texts, run
-from service.settings import Settings
+from service.wire import codec
+from service.worker.merge import predict_key
 
 
 def build_job(
@@ -67,7 +68,7 @@ async def predict(
     budget = budget_ms(settings, deadline_ms)
     deadline = time.time() + budget / 1e3
     if offload:
-        job = await routing.offload(build_job, settings, spec, inputs, deadline, request_id)
+        job = await in_thread(build_job, settings, spec, inputs, deadline, request_id)
     else:
         job = build_job(settings, spec, inputs, deadline, request_id)
     reply, _ = await run(pool, job, budget, started, disconnected)

@@ -107,7 +107,7 @@ def start_server(tmp: Path, **settings: object) -> Server:
     cmd = [
         sys.executable,
         "-m",
-        "service.cli",
+        "service.cli.main",
         "serve",
         "--host",
         "127.0.0.1",

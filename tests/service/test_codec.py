@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from model_registry.spec import InputSpec, ModelSpec, OutputSpec
-from service import codec
-from service.errors import InvalidRequest, LimitExceeded
-from service.targets import resolve_target
+from service.core.errors import InvalidRequest, LimitExceeded
+from service.wire import codec
+from service.wire.targets import resolve_target
 from tests.service.helpers import b64
 
 TAB = ModelSpec(

@@ -435,7 +435,7 @@ def test_routes_without_the_fast_path() -> None:
     from fastapi.testclient import TestClient
 
     from service.app import create_app
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     app = create_app(Settings(), start_workers=False)
     app.fast_path = None

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
-import service.cli as cli
-from service.pool import threads
-from service.routers.health import router as health_router
-from service.settings import Settings
+import service.cli.main as cli
+from service.core.settings import Settings
+from service.http.routes.health import router as health_router
+from service.worker import threads
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted(REPO.glob("Dockerfile*"))
@@ -172,7 +172,7 @@ def test_cmd_is_the_console_script_configured_by_env(monkeypatch: pytest.MonkeyP
     argv = json.loads(cmd)
     assert argv == ["attrserve", "serve"]
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts[argv[0]] == "service.cli:main"
+    assert scripts[argv[0]] == "service.cli.main:main"
     assert all("command" not in service for service in _services().values())
     parsed: list[argparse.Namespace] = []
     monkeypatch.setattr(cli, "serve", parsed.append)

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.settings import ApiKey, Settings
+from service.core.settings import ApiKey, Settings
 
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
 ATTR = "/v1/models/tabular-mlp/attributions"

@@ -43,7 +43,7 @@ def lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env |= {"ATTRSERVE_DATA_DIR": str(tmp / "data"), "ATTRSERVE_MAX_TARGET_TOKENS": "6"}
     port = free_port()
     log = tmp / "server.log"
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port",
+    cmd = [sys.executable, "-m", "service.cli.main", "serve", "--host", "127.0.0.1", "--port",
            str(port), "--models", str(tmp / "models.toml")]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)

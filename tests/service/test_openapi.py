@@ -10,7 +10,7 @@ import pytest
 
 import methods
 from methods import registry
-from service.cli import openapi_spec, openapi_text
+from service.cli.main import openapi_spec, openapi_text
 from service.serving.catalog import method_list
 
 COMMITTED = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from service import render
+from service.serving import render
 from tests.service.conftest import Server
 
 

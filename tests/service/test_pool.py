@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.errors import QueueFull, WorkerLost
-from service.pool.channel import HEADER
-from service.pool.jobs import Batch, Job, Reply
+from service.core.errors import QueueFull, WorkerLost
+from service.core.settings import Settings
+from service.core.telemetry import Telemetry
+from service.core.work import Batch, Job, Reply
 from service.pool.pool import WorkerPool
-from service.settings import Settings
-from service.telemetry import Telemetry
+from service.worker.channel import HEADER
 
 
 class FakeWriter:

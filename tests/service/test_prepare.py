@@ -16,10 +16,10 @@ import methods
 import model_registry
 from methods import registry
 from model_registry.spec import LoadedModel, ModelSpec
-from service.pool import compute, prepare
-from service.protocol.attributions import AttributionRequest
+from service.core.settings import Settings
 from service.serving.attributions import build_job
-from service.settings import Settings
+from service.wire.attributions import AttributionRequest
+from service.worker import compute, prepare
 
 X = torch.linspace(-1, 1, 40).reshape(5, 8)
 

@@ -1,4 +1,4 @@
-"""Scale-out on Ray (``service.ray_cli``): the app on Ray Serve, a file job on Ray Data.
+"""Scale-out on Ray (``service.cli.ray``): the app on Ray Serve, a file job on Ray Data.
 
 A local Ray instance (3 logical CPUs: two Serve replicas and one Ray Data actor; no dashboard,
 a small object store) is started once for the module and shut down after it. Two replicas of
@@ -25,9 +25,10 @@ from tests.service.conftest import Server, free_port
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'attrserve[ray]')")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed (attrserve[ray])")
 
-from service import offline, ray_cli  # noqa: E402
-from service.cli import build_parser  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from service.cli import offline  # noqa: E402
+from service.cli import ray as ray_cli  # noqa: E402
+from service.cli.main import build_parser  # noqa: E402
+from service.core.settings import Settings  # noqa: E402
 
 #: Ray warns about its own internals (deprecations between its modules): not ours to fix
 pytestmark = [

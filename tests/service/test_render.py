@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFont
 
-from service import render
-from service.protocol.attributions import RenderSpec
+from service.serving import render
+from service.wire.attributions import RenderSpec
 
 PAD, FRAME = render.PAD, render.GAP + render.BAR_H + render.LINE_H  # layout of a framed map
 rng = np.random.default_rng(0)

@@ -1,0 +1,87 @@
+"""What crosses the process boundary: jobs, batches and replies, as plain picklable data."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: a resolved target as plain data (``service.wire.targets``): None, or a dict with a "kind"
+WireTarget = dict[str, Any] | None
+#: a new job id (unique in the server process)
+new_id = itertools.count(1).__next__
+#: ``Job.method`` of a prediction: the model's outputs for the inputs, no attribution
+PREDICT = "predict"
+
+
+@dataclass
+class Job:
+    """One validated request, ready for the engine (arrays stay numpy until the worker)."""
+
+    id: int
+    model_id: str
+    method: str  # the method the engine runs
+    arrays: tuple[np.ndarray, ...]
+    texts: tuple[str, ...]
+    target: WireTarget
+    baselines: Any
+    params: dict[str, Any]
+    internal_batch_size: int | str | None
+    perturbations_per_eval: int | str | None
+    noise_tunnel: dict[str, Any] | None
+    seed: int | None
+    return_delta: bool
+    deadline: float  # time.time() after which the work is abandoned
+    n: int
+    cost: int
+    #: token models: the embedding layer a rewritten gradient method attributes to (summed)
+    attributed_layer: str | None = None
+    #: saliency rewritten onto a layer: take the absolute value before summing
+    post_abs: bool = False
+    #: requests with equal keys may be merged into one engine call; None: never merged
+    key: tuple[Any, ...] | None = None
+    #: the HTTP request's X-Request-ID, for the worker's log lines
+    request_id: str = ""
+    #: token models: the most tokens a text may have
+    max_tokens: int | None = None
+    #: also return the model's whole output per example (KServe/OIP explain; always on PREDICT)
+    predictions: bool = False
+    #: a chunk of an attribution job: runs when no synchronous request waits (or when jobs are
+    #: owed their share of worker time), never merged, preempted by synchronous work
+    background: bool = False
+    #: causal LMs: the prompt, features, baselines, skip_tokens, target text and gen_args of
+    #: an ``attribute_generation`` call (``service.kinds.causal_lm``); None otherwise
+    generation: dict[str, Any] | None = None
+    #: also compare with the model's float64 CPU copy (never merged)
+    verify: bool = False
+
+
+@dataclass
+class Batch:
+    id: int
+    jobs: list[Job]
+
+
+@dataclass
+class Reply:
+    """A job's answer; ``error`` is ``ServiceError.to_data()`` when it failed."""
+
+    job_id: int
+    attributions: list[np.ndarray] = field(default_factory=list)
+    as_tuple: bool = False
+    delta: np.ndarray | None = None
+    outputs: np.ndarray | None = None
+    target: list[Any] | None = None
+    tokens: list[list[str]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    #: the model's whole output per example, when the job asked for it
+    predictions: np.ndarray | None = None
+    compute_ms: float = 0.0
+    merged: int = 1
+    error: dict[str, Any] | None = None
+    #: causal LMs: input_tokens, output_tokens, seq_attr, token_attr (plain lists)
+    generation: dict[str, Any] | None = None
+    #: ``Job.verify``: ``methods.verify``'s figures (``Verification.as_dict``)
+    verification: dict[str, Any] | None = None

@@ -1,0 +1,118 @@
+"""Pure ASGI middleware every request passes, in this order: request id and access log, body
+limit, API key. They wrap the whole app (every route), and run before any body is read.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import traceback
+import uuid
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.core.context import access_log, error_log, request_id
+from service.core.errors import ServiceError
+from service.http.auth import authenticate, authorize
+from service.http.problems import problem
+
+#: a caller's X-Request-ID is kept if it is this (printable ASCII, at most 128 characters)
+CALLER_ID = re.compile(r"[\x21-\x7e]{1,128}")
+#: routes open without a key: health (ours and OIP's), OIP server metadata, metrics, and the
+#: API's own documentation
+OPEN_PATHS = re.compile(r"/(|v[12]/health/.*|v2/?|metrics|docs.*|redoc|openapi\.json)")
+#: routes about one model (ours, KServe V1's ``:predict``, OIP's): the key must allow it
+MODEL_PATH = re.compile(r"/v[12]/models/(?P<model_id>[^/:]+)(?:[/:].*)?")
+
+
+def route_info(scope: Scope) -> dict[str, Any]:
+    """Where a route leaves what the access log reports (model, method)."""
+    state: dict[str, Any] = scope.setdefault("state", {})
+    info: dict[str, Any] = state.setdefault("attrserve", {})
+    return info
+
+
+class RequestContext:
+    """``X-Request-ID`` (the caller's, or a new one) on every response, one access-log line per
+    request, and a problem+json 500 carrying only the request id for anything unexpected."""
+
+    def __init__(self, app: ASGIApp, *, access: bool) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        given = Headers(scope=scope).get("x-request-id", "")
+        rid = given if CALLER_ID.fullmatch(given) else uuid.uuid4().hex
+        token = request_id.set(rid)
+        info = route_info(scope)
+        info["request_id"] = rid
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
+                headers.append((b"x-request-id", rid.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            error_log.error(
+                "request %s: %s %s failed\n%s",
+                rid,
+                scope["method"],
+                scope["path"],
+                traceback.format_exc(),
+            )
+            if status == 0:
+                err = ServiceError(f"internal error (request id {rid})")
+                await problem(err, scope.get("path"))(scope, receive, send_with_id)
+        finally:
+            request_id.reset(token)
+            if self.access:
+                line = {
+                    "request_id": rid,
+                    "http_method": scope["method"],
+                    "path": scope["path"],
+                    "model": info.get("model"),
+                    "method": info.get("method"),
+                    "status": status or 499,
+                    "ms": round((time.perf_counter() - started) * 1e3, 3),
+                }
+                access_log.info(orjson.dumps(line).decode())
+
+
+class ApiKeys:
+    """401 without a valid key, 403 for a model the key may not use: from the headers alone,
+    before any body is read or parsed."""
+
+    def __init__(self, app: ASGIApp, settings: Any) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.settings.api_keys:
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if OPEN_PATHS.fullmatch(path) is None:
+            try:
+                key = authenticate(self.settings, Headers(scope=scope))
+                match = MODEL_PATH.fullmatch(path)
+                if match is not None:
+                    authorize(key, match["model_id"])
+            except ServiceError as err:
+                await problem(err, path)(scope, receive, send)
+                return
+            route_info(scope)["api_key"] = key
+        await self.app(scope, receive, send)

@@ -1,0 +1,109 @@
+"""The one problem+json envelope (RFC 9457), and the one place errors are mapped to it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from methods.errors import AttributionError
+from service.core.context import request_id
+from service.core.errors import (
+    BodyTooLarge,
+    InvalidRequest,
+    MalformedRequest,
+    ServiceError,
+    from_engine,
+)
+from service.http.responses import ProblemResponse
+
+TYPE_BASE = "https://attrserve.dev/problems/"
+#: KServe V1 and OIP routes: their problems also carry ``error``
+COMPAT_PATHS = re.compile(r"/v2(/.*)?|/v1/models/[^/]+:(predict|explain)")
+#: what FastAPI's exception middleware answers (the rest reaches its server-error middleware)
+HANDLED = (ServiceError, RequestValidationError, AttributionError, HTTPException)
+
+
+def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
+    """The problem+json response for ``err``; on the KServe and OIP routes the detail is also
+    the ``error`` member, the one their clients read."""
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + err.code,
+        "title": err.title,
+        "status": err.status,
+        "detail": err.detail,
+        "errors": err.errors,
+    }
+    if instance:
+        body["instance"] = instance
+    rid = request_id.get()
+    if rid:
+        body["request_id"] = rid
+    if instance and COMPAT_PATHS.fullmatch(instance):
+        body["error"] = err.detail
+    return ProblemResponse(body, status_code=err.status, headers=err.headers or None)
+
+
+def _validation(exc: RequestValidationError) -> ServiceError:
+    # pydantic's "input" and "ctx" echo what was sent: left out (size, and bytes that are not
+    # Unicode), the location and message say what is wrong
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+    if any(e["type"] in ("json_invalid", "model_attributes_type") for e in errors) or any(
+        e["loc"] == ["body"] and e["type"] == "missing" for e in errors
+    ):
+        detail = "the request body is not a JSON object: " + "; ".join(e["msg"] for e in errors)
+        return MalformedRequest(detail, errors=errors)
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"][1:]) or "body"
+    return InvalidRequest(f"{where}: {first['msg']}", errors=errors)
+
+
+def _http(exc: HTTPException) -> ServiceError:
+    err = ServiceError(str(exc.detail))
+    err.status = exc.status_code
+    err.code = "http_" + str(exc.status_code)
+    err.title = str(exc.detail)
+    if exc.status_code == 413:
+        return BodyTooLarge(str(exc.detail))
+    return err
+
+
+def to_service_error(exc: Exception) -> ServiceError:
+    """Map any exception the app may see to a service error (the one mapping)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return _validation(exc)
+    if isinstance(exc, AttributionError):
+        return from_engine(exc)
+    if isinstance(exc, HTTPException):
+        return _http(exc)
+    # anything else is a bug: the client learns only the request id, the log has the rest
+    return ServiceError(f"internal error (request id {request_id.get() or 'unknown'})")
+
+
+def install(app: FastAPI) -> None:
+    """Route every error class through ``problem``."""
+
+    async def handle(request: Request, exc: Exception) -> ProblemResponse:
+        if isinstance(exc, RequestValidationError) and request.method in ("POST", "PUT"):
+            # FastAPI reads a body as JSON only with that content type: say so, not "not an object"
+            given = request.headers.get("content-type", "")
+            media = given.partition(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                shown = f"got {given!r}" if given else "none was sent"
+                exc = MalformedRequest(
+                    f"send the JSON body with Content-Type: application/json ({shown})",
+                    loc=("header", "content-type"),
+                )
+        return problem(to_service_error(exc), request.url.path)
+
+    # Exception: Starlette raises it again after this answer; service.http.middleware logs it
+    for cls in (ServiceError, RequestValidationError, AttributionError, HTTPException, Exception):
+        app.add_exception_handler(cls, handle)

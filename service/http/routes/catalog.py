@@ -1,0 +1,45 @@
+"""GET /v1/models, /v1/models/{model_id}, /v1/methods."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from service.http.middleware import route_info
+from service.http.state import AppState, get_state
+from service.serving import catalog
+from service.wire.catalog import MethodList, ModelInfo, ModelList
+
+router = APIRouter(tags=["catalog"])
+State = Annotated[AppState, Depends(get_state)]
+
+
+@router.get("/v1/models", response_model=ModelList, operation_id="listModels")
+async def list_models(state: State, request: Request) -> ModelList:
+    """Every served model (those the API key may use)."""
+    key = route_info(request.scope).get("api_key")
+    infos = [
+        catalog.model_info(s, state.pool.model_info.get(s.id), state.pool.model_ready(s.id))
+        for s in state.specs.values()
+        if key is None or key.allows(s.id)
+    ]
+    return ModelList(models=infos)
+
+
+@router.get("/v1/models/{model_id}", response_model=ModelInfo, operation_id="getModel")
+async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
+    """One model: inputs, output, layers and the methods it serves."""
+    spec = state.spec(model_id)
+    return catalog.model_info(
+        spec,
+        state.pool.model_info.get(spec.id),
+        state.pool.model_ready(spec.id),
+        state.pool.unready_models().get(spec.id),
+    )
+
+
+@router.get("/v1/methods", response_model=MethodList, operation_id="listMethods")
+async def list_methods(state: State, request: Request) -> MethodList:
+    """Every registered method with its parameters' JSON schema."""
+    return catalog.method_list()

@@ -1,0 +1,317 @@
+"""The one tensor codec: JSON <-> arrays, and every shape, dtype and size check on the wire.
+
+A tensor on the wire is a nested JSON list, or ``{"dtype", "shape", "b64"}`` (raw little-endian
+C-order bytes, base64). Arrays stay numpy in the server process; workers wrap them as tensors.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from model_registry.spec import InputSpec, ModelSpec
+from service.core.errors import InvalidRequest, LimitExceeded, Loc
+
+DTYPES = {
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+}
+#: model input dtypes numpy lacks: carried as this, cast on the model's device
+CARRIED = {"bfloat16": "float32"}
+
+
+def numpy_dtype(name: str) -> np.dtype[Any]:
+    """The numpy dtype a model input of dtype ``name`` is carried as in this process."""
+    return np.dtype(DTYPES[CARRIED.get(name, name)])
+
+
+def _where(loc: Loc) -> str:
+    return ".".join(str(p) for p in loc[1:]) or "body"
+
+
+def is_tensor_object(obj: object) -> bool:
+    return isinstance(obj, dict) and "b64" in obj
+
+
+def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = None) -> np.ndarray:
+    """A wire tensor as an array; ``dtype`` (if given) is the dtype it must have."""
+    if is_tensor_object(obj):
+        return _decode_b64(obj, loc, max_elements, dtype)
+    if isinstance(obj, np.ndarray):  # decoded already (OIP tensors): the same checks
+        return _converted(obj, loc, max_elements, dtype)
+    if isinstance(obj, bool) or not isinstance(obj, (list, int, float)):
+        raise InvalidRequest(
+            f"{_where(loc)} must be a tensor: a nested list of numbers or "
+            '{"dtype", "shape", "b64"}',
+            loc=loc,
+        )
+    try:
+        arr = _asarray(obj)
+    except ValueError:
+        raise InvalidRequest(
+            f"{_where(loc)} is a ragged nested list; every row must have the same length", loc=loc
+        ) from None
+    if arr.dtype.kind not in "biuf":
+        if arr.dtype == object and any(v is None for v in arr.ravel()):
+            raise InvalidRequest(f"{_where(loc)} holds null (NaN is not a valid input)", loc=loc)
+        raise InvalidRequest(f"{_where(loc)} must hold only numbers", loc=loc)
+    return _converted(arr, loc, max_elements, dtype)
+
+
+def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) -> np.ndarray:
+    if arr.size > max_elements:
+        raise LimitExceeded(
+            f"{_where(loc)} has {arr.size} elements; the limit is {max_elements}", loc=loc
+        )
+    if dtype is None:
+        return arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64, copy=False)
+    target = numpy_dtype(dtype)
+    if target.kind in "iub" and arr.dtype.kind == "f":
+        raise InvalidRequest(
+            f"{_where(loc)} must hold integers ({dtype}), got floating-point numbers", loc=loc
+        )
+    return arr.astype(target, copy=False)
+
+
+#: rows converted per step of a long nested list: numpy holds the GIL while it converts, and
+#: a large request decoded in a thread must leave the event loop its turns (health checks)
+ROWS_PER_STEP = 2048
+
+
+def _asarray(obj: Any) -> np.ndarray:
+    if not isinstance(obj, list) or len(obj) <= ROWS_PER_STEP:
+        return np.asarray(obj)
+    parts = [np.asarray(obj[i : i + ROWS_PER_STEP]) for i in range(0, len(obj), ROWS_PER_STEP)]
+    if len({p.shape[1:] for p in parts}) > 1:
+        raise ValueError("ragged")
+    for p in parts:
+        if p.dtype.kind not in "biuf":
+            return p  # not numbers: the caller says so, as for a short list
+    return np.concatenate(parts)
+
+
+def _decode_b64(obj: dict[str, Any], loc: Loc, max_elements: int, dtype: str | None) -> np.ndarray:
+    name, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("b64")
+    if not isinstance(name, str) or name not in DTYPES:
+        raise InvalidRequest(
+            f"{_where(loc)}.dtype must be one of {', '.join(DTYPES)}, got {name!r:.40}",
+            loc=(*loc, "dtype"),
+        )
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise InvalidRequest(
+            f"{_where(loc)}.shape must be a list of non-negative ints", loc=(*loc, "shape")
+        )
+    if dtype is not None and name != CARRIED.get(dtype, dtype):
+        raise InvalidRequest(
+            f"{_where(loc)} has dtype {name}; this model input takes {dtype}", loc=(*loc, "dtype")
+        )
+    count = math.prod(shape)  # Python ints: a product that overflows int64 stays what it is
+    if count > max_elements:
+        raise LimitExceeded(
+            f"{_where(loc)} has {count} elements; the limit is {max_elements}", loc=loc
+        )
+    if not isinstance(data, str):
+        raise InvalidRequest(f"{_where(loc)}.b64 must be a base64 string", loc=(*loc, "b64"))
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"{_where(loc)}.b64 is not valid base64", loc=(*loc, "b64")) from None
+    np_dtype = np.dtype(DTYPES[name]).newbyteorder("<")
+    if len(raw) != count * np_dtype.itemsize:
+        raise InvalidRequest(
+            f"{_where(loc)}.b64 holds {len(raw)} bytes; shape {shape} of {name} needs "
+            f"{count * np_dtype.itemsize}",
+            loc=(*loc, "b64"),
+        )
+    return (
+        np.frombuffer(raw, dtype=np_dtype)
+        .astype(np_dtype.newbyteorder("="), copy=True)
+        .reshape(shape)
+    )
+
+
+def encode_tensor(arr: np.ndarray, encoding: str) -> Any:
+    """An array for the response: the array itself (orjson writes nested lists) or base64."""
+    arr = np.ascontiguousarray(arr)
+    if encoding == "base64":
+        le = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+        return {
+            "dtype": str(arr.dtype),
+            "shape": list(arr.shape),
+            "b64": base64.b64encode(le.tobytes()).decode("ascii"),
+        }
+    return arr
+
+
+def check_finite(arr: np.ndarray, loc: Loc) -> None:
+    if arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
+        bad = np.argwhere(~np.isfinite(arr))[0].tolist()
+        raise InvalidRequest(f"{_where(loc)} holds NaN or infinity (first at index {bad})", loc=loc)
+
+
+def check_input(arr: np.ndarray, spec: InputSpec, loc: Loc) -> None:
+    """Shape (free dims may be anything) and finiteness against the model's declared input."""
+    if arr.ndim != len(spec.shape):
+        raise InvalidRequest(
+            f"{_where(loc)} has shape {list(arr.shape)}; input {spec.name!r} takes "
+            f"{_shape_text(spec.shape)} ({len(spec.shape)} dims, dim 0 the examples)",
+            loc=loc,
+        )
+    for d, (got, want) in enumerate(zip(arr.shape, spec.shape, strict=True)):
+        if want is not None and d > 0 and got != want:
+            raise InvalidRequest(
+                f"{_where(loc)} has shape {list(arr.shape)}; input {spec.name!r} takes "
+                f"{_shape_text(spec.shape)} (dim {d} must be {want})",
+                loc=loc,
+            )
+    check_finite(arr, loc)
+
+
+def _shape_text(shape: Sequence[int | None]) -> str:
+    return (
+        "["
+        + ", ".join(
+            "N" if i == 0 and d is None else ("*" if d is None else str(d))
+            for i, d in enumerate(shape)
+        )
+        + "]"
+    )
+
+
+@dataclass(frozen=True)
+class DecodedInputs:
+    """Request inputs: arrays in the model's input order, or raw texts for the tokenizer."""
+
+    arrays: tuple[np.ndarray, ...] = ()
+    texts: tuple[str, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return len(self.texts) if self.texts else int(self.arrays[0].shape[0])
+
+
+def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) -> DecodedInputs:
+    """``inputs`` in any accepted form: one tensor, a list per input, an object by name, texts."""
+    loc: Loc = ("body", "inputs")
+    if spec.kind == "causal_lm":
+        raise InvalidRequest(
+            f"model {spec.id!r} is a causal language model: POST /v1/models/{spec.id}/"
+            'attributions with "inputs": {"prompt": "...", "features": [...]} and the answer '
+            'as "target" (this route and its tensor inputs are for the other models)',
+            loc=loc,
+        )
+    names = [i.name for i in spec.inputs]
+    if isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+        if spec.embedding_layer is None:
+            raise InvalidRequest(
+                f"model {spec.id!r} has no tokenizer; send tensors, not text", loc=loc
+            )
+        if len(raw) > max_batch:
+            raise LimitExceeded(
+                f"inputs hold {len(raw)} texts; the limit is {max_batch} per request", loc=loc
+            )
+        return DecodedInputs(texts=tuple(raw))
+    if isinstance(raw, dict) and not is_tensor_object(raw):
+        unknown = sorted(set(raw) - set(names))
+        missing = [n for n in names if n not in raw]
+        if unknown or missing:
+            raise InvalidRequest(
+                f"inputs by name must give exactly the model's inputs {names}"
+                + (f"; unknown: {unknown}" if unknown else "")
+                + (f"; missing: {missing}" if missing else ""),
+                loc=loc,
+            )
+        parts = [(raw[n], (*loc, n)) for n in names]
+    elif len(names) > 1:
+        if not isinstance(raw, list) or len(raw) != len(names):
+            raise InvalidRequest(
+                f"model {spec.id!r} takes {len(names)} inputs {names}: send a list of "
+                "that many tensors or an object keyed by input name",
+                loc=loc,
+            )
+        parts = [(t, (*loc, i)) for i, t in enumerate(raw)]
+    elif isinstance(raw, list) and len(raw) == 1 and is_tensor_object(raw[0]):
+        parts = [(raw[0], (*loc, 0))]
+    else:
+        parts = [(raw, loc)]
+    arrays = []
+    for (obj, where), ispec in zip(parts, spec.inputs, strict=True):
+        if isinstance(obj, list) and len(obj) > max_batch:  # before converting a long list
+            raise LimitExceeded(
+                f"inputs hold {len(obj)} examples; the limit is {max_batch} per request", loc=where
+            )
+        arr = decode_tensor(obj, where, max_elements, ispec.dtype)
+        check_input(arr, ispec, where)
+        arrays.append(arr)
+    n = int(arrays[0].shape[0])
+    for arr, (_, where) in zip(arrays, parts, strict=True):
+        if arr.shape[0] != n:
+            raise InvalidRequest(
+                f"every input needs the same number of examples: {n} and {arr.shape[0]}",
+                loc=where,
+            )
+    if n == 0:
+        raise InvalidRequest("inputs hold no examples", loc=loc)
+    if n > max_batch:
+        raise LimitExceeded(
+            f"inputs hold {n} examples; the limit is {max_batch} per request", loc=loc
+        )
+    return DecodedInputs(arrays=tuple(arrays))
+
+
+def decode_baselines(
+    raw: Any, spec: ModelSpec, inputs: DecodedInputs, max_elements: int
+) -> float | tuple[np.ndarray | float, ...] | None:
+    """``baselines``: null, a number, one tensor, or one number/tensor per input (or by name)."""
+    loc: Loc = ("body", "baselines")
+    if raw is None:
+        return None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        if not np.isfinite(raw):
+            raise InvalidRequest("baselines must be finite", loc=loc)
+        return float(raw)
+    names = [i.name for i in spec.inputs]
+    if isinstance(raw, dict) and not is_tensor_object(raw):
+        if set(raw) != set(names):
+            raise InvalidRequest(f"baselines by name must give exactly {names}", loc=loc)
+        parts = [(raw[n], (*loc, n)) for n in names]
+    elif len(names) > 1:
+        if not isinstance(raw, list) or len(raw) != len(names):
+            raise InvalidRequest(f"give one baseline per input {names}", loc=loc)
+        parts = [(b, (*loc, i)) for i, b in enumerate(raw)]
+    else:
+        parts = [(raw, loc)]
+    out: list[np.ndarray | float] = []
+    for (obj, where), ispec in zip(parts, spec.inputs, strict=True):
+        if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+            out.append(float(obj))
+            continue
+        dtype = ispec.dtype if not inputs.texts else "int64"
+        arr = decode_tensor(obj, where, max_elements, dtype if is_tensor_object(obj) else None)
+        arr = arr.astype(numpy_dtype(dtype), copy=False)
+        if arr.ndim == len(ispec.shape) - 1:
+            arr = arr[None]
+        check_finite(arr, where)
+        if not inputs.texts and arr.shape[1:] != inputs.arrays[len(out)].shape[1:]:
+            raise InvalidRequest(
+                f"{_where(where)} has shape {list(arr.shape)}; it must match the input "
+                f"{list(inputs.arrays[len(out)].shape)} (dim 0 may be 1 to broadcast)",
+                loc=where,
+            )
+        out.append(arr)
+    return tuple(out)

@@ -1,0 +1,126 @@
+"""Targets on the wire: every JSON form the README lists, resolved against the model's output.
+
+The result is plain data the worker turns into an engine target:
+``None`` | ``{"kind": "index", "index": [...]}`` | ``{"kind": "per_example", "rows": [...]}`` |
+``{"kind": "per_example_tuple", "rows": [[...], ...]}`` | ``{"kind": "predicted"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_registry.spec import OutputSpec
+from service.core.errors import InvalidRequest, Loc
+from service.core.work import WireTarget
+
+LOC: Loc = ("body", "target")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _class(v: object, out: OutputSpec, loc: Loc) -> int:
+    """One class index (an int or a label name) on a 1-D-per-example output, range-checked."""
+    if isinstance(v, str):
+        if not out.labels:
+            raise InvalidRequest(f"this model has no labels; {v!r} is not a target", loc=loc)
+        if v not in out.labels:
+            raise InvalidRequest(f"unknown label {v!r}; the labels are {list(out.labels)}", loc=loc)
+        return out.labels.index(v)
+    if not _is_int(v):
+        raise InvalidRequest(f"a target must be an int or a label, got {v!r}", loc=loc)
+    _check_index([v], out, loc)
+    return int(v)  # type: ignore[call-overload]
+
+
+def _check_index(index: list[Any], out: OutputSpec, loc: Loc) -> None:
+    if not index or not all(_is_int(i) for i in index):
+        raise InvalidRequest(
+            f"a target index must be a non-empty list of ints, got {index}", loc=loc
+        )
+    if len(index) > len(out.shape):
+        raise InvalidRequest(
+            f"target {index} has {len(index)} indices; the model output per example has "
+            f"shape {list(out.shape)}",
+            loc=loc,
+        )
+    for d, i in enumerate(index):
+        size = out.shape[d]
+        if size is not None and not -size <= i < size:
+            what = f"classes 0..{size - 1}" + (f" or {list(out.labels)}" if out.labels else "")
+            raise InvalidRequest(
+                f"target {i} is out of range for output dim {d + 1} of size {size} ({what})",
+                loc=loc,
+            )
+
+
+def _scalar_output(out: OutputSpec) -> bool:
+    return all(d == 1 for d in out.shape)
+
+
+def resolve_target(raw: Any, out: OutputSpec, n: int) -> WireTarget:
+    """Validate the JSON ``target`` for ``n`` examples and return its wire form."""
+    if raw is None:
+        if not _scalar_output(out):
+            raise InvalidRequest(
+                f"target is required: the model gives {list(out.shape)} values per example; "
+                'pass a class (int or label), one per example, {"index": [...]} or "predicted"',
+                loc=LOC,
+            )
+        return None
+    if raw == "predicted":
+        if len(out.shape) != 1:
+            raise InvalidRequest('"predicted" needs a model with 1-D outputs (classes)', loc=LOC)
+        return {"kind": "predicted"}
+    if _is_int(raw) or isinstance(raw, str):
+        return {"kind": "index", "index": [_class(raw, out, LOC)]}
+    if isinstance(raw, dict):
+        return {"kind": "index", "index": _index_obj(raw, out, LOC)}
+    if isinstance(raw, list):
+        if len(raw) != n:
+            raise InvalidRequest(
+                f"a list target needs one entry per example: got {len(raw)} for {n} examples",
+                loc=LOC,
+            )
+        if all(isinstance(t, dict) for t in raw):
+            rows = [_index_obj(t, out, (*LOC, i)) for i, t in enumerate(raw)]
+            if len({len(r) for r in rows}) != 1:
+                raise InvalidRequest("per-example index targets must have the same length", loc=LOC)
+            return {"kind": "per_example_tuple", "rows": rows}
+        classes = [_class(t, out, (*LOC, i)) for i, t in enumerate(raw)]
+        return {"kind": "per_example", "rows": classes}
+    raise InvalidRequest(f"unsupported target {raw!r}", loc=LOC)
+
+
+def _index_obj(raw: dict[str, Any], out: OutputSpec, loc: Loc) -> list[int]:
+    index = raw.get("index")
+    if set(raw) != {"index"} or not isinstance(index, list):
+        raise InvalidRequest('an index target is {"index": [i, j, ...]}', loc=loc)
+    _check_index(index, out, loc)
+    return [int(i) for i in index]
+
+
+def to_engine(t: WireTarget) -> Any:
+    """The engine's form of a resolved wire target ("predicted" must be resolved first)."""
+    if t is None:
+        return None
+    kind = t["kind"]
+    if kind == "index":
+        idx = t["index"]
+        return idx[0] if len(idx) == 1 else tuple(idx)
+    if kind == "per_example":
+        return list(t["rows"])
+    if kind == "per_example_tuple":
+        return [tuple(r) for r in t["rows"]]
+    raise ValueError(f"unresolved target {t}")
+
+
+def per_example(t: WireTarget, n: int) -> WireTarget:
+    """The same target written one entry per example (what merged batches concatenate)."""
+    if t is None or t["kind"] in ("per_example", "per_example_tuple", "predicted"):
+        return t
+    idx = t["index"]
+    if len(idx) == 1:
+        return {"kind": "per_example", "rows": [idx[0]] * n}
+    return {"kind": "per_example_tuple", "rows": [list(idx)] * n}

@@ -1,0 +1,224 @@
+"""The worker process: load the models once, then serve batches until told to stop.
+
+Loop: receive a batch -> drop cancelled and expired jobs -> merge -> engine -> reply. Errors go
+back as plain data; only a crash of the process itself loses a batch. Two threads run beside
+the loop: one reads the channel while a batch computes (so the parent can queue the next batch
+and cancel the running one at any time), one sends heartbeats, from the very start, so the
+parent can tell a slow worker from a stopped one.
+
+Cancellation: the engine calls ``methods.engine`` checkpoints between chunks; the running
+batch's checkpoint says stop once every job in it is cancelled (by the parent: deadline passed
+or client gone) or past its deadline, or the parent has gone away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from model_registry.spec import ModelSpec
+from service.core.errors import (
+    AttributionFailed,
+    DeadlineExceeded,
+    RequestCancelled,
+    ServiceError,
+    from_engine,
+)
+from service.core.work import Batch, Job, Reply
+from service.worker.channel import BlockingChannel
+from service.worker.merge import merge, split
+
+log = logging.getLogger("attrserve.worker")
+Run = Callable[[Any, Job], Reply]
+
+
+class Control:
+    """What the channel thread tells the computing thread: cancelled jobs, and stop."""
+
+    def __init__(self) -> None:
+        self.cancelled: set[int] = set()
+        self.stopping = False
+
+    def should_stop(self, jobs: list[Job]) -> Callable[[], bool]:
+        ids = [j.id for j in jobs]
+        deadline = max(j.deadline for j in jobs)
+
+        def check() -> bool:
+            return self.stopping or time.time() > deadline or all(i in self.cancelled for i in ids)
+
+        return check
+
+    def forget(self, jobs: list[Job]) -> None:
+        for j in jobs:
+            self.cancelled.discard(j.id)
+
+
+def worker_main(
+    index: int, sock: socket.socket, specs: list[ModelSpec], options: dict[str, Any]
+) -> None:
+    """Process entry point (spawned)."""
+    chan = BlockingChannel(sock)
+    level = logging.getLevelName(str(options.get("log_level", "info")).upper())
+    logging.basicConfig(
+        level=level if isinstance(level, int) else logging.INFO, format="%(message)s"
+    )
+    beat = threading.Thread(
+        target=_heartbeat, args=(chan, float(options["heartbeat_s"])), daemon=True
+    )
+    beat.start()
+    if options.get("cuda_device") is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(options["cuda_device"])
+    try:
+        import methods
+        import model_registry
+        from service.worker import threads
+
+        threads.limit(int(options.get("torch_threads") or 1))
+        methods.set_memory_budget(int(options["memory_budget_bytes"]))
+        from service.worker.prepare import prepare
+
+        models = {s.id: model_registry.load(s) for s in specs}
+        # compile, warm up and check each model (its readiness and figures go to the parent)
+        prepared = {mid: prepare(lm) for mid, lm in models.items()}
+    except BaseException as exc:  # report why, then exit: the parent decides on restarts
+        chan.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        return
+    info = {
+        mid: {
+            "device": str(m.device),
+            "tokenizer": m.tokenizer is not None,
+            "torchscript": bool(m.is_torchscript),
+            **prepared[mid],
+        }
+        for mid, m in models.items()
+    }
+    chan.send(("ready", {"pid": os.getpid(), "models": info}))
+    from service.worker.compute import run_job
+
+    control = Control()
+    inbox: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+    threading.Thread(target=_receive, args=(chan, inbox, control), daemon=True).start()
+    while True:
+        batch = inbox.get()
+        if batch is None:
+            return
+        replies = run_batch(models, batch.jobs, run_job, control)
+        control.forget(batch.jobs)
+        try:
+            chan.send(("done", batch.id, replies))
+        except OSError:  # the parent is gone
+            return
+
+
+def _heartbeat(chan: BlockingChannel, interval: float) -> None:
+    while True:
+        time.sleep(interval)
+        try:
+            chan.send(("beat",))
+        except OSError:
+            return
+
+
+def _receive(chan: BlockingChannel, inbox: queue.SimpleQueue[Batch | None], c: Control) -> None:
+    """Channel -> inbox until the parent says stop (None) or goes away; cancels at once."""
+    while True:
+        try:
+            msg = chan.recv()
+        except (EOFError, OSError):
+            msg = None
+        if msg is None:
+            c.stopping = True  # the batch computing now stops at its next checkpoint
+            inbox.put(None)
+            return
+        if msg[0] == "cancel":
+            c.cancelled.update(msg[1])
+        else:
+            inbox.put(msg[1])
+
+
+def _error(job: Job, err: ServiceError) -> Reply:
+    return Reply(job_id=job.id, error=err.to_data())
+
+
+def _ids(jobs: list[Job]) -> str:
+    return ",".join(j.request_id for j in jobs)
+
+
+def _safe(run: Run, models: dict[str, Any], job: Job, jobs: list[Job], c: Control) -> Reply:
+    """``run(job)`` under a cancel scope; every failure as a reply (logged when unexpected)."""
+    import methods
+    from methods.errors import AttributionCancelled, AttributionError, ModelError
+
+    try:
+        with methods.cancel_scope(c.should_stop(jobs)):
+            reply: Reply = run(models[job.model_id], job)
+        return reply
+    except ServiceError as err:
+        return _error(job, err)
+    except AttributionCancelled:
+        if c.stopping:
+            return _error(job, RequestCancelled("the server stopped the work"))
+        if time.time() > job.deadline:
+            return _error(job, DeadlineExceeded("the deadline passed; the work was stopped"))
+        return _error(job, RequestCancelled("the request was cancelled; the work was stopped"))
+    except ModelError as exc:
+        # the model's own exception text may hold internals (allocator, paths): log it only
+        log.error(
+            "request %s: %s on %s failed in the model\n%s",
+            _ids(jobs),
+            job.method,
+            job.model_id,
+            traceback.format_exc(),
+        )
+        cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "an error"
+        return _error(
+            job,
+            AttributionFailed(
+                f"the model raised {cause} on these inputs; the server log has the details "
+                f"under request id {job.request_id}",
+                loc=("body", "inputs"),
+            ),
+        )
+    except AttributionError as exc:
+        return _error(job, from_engine(exc))
+    except Exception:
+        log.error(
+            "request %s: %s on %s failed\n%s",
+            _ids(jobs),
+            job.method,
+            job.model_id,
+            traceback.format_exc(),
+        )
+        return _error(job, ServiceError(f"internal error (request id {job.request_id})"))
+
+
+def run_batch(models: dict[str, Any], jobs: list[Job], run: Run, c: Control) -> list[Reply]:
+    now = time.time()
+    replies: list[Reply] = []
+    live: list[Job] = []
+    for j in jobs:
+        if j.id in c.cancelled:
+            replies.append(_error(j, RequestCancelled("cancelled before the work started")))
+        elif j.deadline <= now:
+            replies.append(
+                _error(j, DeadlineExceeded("the deadline passed before the work started"))
+            )
+        else:
+            live.append(j)
+    if len(live) > 1:
+        merged = _safe(run, models, merge(live), live, c)
+        if merged.error is None:
+            return replies + split(merged, live)
+        if merged.error["code"] in (RequestCancelled.code, DeadlineExceeded.code):
+            return replies + [Reply(job_id=j.id, error=merged.error) for j in live]
+        # one bad request must not fail its companions: run them one by one
+    for j in live:
+        replies.append(_safe(run, models, j, [j], c))
+    return replies
