@@ -17,6 +17,7 @@ import methods
 import model_registry
 from service.cli import main as cli
 from service.cli import offline
+from service.cli.offline import command  # where the command looks up attribute_batch
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.serving.attributions import build_job
@@ -324,7 +325,7 @@ def test_an_interrupted_run_resumes_after_its_last_chunk(
     out = tmp_path / "a.npz"
     partial = tmp_path / "a.npz.partial"
     first = Interrupt(stop_at=2)
-    monkeypatch.setattr(offline, "attribute_batch", first)
+    monkeypatch.setattr(command, "attribute_batch", first)
     capsys.readouterr()
     assert attribute(tmp_path, *args, "--output", str(out)) == 130
     err = capsys.readouterr().err
@@ -335,7 +336,7 @@ def test_an_interrupted_run_resumes_after_its_last_chunk(
     assert sorted(p.name for p in partial.glob("*.npz")) == ["chunk-000000.npz", "chunk-000001.npz"]
 
     second = Interrupt()
-    monkeypatch.setattr(offline, "attribute_batch", second)
+    monkeypatch.setattr(command, "attribute_batch", second)
     assert attribute(tmp_path, *args, "--output", str(out)) == 0
     assert (
         "resuming the interrupted run: 2 of 4 chunks (6 of 10 examples)" in capsys.readouterr().err
@@ -373,14 +374,14 @@ def test_changed_options_or_input_start_over(
         "--batch-size": "3",
         "--output": str(tmp_path / "a.npz"),
     }
-    monkeypatch.setattr(offline, "attribute_batch", Interrupt(stop_at=2))
+    monkeypatch.setattr(command, "attribute_batch", Interrupt(stop_at=2))
     assert attribute(tmp_path, *[a for kv in args.items() for a in kv]) == 130
     if change == "input":
         write_inputs(src, X[:7] * 2)
     else:
         args[change[0]] = change[1]
     again = Interrupt()
-    monkeypatch.setattr(offline, "attribute_batch", again)
+    monkeypatch.setattr(command, "attribute_batch", again)
     capsys.readouterr()
     assert attribute(tmp_path, *[a for kv in args.items() for a in kv]) == 0
     assert f"starting over: {why} since the interrupted run" in capsys.readouterr().err
@@ -563,7 +564,7 @@ def test_default_chunks_fit_the_cost_limit(
     monkeypatch.setenv("ATTRSERVE_MAX_COST", "70")  # IG, 16 steps: 17 rows an example
     args = [*IG, "--inputs", str(src), "--target", "0"]
     calls = Interrupt()
-    monkeypatch.setattr(offline, "attribute_batch", calls)
+    monkeypatch.setattr(command, "attribute_batch", calls)
     assert attribute(tmp_path, *args, "--output", str(tmp_path / "a.npz")) == 0
     assert calls.calls == [4, 4, 2]
     assert attribute(tmp_path, *args, "--batch-size", "5", "--output", str(tmp_path / "b.npz")) == 2
@@ -574,7 +575,7 @@ def test_interrupted_before_a_chunk_finished_keeps_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     src = write_inputs(tmp_path / "x.npy")
-    monkeypatch.setattr(offline, "attribute_batch", Interrupt(stop_at=0))
+    monkeypatch.setattr(command, "attribute_batch", Interrupt(stop_at=0))
     out = tmp_path / "a.npz"
     assert (
         attribute(

@@ -1,0 +1,117 @@
+"""One chunk of examples: the HTTP route's checks (``build_job``) and engine call (``run_job``),
+and the columns to write."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from model_registry.spec import LoadedModel, ModelSpec
+from service.cli.offline.engine import AttributionRequest, build_job, run_job, validated
+from service.cli.offline.inputs import Examples
+from service.core.errors import AttributionFailed, InvalidRequest, from_engine
+from service.core.settings import Settings
+
+
+def chunk_target(examples: Examples, default: Any) -> Any:
+    """The request target for these examples: ``default``, or one per example where the file
+    gives some (items without one take ``default``)."""
+    if examples.targets is None or all(t is None for t in examples.targets):
+        return default
+    if default == "predicted" and any(t is None for t in examples.targets):
+        raise InvalidRequest(
+            'target "predicted" cannot fill in for examples without one while others have '
+            "their own: give every example a target, or none",
+            loc=("body", "target"),
+        )
+    items = [default if t is None else t for t in examples.targets]
+    if all(t == items[0] for t in items):
+        return items[0]
+    return items
+
+
+def _request(request: dict[str, Any], examples: Examples) -> Any:
+    body = dict(request)
+    if examples.texts is not None:
+        body["inputs"] = list(examples.texts)
+    else:
+        if examples.arrays is None:  # read_examples gives arrays or texts; say so if neither
+            raise InvalidRequest("the input file holds no examples", loc=("body", "inputs"))
+        arrays = examples.arrays
+        # one input: the bare array, so shape errors read as for a nested list on the wire
+        body["inputs"] = next(iter(arrays.values())) if len(arrays) == 1 else dict(arrays)
+    body["target"] = chunk_target(examples, request.get("target"))
+    return validated(AttributionRequest, body, ("body",))
+
+
+def check_batch(
+    settings: Settings, spec: ModelSpec, request: dict[str, Any], examples: Examples
+) -> Any:
+    """The chunk as the HTTP route's ``Job``: every check ``attribute_batch`` makes, without
+    the model (a ServiceError for what the route would refuse)."""
+    return build_job(settings, spec, _request(request, examples), math.inf)
+
+
+def _run(lm: LoadedModel, job: Any) -> Any:
+    """``run_job``, its failures as the worker reports them."""
+    from methods.errors import AttributionError, ModelError
+
+    try:
+        return run_job(lm, job)
+    except ModelError as exc:
+        # a person runs this: the model's own message helps more than a log reference
+        raise AttributionFailed(str(exc), loc=("body", "inputs")) from None
+    except AttributionError as exc:
+        raise from_engine(exc) from None
+
+
+def attribute_batch(
+    lm: LoadedModel,
+    spec: ModelSpec,
+    request: dict[str, Any],
+    examples: Examples,
+    settings: Settings,
+) -> dict[str, np.ndarray | list[Any]]:
+    """One chunk through the HTTP route's checks and engine call: the columns to write.
+
+    ``request`` holds the attributions request's fields but ``inputs`` (``method``,
+    ``target``, ``params``, ``baselines``, ...); its ``target`` is the default for examples
+    without their own in ``examples.targets``. Raises the ServiceError the route would answer.
+
+    Columns: ``attributions`` (``attributions_<input>`` per input where the attributions
+    mirror several inputs), ``outputs``, ``convergence_delta`` and ``target`` where present,
+    and for raw texts ``tokens``; texts' columns are lists (one item per example), per-token
+    scores cut to each text's tokens.
+    """
+    import methods.registry
+
+    job = check_batch(settings, spec, request, examples)
+    reply = _run(lm, job)
+    parts: list[np.ndarray] = reply.attributions
+    if reply.as_tuple:
+        names = [i.name for i in spec.inputs]
+        keys = [f"attributions_{names[i] if i < len(names) else i}" for i in range(len(parts))]
+    else:
+        keys = ["attributions"]
+    cols: dict[str, np.ndarray | list[Any]] = {}
+    if reply.tokens is not None:
+        tokens = reply.tokens
+        per_token = job.attributed_layer is not None or (
+            methods.registry.get(job.method).kind == "perturbation"
+        )
+        for key, part in zip(keys, parts, strict=True):
+            rows = [part[i, : len(t)] if per_token else part[i] for i, t in enumerate(tokens)]
+            cols[key] = [np.ascontiguousarray(r) for r in rows]
+    else:
+        cols.update(zip(keys, parts, strict=True))
+    if reply.outputs is not None:
+        cols["outputs"] = reply.outputs
+    if reply.delta is not None:
+        cols["convergence_delta"] = reply.delta
+    if reply.target is not None:
+        cols["target"] = np.asarray(reply.target)
+    if reply.tokens is not None:
+        cols["tokens"] = [list(t) for t in reply.tokens]
+    return cols
