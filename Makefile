@@ -22,12 +22,16 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 
 install-dev: $(STAMP)
 
+# The layer contracts first ([tool.importlinter] in pyproject.toml: layers point one way, no
+# import cycles, runtime code never imports benchmarks or tests), then the suite.
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check methods service model_registry tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 serve: install
 	$(BIN)/attrserve serve --host $(HOST) --port $(PORT)

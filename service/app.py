@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         raise SystemExit(f"attrserve: cannot load the model registry: {exc}") from None
     for spec in specs:  # a models.toml explain that cannot run stops the start, not a request
         try:
-            kserve.check_explanation(spec)
+            kserve.check_explanation(spec, settings)
         except ValueError as exc:
             raise SystemExit(f"attrserve: {exc}") from None
     telemetry = Telemetry()

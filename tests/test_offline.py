@@ -20,9 +20,9 @@ from service.cli import offline
 from service.cli.offline import command  # where the command looks up attribute_batch
 from service.core.errors import ServiceError
 from service.core.settings import Settings
+from service.kinds import run as run_job
 from service.serving.attributions import build_job
 from service.wire.attributions import AttributionRequest
-from service.worker.compute import run_job
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -6,13 +6,26 @@ turned into the problem+json envelope in one place (``service.http.problems``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 Loc = tuple[str | int, ...]
+#: where a detail names its field: ``"{where} has shape [1, 2]"``
+WHERE = "{where}"
+
+
+def where(loc: Loc | list[Any]) -> str:
+    """A body location as a message names it: ``inputs.0`` (``body`` for the body itself)."""
+    return ".".join(str(p) for p in loc[1:]) or "body"
 
 
 class ServiceError(Exception):
-    """Base of every error the service answers with on purpose."""
+    """Base of every error the service answers with on purpose.
+
+    A detail that begins with the field it is about is written ``"{where} ..."`` with ``about``
+    the field's location: it is rendered from that location, so an error re-pointed to where
+    another protocol's body has the field (KServe's ``instances``, OIP's ``parameters``) names
+    the new place (``relocate``), without matching message text."""
 
     status = 500
     code = "internal"
@@ -25,21 +38,60 @@ class ServiceError(Exception):
         loc: Loc | None = None,
         errors: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
+        about: Loc | None = None,
     ) -> None:
-        super().__init__(detail)
-        self.detail = detail
+        if about is None and loc is not None and detail.startswith(WHERE):
+            about = loc
+        self.template = detail
+        self.about = about
+        super().__init__(self.detail)
         self.errors = (
-            errors if errors is not None else ([{"loc": list(loc), "msg": detail}] if loc else [])
+            errors
+            if errors is not None
+            else ([{"loc": list(loc), "msg": self.detail}] if loc else [])
         )
         self.headers = headers or {}
 
+    @property
+    def detail(self) -> str:
+        if self.about is None or not self.template.startswith(WHERE):
+            return self.template
+        return where(self.about) + self.template[len(WHERE) :]
+
+    def relocate(self, move: Callable[[Loc], Loc]) -> ServiceError:
+        """Point the error's locations (``body.*`` ones) where ``move`` says; a detail that
+        names its field is rendered anew."""
+        old = self.detail
+
+        def moved(loc: Loc) -> Loc:
+            return move(loc) if loc[:1] == ("body",) else loc
+
+        if self.about is not None:
+            self.about = moved(tuple(self.about))
+        self.errors = [
+            {
+                **e,
+                "loc": list(moved(tuple(e.get("loc") or ()))),
+                "msg": self.detail if e.get("msg") == old else e.get("msg"),
+            }
+            for e in self.errors
+        ]
+        self.args = (self.detail,)
+        return self
+
     def to_data(self) -> dict[str, Any]:
-        return {"code": self.code, "detail": self.detail, "errors": self.errors}
+        about = None if self.about is None else list(self.about)
+        return {"code": self.code, "detail": self.template, "errors": self.errors, "about": about}
 
     @staticmethod
     def from_data(data: dict[str, Any]) -> ServiceError:
         cls = _BY_CODE.get(data.get("code", ""), ServiceError)
-        return cls(data.get("detail", ""), errors=data.get("errors") or [])
+        about = data.get("about")
+        return cls(
+            data.get("detail", ""),
+            errors=data.get("errors") or [],
+            about=None if about is None else tuple(about),
+        )
 
 
 class MalformedRequest(ServiceError):
@@ -94,6 +146,12 @@ class AttributionFailed(InvalidRequest):
     code, title = "attribution_error", "Attribution failed"
 
 
+class JobUnreadable(ServiceError):
+    """A stored job's work cannot be read back (a file of another version, or damaged)."""
+
+    status, code, title = 500, "job_unreadable", "Job cannot be read"
+
+
 class StorageFull(ServiceError):
     status, code, title = 507, "storage_full", "Insufficient storage"
 
@@ -128,40 +186,3 @@ def _subclasses(cls: type[ServiceError]) -> list[type[ServiceError]]:
 
 
 _BY_CODE: dict[str, type[ServiceError]] = {c.code: c for c in _subclasses(ServiceError)}
-
-
-#: engine arguments that are top-level request fields; any other argument is a method param
-_TOP_LEVEL = frozenset(
-    {
-        "inputs",
-        "target",
-        "baselines",
-        "internal_batch_size",
-        "perturbations_per_eval",
-        "noise_tunnel",
-        "seed",
-        "return_convergence_delta",
-        "method",
-    }
-)
-
-
-def from_engine(exc: Exception) -> ServiceError:
-    """An engine ``AttributionError`` as a service error (404 for unknown methods, else 422)."""
-    from methods.errors import UnknownMethodError
-
-    arg = getattr(exc, "argument", None)
-    loc: Loc = ("body",)
-    if arg:
-        parts: list[str | int] = [int(p) if p.isdigit() else p for p in str(arg).split(".")]
-        loc = ("body", *parts) if parts[0] in _TOP_LEVEL else ("body", "params", *parts)
-    if isinstance(exc, UnknownMethodError):
-        from methods.registry import did_you_mean
-
-        name, close = getattr(exc, "requested", "?"), getattr(exc, "suggestions", [])
-        return UnknownMethod(
-            f"unknown method {name!r}{did_you_mean(close)}; GET /v1/methods lists every "
-            "method and its parameters",
-            loc=loc,
-        )
-    return AttributionFailed(str(exc), loc=loc)

@@ -12,13 +12,14 @@ from starlette.exceptions import HTTPException
 from methods.errors import AttributionError
 from service.core.context import request_id
 from service.core.errors import (
+    WHERE,
     BodyTooLarge,
     InvalidRequest,
     MalformedRequest,
     ServiceError,
-    from_engine,
 )
 from service.http.responses import ProblemResponse
+from service.wire.engine_errors import from_engine
 
 TYPE_BASE = "https://attrserve.dev/problems/"
 #: KServe V1 and OIP routes: their problems also carry ``error``
@@ -60,8 +61,7 @@ def _validation(exc: RequestValidationError) -> ServiceError:
         detail = "the request body is not a JSON object: " + "; ".join(e["msg"] for e in errors)
         return MalformedRequest(detail, errors=errors)
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-    where = ".".join(str(p) for p in first["loc"][1:]) or "body"
-    return InvalidRequest(f"{where}: {first['msg']}", errors=errors)
+    return InvalidRequest(f"{WHERE}: {first['msg']}", errors=errors, about=tuple(first["loc"]))
 
 
 def _http(exc: HTTPException) -> ServiceError:

@@ -1,5 +1,6 @@
-"""Attribution jobs: validated whole at submission, then run chunk by chunk through the worker
-pool as background work (``Job.background``: synchronous requests keep priority, jobs get
+"""Attribution jobs: validated and decoded whole at submission and stored decoded
+(``service.jobs.work``), then run chunk by chunk through the worker pool as background work
+(``Job.background``: synchronous requests keep priority, jobs get
 ``job_share`` of worker time while those wait), persisted after every chunk.
 
 One job runs at a time, oldest first. A server restart (clean or killed) requeues the job that
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from model_registry.spec import ModelSpec
 from service.core.errors import (
     InvalidRequest,
+    JobUnreadable,
     NotReady,
     QueueFull,
     ServiceError,
@@ -32,13 +34,13 @@ from service.core.errors import (
 from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Job, Reply
+from service.core.work import Job, Reply, new_id
 from service.jobs.store import JobRow, JobStore
+from service.jobs.work import chunk, dumps, loads
+from service.kinds.base import envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
 from service.serving.attributions import build_job
-from service.wire import codec
 from service.wire.attributions import AttributionRequest
-from service.wire.json import parse_json
 
 log = logging.getLogger("attrserve.jobs")
 #: times a chunk is tried again after its worker was lost
@@ -95,9 +97,10 @@ class JobRunner:
 
     # -- the API ---------------------------------------------------------------------------
     async def submit(
-        self, owner: str, spec: ModelSpec, req: AttributionRequest, body: bytes
+        self, owner: str, spec: ModelSpec, req: AttributionRequest, size: int
     ) -> JobRow:
-        """Validate the whole request now (a bad one gets its 4xx here), then queue it."""
+        """Validate and decode the whole request now (a bad one gets its 4xx here), then queue
+        it decoded; ``size``: the request body's bytes (the disk budget's first check)."""
         if req.render is not None:
             raise InvalidRequest(
                 "render draws pictures in synchronous answers; jobs return tensors",
@@ -116,7 +119,7 @@ class JobRunner:
                 "when one has finished",
                 headers={"Retry-After": "30"},
             )
-        if self.store.used_bytes() + len(body) > self.settings.max_data_bytes:
+        if self.store.used_bytes() + size > self.settings.max_data_bytes:
             raise StorageFull(
                 f"the jobs' disk budget ({self.settings.max_data_bytes} bytes) is full; "
                 "fetch and delete finished jobs, or retry when older ones expire"
@@ -132,7 +135,8 @@ class JobRunner:
                 f"chunk is {self.settings.max_cost}",
                 loc=("body",),
             )
-        row = self.store.create(owner, spec.id, checked.method, checked.n, chunk, body)
+        work = await offload(dumps, checked)
+        row = self.store.create(owner, spec.id, checked.method, checked.n, chunk, work)
         self._wake.set()
         self._gauges()
         return row
@@ -171,15 +175,18 @@ class JobRunner:
         if not self.store.start(row.id):
             return
         self._gauges()
-        spec = self.specs[row.model_id]
-        req = AttributionRequest.model_validate(parse_json(self.store.request(row.id)))
-        parts = await offload(self._parts, spec, req)
+        try:
+            whole = await asyncio.to_thread(loads, self.store.work(row.id))
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a file of another version
+            raise JobUnreadable(
+                f"the job's stored work cannot be read ({type(exc).__name__}); submit it again"
+            ) from None
         done, size = row.done, min(row.chunk, 4)  # grows to job_chunk_ms worth of examples
         target_s = self.settings.job_chunk_ms / 1e3
         while done < row.total:
             stop = min(row.total, done + size)
             started = time.perf_counter()
-            ran = await self._chunk(row, spec, req.model_copy(update=parts(done, stop)))
+            ran = await self._chunk(row, chunk(whole, done, stop))
             if ran is None:  # cancelled
                 return
             reply, job = ran
@@ -199,58 +206,16 @@ class JobRunner:
             self.store.progress(row.id, done, nbytes)
         self.store.finish(row.id, "succeeded")
 
-    def _parts(
-        self, spec: ModelSpec, req: AttributionRequest
-    ) -> Callable[[int, int], dict[str, Any]]:
-        """The request's per-example parts (inputs, per-example targets and baselines),
-        decoded once; returns the fields of the chunk of examples [start, stop)."""
-        settings = job_settings(self.settings)
-        inputs = codec.decode_inputs(
-            req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
-        )
-        n = inputs.n
-        names = [i.name for i in spec.inputs]
-        target = req.target
-        # a list as long as the batch is one target per example (an index tuple is an object)
-        per_example_target = isinstance(target, list) and len(target) == n
-        baselines = codec.decode_baselines(
-            req.baselines, spec, inputs, settings.max_tensor_elements
-        )
-
-        def fields(start: int, stop: int) -> dict[str, Any]:
-            out: dict[str, Any] = {"render": None, "deadline_ms": None}
-            if inputs.texts:
-                out["inputs"] = list(inputs.texts[start:stop])
-            else:
-                out["inputs"] = {
-                    k: a[start:stop] for k, a in zip(names, inputs.arrays, strict=True)
-                }
-            if per_example_target:
-                out["target"] = target[start:stop]
-            if isinstance(baselines, tuple):
-                out["baselines"] = {
-                    k: b[start:stop]
-                    if isinstance(b, np.ndarray) and b.ndim and b.shape[0] == n and n > 1
-                    else b
-                    for k, b in zip(names, baselines, strict=True)
-                }
-            return out
-
-        return fields
-
-    async def _chunk(
-        self, row: JobRow, spec: ModelSpec, req: AttributionRequest
-    ) -> tuple[Reply, Job] | None:
+    async def _chunk(self, row: JobRow, part: Job) -> tuple[Reply, Job] | None:
         """One chunk through the pool, as background work; None when the job was cancelled."""
         for attempt in range(RETRIES + 1):
-            job: Job = build_job(
-                self.settings,
-                spec,
-                req,
-                time.time() + self.settings.max_deadline_ms / 1e3,
+            job = dataclasses.replace(
+                part,
+                id=new_id(),
+                deadline=time.time() + self.settings.max_deadline_ms / 1e3,
                 request_id=f"job-{row.id}",
+                background=True,
             )
-            job.background = True
             started = time.perf_counter()
             try:
                 entry = self.pool.submit(job)
@@ -296,28 +261,27 @@ class JobRunner:
     def result(self, row: JobRow) -> dict[str, Any]:
         """The whole job as the attributions route answers (chunks concatenated)."""
         chunks = self.store.read_chunks(row.id)
-        spec = self.specs.get(row.model_id)
         metas = [json.loads(str(c["meta"])) for c in chunks]
-        n_attr = sum(1 for k in chunks[0] if k.startswith("attributions_")) if chunks else 0
-        attrs = [_concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)]
         first = metas[0] if metas else {}
-        body: dict[str, Any] = {
-            "job_id": row.id,
-            "model_id": row.model_id,
-            "model_version": spec.version if spec else "",
-            "method": row.method,
-            "attributions": attrs if first.get("as_tuple") else (attrs[0] if attrs else []),
-            "convergence_delta": _concat([c["convergence_delta"] for c in chunks])
-            if chunks and "convergence_delta" in chunks[0]
+        n_attr = sum(1 for k in chunks[0] if k.startswith("attributions_")) if chunks else 0
+        has = lambda key: bool(chunks) and key in chunks[0]  # noqa: E731
+        whole = Reply(
+            job_id=0,
+            attributions=[_concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)],
+            as_tuple=bool(first.get("as_tuple")),
+            delta=_concat([c["convergence_delta"] for c in chunks])
+            if has("convergence_delta")
             else None,
-            "target": [t for m in metas for t in (m.get("target") or [])] or None,
-            "outputs": _concat([c["outputs"] for c in chunks]) if chunks else None,
-            "params": first.get("params", {}),
-            "timing_ms": {"compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3)},
-        }
-        tokens = [t for m in metas for t in (m.get("tokens") or [])]
-        if tokens:
-            body["tokens"] = tokens
+            outputs=_concat([c["outputs"] for c in chunks]) if has("outputs") else None,
+            target=[t for m in metas for t in (m.get("target") or [])] or None,
+            tokens=[t for m in metas for t in (m.get("tokens") or [])] or None,
+            params=first.get("params", {}),
+        )
+        spec = self.specs.get(row.model_id)
+        compute = {"compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3)}
+        model = (row.model_id, spec.version if spec else "")
+        body = {"job_id": row.id, **envelope(model, row.method, whole, "json", compute)}
+        del body["merged_requests"]  # chunks run alone
         if first.get("attributed_layer"):
             body["attributed_layer"] = first["attributed_layer"]
         return body
@@ -363,7 +327,5 @@ def _jsonable(value: Any) -> Any:
 
 
 def _error(exc: Exception) -> dict[str, Any]:
-    from service.http.problems import to_service_error
-
-    err = to_service_error(exc)
+    err = exc if isinstance(exc, ServiceError) else ServiceError("internal error")
     return {"status": err.status, "title": err.title, "detail": err.detail, "errors": err.errors}

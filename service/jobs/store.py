@@ -1,7 +1,8 @@
 """Attribution jobs on disk: one SQLite database (WAL) for their state, and files beside it for
 their requests and results, each written atomically (a temporary file, then a rename).
 
-Layout under ``data_dir``: ``jobs.sqlite3``, and ``jobs/<id>/request.json`` plus one
+Layout under ``data_dir``: ``jobs.sqlite3``, and ``jobs/<id>/work.npz`` (the decoded job,
+``service.jobs.work``) plus one
 ``chunk-<first example>.npz`` per finished chunk. A chunk file is written before the progress
 that counts it, so a crash between the two only means the chunk runs again.
 """
@@ -136,15 +137,15 @@ class JobStore:
             return self._db.execute(sql, args).rowcount
 
     def create(
-        self, owner: str, model_id: str, method: str, total: int, chunk: int, request: bytes
+        self, owner: str, model_id: str, method: str, total: int, chunk: int, work: bytes
     ) -> JobRow:
         job_id = uuid.uuid4().hex
-        atomic_write(self.dir(job_id) / "request.json", request)
+        atomic_write(self.dir(job_id) / "work.npz", work)
         now = time.time()
         self._exec(
             "INSERT INTO jobs (id, owner, model_id, method, status, total, chunk, created_at, "
             "bytes) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-            (job_id, owner, model_id, method, total, chunk, now, len(request)),
+            (job_id, owner, model_id, method, total, chunk, now, len(work)),
         )
         return self.get(job_id)  # type: ignore[return-value]
 
@@ -231,8 +232,9 @@ class JobStore:
     def dir(self, job_id: str) -> Path:
         return self.root / "jobs" / job_id
 
-    def request(self, job_id: str) -> bytes:
-        return (self.dir(job_id) / "request.json").read_bytes()
+    def work(self, job_id: str) -> bytes:
+        """The job as submitted, decoded (``service.jobs.work``)."""
+        return (self.dir(job_id) / "work.npz").read_bytes()
 
     def write_chunk(self, job_id: str, start: int, arrays: dict[str, np.ndarray]) -> int:
         """One finished chunk's arrays (named by its first example, so they sort in order);

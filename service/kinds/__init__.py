@@ -1,0 +1,38 @@
+"""Model kinds as plug-ins: each kind of model the service serves is one module implementing
+``ModelKind`` (``service.kinds.base``), registered here by name; ``of(spec)`` chooses it once
+from the model's spec. Adding a kind is one module and one line below.
+
+- ``tensor``: tensors (or raw texts through a tokenizer) in, one tensor out: every method;
+- ``exported``: a file computing one attribution (``attribution-export:``);
+- ``causal_lm``: a generative language model: the prompt's part in an answer.
+"""
+
+from __future__ import annotations
+
+from model_registry.spec import LoadedModel, ModelSpec
+from service.core.work import Job, Reply
+from service.kinds.base import ModelKind
+from service.kinds.causal_lm import CausalLMKind
+from service.kinds.exported import ExportedKind
+from service.kinds.tensor import TensorKind
+
+KINDS: dict[str, ModelKind] = {k.name: k for k in (TensorKind(), ExportedKind(), CausalLMKind())}
+
+
+def name_of(spec: ModelSpec) -> str:
+    """The kind of ``spec``: what models.toml (or the source) says, a file of one attribution
+    being its own kind."""
+    return "exported" if spec.exported is not None else spec.kind
+
+
+def of(spec: ModelSpec) -> ModelKind:
+    """The kind that serves ``spec``."""
+    return KINDS[name_of(spec)]
+
+
+def run(lm: LoadedModel, job: Job) -> Reply:
+    """A job's work on its loaded model (in the worker)."""
+    return of(lm.spec).run(lm, job)
+
+
+__all__ = ["KINDS", "ModelKind", "name_of", "of", "run"]

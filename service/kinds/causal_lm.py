@@ -15,28 +15,25 @@ from typing import Any
 
 import numpy as np
 
+import methods
 from methods import registry
+from methods.errors import AttributionCancelled, AttributionError, ModelError
 from methods.generation.api import METHODS, PERTURBATION
-from methods.params import MethodParams
-from methods.registry import CostShape
-from model_registry.spec import ModelSpec
-from service.core.errors import InvalidRequest, LimitExceeded, UnsupportedMethod
+from methods.generation.features import encode, make_features
+from methods.params import MethodParams, parse_params
+from methods.registry import CostShape, MethodSpec
+from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
+from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Job, Reply, new_id
-from service.serving import support
+from service.kinds import checks
+from service.kinds.base import ModelKind, envelope
 from service.wire.attributions import AttributionRequest
+from service.wire.engine_errors import from_engine
 
 INPUT_KEYS = ("prompt", "features", "baselines", "skip_tokens")
 #: Captum's default number of generated tokens when the target is null
 DEFAULT_NEW_TOKENS = 25
-
-
-def is_causal_lm(spec: ModelSpec) -> bool:
-    return spec.kind == "causal_lm"
-
-
-def served_methods() -> list[str]:
-    return list(METHODS)
 
 
 def estimate(method: str, p: MethodParams, features: int, prompt: int, target: int) -> int:
@@ -49,8 +46,6 @@ def estimate(method: str, p: MethodParams, features: int, prompt: int, target: i
 
 
 def _params(method: str, raw: dict[str, Any]) -> tuple[MethodParams, dict[str, Any], Any]:
-    from service.serving.attributions import validate_params
-
     params = dict(raw)
     gen_args = params.pop("gen_args", None)
     for name in ("feature_mask", "layer"):
@@ -59,9 +54,9 @@ def _params(method: str, raw: dict[str, Any]) -> tuple[MethodParams, dict[str, A
                 f"{name} is set from the prompt's features on causal language models; leave it out",
                 loc=("body", "params", name),
             )
-    ms = support.method_spec(method)
-    support.check_param_names(ms, params)
-    p = validate_params(ms, params)
+    ms = checks.method_spec(method)
+    checks.check_param_names(ms, params)
+    p = checks.validate_params(ms, params)
     return p, {k: getattr(p, k) for k in p.model_fields_set}, gen_args
 
 
@@ -126,17 +121,22 @@ def _inputs(raw: Any) -> dict[str, Any]:
     return {k: raw.get(k) for k in INPUT_KEYS}
 
 
-def build_job(
-    settings: Settings, spec: ModelSpec, req: AttributionRequest, deadline: float, request_id: str
-) -> Job:
-    """Every check that needs no model: the request as a job, or a 4xx ServiceError."""
-    ms = support.method_spec(req.method)  # 404 for unknown names
+def _method(spec: ModelSpec, name: str) -> MethodSpec:
+    ms = checks.method_spec(name)  # 404 for unknown names
     if ms.name not in METHODS:
         raise UnsupportedMethod(
-            f"{req.method} cannot attribute a causal language model's answer; model "
+            f"{name} cannot attribute a causal language model's answer; model "
             f"{spec.id!r} serves {list(METHODS)}",
             loc=("body", "method"),
         )
+    return ms
+
+
+def _build_job(
+    settings: Settings, spec: ModelSpec, req: AttributionRequest, deadline: float, request_id: str
+) -> Job:
+    """Every check that needs no model: the request as a job, or a 4xx ServiceError."""
+    ms = _method(spec, req.method)
     for name, value, default in (
         ("baselines", req.baselines, None),
         ("noise_tunnel", req.noise_tunnel, None),
@@ -155,9 +155,7 @@ def build_job(
         )
     g = _inputs(req.inputs)
     p, params, gen_args = _params(ms.name, req.params)
-    from service.serving.attributions import _batch_size, check_limits
-
-    check_limits(ms, p, settings)
+    checks.check_limits(ms, p, settings)
     gen, new_tokens = _gen_args(gen_args, req.target, settings)
     if not g["prompt"].strip() and not g["features"]:
         raise InvalidRequest("the prompt is empty", loc=("body", "inputs", "prompt"))
@@ -175,14 +173,14 @@ def build_job(
     n_features = len(g["features"]) if g["features"] is not None else words
     target_words = len(req.target.split()) if req.target is not None else new_tokens
     _check(settings, ms.name, p, n_features, words, max(1, target_words))
-    ppe = _batch_size(
+    ppe = checks.batch_size(
         "perturbations_per_eval",
         req.perturbations_per_eval,
         spec.perturbations_per_eval,
         None,
         settings.max_perturbations_per_eval,
     )
-    ibs = _batch_size(
+    ibs = checks.batch_size(
         "internal_batch_size",
         req.internal_batch_size,
         spec.internal_batch_size,
@@ -275,7 +273,7 @@ def check_counts(
         )
 
 
-def for_render(reply: Reply) -> Reply:
+def _drawn(reply: Reply) -> Reply:
     """The reply as the picture code draws texts: the features as tokens, seq_attr as scores,
     the answer as the target."""
     g = reply.generation or {}
@@ -287,35 +285,160 @@ def for_render(reply: Reply) -> Reply:
     )
 
 
-def response(
-    spec: ModelSpec,
-    req: AttributionRequest,
-    job: Job,
-    reply: Reply,
-    queue_ms: float,
-    started: float,
-) -> dict[str, Any]:
-    g = reply.generation or {}
-    body: dict[str, Any] = {
-        "model_id": spec.id,
-        "model_version": spec.version,
-        "method": reply.params.get("method", job.method),
-        "attributions": [g.get("seq_attr", [])],
-        "convergence_delta": None,
-        "target": [g.get("target_text")],
-        "outputs": None if reply.outputs is None else [float(x) for x in reply.outputs.reshape(-1)],
-        "params": {k: v for k, v in reply.params.items() if k != "method"},
-        "input_tokens": g.get("input_tokens"),
-        "output_tokens": g.get("output_tokens"),
-        "seq_attr": g.get("seq_attr"),
-        "token_attr": g.get("token_attr"),
-        "merged_requests": 1,
-        "timing_ms": {
-            "queue": round(queue_ms, 3),
-            "compute": round(reply.compute_ms, 3),
-            "total": round((time.perf_counter() - started) * 1e3, 3),
+#: where each argument of attribute_generation sits in the request body
+_LOC: dict[str, Loc] = {
+    "prompt": ("body", "inputs", "prompt"),
+    "features": ("body", "inputs", "features"),
+    "baselines": ("body", "inputs", "baselines"),
+    "skip_tokens": ("body", "inputs", "skip_tokens"),
+    "target": ("body", "target"),
+    "gen_args": ("body", "params", "gen_args"),
+    "method": ("body", "method"),
+    "perturbations_per_eval": ("body", "perturbations_per_eval"),
+    "internal_batch_size": ("body", "internal_batch_size"),
+    "seed": ("body", "seed"),
+}
+
+
+def _run(lm: LoadedModel, job: Job) -> Reply:
+    t0 = time.perf_counter()
+    g = job.generation or {}
+    tokenizer = lm.extra["lm_tokenizer"]
+    try:
+        _check_tokens(lm, job)
+        res = methods.attribute_generation(
+            lm.model,
+            tokenizer,
+            g["prompt"],
+            job.method,
+            target=g["target"],
+            features=g["features"],
+            baselines=g["baselines"],
+            gen_args=g["gen_args"],
+            skip_tokens=g["skip_tokens"],
+            seed=job.seed,
+            perturbations_per_eval=job.perturbations_per_eval,
+            internal_batch_size=job.internal_batch_size,
+            **job.params,
+        )
+    except (ModelError, AttributionCancelled):
+        raise
+    except AttributionError as exc:
+        raise from_engine(exc, job.request_id, _LOC) from None
+    total = res.output_log_probs.sum().reshape(1)
+    return Reply(
+        job_id=job.id,
+        attributions=[res.seq_attr.float().numpy()[None]],
+        outputs=total.double().numpy().astype(np.float64),
+        params={**res.params, "method": res.method},
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+        generation={
+            "input_tokens": res.input_tokens,
+            "output_tokens": res.output_tokens,
+            "seq_attr": res.seq_attr.tolist(),
+            "token_attr": res.token_attr.tolist(),
+            "target_text": tokenizer.decode(res.output_ids),
         },
-    }
-    if body["method"] != req.method:
-        body["requested_method"] = req.method
-    return body
+    )
+
+
+def _check_tokens(lm: LoadedModel, job: Job) -> None:
+    """The exact limits, on tokens: prompt, features, target, cost."""
+    g = job.generation or {}
+    tokenizer = lm.extra["lm_tokenizer"]
+    feats = make_features(tokenizer, g["prompt"], g["features"], g["baselines"], g["skip_tokens"])
+    prompt = max(len(feats.prompt_ids()), 1)
+    if g["target"] is not None:
+        target = len(encode(tokenizer, g["target"], add_special_tokens=False))
+    else:
+        target = (g["gen_args"] or {}).get("max_new_tokens", DEFAULT_NEW_TOKENS)
+    p = parse_params(registry.get(job.method).params, job.method, job.params)
+    check_counts(
+        job.method, p, feats.n, prompt, max(1, target),
+        max_features=g["max_features"],
+        max_prompt=job.max_tokens or prompt,
+        max_target=g["max_target_tokens"],
+        max_cost=g["max_cost"],
+    )  # fmt: skip
+
+
+class CausalLMKind(ModelKind):
+    """A generative language model with its tokenizer: which part of the prompt made the
+    model say this answer (``methods.attribute_generation``)."""
+
+    name = "causal_lm"
+
+    def methods(self, spec: ModelSpec) -> list[str]:
+        return list(METHODS)
+
+    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
+        return spec.explain or ExplainSpec("feature_ablation")
+
+    def default_target(self, spec: ModelSpec) -> Any:
+        return None  # the answer is generated
+
+    def tokenizer(self, spec: ModelSpec) -> bool:
+        return True
+
+    def check_method(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
+    ) -> None:
+        _method(spec, method)
+        _params(method, params)
+
+    def build_job(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: AttributionRequest,
+        deadline: float,
+        request_id: str = "",
+    ) -> Job:
+        if req.verify:
+            raise InvalidRequest(
+                "verify compares tensor attributions; causal language models are not covered",
+                loc=("body", "verify"),
+            )
+        return _build_job(settings, spec, req, deadline, request_id)
+
+    def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
+        return UnsupportedMethod(
+            f"model {spec.id!r} is a causal language model: POST /v1/models/{spec.id}/"
+            'attributions with "inputs": {"prompt": "...", "features": [...]} and the answer '
+            'as "target" (predictions and tensor inputs are for the other models)',
+            loc=("path", "model_id"),
+        )
+
+    def run(self, lm: LoadedModel, job: Job) -> Reply:
+        return _run(lm, job)
+
+    def response(
+        self,
+        spec: ModelSpec,
+        req: AttributionRequest,
+        job: Job,
+        reply: Reply,
+        timing: dict[str, float],
+    ) -> dict[str, Any]:
+        g = reply.generation or {}
+        method = reply.params.get("method", job.method)
+        shown = Reply(
+            job_id=reply.job_id,
+            attributions=[np.asarray([g.get("seq_attr", [])], dtype=np.float64)],
+            target=[g.get("target_text")],
+            outputs=reply.outputs,
+            params={k: v for k, v in reply.params.items() if k != "method"},
+        )
+        body = envelope((spec.id, spec.version), method, shown, "json", timing, req.method)
+        body["attributions"] = [g.get("seq_attr", [])]
+        if body["outputs"] is not None:
+            body["outputs"] = [float(x) for x in np.asarray(body["outputs"]).reshape(-1)]
+        for name in ("input_tokens", "output_tokens", "seq_attr", "token_attr"):
+            body[name] = g.get(name)
+        return body
+
+    def pictures(self, spec: ModelSpec) -> int:
+        return 1  # the prompt's features
+
+    def drawn(self, reply: Reply) -> Reply:
+        return _drawn(reply)

@@ -9,14 +9,24 @@ so there are no predictions (``:predict``, OIP infer, ``"predicted"`` targets) a
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import Any
 
+import torch
+
+from methods.cancel import checkpoint
+from methods.errors import ModelError
 from methods.params import MethodParams, parse_params
 from methods.registry import MethodSpec
-from model_registry.spec import ExportedStep, ModelSpec
+from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
+from service.core.settings import Settings
+from service.core.work import Job, Reply, WireTarget
+from service.kinds import checks, plan, prepare, tensors
+from service.kinds.tensor import TensorKind
 from service.wire.attributions import AttributionRequest
-from service.wire.targets import WireTarget, per_example, resolve_target
+from service.wire.targets import per_example, resolve, rows
 
 #: request fields the program has no use for: (default, why)
 FIXED_FIELDS: dict[str, str] = {
@@ -28,17 +38,6 @@ FIXED_FIELDS: dict[str, str] = {
     "perturbations_per_eval": "the file's program evaluates a whole batch at once",
     "verify": "the file holds only the attribution step, no model to compare it with in float64",
 }
-
-
-def not_for_predictions(spec: ModelSpec) -> None:
-    """``:predict``, OIP infer and KServe explain (which returns predictions) are refused."""
-    if spec.exported is not None:
-        raise UnsupportedMethod(
-            f"model {spec.id!r} serves an exported {spec.exported.method} program, which "
-            "returns attributions, not predictions; use POST "
-            f"/v1/models/{spec.id}/attributions",
-            loc=("path", "model_id"),
-        )
 
 
 def check_method(spec: ModelSpec, name: str) -> None:
@@ -101,12 +100,16 @@ def _baked_wire(target: Any) -> WireTarget:
     return {"kind": "index", "index": [int(target)]}
 
 
+def _step(spec: ModelSpec) -> ExportedStep:
+    if spec.exported is None:  # the kind is chosen from this field: never reached
+        raise InvalidRequest("not an exported model", loc=("path", "model_id"))
+    return spec.exported
+
+
 def target(spec: ModelSpec, raw: Any, n: int) -> WireTarget:
     """The job's target: the request's classes (per-example programs), or the baked one
     (a request may restate it)."""
-    step = spec.exported
-    if step is None:  # callers check; this narrows the type
-        raise InvalidRequest("not an exported model", loc=("body", "target"))
+    step = _step(spec)
     loc = ("body", "target")
     if raw == "predicted":
         raise InvalidRequest(
@@ -121,7 +124,7 @@ def target(spec: ModelSpec, raw: Any, n: int) -> WireTarget:
                 "or one per example)",
                 loc=loc,
             )
-        wire = per_example(resolve_target(raw, spec.output, n), n)
+        wire = per_example(resolve(raw, spec.output, n), n)
         if wire is None or wire["kind"] != "per_example":
             raise InvalidRequest(
                 "the file takes one class per example (an int, a label, or one per example), "
@@ -138,10 +141,110 @@ def target(spec: ModelSpec, raw: Any, n: int) -> WireTarget:
     baked = _baked_wire(step.target)
     if raw is None:
         return baked
-    given = per_example(resolve_target(raw, spec.output, n), n)
+    given = per_example(resolve(raw, spec.output, n), n)
     if given != per_example(baked, n):
         shown = "null" if step.target is None else repr(step.target)
         raise InvalidRequest(
             f"the file's target is baked in as {shown}; omit target or send that one", loc=loc
         )
     return baked
+
+
+class ExportedKind(TensorKind):
+    """A tensor model whose file computes one attribution (``attribution-export:``): the
+    request is checked as a tensor model's, against the step the file bakes in."""
+
+    name = "exported"
+    predicts = False
+
+    def methods(self, spec: ModelSpec) -> list[str]:
+        return [_step(spec).method]
+
+    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
+        return ExplainSpec(_step(spec).method)  # the file's own method, nothing else
+
+    def default_target(self, spec: ModelSpec) -> Any:
+        return None  # the file's baked target (a per-example one must be given)
+
+    def tokenizer(self, spec: ModelSpec) -> bool:
+        return False
+
+    def check_method(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
+    ) -> None:
+        self.plan(spec, method, params)
+
+    def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
+        ms = checks.method_spec(method)
+        checks.check_param_names(ms, params)
+        check_method(spec, method)  # its layer (if any) is baked in
+        return plan.Plan(ms, dict(params))
+
+    def effective(
+        self, spec: ModelSpec, ms: MethodSpec, req: AttributionRequest, p: MethodParams
+    ) -> MethodParams:
+        check_fields(req)
+        return effective_params(ms, _step(spec), p)
+
+    def engine_params(self, p: MethodParams) -> dict[str, Any]:
+        return {}  # baked into the program
+
+    def target(self, spec: ModelSpec, ms: MethodSpec, raw: Any, n: int) -> WireTarget:
+        return target(spec, raw, n)
+
+    def batch_sizes(
+        self, settings: Settings, spec: ModelSpec, req: AttributionRequest
+    ) -> tuple[int | str | None, int | str | None]:
+        return None, None  # the program evaluates a whole batch at once
+
+    def predict_job(
+        self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
+    ) -> Job:
+        raise self.no_predictions(spec)
+
+    def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
+        return UnsupportedMethod(
+            f"model {spec.id!r} serves an exported {_step(spec).method} program, which "
+            "returns attributions, not predictions; use POST "
+            f"/v1/models/{spec.id}/attributions",
+            loc=("path", "model_id"),
+        )
+
+    def prepare(self, lm: LoadedModel) -> dict[str, Any]:
+        """One call of the program, so the first request does not pay for lazy set-up."""
+        xs = prepare.probe_inputs(lm, 1)
+        extra: tuple[torch.Tensor, ...] = ()
+        if _step(lm.spec).per_example_target:
+            extra = (torch.zeros(1, dtype=torch.int64, device=lm.device),)
+        with contextlib.suppress(Exception), torch.no_grad():  # real requests report errors
+            lm.model(*xs, *extra)
+        return super(TensorKind, self).prepare(lm)
+
+    def run(self, lm: LoadedModel, job: Job) -> Reply:
+        """The program's forward is the attribution."""
+        t0 = time.perf_counter()
+        step = _step(lm.spec)
+        xs, _ = tensors.inputs(lm, job)
+        n = int(xs[0].shape[0])
+        args = xs
+        if step.per_example_target and job.target is not None:
+            classes = torch.tensor(job.target["rows"], dtype=torch.int64, device=lm.device)
+            args = (*xs, classes)
+        checkpoint()
+        try:
+            with torch.no_grad():
+                attrs = lm.model(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            raise ModelError(
+                f"the program raised {type(exc).__name__}: {exc}", argument="inputs"
+            ) from exc
+        return Reply(
+            job_id=job.id,
+            attributions=[tensors.numpy(a) for a in tensors.flat(attrs)],
+            as_tuple=isinstance(attrs, (tuple, list)),
+            target=rows(job.target, n),
+            params=dict(step.params or {}),
+            compute_ms=(time.perf_counter() - t0) * 1e3,
+        )

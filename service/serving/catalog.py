@@ -6,7 +6,7 @@ from typing import Any
 
 import methods
 from model_registry.spec import ModelSpec
-from service.serving import support
+from service import kinds
 from service.wire.catalog import (
     ExportedInfo,
     InputInfo,
@@ -38,8 +38,8 @@ def model_info(
         output=OutputInfo(shape=list(spec.output.shape), labels=list(spec.output.labels)),
         layers=list(spec.layers),
         embedding_layer=spec.embedding_layer,
-        tokenizer=bool((loaded or {}).get("tokenizer", support.token_model(spec))),
-        methods=support.served_methods(spec),
+        tokenizer=bool((loaded or {}).get("tokenizer", kinds.of(spec).tokenizer(spec))),
+        methods=kinds.of(spec).methods(spec),
         exported=None
         if step is None
         else ExportedInfo(method=step.method, params=step.params, target=step.target),

@@ -9,12 +9,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from model_registry.spec import ExplainSpec, ModelSpec
-from service.core.errors import InvalidRequest, Loc, ServiceError
+from model_registry.spec import ModelSpec
+from service import kinds
+from service.core.errors import WHERE, InvalidRequest, Loc, ServiceError
+from service.core.settings import Settings
 from service.core.work import Reply
-from service.serving import support
 from service.wire import codec
-from service.wire.attributions import AttributionRequest
+from service.wire.attributions import REQUEST_FIELDS, AttributionRequest
 from service.wire.oip import V1Request
 
 #: attributions request fields that ``parameters`` may not set (they come from the body)
@@ -31,46 +32,25 @@ def validated(model: type[BaseModel], data: Any, prefix: Loc) -> Any:
             for e in exc.errors(include_url=False, include_input=False)
         ]
         first = errors[0]
-        where = ".".join(str(p) for p in first["loc"][1:]) or "body"
-        raise InvalidRequest(f"{where}: {first['msg']}", errors=errors) from None
+        raise InvalidRequest(
+            f"{WHERE}: {first['msg']}", errors=errors, about=tuple(first["loc"])
+        ) from None
 
 
-Move = Callable[[tuple[Any, ...]], tuple[Any, ...]]
+Move = Callable[[Loc], Loc]
 
 
 def relocated(err: ServiceError, move: Move) -> ServiceError:
-    """``err`` with its locations (and the field names its messages start with) moved to where
-    this protocol's body has them: the attributions route's ``inputs`` are KServe's
-    ``instances``, its top-level fields are ``parameters.*``, and so on."""
-
-    def where(loc: tuple[Any, ...]) -> str:
-        return ".".join(str(p) for p in loc[1:]) or "body"
-
-    items = []
-    for e in err.errors:
-        loc = tuple(e.get("loc") or ())
-        moved = move(loc) if loc[:1] == ("body",) else loc
-        if moved != loc:
-            old, new = where(loc), where(moved)
-            msg = str(e.get("msg", ""))
-            e = {
-                **e,
-                "loc": list(moved),
-                "msg": new + msg[len(old) :] if msg.startswith(old) else msg,
-            }
-            if err.detail.startswith(old):
-                err.detail = new + err.detail[len(old) :]
-        items.append(e)
-    err.errors = items
-    err.args = (err.detail,)
-    return err
+    """``err`` pointed where this protocol's body has its fields: the attributions route's
+    ``inputs`` are KServe's ``instances``, its other fields are ``parameters.*``, and so on."""
+    return err.relocate(move)
 
 
 def v1_move(instances: bool) -> Move:
     """KServe V1: ``inputs`` came from ``instances``; request fields from ``parameters``."""
-    fields = set(AttributionRequest.model_fields) - {"inputs"}
+    fields = REQUEST_FIELDS - {"inputs"} | {"method", "params"}
 
-    def move(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    def move(loc: Loc) -> Loc:
         if len(loc) > 1 and loc[1] == "inputs" and instances:
             return ("body", "instances", *loc[2:])
         if len(loc) > 1 and loc[1] in fields:
@@ -80,52 +60,30 @@ def v1_move(instances: bool) -> Move:
     return move
 
 
-def default_explanation(spec: ModelSpec) -> ExplainSpec:
-    """The model's models.toml ``explain``, else by its kind: integrated gradients where the
-    inputs are differentiable (token models: on the embedding layer, as the attributions route
-    rewrites it), feature ablation where they are not."""
-    if spec.explain is not None:
-        return spec.explain
-    if spec.exported is not None:  # the file's own method, nothing else
-        return ExplainSpec(spec.exported.method)
-    floats = all(i.dtype.startswith(("float", "bfloat")) for i in spec.inputs)
-    if floats or support.token_model(spec):
-        return ExplainSpec("integrated_gradients")
-    return ExplainSpec("feature_ablation")
-
-
 def with_defaults(given: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
-    """Explain parameters with the model's defaults: its default method (and that method's
-    params) when none is named, and each example's predicted class when no target is given
-    (what an explanation of a prediction explains; none on models with one output value)."""
+    """Explain parameters with the model's defaults (its kind's): its default method (and that
+    method's params) when none is named, and the default target when none is given (each
+    example's predicted class, what an explanation of a prediction explains)."""
+    kind = kinds.of(spec)
     out = dict(given)
     if "method" not in out:
-        ex = default_explanation(spec)
+        ex = kind.default_explanation(spec)
         out["method"] = ex.method
         out.setdefault("params", dict(ex.params))
-    if "target" not in out and spec.exported is not None:
-        out["target"] = None  # the file's baked target (a per-example one must be given)
     if "target" not in out:
-        shape = spec.output.shape
-        scalar = all(d == 1 for d in shape)
-        out["target"] = None if scalar else "predicted"
+        out["target"] = kind.default_target(spec)
     return out
 
 
-def check_explanation(spec: ModelSpec) -> None:
+def check_explanation(spec: ModelSpec, settings: Settings) -> None:
     """Start-up check of a models.toml ``explain``: the method serves this model and its
     params validate (the message names the model; the server does not start otherwise)."""
-    from service.core.settings import Settings
-    from service.serving.attributions import decode_params, validate_params
-
-    ex = default_explanation(spec)
+    ex = kinds.of(spec).default_explanation(spec)
     try:
-        plan = support.plan(spec, ex.method, dict(ex.params))
-        validate_params(plan.method, decode_params(plan.method, plan.params, Settings()))
-    except Exception as exc:
-        detail = getattr(exc, "detail", str(exc))
+        kinds.of(spec).check_method(spec, ex.method, dict(ex.params), settings)
+    except ServiceError as exc:
         raise ValueError(
-            f"model {spec.id!r}: explain = {ex.method!r} cannot run: {detail}"
+            f"model {spec.id!r}: explain = {ex.method!r} cannot run: {exc.detail}"
         ) from None
 
 

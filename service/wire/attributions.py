@@ -264,6 +264,12 @@ class AttributionRequest(BaseModel):
     )
 
 
+#: the request's fields other than the method and its params: where a Captum user's engine
+#: argument (``target``, ``baselines``, ``internal_batch_size``, ...) goes; the one list the
+#: service reads (params checks, error locations, KServe/OIP ``parameters``)
+REQUEST_FIELDS: frozenset[str] = frozenset(AttributionRequest.model_fields) - {"method", "params"}
+
+
 class TimingMs(BaseModel):
     queue: float
     compute: float

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from model_registry.spec import InputSpec, ModelSpec
-from service.core.errors import InvalidRequest, LimitExceeded, Loc
+from service.core.errors import WHERE, InvalidRequest, LimitExceeded, Loc
 
 DTYPES = {
     "float16": np.float16,
@@ -38,10 +38,6 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     return np.dtype(DTYPES[CARRIED.get(name, name)])
 
 
-def _where(loc: Loc) -> str:
-    return ".".join(str(p) for p in loc[1:]) or "body"
-
-
 def is_tensor_object(obj: object) -> bool:
     return isinstance(obj, dict) and "b64" in obj
 
@@ -54,34 +50,33 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
         return _converted(obj, loc, max_elements, dtype)
     if isinstance(obj, bool) or not isinstance(obj, (list, int, float)):
         raise InvalidRequest(
-            f"{_where(loc)} must be a tensor: a nested list of numbers or "
-            '{"dtype", "shape", "b64"}',
+            f'{WHERE} must be a tensor: a nested list of numbers or {{"dtype", "shape", "b64"}}',
             loc=loc,
         )
     try:
         arr = _asarray(obj)
     except ValueError:
         raise InvalidRequest(
-            f"{_where(loc)} is a ragged nested list; every row must have the same length", loc=loc
+            f"{WHERE} is a ragged nested list; every row must have the same length", loc=loc
         ) from None
     if arr.dtype.kind not in "biuf":
         if arr.dtype == object and any(v is None for v in arr.ravel()):
-            raise InvalidRequest(f"{_where(loc)} holds null (NaN is not a valid input)", loc=loc)
-        raise InvalidRequest(f"{_where(loc)} must hold only numbers", loc=loc)
+            raise InvalidRequest(f"{WHERE} holds null (NaN is not a valid input)", loc=loc)
+        raise InvalidRequest(f"{WHERE} must hold only numbers", loc=loc)
     return _converted(arr, loc, max_elements, dtype)
 
 
 def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) -> np.ndarray:
     if arr.size > max_elements:
         raise LimitExceeded(
-            f"{_where(loc)} has {arr.size} elements; the limit is {max_elements}", loc=loc
+            f"{WHERE} has {arr.size} elements; the limit is {max_elements}", loc=loc
         )
     if dtype is None:
         return arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64, copy=False)
     target = numpy_dtype(dtype)
     if target.kind in "iub" and arr.dtype.kind == "f":
         raise InvalidRequest(
-            f"{_where(loc)} must hold integers ({dtype}), got floating-point numbers", loc=loc
+            f"{WHERE} must hold integers ({dtype}), got floating-point numbers", loc=loc
         )
     return arr.astype(target, copy=False)
 
@@ -107,36 +102,40 @@ def _decode_b64(obj: dict[str, Any], loc: Loc, max_elements: int, dtype: str | N
     name, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("b64")
     if not isinstance(name, str) or name not in DTYPES:
         raise InvalidRequest(
-            f"{_where(loc)}.dtype must be one of {', '.join(DTYPES)}, got {name!r:.40}",
+            f"{WHERE}.dtype must be one of {', '.join(DTYPES)}, got {name!r:.40}",
             loc=(*loc, "dtype"),
+            about=loc,
         )
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise InvalidRequest(
-            f"{_where(loc)}.shape must be a list of non-negative ints", loc=(*loc, "shape")
+            f"{WHERE}.shape must be a list of non-negative ints", loc=(*loc, "shape"), about=loc
         )
     if dtype is not None and name != CARRIED.get(dtype, dtype):
         raise InvalidRequest(
-            f"{_where(loc)} has dtype {name}; this model input takes {dtype}", loc=(*loc, "dtype")
+            f"{WHERE} has dtype {name}; this model input takes {dtype}",
+            loc=(*loc, "dtype"),
+            about=loc,
         )
     count = math.prod(shape)  # Python ints: a product that overflows int64 stays what it is
     if count > max_elements:
-        raise LimitExceeded(
-            f"{_where(loc)} has {count} elements; the limit is {max_elements}", loc=loc
-        )
+        raise LimitExceeded(f"{WHERE} has {count} elements; the limit is {max_elements}", loc=loc)
     if not isinstance(data, str):
-        raise InvalidRequest(f"{_where(loc)}.b64 must be a base64 string", loc=(*loc, "b64"))
+        raise InvalidRequest(f"{WHERE}.b64 must be a base64 string", loc=(*loc, "b64"), about=loc)
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidRequest(f"{_where(loc)}.b64 is not valid base64", loc=(*loc, "b64")) from None
+        raise InvalidRequest(
+            f"{WHERE}.b64 is not valid base64", loc=(*loc, "b64"), about=loc
+        ) from None
     np_dtype = np.dtype(DTYPES[name]).newbyteorder("<")
     if len(raw) != count * np_dtype.itemsize:
         raise InvalidRequest(
-            f"{_where(loc)}.b64 holds {len(raw)} bytes; shape {shape} of {name} needs "
+            f"{WHERE}.b64 holds {len(raw)} bytes; shape {shape} of {name} needs "
             f"{count * np_dtype.itemsize}",
             loc=(*loc, "b64"),
+            about=loc,
         )
     return (
         np.frombuffer(raw, dtype=np_dtype)
@@ -161,21 +160,21 @@ def encode_tensor(arr: np.ndarray, encoding: str) -> Any:
 def check_finite(arr: np.ndarray, loc: Loc) -> None:
     if arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
         bad = np.argwhere(~np.isfinite(arr))[0].tolist()
-        raise InvalidRequest(f"{_where(loc)} holds NaN or infinity (first at index {bad})", loc=loc)
+        raise InvalidRequest(f"{WHERE} holds NaN or infinity (first at index {bad})", loc=loc)
 
 
 def check_input(arr: np.ndarray, spec: InputSpec, loc: Loc) -> None:
     """Shape (free dims may be anything) and finiteness against the model's declared input."""
     if arr.ndim != len(spec.shape):
         raise InvalidRequest(
-            f"{_where(loc)} has shape {list(arr.shape)}; input {spec.name!r} takes "
+            f"{WHERE} has shape {list(arr.shape)}; input {spec.name!r} takes "
             f"{_shape_text(spec.shape)} ({len(spec.shape)} dims, dim 0 the examples)",
             loc=loc,
         )
     for d, (got, want) in enumerate(zip(arr.shape, spec.shape, strict=True)):
         if want is not None and d > 0 and got != want:
             raise InvalidRequest(
-                f"{_where(loc)} has shape {list(arr.shape)}; input {spec.name!r} takes "
+                f"{WHERE} has shape {list(arr.shape)}; input {spec.name!r} takes "
                 f"{_shape_text(spec.shape)} (dim {d} must be {want})",
                 loc=loc,
             )
@@ -309,7 +308,7 @@ def decode_baselines(
         check_finite(arr, where)
         if not inputs.texts and arr.shape[1:] != inputs.arrays[len(out)].shape[1:]:
             raise InvalidRequest(
-                f"{_where(where)} has shape {list(arr.shape)}; it must match the input "
+                f"{WHERE} has shape {list(arr.shape)}; it must match the input "
                 f"{list(inputs.arrays[len(out)].shape)} (dim 0 may be 1 to broadcast)",
                 loc=where,
             )

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from service.core.errors import InvalidRequest
+from service.core.errors import WHERE, InvalidRequest
 
 #: numpy arrays serialised natively, without a Python list detour
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -28,7 +28,7 @@ def parse_json(body: bytes) -> Any:
     where = _lone_surrogate(data, ("body",))
     if where is not None:
         raise InvalidRequest(
-            f"{'.'.join(map(str, where[1:])) or 'body'} holds a lone UTF-16 surrogate escape, "
+            f"{WHERE} holds a lone UTF-16 surrogate escape, "
             "which is not a Unicode character; send valid UTF-8 text",
             loc=where,
         )

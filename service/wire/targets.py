@@ -1,6 +1,13 @@
-"""Targets on the wire: every JSON form the README lists, resolved against the model's output.
+"""Targets: the one home of what a target means, from the JSON a request sends to the value of
+the model's output the worker attributes.
 
-The result is plain data the worker turns into an engine target:
+- server: every JSON form the API takes, resolved against the model's output (``resolve``);
+- pool: written one entry per example (``per_example``), concatenated for merged jobs
+  (``concat``), compared for merging (``form``);
+- worker: predicted classes filled in (``of_predictions``), the engine's form (``to_engine``),
+  the output at the target (``select``), and the per-example echo of the response (``rows``).
+
+The resolved form is plain data that crosses the process boundary:
 ``None`` | ``{"kind": "index", "index": [...]}`` | ``{"kind": "per_example", "rows": [...]}`` |
 ``{"kind": "per_example_tuple", "rows": [[...], ...]}`` | ``{"kind": "predicted"}``.
 """
@@ -8,6 +15,8 @@ The result is plain data the worker turns into an engine target:
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from model_registry.spec import OutputSpec
 from service.core.errors import InvalidRequest, Loc
@@ -59,7 +68,7 @@ def _scalar_output(out: OutputSpec) -> bool:
     return all(d == 1 for d in out.shape)
 
 
-def resolve_target(raw: Any, out: OutputSpec, n: int) -> WireTarget:
+def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
     """Validate the JSON ``target`` for ``n`` examples and return its wire form."""
     if raw is None:
         if not _scalar_output(out):
@@ -124,3 +133,60 @@ def per_example(t: WireTarget, n: int) -> WireTarget:
     if len(idx) == 1:
         return {"kind": "per_example", "rows": [idx[0]] * n}
     return {"kind": "per_example_tuple", "rows": [list(idx)] * n}
+
+
+def predicted(t: WireTarget) -> bool:
+    """Whether the target is each example's predicted class (known after a forward)."""
+    return t is not None and t["kind"] == "predicted"
+
+
+def of_predictions(out: torch.Tensor) -> WireTarget:
+    """``"predicted"`` resolved: each example's argmax class."""
+    return {"kind": "per_example", "rows": out.argmax(dim=-1).tolist()}
+
+
+def concat(parts: list[tuple[WireTarget, int]]) -> WireTarget:
+    """The targets of jobs merged into one (``(target, examples)`` each, same form)."""
+    first = parts[0][0]
+    if first is None or first["kind"] == "predicted":
+        return first
+    written = [per_example(t, n) for t, n in parts]
+    rows = [r for w in written if w is not None for r in w["rows"]]
+    return {"kind": written[0]["kind"] if written[0] else "per_example", "rows": rows}
+
+
+def form(t: WireTarget) -> Any:
+    """What must be equal for two jobs' targets to merge: a class each, or index tuples of
+    one length."""
+    if t is None:
+        return None
+    if t["kind"] in ("index", "per_example"):
+        return "class" if t["kind"] == "per_example" or len(t["index"]) == 1 else len(t["index"])
+    if t["kind"] == "per_example_tuple":
+        return len(t["rows"][0])
+    return t["kind"]
+
+
+def rows(t: WireTarget, n: int) -> list[Any] | None:
+    """The target of each of ``n`` examples, as the response echoes it."""
+    if t is None:
+        return None
+    if t["kind"] == "index":
+        idx = t["index"]
+        return [idx[0] if len(idx) == 1 else list(idx)] * n
+    return list(t["rows"])
+
+
+def select(out: torch.Tensor, target: Any, n: int) -> torch.Tensor:
+    """The model output at the engine target, one value per example."""
+    if target is None:
+        return out.reshape(n, -1)[:, 0]
+    if isinstance(target, int):
+        return out[:, target]
+    if isinstance(target, tuple):
+        return out[(slice(None), *target)]
+    chosen = torch.tensor(target, device=out.device)
+    ar = torch.arange(n, device=out.device)
+    if chosen.dim() == 1:
+        return out[ar, chosen]
+    return out[(ar, *chosen.unbind(1))]

@@ -25,13 +25,12 @@ from typing import Any
 
 from model_registry.spec import ModelSpec
 from service.core.errors import (
-    AttributionFailed,
     DeadlineExceeded,
     RequestCancelled,
     ServiceError,
-    from_engine,
 )
 from service.core.work import Batch, Job, Reply
+from service.wire.engine_errors import from_engine
 from service.worker.channel import BlockingChannel
 from service.worker.merge import merge, split
 
@@ -78,15 +77,14 @@ def worker_main(
     try:
         import methods
         import model_registry
+        from service import kinds
         from service.worker import threads
 
         threads.limit(int(options.get("torch_threads") or 1))
         methods.set_memory_budget(int(options["memory_budget_bytes"]))
-        from service.worker.prepare import prepare
-
         models = {s.id: model_registry.load(s) for s in specs}
-        # compile, warm up and check each model (its readiness and figures go to the parent)
-        prepared = {mid: prepare(lm) for mid, lm in models.items()}
+        # each kind's set-up (compile, warm up, check): readiness and figures go to the parent
+        prepared = {mid: kinds.of(lm.spec).prepare(lm) for mid, lm in models.items()}
     except BaseException as exc:  # report why, then exit: the parent decides on restarts
         chan.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         return
@@ -100,7 +98,6 @@ def worker_main(
         for mid, m in models.items()
     }
     chan.send(("ready", {"pid": os.getpid(), "models": info}))
-    from service.worker.compute import run_job
 
     control = Control()
     inbox: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
@@ -109,7 +106,7 @@ def worker_main(
         batch = inbox.get()
         if batch is None:
             return
-        replies = run_batch(models, batch.jobs, run_job, control)
+        replies = run_batch(models, batch.jobs, kinds.run, control)
         control.forget(batch.jobs)
         try:
             chan.send(("done", batch.id, replies))
@@ -177,17 +174,9 @@ def _safe(run: Run, models: dict[str, Any], job: Job, jobs: list[Job], c: Contro
             job.model_id,
             traceback.format_exc(),
         )
-        cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "an error"
-        return _error(
-            job,
-            AttributionFailed(
-                f"the model raised {cause} on these inputs; the server log has the details "
-                f"under request id {job.request_id}",
-                loc=("body", "inputs"),
-            ),
-        )
+        return _error(job, from_engine(exc, job.request_id))
     except AttributionError as exc:
-        return _error(job, from_engine(exc))
+        return _error(job, from_engine(exc, job.request_id))
     except Exception:
         log.error(
             "request %s: %s on %s failed\n%s",

@@ -8,7 +8,7 @@ import pytest
 from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 from service.core.errors import InvalidRequest, LimitExceeded
 from service.wire import codec
-from service.wire.targets import resolve_target
+from service.wire.targets import resolve as resolve_target
 from tests.service.helpers import b64
 
 TAB = ModelSpec(

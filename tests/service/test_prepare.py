@@ -16,10 +16,11 @@ import methods
 import model_registry
 from methods import registry
 from model_registry.spec import LoadedModel, ModelSpec
+from service import kinds
 from service.core.settings import Settings
+from service.kinds import prepare, runtime
 from service.serving.attributions import build_job
 from service.wire.attributions import AttributionRequest
-from service.worker import compute, prepare
 
 X = torch.linspace(-1, 1, 40).reshape(5, 8)
 
@@ -34,7 +35,7 @@ def tabular(**changes: Any) -> ModelSpec:
 def answer(lm: LoadedModel, **body: Any) -> Any:
     req = AttributionRequest.model_validate({"inputs": X.tolist(), "target": 2, **body})
     job = build_job(Settings(), lm.spec, req, time.time() + 60)
-    reply = compute.run_job(lm, job)
+    reply = kinds.run(lm, job)
     return reply
 
 
@@ -56,7 +57,7 @@ def test_compiled_attributions_equal_eager_ones(
         ("input_x_gradient", {}),
         ("feature_ablation", {}),
     ]:
-        assert prepare.serving_model(lm, registry.get(method)) is lm.extra["compiled"]
+        assert runtime.serving_model(lm, registry.get(method)) is lm.extra["compiled"]
         got = answer(lm, method=method, params=params).attributions[0]
         want = methods.attribute(eager.model, X, method, target=2, **params).attributions
         torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
@@ -65,7 +66,7 @@ def test_compiled_attributions_equal_eager_ones(
 def test_hook_methods_keep_the_eager_module(compiled: tuple[LoadedModel, dict[str, Any]]) -> None:
     lm, _ = compiled
     for method in ("deeplift", "layer_integrated_gradients", "neuron_gradient", "lrp"):
-        assert prepare.serving_model(lm, registry.get(method)) is lm.model
+        assert runtime.serving_model(lm, registry.get(method)) is lm.model
     reply = answer(lm, method="deeplift")
     want = methods.attribute(lm.model, X, "deeplift", target=2).attributions
     torch.testing.assert_close(torch.from_numpy(reply.attributions[0]), want)
@@ -131,7 +132,7 @@ def test_bfloat16_figures_are_the_real_deviation() -> None:
     xs = prepare.probe_inputs(lm, prepare.PROBE_BATCH)[0]
     served = methods.attribute(lm.model, xs, "integrated_gradients", target=0, n_steps=8)
     ref = methods.attribute(
-        prepare.reference(lm), xs.double(), "integrated_gradients", target=0, n_steps=8
+        runtime.reference(lm), xs.double(), "integrated_gradients", target=0, n_steps=8
     )
     diff = (served.attributions.double() - ref.attributions).abs().max()
     rel = float(diff / ref.attributions.abs().max())

@@ -9,9 +9,15 @@ from typing import Any
 import numpy as np
 
 from model_registry.spec import LoadedModel, ModelSpec
-from service.cli.offline.engine import AttributionRequest, build_job, run_job, validated
+from service.cli.offline.engine import (
+    AttributionRequest,
+    build_job,
+    from_engine,
+    run_job,
+    validated,
+)
 from service.cli.offline.inputs import Examples
-from service.core.errors import AttributionFailed, InvalidRequest, from_engine
+from service.core.errors import AttributionFailed, InvalidRequest
 from service.core.settings import Settings
 
 

@@ -16,7 +16,7 @@ import orjson
 
 from model_registry.spec import ModelSpec
 from service.cli.offline.batch import attribute_batch, check_batch, chunk_target
-from service.cli.offline.engine import support
+from service.cli.offline.engine import kind_of
 from service.cli.offline.formats import OUTPUT_SUFFIXES, _bad, _pyarrow
 from service.cli.offline.inputs import Examples, read_examples
 from service.cli.offline.options import describe, parse_target, request_from_args, say
@@ -60,7 +60,7 @@ def _per_example(baselines: Any, n: int, spec: ModelSpec, request: dict[str, Any
     first = baselines if isinstance(baselines, np.ndarray) else baselines[0]
     if first.ndim != len(spec.inputs[0].shape) or first.shape[0] != n:
         return False
-    ms = support.plan(spec, request["method"], request.get("params") or {}).method
+    ms = kind_of(spec).plan(spec, request["method"], request.get("params") or {}).method
     return ms.merge != "shared_baselines"
 
 

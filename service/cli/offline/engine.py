@@ -1,13 +1,22 @@
 """Everything ``attrserve attribute`` takes from the service's own layers, imported here and
 nowhere else in this package: the route's request model and its validation, ``build_job`` (the
-route's checks and limits), the cost plan, the wire codec, and the worker's ``run_job``. When
-those layers move, this is the one module to re-point."""
+route's checks and limits), the model's kind (its method plan), the wire codec, the worker's
+engine call (``run_job``) and the engine errors' mapping."""
 
-from service.serving import support
+from service.kinds import of as kind_of
+from service.kinds import run as run_job
 from service.serving.attributions import build_job
 from service.serving.kserve import validated
 from service.wire import codec
 from service.wire.attributions import AttributionRequest
-from service.worker.compute import run_job
+from service.wire.engine_errors import from_engine
 
-__all__ = ["AttributionRequest", "build_job", "codec", "run_job", "support", "validated"]
+__all__ = [
+    "AttributionRequest",
+    "build_job",
+    "codec",
+    "from_engine",
+    "kind_of",
+    "run_job",
+    "validated",
+]

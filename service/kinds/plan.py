@@ -1,4 +1,5 @@
-"""Which methods a model can serve, and what the engine runs for a request.
+"""Which methods a tensor model can serve, and what the engine runs for a request: gradient
+methods on token models run as their layer counterpart on the embedding layer.
 
 Everything here is read off the method's registry entry (``MethodSpec``): its kind, whether it
 takes a layer, its token-model counterpart. No method names are listed in the service.
@@ -12,20 +13,8 @@ from typing import Any
 from methods import registry
 from methods.registry import MethodSpec
 from model_registry.spec import ModelSpec
-from service.core.errors import InvalidRequest, UnknownMethod, UnsupportedMethod, from_engine
-
-#: engine arguments that are request fields of their own; a Captum user may put them in params
-SHARED_ARGUMENTS = (
-    "inputs",
-    "target",
-    "baselines",
-    "additional_forward_args",
-    "internal_batch_size",
-    "perturbations_per_eval",
-    "noise_tunnel",
-    "seed",
-    "return_convergence_delta",
-)
+from service.core.errors import InvalidRequest, UnsupportedMethod
+from service.kinds.checks import check_param_names, method_spec
 
 
 @dataclass(frozen=True)
@@ -38,52 +27,15 @@ class Plan:
     post_abs: bool = False
 
 
-def method_spec(name: str) -> MethodSpec:
-    try:
-        return registry.get(name)
-    except Exception as exc:  # UnknownMethodError: its message, pointing at GET /v1/methods
-        err = from_engine(exc)
-        raise UnknownMethod(err.detail, loc=("body", "method")) from None
-
-
 def is_torchscript(spec: ModelSpec) -> bool:
     return spec.source.startswith("torchscript:")
 
 
 def token_model(spec: ModelSpec) -> bool:
+    """Whether the model takes token ids (gradient methods then attribute to its embedding)."""
     return spec.embedding_layer is not None and all(
         i.dtype.startswith(("int", "uint")) for i in spec.inputs
     )
-
-
-def check_param_names(ms: MethodSpec, params: dict[str, Any]) -> None:
-    """Shared arguments put inside ``params``, Captum's IG ``method=``, Python-only params."""
-    for name in params:
-        loc = ("body", "params", name)
-        if name in SHARED_ARGUMENTS:
-            raise InvalidRequest(
-                f"{name} is a field of the request body, not a method parameter: move it out "
-                f'of "params" to the top level ("{name}": ...)',
-                loc=loc,
-            )
-        if name == "method":
-            if "approximation_method" in ms.params.model_fields:
-                raise InvalidRequest(
-                    "params.method is Captum's name for the quadrature rule; here it is "
-                    'params.approximation_method ("gausslegendre", "riemann_left", '
-                    '"riemann_right", "riemann_middle", "riemann_trapezoid")',
-                    loc=loc,
-                )
-            raise InvalidRequest(
-                'the method is the request\'s top-level "method" field, not a parameter',
-                loc=loc,
-            )
-        if name in ms.python_only_params:
-            raise InvalidRequest(
-                f"{ms.name}: parameter {name!r} takes a Python callable and is available only "
-                "through the Python API (methods.attribute), not over HTTP",
-                loc=loc,
-            )
 
 
 def _check_layer(spec: ModelSpec, ms: MethodSpec, params: dict[str, Any]) -> dict[str, Any]:
@@ -110,11 +62,6 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
     """Check ``name`` can run on ``spec``; rewrite gradient methods on token models."""
     ms = method_spec(name)
     check_param_names(ms, params)
-    if spec.exported is not None:  # the file's one method, its layer (if any) baked in
-        from service.kinds.exported import check_method
-
-        check_method(spec, name)
-        return Plan(ms, dict(params))
     loc = ("body", "method")
     if ms.needs_hooks and is_torchscript(spec):
         raise UnsupportedMethod(
@@ -142,12 +89,8 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
     return Plan(ms, dict(params))
 
 
-def served_methods(spec: ModelSpec) -> list[str]:
-    """Method names a model can serve as requested (for ModelInfo.methods)."""
-    if spec.kind == "causal_lm":
-        from service.kinds.causal_lm import served_methods as generation_methods
-
-        return generation_methods()
+def served(spec: ModelSpec) -> list[str]:
+    """Method names a tensor model can serve as requested (for ModelInfo.methods)."""
     names = []
     for ms in registry.specs():
         try:

@@ -1,4 +1,4 @@
-"""A worker's set-up of each loaded model, before it says ready: compile, warm up, check.
+"""A tensor model's set-up in its worker, before the worker says ready: compile, warm up, check.
 
 - ``compile = true``: hook-free methods run on ``torch.compile(model, dynamic=True, mode=...)``;
   methods that hook or intercept modules (``needs_hooks``, layer and neuron methods) keep the
@@ -24,9 +24,9 @@ from torch import nn
 
 import methods
 from methods import registry
-from methods.registry import MethodSpec
-from methods.verify import Verification, reference_model, verify
+from methods.verify import Verification, verify
 from model_registry.spec import LoadedModel
+from service.kinds.runtime import disable_compiled, reference, serving_model
 
 log = logging.getLogger("attrserve.worker")
 
@@ -107,18 +107,6 @@ def _one(xs: tuple[torch.Tensor, ...]) -> Any:
 # -- compile ------------------------------------------------------------------------------
 
 
-def uses_compiled(ms: MethodSpec) -> bool:
-    """Whether a method may run on the compiled module: it must not hook or intercept the
-    model's modules (compiled graphs do not call them)."""
-    return not ms.needs_hooks and ms.kind not in ("layer", "neuron")
-
-
-def serving_model(lm: LoadedModel, ms: MethodSpec) -> Any:
-    """The module a method runs on: the compiled one where it can, else the eager one."""
-    compiled = lm.extra.get("compiled")
-    return compiled if compiled is not None and uses_compiled(ms) else lm.model
-
-
 def compile_model(lm: LoadedModel) -> None:
     """``torch.compile`` the model and warm it up; on failure, eager with the reason kept."""
     spec = lm.spec
@@ -140,48 +128,13 @@ def compile_model(lm: LoadedModel) -> None:
     log.info("attrserve: model %s compiled (mode %s)", spec.id, spec.compile_mode)
 
 
-def worth_eager_retry(exc: BaseException) -> bool:
-    """Whether a failure on the compiled model may be the compiler's: anything but a typed
-    input error, a cancellation or an out-of-memory error (the eager model gives those too).
-    The caller retries on the eager model and drops the compiled one only if that succeeds,
-    so the model's own failures are reported as its own (no private torch exception types)."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return False
-    return isinstance(exc, methods.ModelError) or not isinstance(exc, methods.AttributionError)
-
-
-def disable_compiled(lm: LoadedModel, exc: BaseException, when: str) -> None:
-    """Serve ``lm`` eagerly from now on; the reason logged and reported."""
-    cause = exc.__cause__ if isinstance(exc, methods.ModelError) and exc.__cause__ else exc
-    first = " ".join(str(cause).split())[:300]
-    reason = f"{type(cause).__name__}: {first}" if first else type(cause).__name__
-    lm.extra["compiled"] = None
-    lm.extra["compile_error"] = reason
-    log.warning(
-        "attrserve: model %s: torch.compile failed %s; serving eagerly: %s",
-        lm.spec.id,
-        when,
-        reason,
-    )
-
-
 # -- warm-up ------------------------------------------------------------------------------
 
 
 def warm_up(lm: LoadedModel) -> None:
     """One tiny attribution per model, so the first request does not pay for lazy set-up."""
-    spec = lm.spec
-    if spec.kind == "causal_lm":  # prompts, not tensors: nothing lazy to set up
-        return
     xs = probe_inputs(lm, 1)
     with contextlib.suppress(Exception):  # best effort; real requests report real errors
-        if spec.exported is not None:
-            extra: tuple[torch.Tensor, ...] = ()
-            if spec.exported.per_example_target:
-                extra = (torch.zeros(1, dtype=torch.int64, device=lm.device),)
-            with torch.no_grad():
-                lm.model(*xs, *extra)
-            return
         method, params = probe_method(lm)
         methods.attribute(lm.model, _one(xs), method, target=probe_target(lm), **params)
 
@@ -202,20 +155,9 @@ def probe_method(lm: LoadedModel) -> tuple[str, dict[str, Any]]:
 def verify_enabled(lm: LoadedModel) -> bool:
     """models.toml ``verify_device``, by default on off the CPU and for 16-bit floats."""
     spec = lm.spec
-    if spec.kind == "causal_lm" or spec.exported is not None:
-        return False
     if spec.verify_device is not None:
         return spec.verify_device
     return lm.device.type != "cpu" or spec.dtype in LOW_PRECISION
-
-
-def reference(lm: LoadedModel) -> Any:
-    """The model's float64 CPU copy, made once (at the first check that needs it)."""
-    ref = lm.extra.get("reference")
-    if ref is None:
-        ref = reference_model(lm.model)
-        lm.extra["reference"] = ref
-    return ref
 
 
 def probes(lm: LoadedModel) -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,168 @@
+"""What a kind of model decides, after LitServe's ``LitAPI``: how a request becomes work (server
+side, no model), how the worker runs that work on a loaded model, and how the result becomes a
+response. One module per kind implements it (``service.kinds.tensor``, ``causal_lm``,
+``exported``); ``service.kinds.of(spec)`` chooses the kind once from the model's spec.
+
+Everything around these steps is shared and kind-blind: the serving use cases (deadlines,
+pictures, KServe and OIP bodies), the pool (queue, batching, worker processes) and the worker
+loop (cancellation, errors as data).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
+from service.core.errors import UnsupportedMethod
+from service.core.settings import Settings
+from service.core.work import Job, Reply
+from service.kinds import checks
+from service.kinds.plan import Plan
+from service.wire import codec
+from service.wire.attributions import AttributionRequest
+
+
+class ModelKind:
+    """The interface of a kind of model (one instance per kind, stateless)."""
+
+    #: the kind's name: ``ModelSpec.kind`` / ``ModelInfo.kind``
+    name: ClassVar[str]
+    #: whether the model gives predictions (``:predict``, OIP infer, ``:explain``'s)
+    predicts: ClassVar[bool] = False
+
+    # -- the catalogue ------------------------------------------------------------------------
+    def methods(self, spec: ModelSpec) -> list[str]:
+        """The method names ``spec`` serves as requested (``ModelInfo.methods``)."""
+        raise NotImplementedError
+
+    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
+        """The explanation KServe's ``:explain`` gives without parameters."""
+        raise NotImplementedError
+
+    def default_target(self, spec: ModelSpec) -> Any:
+        """The target of an explanation that names none: each example's predicted class, or
+        null on models with one output value per example."""
+        scalar = all(d == 1 for d in spec.output.shape)
+        return None if scalar else "predicted"
+
+    def tokenizer(self, spec: ModelSpec) -> bool:
+        """Whether the model takes raw texts (before its workers say so)."""
+        return False
+
+    def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> Plan:
+        """What the engine runs for ``method`` on ``spec`` (a 4xx ServiceError if it cannot)."""
+        return Plan(checks.method_spec(method), dict(params))
+
+    def check_method(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
+    ) -> None:
+        """Whether ``method`` with ``params`` serves ``spec`` (a ServiceError saying why not);
+        models.toml ``explain`` is checked with it at start-up."""
+        raise NotImplementedError
+
+    # -- server side: request -> work ---------------------------------------------------------
+    def build_job(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: AttributionRequest,
+        deadline: float,
+        request_id: str = "",
+    ) -> Job:
+        """Every check that needs no model: the request as a job, or a 4xx ServiceError."""
+        raise NotImplementedError
+
+    def predict_job(
+        self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
+    ) -> Job:
+        """The model's outputs for ``inputs`` as a job (KServe ``:predict``, OIP infer)."""
+        raise self.no_predictions(spec)
+
+    def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
+        return UnsupportedMethod(
+            f"model {spec.id!r} ({self.name}) gives no predictions; use POST "
+            f"/v1/models/{spec.id}/attributions",
+            loc=("path", "model_id"),
+        )
+
+    # -- worker side --------------------------------------------------------------------------
+    def prepare(self, lm: LoadedModel) -> dict[str, Any]:
+        """Set-up after loading, before the worker says ready; what the parent learns of it
+        (``compiled``, ``compile_error``, ``verification``, ``not_ready``)."""
+        return {"compiled": False, "compile_error": None, "verification": None, "not_ready": None}
+
+    def run(self, lm: LoadedModel, job: Job) -> Reply:
+        """The job's work on the loaded model (in the worker process)."""
+        raise NotImplementedError
+
+    # -- server side: result -> response ------------------------------------------------------
+    def response(
+        self,
+        spec: ModelSpec,
+        req: AttributionRequest,
+        job: Job,
+        reply: Reply,
+        timing: dict[str, float],
+    ) -> dict[str, Any]:
+        """The attributions response body."""
+        return envelope(
+            (spec.id, spec.version), job.method, reply, req.output_encoding, timing, req.method, job
+        )
+
+    def pictures(self, spec: ModelSpec) -> int:
+        """Pictures drawn per example (one per model input)."""
+        return max(1, len(spec.inputs))
+
+    def drawn(self, reply: Reply) -> Reply:
+        """What the pictures draw of a reply (its attributions, tokens and target)."""
+        return reply
+
+
+def timing(queue_ms: float, compute_ms: float, started: float) -> dict[str, float]:
+    """``timing_ms``: queued, computing, and in all since the request arrived."""
+    return {
+        "queue": round(queue_ms, 3),
+        "compute": round(compute_ms, 3),
+        "total": round((time.perf_counter() - started) * 1e3, 3),
+    }
+
+
+def envelope(
+    model: tuple[str, str],
+    method: str,
+    reply: Reply,
+    encoding: str,
+    timing_ms: dict[str, float],
+    requested: str | None = None,
+    job: Job | None = None,
+) -> dict[str, Any]:
+    """The one attributions response body (synchronous answers, a job's result, and with a
+    kind's own members added), from a reply; ``model``: its id and version."""
+    enc = [codec.encode_tensor(a, encoding) for a in reply.attributions]
+    body: dict[str, Any] = {
+        "model_id": model[0],
+        "model_version": model[1],
+        "method": method,
+        "attributions": enc if reply.as_tuple else (enc[0] if enc else []),
+        "convergence_delta": None
+        if reply.delta is None
+        else codec.encode_tensor(reply.delta, encoding),
+        "target": reply.target,
+        "outputs": None if reply.outputs is None else codec.encode_tensor(reply.outputs, encoding),
+        "params": reply.params,
+        "merged_requests": reply.merged,
+        "timing_ms": timing_ms,
+    }
+    layer = job.attributed_layer if job is not None else None
+    if layer is not None:
+        if requested is not None:
+            body["requested_method"] = requested
+        body["attributed_layer"] = layer
+    elif requested is not None and requested != method:
+        body["requested_method"] = requested
+    if reply.tokens is not None:
+        body["tokens"] = reply.tokens
+    if reply.verification is not None:
+        body["verification"] = reply.verification
+    return body

@@ -1,0 +1,80 @@
+"""Which tensor jobs may share one engine call (the worker merges them: ``service.worker.merge``).
+
+Only engine calls that are separable per example are merged: inputs are concatenated, targets
+become one entry per example, and baselines/params must be identical (so they broadcast).
+Seeded stochastic requests are never merged: their numbers would depend on their companions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import orjson
+
+from methods.params import MethodParams
+from methods.registry import MethodSpec
+from service.core.work import Job
+from service.wire import targets
+
+
+def _digest(value: Any) -> Any:
+    """A hashable fingerprint of params/baselines; None when a tensor is per example."""
+    if isinstance(value, np.ndarray):
+        h = hashlib.blake2b(value.tobytes(), digest_size=12).hexdigest()
+        return ("array", str(value.dtype), value.shape, h)
+    if isinstance(value, (list, tuple)):
+        return tuple(_digest(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _digest(v)) for k, v in value.items()))
+    return value
+
+
+def _broadcasts(value: Any, shared: bool) -> bool:
+    """Whether a tensor argument is the same for every example (so merged calls share it)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 or value.shape[0] == 1 or shared
+    if isinstance(value, (list, tuple)):
+        return all(_broadcasts(v, shared) for v in value)
+    if isinstance(value, dict):
+        return all(_broadcasts(v, shared) for v in value.values())
+    return True
+
+
+def _has_array(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
+    return isinstance(value, (list, tuple)) and any(_has_array(v) for v in value)
+
+
+def key(job: Job, ms: MethodSpec, p: MethodParams) -> tuple[Any, ...] | None:
+    """Jobs with equal keys give the same numbers merged as one by one; None: never merge."""
+    if job.texts or job.verify or not ms.merges(p):  # verify: figures of the job's own rows
+        return None
+    if (ms.stochastic or job.noise_tunnel is not None) and job.seed is not None:
+        return None
+    # params only broadcast: a per-example tensor (e.g. a feature mask per row) never merges
+    if not _broadcasts(job.params, False):
+        return None
+    if not _broadcasts(job.baselines, ms.merge == "shared_baselines"):
+        return None
+    params = orjson.dumps(
+        {k: v for k, v in job.params.items() if not _has_array(v)},
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return (
+        job.model_id,
+        job.method,
+        params,
+        _digest(job.params),
+        _digest(job.baselines),
+        targets.form(job.target),
+        tuple((a.dtype.str, a.shape[1:]) for a in job.arrays),
+        job.internal_batch_size,
+        job.perturbations_per_eval,
+        _digest(job.noise_tunnel),
+        job.return_delta,
+        job.attributed_layer,
+        job.post_abs,
+    )

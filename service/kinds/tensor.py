@@ -1,0 +1,294 @@
+"""Tensor models: tensors (or raw texts, through the model's tokenizer) in, one tensor out;
+every registered method, gradient methods on token models through their embedding layer.
+
+Request -> work: the codec decodes the inputs and baselines, the method's params are checked
+and costed, the target is resolved against the output. Worker: ``methods.attribute`` on the
+model (compiled where the method allows; ``methods.verify`` against the float64 CPU copy when
+asked), or one forward for predictions. Jobs whose engine calls are separable per example merge
+(``service.worker.merge``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import methods
+from methods import registry
+from methods.cancel import checkpoint
+from methods.params import MethodParams
+from methods.registry import CostShape, MethodSpec
+from methods.verify import verify
+from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
+from service.core.errors import InvalidRequest, UnsupportedMethod
+from service.core.settings import Settings
+from service.core.work import PREDICT, Job, Reply, WireTarget, new_id
+from service.kinds import checks, merging, plan, prepare, tensors
+from service.kinds.base import ModelKind
+from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
+from service.wire import codec, targets
+from service.wire.attributions import AttributionRequest
+
+
+class TensorKind(ModelKind):
+    name = "tensor"
+    predicts = True
+
+    # -- the catalogue ------------------------------------------------------------------------
+    def methods(self, spec: ModelSpec) -> list[str]:
+        return plan.served(spec)
+
+    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
+        """models.toml ``explain``, else integrated gradients where the inputs are
+        differentiable (token models: on the embedding layer, as requests are rewritten),
+        feature ablation where they are not."""
+        if spec.explain is not None:
+            return spec.explain
+        floats = all(i.dtype.startswith(("float", "bfloat")) for i in spec.inputs)
+        if floats or plan.token_model(spec):
+            return ExplainSpec("integrated_gradients")
+        return ExplainSpec("feature_ablation")
+
+    def tokenizer(self, spec: ModelSpec) -> bool:
+        return plan.token_model(spec)
+
+    def check_method(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
+    ) -> None:
+        planned = self.plan(spec, method, params)
+        ms = planned.method
+        checks.validate_params(ms, checks.decode_params(ms, planned.params, settings))
+
+    # -- request -> work ----------------------------------------------------------------------
+    def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
+        return plan.plan(spec, method, params)
+
+    def effective(
+        self, spec: ModelSpec, ms: MethodSpec, req: AttributionRequest, p: MethodParams
+    ) -> MethodParams:
+        """The params the work runs with (a kind with fixed params checks them here)."""
+        return p
+
+    def engine_params(self, p: MethodParams) -> dict[str, Any]:
+        return checks.given(p)
+
+    def target(self, spec: ModelSpec, ms: MethodSpec, raw: Any, n: int) -> WireTarget:
+        if raw is None and not ms.needs_target:
+            return None
+        return targets.resolve(raw, spec.output, n)
+
+    def batch_sizes(
+        self, settings: Settings, spec: ModelSpec, req: AttributionRequest
+    ) -> tuple[int | str | None, int | str | None]:
+        ibs = checks.batch_size(
+            "internal_batch_size",
+            req.internal_batch_size,
+            spec.internal_batch_size,
+            settings.internal_batch_size,
+            settings.max_internal_batch_size,
+        )
+        ppe = checks.batch_size(
+            "perturbations_per_eval",
+            req.perturbations_per_eval,
+            spec.perturbations_per_eval,
+            settings.perturbations_per_eval,
+            settings.max_perturbations_per_eval,
+        )
+        return ibs, ppe
+
+    def build_job(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: AttributionRequest,
+        deadline: float,
+        request_id: str = "",
+    ) -> Job:
+        planned = self.plan(spec, req.method, req.params)
+        ms = planned.method
+        raw = checks.decode_params(ms, planned.params, settings)
+        p = self.effective(spec, ms, req, checks.validate_params(ms, raw))
+        checks.check_limits(ms, p, settings)
+        if req.verify and (ms.stochastic or req.noise_tunnel is not None):
+            raise InvalidRequest(
+                f"{ms.name}{' with a noise tunnel' if req.noise_tunnel else ''} draws random "
+                "samples in the working dtype, so a float64 reference would draw different "
+                "ones; verify a deterministic method",
+                loc=("body", "verify"),
+            )
+        if planned.attributed_layer is not None and req.noise_tunnel is not None:
+            raise UnsupportedMethod(
+                "noise_tunnel adds noise to the inputs, which are token ids on this model",
+                loc=("body", "noise_tunnel"),
+            )
+        nt = checks.noise_tunnel(req.noise_tunnel, settings)
+        inputs = codec.decode_inputs(
+            req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
+        )
+        if inputs.texts:
+            shapes: tuple[tuple[int, ...], ...] = ((checks.check_texts(inputs.texts, settings),),)
+        else:
+            shapes = tuple(tuple(int(d) for d in a.shape[1:]) for a in inputs.arrays)
+        target = self.target(spec, ms, req.target, inputs.n)
+        baselines = codec.decode_baselines(
+            req.baselines, spec, inputs, settings.max_tensor_elements
+        )
+        n_base = 1
+        if isinstance(baselines, tuple) and baselines and isinstance(baselines[0], np.ndarray):
+            n_base = int(baselines[0].shape[0])
+        rows = ms.cost(p, CostShape(shapes, n_base, req.return_convergence_delta))
+        if nt is not None:
+            rows *= int(nt.get("nt_samples", 5))
+        est = rows * inputs.n
+        checks.check_cost(est, inputs.n, rows, settings)
+        ibs, ppe = self.batch_sizes(settings, spec, req)
+        job = Job(
+            id=new_id(),
+            model_id=spec.id,
+            method=ms.name,
+            arrays=inputs.arrays,
+            texts=inputs.texts,
+            target=target,
+            baselines=baselines,
+            params=self.engine_params(p),
+            internal_batch_size=ibs,
+            perturbations_per_eval=ppe,
+            noise_tunnel=nt,
+            seed=req.seed,
+            return_delta=req.return_convergence_delta,
+            deadline=deadline,
+            n=inputs.n,
+            cost=est,
+            attributed_layer=planned.attributed_layer,
+            post_abs=planned.post_abs,
+            request_id=request_id,
+            max_tokens=settings.max_text_tokens,
+            verify=req.verify,
+        )
+        job.key = merging.key(job, ms, p)
+        return job
+
+    def predict_job(
+        self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
+    ) -> Job:
+        decoded = codec.decode_inputs(
+            inputs, spec, settings.max_tensor_elements, settings.max_batch_size
+        )
+        if decoded.texts:
+            checks.check_texts(decoded.texts, settings)
+        job = Job(
+            id=new_id(),
+            model_id=spec.id,
+            method=PREDICT,
+            arrays=decoded.arrays,
+            texts=decoded.texts,
+            target=None,
+            baselines=None,
+            params={},
+            internal_batch_size=None,
+            perturbations_per_eval=None,
+            noise_tunnel=None,
+            seed=None,
+            return_delta=False,
+            deadline=deadline,
+            n=decoded.n,
+            cost=decoded.n,
+            request_id=request_id,
+            max_tokens=settings.max_text_tokens,
+            predictions=True,
+        )
+        # predictions merge whenever their tensors stack (texts: each tokenized on its own)
+        if not job.texts:
+            job.key = (job.model_id, PREDICT, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
+        return job
+
+    # -- worker side --------------------------------------------------------------------------
+    def prepare(self, lm: LoadedModel) -> dict[str, Any]:
+        return prepare.prepare(lm)
+
+    def run(self, lm: LoadedModel, job: Job) -> Reply:
+        if job.method == PREDICT:
+            return predict(lm, job)
+        return attribute(lm, job)
+
+
+def predict(lm: LoadedModel, job: Job) -> Reply:
+    """The model's outputs for the job's inputs (one forward, no gradients)."""
+    t0 = time.perf_counter()
+    xs, tokens = tensors.inputs(lm, job)
+    checkpoint()
+    out = tensors.forward(lm, xs)
+    return Reply(
+        job_id=job.id,
+        predictions=tensors.numpy(out),
+        tokens=tokens,
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
+def _attribute(lm: LoadedModel, model: Any, inputs: Any, job: Job, kwargs: dict[str, Any]) -> Any:
+    """``methods.attribute`` (``methods.verify`` against the float64 CPU copy when the job
+    asks): the result and the figures (None without verify)."""
+    if job.verify:
+        return verify(model, inputs, job.method, reference=reference(lm), **kwargs)
+    return methods.attribute(model, inputs, job.method, **kwargs), None
+
+
+def attribute(lm: LoadedModel, job: Job) -> Reply:
+    t0 = time.perf_counter()
+    device = lm.device
+    xs, tokens = tensors.inputs(lm, job)
+    n = int(xs[0].shape[0])
+    out: torch.Tensor | None = None
+    wire = job.target
+    if job.predictions or targets.predicted(wire):
+        out = tensors.forward(lm, xs)
+    if targets.predicted(wire) and out is not None:
+        wire = targets.of_predictions(out)
+    target = targets.to_engine(wire)
+    params = {k: tensors.convert(v, device) for k, v in job.params.items()}
+    if job.attributed_layer is not None:
+        params["layer"] = job.attributed_layer
+    kwargs: dict[str, Any] = {
+        "target": target,
+        "baselines": tensors.convert(job.baselines, device),
+        "internal_batch_size": job.internal_batch_size,
+        "perturbations_per_eval": job.perturbations_per_eval,
+        "noise_tunnel": job.noise_tunnel,
+        "seed": job.seed,
+        "return_convergence_delta": job.return_delta,
+        **params,
+    }
+    inputs = xs if len(xs) > 1 else xs[0]
+    model = serving_model(lm, registry.get(job.method))
+    try:
+        res, verification = _attribute(lm, model, inputs, job, kwargs)
+    except Exception as exc:  # a compiled graph that fails on new shapes: eager from now on
+        if model is lm.model or not worth_eager_retry(exc):
+            raise
+        res, verification = _attribute(lm, lm.model, inputs, job, kwargs)
+        disable_compiled(lm, exc, "on a request")  # eager succeeded: the compiled graph failed
+    attrs = res.attributions
+    parts = tensors.flat(attrs)  # a nested layer output (an LSTM's out, (h, c)): depth first
+    if job.attributed_layer is not None:  # one score per token: sum over the embedding dim
+        parts = [(p.abs() if job.post_abs else p).sum(dim=-1) for p in parts]
+    if res.outputs is not None and res.outputs.numel() == n:
+        selected = res.outputs.reshape(n)
+    else:
+        selected = targets.select(out if out is not None else tensors.forward(lm, xs), target, n)
+    return Reply(
+        job_id=job.id,
+        attributions=[tensors.numpy(p) for p in parts],
+        as_tuple=isinstance(attrs, tuple),
+        delta=None if res.convergence_delta is None else tensors.numpy(res.convergence_delta),
+        outputs=tensors.numpy(selected),
+        target=targets.rows(wire, n),
+        tokens=tokens,
+        params=res.params,
+        predictions=None if not job.predictions or out is None else tensors.numpy(out),
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+        verification=None if verification is None else verification.as_dict(),
+    )

@@ -1,0 +1,88 @@
+"""Worker-side helpers of the kinds that take tensors: a job's arrays (or texts, through the
+tokenizer) as tensors on the model's device, the model's forward with its failure reported as
+the engine reports one, and tensors back to arrays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from methods.errors import ModelError
+from model_registry.spec import LoadedModel
+from service.core.errors import InvalidRequest, LimitExceeded
+from service.core.work import Job
+from service.kinds.runtime import disable_compiled, worth_eager_retry
+
+
+def tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+def convert(value: Any, device: torch.device) -> Any:
+    """Arrays (also inside tuples and lists) as tensors on ``device``; other values as they are."""
+    if isinstance(value, np.ndarray):
+        return tensor(value, device)
+    if isinstance(value, tuple):
+        return tuple(convert(v, device) for v in value)
+    if isinstance(value, list):
+        return [convert(v, device) for v in value]
+    return value
+
+
+def numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().to("cpu")
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def flat(value: Any) -> list[torch.Tensor]:
+    """A tensor or a nested tuple of them, depth first (a layer's output such as an LSTM's)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for v in value for t in flat(v)]
+
+
+def inputs(lm: LoadedModel, job: Job) -> tuple[tuple[torch.Tensor, ...], list[list[str]] | None]:
+    """The job's inputs as tensors on the model's device (texts through the tokenizer)."""
+    if not job.texts:  # to the declared dtypes (bfloat16 travels as float32)
+        specs = lm.spec.inputs
+        return tuple(
+            tensor(a, lm.device).to(i.torch_dtype) for a, i in zip(job.arrays, specs, strict=True)
+        ), None
+    if lm.tokenizer is None:
+        raise InvalidRequest(
+            f"model {job.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
+        )
+    ids, tokens = lm.tokenizer(list(job.texts))
+    longest = max(len(t) for t in tokens) if tokens else 0
+    if job.max_tokens is not None and longest > job.max_tokens:
+        raise LimitExceeded(
+            f"a text has {longest} tokens; this server takes at most {job.max_tokens}",
+            loc=("body", "inputs"),
+        )
+    return (ids.to(lm.device),), tokens
+
+
+def forward(lm: LoadedModel, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The model's output; its own failure reported as the engine reports one (a 422 that
+    names the request id, the details in the log)."""
+    compiled = lm.extra.get("compiled")
+    try:
+        with torch.no_grad():
+            try:
+                out = (lm.model if compiled is None else compiled)(*xs)
+            except Exception as exc:
+                if compiled is None or not worth_eager_retry(exc):
+                    raise
+                out = lm.model(*xs)  # the model's own failure, if it fails eagerly too
+                disable_compiled(lm, exc, "on a request")
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"the model raised {type(exc).__name__}: {exc}", argument="inputs"
+        ) from exc
+    if not isinstance(out, torch.Tensor):
+        raise InvalidRequest("the model did not return one tensor", loc=("body", "target"))
+    return out
