@@ -6,9 +6,9 @@ res.attributions, res.convergence_delta
 """
 
 from methods.api import attribute, available
-from methods.call import Result
 from methods.cancel import cancel_scope
 from methods.engine.batching import memory_budget, set_memory_budget
+from methods.engine.call import Result
 from methods.errors import (
     AttributionCancelled,
     AttributionError,

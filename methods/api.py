@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from methods import registry
-from methods.call import Call, Output, Result
 from methods.engine import layers
 from methods.engine.batching import check_batch_size
+from methods.engine.call import Call, Output, Result
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target

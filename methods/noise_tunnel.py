@@ -14,8 +14,8 @@ import torch
 from pydantic import Field, ValidationError
 from torch import Tensor
 
-from methods.call import Call, Output
 from methods.cancel import checkpoint
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.errors import BaselineError, InvalidArgumentError
 from methods.params import MethodParams

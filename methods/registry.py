@@ -22,7 +22,7 @@ from methods.errors import UnknownMethodError
 from methods.params import MethodParams, PythonOnly, TensorParam, marked_fields
 
 if TYPE_CHECKING:
-    from methods.call import Call, Output
+    from methods.engine.call import Call, Output
 
 Kind = Literal["gradient", "perturbation", "layer", "neuron"]
 FAMILIES = ("gradient", "perturbation", "layer", "neuron")
@@ -31,6 +31,11 @@ MethodFn = Callable[["Call", Any], "Output"]
 #: and params identical), "shared_baselines" (likewise, tensor baselines being a distribution
 #: every example shares), "never" (an example's result depends on the others in the call)
 Merge = Literal["examples", "shared_baselines", "never"]
+#: how ``methods.attribute_generation`` runs a method on a generated answer: a perturbation
+#: method covering every output value at once ("per_output"), one surrogate fit per output
+#: value ("fitted"), a gradient method at the token embedding ("layer_gradient"), or through
+#: its token counterpart ("gradient")
+Generation = Literal["per_output", "fitted", "layer_gradient", "gradient"]
 #: params a server caps, and which limit each counts against
 LIMITS: Mapping[str, str] = MappingProxyType({"n_steps": "steps", "n_samples": "samples"})
 
@@ -102,6 +107,11 @@ class MethodSpec:
     needs_target: bool = True
     #: the most steps ``n_steps="auto"`` may take with these params (methods that have it)
     auto_steps: Callable[[Any], int] | None = None
+    #: how attribute_generation runs it on a generated answer (None: it does not)
+    generation: Generation | None = None
+    #: whether its whole computation is a fixed graph of tensor ops over the batch, so
+    #: ``methods.export`` can trace it into a program
+    exportable: bool = False
 
     def info(self) -> MethodInfo:
         return MethodInfo(
@@ -176,6 +186,8 @@ def register(
     token_counterpart: TokenCounterpart | Literal["unstated"] | None = "unstated",
     needs_target: bool = True,
     auto_steps: Callable[[Any], int] | None = None,
+    generation: Generation | None = None,
+    exportable: bool = False,
 ) -> Callable[[MethodFn], MethodFn]:
     """Register ``fn`` as the method ``name`` (the module's name, its wire name too).
 
@@ -211,6 +223,8 @@ def register(
             token_counterpart=token_counterpart,
             needs_target=needs_target,
             auto_steps=auto_steps,
+            generation=generation,
+            exportable=exportable,
         )
         return fn
 

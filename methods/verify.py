@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from methods import registry
 from methods.api import attribute
-from methods.call import Result
+from methods.engine.call import Result
 from methods.errors import InvalidArgumentError, UnsupportedModelError
 
 #: relative tolerance (max |a - r| / max |r|) for attributions computed in each dtype

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from methods.call import Call
 from methods.engine import intercept
 from methods.engine.baselines import format_baseline_distribution
 from methods.engine.batching import measured_once, row_bytes_estimate, rows_per_chunk, run_chunks
+from methods.engine.call import Call
 from methods.engine.gradients import grad_of_sum
 from methods.engine.inputs import Tensors
 from methods.engine.intercept import Composite, Site

@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from methods.call import Call
 from methods.engine import ops, tracing
 from methods.engine.batching import count_saved_bytes
+from methods.engine.call import Call
 from methods.engine.inputs import Forward
 from methods.engine.perturb import Evaluator
 

@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from methods.call import Call
 from methods.engine.batching import (
     measured_once,
     row_bytes_estimate,
     rows_per_chunk,
     run_chunks,
 )
+from methods.engine.call import Call
 from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from methods.call import Call
 from methods.cancel import checkpoint
 from methods.engine.batching import count_saved_bytes, memory_budget
+from methods.engine.call import Call
 from methods.engine.inputs import Tensors
 from methods.errors import InvalidArgumentError, InvalidTypeError
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from methods.call import Call, Output
 from methods.engine import coalitions
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import Evaluator, FeatureMasks, echo, format_feature_mask, spread, start
 from methods.errors import InvalidArgumentError

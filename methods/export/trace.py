@@ -25,19 +25,8 @@ from methods.export.archive import TARGET_INPUT, describe, remember
 __all__ = ["EXPORTABLE", "NotExportableError", "export"]
 
 #: the methods whose whole computation is a fixed graph of tensor ops over the batch
-EXPORTABLE: frozenset[str] = frozenset(
-    {
-        "saliency",
-        "input_x_gradient",
-        "integrated_gradients",
-        "gradient_shap",
-        "deeplift",
-        "guided_backprop",
-        "deconvolution",
-        "layer_gradcam",
-        "layer_integrated_gradients",
-    }
-)
+#: (``MethodSpec.exportable``)
+EXPORTABLE: frozenset[str] = frozenset(s.name for s in registry.specs() if s.exportable)
 
 #: ``methods.attribute`` arguments export does not take, and why
 _REFUSED: dict[str, str] = {

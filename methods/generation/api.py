@@ -17,10 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from methods import registry
 from methods.api import attribute
 from methods.errors import InvalidArgumentError, InvalidTypeError
 from methods.generation import gradient
+from methods.generation.catalog import (
+    METHODS,
+    PER_OUTPUT,
+    PERTURBATION,
+    check_length,
+)
 from methods.generation.errors import (
     EmptyTargetError,
     TargetTooLongError,
@@ -30,16 +35,6 @@ from methods.generation.features import Features, TokenFeatures, encode, make_fe
 from methods.generation.lm import DEFAULT_GEN_ARGS, LanguageModel, wrap
 from methods.generation.scorer import Scorer
 
-#: perturbation methods whose attributions cover every output value at once (Captum's
-#: per-token methods): the model's output is [total, token 1, ..., token T] per prompt
-PER_OUTPUT = ("feature_ablation", "shapley_value_sampling", "shapley_values")
-#: surrogate fits: one per output value, over the same (seeded) coalitions
-FITTED = ("kernel_shap", "lime")
-PERTURBATION = PER_OUTPUT + FITTED
-#: gradient methods at the embedding layer (saliency, input_x_gradient, integrated_gradients
-#: reach them through their registered token counterparts)
-LAYER_GRADIENT = ("layer_integrated_gradients", "layer_gradient_x_activation")
-METHODS = (*PERTURBATION, *LAYER_GRADIENT, "saliency", "input_x_gradient", "integrated_gradients")
 #: params attribute_generation sets itself
 RESERVED = ("feature_mask", "layer", "target", "baselines", "additional_forward_args")
 
@@ -190,20 +185,6 @@ def _target_ids(
     return out
 
 
-def check_length(lm: LanguageModel, prompts: list[tuple[int, ...]], t: int) -> None:
-    """Prompt plus target must fit the model's positions."""
-    limit = lm.max_length
-    if limit is None or not prompts:
-        return
-    longest = max(len(q) for q in prompts)
-    if longest + t > limit:
-        raise TargetTooLongError(
-            f"a prompt of {longest} tokens and a target of {t} tokens need {longest + t} "
-            f"positions; the model attends to {limit}",
-            argument="target",
-        )
-
-
 class _Presence:
     """The model as a function of feature presence: [B, F] -> [B, 1 + T] log-probabilities
     (the target's total, then each token's)."""
@@ -292,15 +273,3 @@ def _pretty(tokenizer: Any, ids: list[int]) -> list[str]:
         text = tokenizer.decode([i]).strip()
         out.append(text if text else str(tok))
     return out
-
-
-def counterpart(method: str) -> tuple[str, dict[str, Any], bool]:
-    """The layer method a gradient method runs as at the embedding: (name, params, post_abs)."""
-    if method in LAYER_GRADIENT:
-        return method, {}, False
-    tc = registry.get(method).token_counterpart
-    if tc is None:  # pragma: no cover - every name in METHODS has one
-        raise UnsupportedGenerationMethodError(
-            f"{method} has no layer counterpart", argument="method"
-        )
-    return tc.method, dict(tc.set_params), tc.post_abs

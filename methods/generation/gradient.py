@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from methods.api import attribute
 from methods.errors import InvalidArgumentError
+from methods.generation.catalog import check_length, counterpart
 from methods.generation.errors import UnsupportedGenerationMethodError
 from methods.generation.features import TokenFeatures
 from methods.generation.lm import LanguageModel
@@ -53,8 +54,6 @@ def run(
     internal_batch_size: Any,
     params: dict[str, Any],
 ) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int], Tensor]:
-    from methods.generation.api import check_length, counterpart
-
     if not isinstance(lm.module, nn.Module) or lm.embedding_layer is None:
         raise UnsupportedGenerationMethodError(
             f"{method} needs the model's token embedding layer: a Hugging Face causal LM, or "

@@ -5,8 +5,8 @@ Zeiler & Fergus 2014, https://arxiv.org/abs/1311.2901. Applied to every ReLU cal
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.engine import intercept
+from methods.engine.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.params import NoParams
 from methods.registry import register
@@ -14,6 +14,7 @@ from methods.registry import register
 
 @register(
     "deconvolution",
+    exportable=True,
     kind="gradient",
     params=NoParams,
     needs_hooks=True,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine import deeplift as dl
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.path import completeness_delta
 from methods.params import MultiplyByInputsParams, PythonOnly
 from methods.registry import TokenCounterpart, register
@@ -32,6 +32,7 @@ class DeepLiftParams(MultiplyByInputsParams):
 
 @register(
     "deeplift",
+    exportable=True,
     kind="gradient",
     params=DeepLiftParams,
     needs_hooks=True,

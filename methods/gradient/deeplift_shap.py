@@ -6,9 +6,9 @@ every baseline row (example-major, as Captum does) and the DeepLift attributions
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.cost import baseline_pairs_cost
 from methods.engine import deeplift as dl
+from methods.engine.call import Call, Output
 from methods.engine.path import completeness_delta
 from methods.gradient.deeplift import DeepLiftParams
 from methods.registry import TokenCounterpart, register

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine.baselines import format_baseline_distribution
 from methods.engine.batching import (
     measured_once,
@@ -20,6 +19,7 @@ from methods.engine.batching import (
     rows_per_chunk,
     run_chunks,
 )
+from methods.engine.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
 from methods.engine.path import output_change
@@ -36,6 +36,7 @@ class GradientShapParams(NoisySamplesParams):
 
 @register(
     "gradient_shap",
+    exportable=True,
     kind="gradient",
     params=GradientShapParams,
     returns_delta=True,

@@ -6,8 +6,8 @@ functional ``F.relu`` and reused modules are treated like ``nn.ReLU`` modules.
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.engine import intercept
+from methods.engine.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.params import NoParams
 from methods.registry import register
@@ -15,6 +15,7 @@ from methods.registry import register
 
 @register(
     "guided_backprop",
+    exportable=True,
     kind="gradient",
     params=NoParams,
     needs_hooks=True,

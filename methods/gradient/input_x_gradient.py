@@ -5,7 +5,7 @@ Shrikumar et al. 2016, https://arxiv.org/abs/1605.01713
 
 from __future__ import annotations
 
-from methods.call import Call, Output
+from methods.engine.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.params import NoParams
 from methods.registry import TokenCounterpart, register
@@ -13,6 +13,8 @@ from methods.registry import TokenCounterpart, register
 
 @register(
     "input_x_gradient",
+    generation="gradient",
+    exportable=True,
     kind="gradient",
     params=NoParams,
     token_counterpart=TokenCounterpart("layer_gradient_x_activation"),

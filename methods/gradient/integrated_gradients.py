@@ -12,9 +12,9 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.cost import CostShape
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.path import (
     completeness_delta,
@@ -69,6 +69,8 @@ def _check_steps(p: IntegratedGradientsParams) -> None:
 
 @register(
     "integrated_gradients",
+    generation="gradient",
+    exportable=True,
     kind="gradient",
     params=IntegratedGradientsParams,
     returns_delta=True,

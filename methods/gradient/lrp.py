@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine import layers, lrp_rules
+from methods.engine.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.engine.inputs import Forward, Tensors
 from methods.errors import InvalidArgumentError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from methods.call import Call, Output
+from methods.engine.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.params import MethodParams
 from methods.registry import TokenCounterpart, register
@@ -19,6 +19,8 @@ class SaliencyParams(MethodParams):
 
 @register(
     "saliency",
+    generation="gradient",
+    exportable=True,
     kind="gradient",
     params=SaliencyParams,
     token_counterpart=TokenCounterpart(

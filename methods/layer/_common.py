@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from methods.call import Call, Output
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.quadrature import rule_tensors
 from methods.errors import InvalidArgumentError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from methods.call import Call, Output
+from methods.engine.call import Call, Output
 from methods.layer._common import LayerPathParams, layer_output, path_at_layer
 from methods.registry import register
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.path import completeness_delta, endpoint_outputs
 from methods.engine.quadrature import ApproximationMethod
 from methods.layer._common import LayerPathParams, layer_output, path_at_layer

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from methods.call import Call, Output
 from methods.engine import deeplift as dl
 from methods.engine import intercept, layers
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.path import completeness_delta
 from methods.engine.targets import Target

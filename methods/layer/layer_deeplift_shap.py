@@ -6,9 +6,9 @@ baseline row (example-major, as Captum does) and the layer attributions averaged
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.cost import baseline_pairs_cost
 from methods.engine import deeplift as dl
+from methods.engine.call import Call, Output
 from methods.engine.path import completeness_delta
 from methods.layer._common import layer_output, target_layer
 from methods.layer.layer_deeplift import LayerDeepLiftParams, layer_step

@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.cost import per_feature_cost
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward
 from methods.layer._common import LayerParams, layer_output, target_layer
 from methods.params import TensorParam

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.layer._common import LayerParams, layer_output, target_layer
 from methods.registry import register
@@ -36,6 +36,7 @@ def gradcam(grads: Tensors, values: Tensors, relu: bool, summation: bool) -> Ten
 
 @register(
     "layer_gradcam",
+    exportable=True,
     kind="layer",
     params=LayerGradCamParams,
     needs_hooks=True,

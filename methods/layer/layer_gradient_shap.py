@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.layer._common import (
     GradientShapParams,
     LayerParams,

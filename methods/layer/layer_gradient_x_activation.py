@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.layer._common import LayerParams, layer_output, target_layer
 from methods.registry import register
 
@@ -21,6 +21,7 @@ class LayerGradientXActivationParams(LayerParams):
 
 @register(
     "layer_gradient_x_activation",
+    generation="layer_gradient",
     kind="layer",
     params=LayerGradientXActivationParams,
     needs_hooks=True,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from methods.call import Call, Output
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.path import completeness_delta, path_gradient_sum
 from methods.engine.quadrature import rule_tensors
@@ -48,6 +48,8 @@ def endpoint_values(
 
 @register(
     "layer_integrated_gradients",
+    generation="layer_gradient",
+    exportable=True,
     kind="layer",
     params=LayerIntegratedGradientsParams,
     needs_hooks=True,

@@ -7,8 +7,8 @@ reused or functional layers are propagated correctly.
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.gradient.lrp import (
     LRPParams,
     conservation_delta,

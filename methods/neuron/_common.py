@@ -8,9 +8,9 @@ from typing import Annotated, Any
 from pydantic import Field, WithJsonSchema
 from torch import nn
 
-from methods.call import Call, Output
 from methods.engine import intercept, layers
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.intercept import Composite
 from methods.engine.path import path_gradient_sum

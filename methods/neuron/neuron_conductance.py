@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.quadrature import ApproximationMethod
 from methods.neuron._common import NeuronPathParams, neuron_path, neuron_target

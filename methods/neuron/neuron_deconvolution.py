@@ -6,8 +6,8 @@ functional, reused or not) passes on relu(gradient w.r.t. the ReLU output).
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.engine import intercept
+from methods.engine.call import Call, Output
 from methods.neuron._common import NeuronParams, ruled_neuron_gradients
 from methods.registry import register
 

@@ -6,10 +6,10 @@ model output; every non-linear call is intercepted, functional or module, reused
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.engine import deeplift as dl
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.gradient.deeplift import DeepLiftParams
 from methods.neuron._common import NeuronParams, neuron_target

@@ -5,9 +5,9 @@ Lundberg & Lee 2017, https://arxiv.org/abs/1705.07874 (DeepSHAP), for one neuron
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.cost import baseline_pairs_cost
 from methods.engine import deeplift as dl
+from methods.engine.call import Call, Output
 from methods.neuron.neuron_deeplift import NeuronDeepLiftParams, neuron_deeplift_rows
 from methods.registry import register
 

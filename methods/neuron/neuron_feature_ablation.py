@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from methods.call import Call, Output
 from methods.cost import per_feature_cost
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward
 from methods.engine.targets import NONE
 from methods.neuron._common import NeuronParams, neuron_target

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.neuron._common import NeuronParams, neuron_target
 from methods.registry import register
 

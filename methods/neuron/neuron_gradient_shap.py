@@ -6,8 +6,8 @@ output. Sampling uses torch's generator (seedable); values agree with Captum in 
 
 from __future__ import annotations
 
-from methods.call import Call, Output
 from methods.engine import layers
+from methods.engine.call import Call, Output
 from methods.layer._common import GradientShapParams, shap_samples
 from methods.neuron._common import NeuronParams, neuron_target
 from methods.registry import register

@@ -6,7 +6,7 @@ model output (Captum's ``NeuronIntegratedGradients``); the forward stops at the 
 
 from __future__ import annotations
 
-from methods.call import Call, Output
+from methods.engine.call import Call, Output
 from methods.neuron._common import NeuronPathParams, neuron_grad_fn, neuron_path, neuron_target
 from methods.registry import register
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from methods.call import Call, Output
 from methods.cost import per_feature_cost
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.perturb import (
     drop_one_inputs,
     echo,
@@ -27,6 +27,7 @@ class FeatureAblationParams(FeatureMaskParams):
 
 @register(
     "feature_ablation",
+    generation="per_output",
     kind="perturbation",
     params=FeatureAblationParams,
     batching="perturbations_per_eval",

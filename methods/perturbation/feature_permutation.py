@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from methods.call import Call, Output
 from methods.cost import per_feature_cost
+from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import (
     drop_one_inputs,

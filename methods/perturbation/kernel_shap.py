@@ -15,7 +15,7 @@ import math
 import torch
 from pydantic import Field
 
-from methods.call import Call, Output
+from methods.engine.call import Call, Output
 from methods.engine.coalitions import all_coalitions
 from methods.engine.linear_models import constrained_least_squares
 from methods.engine.surrogate import prepare
@@ -34,6 +34,7 @@ class KernelShapParams(SurrogateParams):
 
 @register(
     "kernel_shap",
+    generation="fitted",
     kind="perturbation",
     params=KernelShapParams,
     batching="perturbations_per_eval",

@@ -15,7 +15,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from methods.call import Call, Output
+from methods.engine.call import Call, Output
 from methods.engine.coalitions import PerRow
 from methods.engine.inputs import Tensors
 from methods.engine.linear_models import lasso, least_squares
@@ -61,6 +61,7 @@ def _similarity(xs: Tensors, rows: int, p: LimeParams, dtype: torch.dtype) -> Pe
 
 @register(
     "lime",
+    generation="fitted",
     kind="perturbation",
     params=LimeParams,
     batching="perturbations_per_eval",

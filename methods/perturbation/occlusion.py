@@ -16,9 +16,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from methods.call import Call, Output
 from methods.cost import CostShape
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.incremental import evaluate_boxes
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import echo, evaluate_with_initial

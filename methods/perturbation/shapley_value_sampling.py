@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.cost import n_features
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.coalitions import credit_permutations, evaluate, permutation_prefixes
 from methods.engine.perturb import echo, format_feature_mask, spread, start
 from methods.perturbation.shapley_values import ShapleyValuesParams, working_dtype
@@ -26,6 +26,7 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
 
 @register(
     "shapley_value_sampling",
+    generation="per_output",
     kind="perturbation",
     params=ShapleyValueSamplingParams,
     batching="perturbations_per_eval",

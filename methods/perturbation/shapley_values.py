@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from methods.call import Call, Output
 from methods.cost import n_features
 from methods.engine.baselines import format_baselines
+from methods.engine.call import Call, Output
 from methods.engine.coalitions import (
     MAX_EXACT_FEATURES,
     all_coalitions,
@@ -35,6 +35,7 @@ def working_dtype(out: torch.Tensor) -> torch.dtype:
 
 @register(
     "shapley_values",
+    generation="per_output",
     kind="perturbation",
     params=ShapleyValuesParams,
     batching="perturbations_per_eval",

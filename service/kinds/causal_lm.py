@@ -18,8 +18,9 @@ import numpy as np
 import methods
 from methods import registry
 from methods.errors import AttributionCancelled, AttributionError, ModelError
-from methods.generation.api import METHODS, PERTURBATION
+from methods.generation.catalog import METHODS, PERTURBATION
 from methods.generation.features import encode, make_features
+from methods.generation.lm import DEFAULT_GEN_ARGS
 from methods.params import MethodParams, parse_params
 from methods.registry import CostShape, MethodSpec
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
@@ -33,7 +34,7 @@ from service.wire.engine_errors import from_engine
 
 INPUT_KEYS = ("prompt", "features", "baselines", "skip_tokens")
 #: Captum's default number of generated tokens when the target is null
-DEFAULT_NEW_TOKENS = 25
+DEFAULT_NEW_TOKENS: int = DEFAULT_GEN_ARGS["max_new_tokens"]
 
 
 def estimate(method: str, p: MethodParams, features: int, prompt: int, target: int) -> int:

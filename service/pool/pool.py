@@ -30,8 +30,6 @@ import multiprocessing as mp
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from model_registry.spec import ModelSpec
@@ -39,60 +37,13 @@ from service.core.errors import NotReady, QueueFull, ServiceError, WorkerLost
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Batch, Job, Reply
+from service.pool.records import DEPTH, PREEMPTED, STARTUP_GRACE_S, Entry, Pending, Worker
 from service.worker import threads
 from service.worker.channel import frame, read_message
 from service.worker.main import worker_main
 
 log = logging.getLogger("attrserve.pool")
-
-#: the reply of a job chunk stopped for synchronous work (``Job.background``)
-PREEMPTED = {"code": "preempted", "detail": "stopped for synchronous requests", "errors": []}
-#: batches a worker holds: one computing, one (sealed) ready behind it
-DEPTH = 2
-#: a spawned worker's grace before its first heartbeat (interpreter start, imports)
-STARTUP_GRACE_S = 60.0
-
-
-@dataclass(eq=False)
-class Pending:
-    id: int
-    entries: list[Entry]
-    cost: int
-    key: tuple[Any, ...] | None
-    closed: bool = False  # the window (if any) has passed: ready for a worker
-    worker: Worker | None = None  # set once sent
-    #: when its last live request was cancelled while a worker had it
-    abandoned_at: float | None = None
-    #: a job chunk (``Job.background``); preempted: told to stop for synchronous work, it
-    #: queues again when the worker gives it back
-    background: bool = False
-    preempted: bool = False
-
-
-@dataclass(eq=False)
-class Entry:
-    job: Job
-    future: asyncio.Future[Reply]
-    dispatched: float = 0.0
-    pending: Pending | None = None
-
-
-@dataclass(eq=False)
-class Worker:
-    index: int
-    process: BaseProcess | None = None
-    writer: asyncio.StreamWriter | None = None
-    state: str = "starting"  # starting | ready | busy | dead | failed
-    #: batches sent and not answered, oldest (computing) first
-    outstanding: deque[Pending] = field(default_factory=deque)
-    restarts: int = 0
-    pid: int | None = None
-    generation: int = 0
-    failures: int = 0
-    last_heard: float = 0.0  # time.monotonic() of the last message (or the grace's end)
-    reason: str | None = None  # why it was last restarted
-    #: what the worker reported of each model when it became ready
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+__all__ = ["PREEMPTED", "Entry", "WorkerPool"]
 
 
 class WorkerPool:

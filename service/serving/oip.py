@@ -23,7 +23,7 @@ from service.core.settings import Settings
 from service.core.work import Reply
 from service.serving.kserve import validated, with_defaults
 from service.wire import oip_tensors
-from service.wire.attributions import AttributionRequest
+from service.wire.attributions import REQUEST_FIELDS, AttributionRequest
 from service.wire.json import OPTIONS
 from service.wire.oip import InferenceRequest
 from service.wire.oip_tensors import OF_TORCH
@@ -108,9 +108,9 @@ def oip_move(d: Decoded | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
     """OIP: a model input's errors point at its entry in ``inputs`` (by index), baselines at
     their ``baselines.<input>`` entry, attribution options at ``parameters``."""
     index = {} if d is None else {t.name: k for k, t in enumerate(d.request.inputs)}
-    fields = set(AttributionRequest.model_fields) - {"inputs", "baselines"}
+    fields = REQUEST_FIELDS - {"inputs", "baselines"} | {"method", "params"}
 
-    def move(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    def move(loc: Loc) -> Loc:
         if len(loc) > 2 and loc[1] == "inputs" and loc[2] in index:
             return ("body", "inputs", index[loc[2]], *loc[3:])
         if len(loc) > 2 and loc[1] == "baselines" and BASELINE + str(loc[2]) in index:

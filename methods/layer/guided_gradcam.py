@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from pydantic import Field
 
-from methods.call import Call, Output
 from methods.engine import intercept, layers
+from methods.engine.call import Call, Output
 from methods.engine.gradients import gradients
 from methods.errors import InvalidArgumentError
 from methods.layer._common import InterpolateMode
