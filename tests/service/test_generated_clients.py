@@ -2,7 +2,8 @@
 openapi-python-client (a dev dependency) always; openapi-typescript + openapi-fetch, type-checked
 by ``tsc --strict`` and run with node, where node and npm can install them (tests/service/
 ts_client). Numbers are checked, not just shapes: integrated gradients' completeness, occlusion's
-patches, saliency of a linear two-input model."""
+patches, saliency of a linear two-input model; and a picture from the render operation. Nothing
+generated is edited: every generated module must import as it is."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import base64
 import hashlib
 import importlib
 import json
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from tests.service.conftest import Server
 TS_CLIENT = Path(__file__).resolve().parent / "ts_client"
 PACKAGE = "attrserve_generated_client"
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], [1.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0]]
+PNG = b"\x89PNG\r\n\x1a\n"
 #: npm's words for "the registry cannot be reached": the TypeScript check is skipped then
 OFFLINE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH")
 
@@ -98,6 +101,15 @@ def _decode(t: Any) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.dtype(t.dtype).newbyteorder("<")).reshape(t.shape)
 
 
+def test_every_module_imports(package: Path) -> None:
+    """A user may import any operation: each generated module imports as generated (an
+    operation with two request media types once wrote ``Unset`` without importing it)."""
+    names = [m.name for m in pkgutil.walk_packages([str(package)], PACKAGE + ".")]
+    assert f"{PACKAGE}.api.oip.infer" in names and f"{PACKAGE}.api.attributions.render" in names
+    for name in names:
+        importlib.import_module(name)
+
+
 def test_operations_and_params_classes(package: Path, models: Any) -> None:
     """Modules are named for the short operation ids; every method has its request and params
     classes."""
@@ -105,6 +117,7 @@ def test_operations_and_params_classes(package: Path, models: Any) -> None:
     files = {p.relative_to(api).as_posix() for p in api.rglob("*.py") if p.stem != "__init__"}
     assert {
         "attributions/attribute.py",
+        "attributions/render.py",
         "catalog/list_models.py",
         "catalog/get_model.py",
         "catalog/list_methods.py",
@@ -204,6 +217,35 @@ def test_texts_and_inputs_by_name(client: Any, models: Any) -> None:
     assert a == [[1.0, 1.0, 1.0]] and b == [[2.0, 0.0]]
 
 
+def test_render_a_picture(client: Any, models: Any) -> None:
+    """The render operation answers the picture: a PNG bar chart of one tabular example (the
+    generator reads an image/png body as text, so its bytes are the response's content), and
+    highlighted tokens as HTML."""
+    render = _mod("api.attributions.render")
+    body = models.IntegratedGradientsRequest(method="integrated_gradients", inputs=X[:1], target=1)
+    res = render.sync_detailed("tabular-mlp", client=client, body=body)
+    assert res.status_code == 200 and res.headers["content-type"] == "image/png"
+    assert res.content.startswith(PNG) and len(res.content) > 1000
+    html = render.sync(
+        "text-classifier",
+        client=client,
+        body=models.IntegratedGradientsRequest(
+            method="integrated_gradients",
+            inputs=["a wonderful film"],
+            target="positive",
+            render=models.RenderSpec(format_=models.RenderSpecFormat.HTML),
+        ),
+    )
+    assert isinstance(html, str) and "wonderful" in html and "<" in html
+    # two examples cannot be one picture: a Problem, before any work
+    two = render.sync(
+        "tabular-mlp",
+        client=client,
+        body=models.SaliencyRequest(method="saliency", inputs=X, target=1),
+    )
+    assert isinstance(two, models.Problem) and two.status == 422
+
+
 def test_problem_422(client: Any, models: Any) -> None:
     """A target out of range is a 422 whose body parses as the Problem model."""
     body = models.IntegratedGradientsRequest(method="integrated_gradients", inputs=X, target=99)
@@ -260,3 +302,5 @@ def test_typescript_client(server: Server, spec_path: Path) -> None:
     assert np.asarray(out["attributions"]).shape == (2, 8)
     assert max(abs(g) for g in out["gaps"]) < 1e-4
     assert out["problem"]["status"] == 422
+    assert out["model_id"] == "tabular-mlp"
+    assert out["png"] == list(PNG) and out["png_bytes"] > 1000

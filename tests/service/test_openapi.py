@@ -21,6 +21,7 @@ ROUTES = {
     ("get", "/v1/models/{model_id}"),
     ("get", "/v1/methods"),
     ("post", "/v1/models/{model_id}/attributions"),
+    ("post", "/v1/models/{model_id}/attributions:render"),
     ("get", "/metrics"),
 }
 
@@ -109,6 +110,35 @@ def test_request_is_a_union_discriminated_by_method(spec: dict[str, Any]) -> Non
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": SCHEMAS + "AttributionRequest"
     }
+
+
+def _operations(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(m, p, op) for p, ops in spec["paths"].items() for m, op in ops.items()]
+
+
+def test_one_media_type_per_request_and_success(spec: dict[str, Any]) -> None:
+    """Generated clients type a body by all of its media types: two request media types broke
+    openapi-python-client's module (``Unset`` unimported), two response media types made
+    openapi-fetch's ``data`` a union. The picture is its own operation, ``render``."""
+    for method, path, op in _operations(spec):
+        assert len(op.get("requestBody", {}).get("content", {})) <= 1, (method, path)
+    infer = spec["paths"]["/v2/models/{model_id}/infer"]["post"]["requestBody"]
+    assert "application/octet-stream" in infer["description"]  # still said, in words
+    ok = spec["paths"]["/v1/models/{model_id}/attributions"]["post"]["responses"]["200"]
+    assert list(ok["content"]) == ["application/json"]
+    assert "attributions:render" in ok["description"]  # the picture, one call away
+    render = spec["paths"]["/v1/models/{model_id}/attributions:render"]["post"]
+    assert render["operationId"] == "render"
+    assert list(render["responses"]["200"]["content"]) == ["image/png", "text/html"]
+    attribute = spec["paths"]["/v1/models/{model_id}/attributions"]["post"]
+    assert (
+        render["requestBody"]["content"]["application/json"]["schema"]
+        == (attribute["requestBody"]["content"]["application/json"]["schema"])
+    )
+    assert {"400", "401", "403", "404", "422", "429", "503", "504"} <= set(render["responses"])
+    request = _validator(spec, "AttributionRequest")
+    for example in render["requestBody"]["content"]["application/json"]["examples"].values():
+        request.validate(example["value"])
 
 
 def _request_schemas(spec: dict[str, Any]) -> set[str]:

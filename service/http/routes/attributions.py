@@ -1,4 +1,4 @@
-"""POST /v1/models/{model_id}/attributions."""
+"""POST /v1/models/{model_id}/attributions, and its picture: POST .../attributions:render."""
 
 from __future__ import annotations
 
@@ -43,6 +43,35 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+#: the picture's media types, as the render operation declares them
+PICTURE: dict[str, Any] = {
+    "image/png": {"schema": {"type": "string", "format": "binary"}},
+    "text/html": {"schema": {"type": "string"}},
+}
+PICTURE_EXAMPLES: dict[str, dict[str, Any]] = {
+    "tabular_bars": {
+        "summary": "A bar chart of integrated gradients' scores on tabular-mlp (PNG)",
+        "value": {
+            "method": "integrated_gradients",
+            "inputs": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]],
+            "target": 1,
+        },
+    },
+    "text_html": {
+        "summary": "Tokens highlighted by their scores on text-classifier (HTML)",
+        "value": {
+            "method": "integrated_gradients",
+            "inputs": ["a wonderful film"],
+            "target": "positive",
+            "render": {"format": "html", "sign": "all"},
+        },
+    },
+}
+
+
+# One media type per operation: a client generator types a response by all of its media types
+# (openapi-fetch's `data` became JSON | string), so the picture is its own operation, and the
+# plain route's Accept negotiation (curl's way, CONTRACT 6.4) is told in words only.
 @router.post(
     "/v1/models/{model_id}/attributions",
     operation_id="attribute",
@@ -50,12 +79,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     response_class=OrjsonResponse,
     responses={
         200: {
-            "description": "the attributions; with Accept: image/png or text/html (and one "
-            "example to draw), the picture itself",
-            "content": {
-                "image/png": {"schema": {"type": "string", "format": "binary"}},
-                "text/html": {"schema": {"type": "string"}},
-            },
+            "description": "the attributions. With `Accept: image/png` or `text/html` (and "
+            "one example to draw) the picture itself, as `render` (`POST "
+            "/v1/models/{model_id}/attributions:render`) documents it"
         },
         **ERRORS,
     },
@@ -70,9 +96,35 @@ async def attribute(
     ] = None,
 ) -> Response:
     """Compute attributions for a batch of examples with one method."""
+    return await serve(state, model_id, request, body, x_deadline_ms, _large(request))
+
+
+@router.post(
+    "/v1/models/{model_id}/attributions:render",
+    operation_id="render",
+    response_class=Response,
+    responses={200: {"description": "the picture", "content": PICTURE}, **ERRORS},
+)
+async def render(
+    model_id: str,
+    state: State,
+    request: Request,
+    body: Annotated[AttributionRequest, Body(openapi_examples=PICTURE_EXAMPLES)],
+    x_deadline_ms: Annotated[
+        float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
+    ] = None,
+) -> Response:
+    """Compute attributions for one example and answer their picture: `render.format` (png
+    unless given; an `Accept: image/png` or `text/html` header wins), drawn as `render` says."""
+    picture = pictures.accepted(request.headers.get("accept"))
+    picture = picture or (body.render or RenderSpec()).format
+    return await serve(state, model_id, request, body, x_deadline_ms, _large(request), picture)
+
+
+def _large(request: Request) -> bool:
+    """Whether the body is large enough to decode off the event loop."""
     size = request.headers.get("content-length", "")
-    offload = size.isdigit() and int(size) > OFFLOAD_BYTES
-    return await serve(state, model_id, request, body, x_deadline_ms, offload)
+    return size.isdigit() and int(size) > OFFLOAD_BYTES
 
 
 async def until_disconnect(receive: Receive) -> None:
@@ -117,10 +169,12 @@ async def serve(
     body: AttributionRequest,
     x_deadline_ms: float | None,
     offload: bool = False,
+    picture: str | None = None,
 ) -> Response:
-    """The route's work once the body is valid (shared with ``service.http.fastpath``). With
-    ``Accept: image/png`` (or ``text/html``) the answer is the one picture itself."""
-    picture = pictures.accepted(request.headers.get("accept"))
+    """The routes' work once the body is valid (shared with ``service.http.fastpath``). With
+    ``picture`` ("png", "html"; by default what an ``Accept: image/png`` or ``text/html`` header
+    asks for) the answer is the one picture itself."""
+    picture = picture or pictures.accepted(request.headers.get("accept"))
     if picture is not None:
         drawing = (body.render or RenderSpec()).model_copy(update={"format": picture})
         drawing._single = True
