@@ -207,13 +207,6 @@ class DecodedInputs:
 def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) -> DecodedInputs:
     """``inputs`` in any accepted form: one tensor, a list per input, an object by name, texts."""
     loc: Loc = ("body", "inputs")
-    if spec.kind == "causal_lm":
-        raise InvalidRequest(
-            f"model {spec.id!r} is a causal language model: POST /v1/models/{spec.id}/"
-            'attributions with "inputs": {"prompt": "...", "features": [...]} and the answer '
-            'as "target" (this route and its tensor inputs are for the other models)',
-            loc=loc,
-        )
     names = [i.name for i in spec.inputs]
     if isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
         if spec.embedding_layer is None:
