@@ -48,11 +48,19 @@ def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
     return ProblemResponse(body, status_code=err.status, headers=err.headers or None)
 
 
+def _message(e: dict[str, Any]) -> str:
+    """pydantic's message; for bad JSON with the parser's own words (never the input)."""
+    msg = str(e.get("msg", ""))
+    if e.get("type") == "json_invalid" and (e.get("ctx") or {}).get("error"):
+        return f"{msg}: {e['ctx']['error']}"
+    return msg
+
+
 def _validation(exc: RequestValidationError) -> ServiceError:
     # pydantic's "input" and "ctx" echo what was sent: left out (size, and bytes that are not
     # Unicode), the location and message say what is wrong
     errors = [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        {"loc": list(e.get("loc", ())), "msg": _message(e), "type": e.get("type", "")}
         for e in exc.errors()
     ]
     if any(e["type"] in ("json_invalid", "model_attributes_type") for e in errors) or any(

@@ -14,6 +14,8 @@ import orjson
 
 from service.core.errors import WHERE, InvalidRequest
 
+#: the deepest JSON taken (orjson's limit; a tensor of any rank nests far less)
+MAX_DEPTH = 1024
 #: numpy arrays serialised natively, without a Python list detour
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
@@ -24,7 +26,12 @@ def parse_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
-        data = json.loads(body)
+        try:
+            data = json.loads(body)
+        except RecursionError:  # orjson stops at 1024 levels, the stdlib recurses until this
+            raise json.JSONDecodeError(
+                f"the JSON nests deeper than {MAX_DEPTH} levels", "", 0
+            ) from None
     where = _lone_surrogate(data, ("body",))
     if where is not None:
         raise InvalidRequest(

@@ -66,6 +66,22 @@ def test_malformed_body_is_400(client: TestClient) -> None:
     problem(client.post(ATTR, content=b"[1, 2]", headers={"content-type": "application/json"}), 400)
 
 
+def test_deeply_nested_json_is_400(client: TestClient) -> None:
+    """JSON nested past orjson's 1,024 levels used to reach the stdlib's parser, whose
+    recursion gave a 500."""
+    deep = b"[" * 10_000 + b"]" * 10_000
+    headers = {"content-type": "application/json"}
+    for path in (
+        ATTR,
+        "/v1/models/tabular-mlp:predict",
+        "/v1/models/tabular-mlp:explain",
+        "/v2/models/tabular-mlp/explain",
+    ):
+        for body in (deep, b'{"method": "saliency", "inputs": ' + deep + b"}"):
+            detail = str(problem(client.post(path, content=body, headers=headers), 400)["detail"])
+            assert "deeper than 1024 levels" in detail or "depth limit" in detail, detail
+
+
 def test_schema_errors_are_422_with_loc(client: TestClient) -> None:
     body = problem(client.post(ATTR, json={"inputs": X}), 422)
     assert body["errors"][0]["loc"] == ["body", "method"]  # type: ignore[index]
