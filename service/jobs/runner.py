@@ -278,9 +278,15 @@ class JobRunner:
             params=first.get("params", {}),
         )
         spec = self.specs.get(row.model_id)
-        compute = {"compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3)}
+        started = row.started_at if row.started_at is not None else row.created_at
+        finished = row.finished_at if row.finished_at is not None else started
+        timing_ms = {  # queued until its first chunk ran; in all until its last was written
+            "queue": round((started - row.created_at) * 1e3, 3),
+            "compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3),
+            "total": round((finished - row.created_at) * 1e3, 3),
+        }
         model = (row.model_id, spec.version if spec else "")
-        body = {"job_id": row.id, **envelope(model, row.method, whole, "json", compute)}
+        body = {"job_id": row.id, **envelope(model, row.method, whole, "json", timing_ms)}
         del body["merged_requests"]  # chunks run alone
         if first.get("attributed_layer"):
             body["attributed_layer"] = first["attributed_layer"]
