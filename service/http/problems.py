@@ -16,6 +16,7 @@ from service.core.errors import (
     BodyTooLarge,
     InvalidRequest,
     MalformedRequest,
+    NotFound,
     ServiceError,
 )
 from service.http.responses import ProblemResponse
@@ -72,7 +73,18 @@ def _validation(exc: RequestValidationError) -> ServiceError:
     return InvalidRequest(f"{WHERE}: {first['msg']}", errors=errors, about=tuple(first["loc"]))
 
 
-def _http(exc: HTTPException) -> ServiceError:
+#: a KServe verb written as a path segment: ``/v1/models/x/explain`` for ``/v1/models/x:explain``
+_VERB_AS_SEGMENT = re.compile(r"/v1/models/(?P<model>[^/:]+)/(?P<verb>predict|explain)")
+
+
+def _http(exc: HTTPException, path: str = "") -> ServiceError:
+    slip = _VERB_AS_SEGMENT.fullmatch(path) if exc.status_code in (404, 405) else None
+    if slip is not None:
+        return NotFound(
+            f"no route {path}: KServe's verb follows a colon, POST "
+            f"/v1/models/{slip['model']}:{slip['verb']}",
+            loc=("path",),
+        )
     err = ServiceError(str(exc.detail))
     err.status = exc.status_code
     err.code = "http_" + str(exc.status_code)
@@ -82,8 +94,9 @@ def _http(exc: HTTPException) -> ServiceError:
     return err
 
 
-def to_service_error(exc: Exception) -> ServiceError:
-    """Map any exception the app may see to a service error (the one mapping)."""
+def to_service_error(exc: Exception, path: str = "") -> ServiceError:
+    """Map any exception the app may see to a service error (the one mapping); ``path``: the
+    request's, for a 404 that can say what was meant."""
     if isinstance(exc, ServiceError):
         return exc
     if isinstance(exc, RequestValidationError):
@@ -91,7 +104,7 @@ def to_service_error(exc: Exception) -> ServiceError:
     if isinstance(exc, AttributionError):
         return from_engine(exc)
     if isinstance(exc, HTTPException):
-        return _http(exc)
+        return _http(exc, path)
     # anything else is a bug: the client learns only the request id, the log has the rest
     return ServiceError(f"internal error (request id {request_id.get() or 'unknown'})")
 
@@ -110,7 +123,7 @@ def install(app: FastAPI) -> None:
                     f"send the JSON body with Content-Type: application/json ({shown})",
                     loc=("header", "content-type"),
                 )
-        return problem(to_service_error(exc), request.url.path)
+        return problem(to_service_error(exc, request.url.path), request.url.path)
 
     # Exception: Starlette raises it again after this answer; service.http.middleware logs it
     for cls in (ServiceError, RequestValidationError, AttributionError, HTTPException, Exception):

@@ -157,10 +157,21 @@ def batch_size(
     return model_default if model_default is not None else server_default
 
 
-def check_cost(est: int, n: int, rows: int, settings: Settings) -> None:
-    if est > settings.max_cost:
-        raise LimitExceeded(
-            f"this request would cost about {est} forward rows ({n} examples x {rows}); "
-            f"the limit is {settings.max_cost}: send fewer examples, steps or samples",
-            loc=("body",),
+def check_cost(
+    est: int, n: int, rows: int, settings: Settings, ms: MethodSpec, p: MethodParams
+) -> None:
+    """The request's estimated forward rows within the server's limit; the refusal says what
+    would bring it down (a feature mask, for methods whose cost grows with the features)."""
+    if est <= settings.max_cost:
+        return
+    fix = "send fewer examples, steps or samples"
+    if "feature_mask" in ms.params.model_fields and getattr(p, "feature_mask", None) is None:
+        fix = (
+            "group the features with params.feature_mask (the cost grows with the number of "
+            "features, or groups, evaluated), or " + fix
         )
+    raise LimitExceeded(
+        f"this request would cost about {est} forward rows ({n} examples x {rows}); "
+        f"the limit is {settings.max_cost}: {fix}",
+        loc=("body",),
+    )

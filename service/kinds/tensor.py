@@ -143,7 +143,7 @@ class TensorKind(ModelKind):
         if nt is not None:
             rows *= int(nt.get("nt_samples", 5))
         est = rows * inputs.n
-        checks.check_cost(est, inputs.n, rows, settings)
+        checks.check_cost(est, inputs.n, rows, settings, ms, p)
         ibs, ppe = self.batch_sizes(settings, spec, req)
         job = Job(
             id=new_id(),

@@ -137,6 +137,38 @@ def test_unservable_requests_are_422(
     assert match in str(err["detail"])
 
 
+def test_a_cost_refusal_says_what_would_fix_it(client: TestClient) -> None:
+    image = [[[[0.5] * 32] * 32] * 3]
+    body = {"method": "shapley_values", "inputs": image, "target": 0}
+    err = problem(client.post("/v1/models/image-cnn/attributions", json=body), 422)
+    assert "params.feature_mask" in str(err["detail"]), err
+    # with a mask the cost is the groups' (4 quadrants: 4! orderings), within the limit
+    mask = [[[[(i // 16) * 2 + j // 16 for j in range(32)] for i in range(32)]] * 3]
+    masked = {**body, "params": {"feature_mask": mask}}
+    assert client.post("/v1/models/image-cnn/attributions", json=masked).status_code == 503
+    # methods whose cost does not grow with the features say the usual
+    err = problem(
+        client.post(
+            ATTR,
+            json={
+                "method": "integrated_gradients",
+                "inputs": X * 250,
+                "target": 1,
+                "params": {"n_steps": 500},
+            },
+        ),
+        422,
+    )
+    assert "feature_mask" not in str(err["detail"]) and "fewer examples" in str(err["detail"])
+
+
+def test_a_kserve_verb_without_its_colon_says_so(client: TestClient) -> None:
+    for verb in ("explain", "predict"):
+        err = problem(client.post(f"/v1/models/tabular-mlp/{verb}", json={"instances": X}), 404)
+        assert f"POST /v1/models/tabular-mlp:{verb}" in str(err["detail"])
+    problem(client.post("/v1/models/tabular-mlp/nothing", json={}), 404)
+
+
 def test_no_workers_is_503(client: TestClient) -> None:
     problem(client.post(ATTR, json={"method": "saliency", "inputs": X, "target": 1}), 503)
 
