@@ -11,6 +11,7 @@ exact token counts and cost once tokenized (``service.worker.generation``).
 from __future__ import annotations
 
 import time
+from string import Formatter
 from typing import Any
 
 import numpy as np
@@ -111,6 +112,8 @@ def _inputs(raw: Any) -> dict[str, Any]:
             "object of strings (named {slots}), or null (every prompt token is a feature)",
             loc=(*loc, "features"),
         )
+    if features is not None:
+        _check_template(prompt, features)
     skip = raw.get("skip_tokens")
     if skip is not None and not (
         isinstance(skip, list)
@@ -131,6 +134,31 @@ def _method(spec: ModelSpec, name: str) -> MethodSpec:
             loc=("body", "method"),
         )
     return ms
+
+
+def _check_template(prompt: str, features: list[str] | dict[str, str]) -> None:
+    """A template's slots are plain: ``{}`` (features a list) or ``{name}`` (an object); a
+    format spec, conversion, attribute or index could make formatting run away (a width of
+    ``{:>999999999}`` is a gigabyte), and is refused before any work."""
+    loc = ("body", "inputs", "prompt")
+    try:
+        slots = [(f, spec, conv) for _, f, spec, conv in Formatter().parse(prompt) if f is not None]
+    except ValueError as exc:
+        raise InvalidRequest(
+            f"inputs.prompt is not a template: {exc} (write a literal brace as {{{{ or }}}})",
+            loc=loc,
+        ) from None
+    named = isinstance(features, dict)
+    for name, spec, conv in slots:
+        plain = (name.isidentifier() and name in features) if named else name == ""
+        if spec or conv or not plain:
+            want = "{name} slots named by inputs.features" if named else "plain {} slots"
+            shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            raise InvalidRequest(
+                f"inputs.prompt slot {shown[:40]!r} is not allowed: the prompt takes {want} "
+                "only (no format spec, conversion, index or attribute)",
+                loc=loc,
+            )
 
 
 def _build_job(

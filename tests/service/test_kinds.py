@@ -172,3 +172,28 @@ def test_the_response_envelope_is_shared() -> None:
     assert body["attributions"].shape == (2, 3) and body["target"] == [0, 1]
     assert set(body["timing_ms"]) == {"queue", "compute", "total"}
     assert "requested_method" not in body
+
+
+@pytest.mark.parametrize(
+    ("prompt", "features"),
+    [
+        ("{:>999999999} lives in", ["Dave"]),  # a format spec: a gigabyte of padding
+        ("{0} lives in", ["Dave"]),
+        ("{who!r} lives in", {"who": "Dave"}),
+        ("{who.upper} lives in", {"who": "Dave"}),
+        ("{where} lives in", {"who": "Dave"}),
+        ("{ lives in", ["Dave"]),
+    ],
+)
+def test_causal_lm_prompts_take_plain_slots_only(prompt: str, features: Any) -> None:
+    spec = EXAMPLES["causal_lm"]
+    body = {"method": "feature_ablation", "inputs": {"prompt": prompt, "features": features}}
+    req = AttributionRequest.model_validate(body)
+    with pytest.raises(InvalidRequest) as e:
+        attributions.build_job(Settings(), spec, req, time.time() + 60)
+    assert e.value.errors[0]["loc"] == ["body", "inputs", "prompt"]
+    for fine, values in (("{} lives in {}", ["Dave", "Palm Coast"]), ("{who} lives", {"who": "D"})):
+        ok = AttributionRequest.model_validate(
+            {**body, "inputs": {"prompt": fine, "features": values}}
+        )
+        assert attributions.build_job(Settings(), spec, ok, time.time() + 60).n == 1
