@@ -8,7 +8,7 @@ its output the next token, so there is nothing of the sort to declare.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from methods.generation.features import encode
 from model_registry.checks import check_dtype, check_forward, check_layers
 from model_registry.errors import RegistryError
 from model_registry.spec import (
@@ -195,7 +196,8 @@ def _causal_lm_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
 
 
 def _finish_causal_lm(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
-    """The model with its tokenizer in ``LoadedModel.extra["lm_tokenizer"]``."""
+    """The model with its tokenizer (``LoadedModel.text_tokenizer``, and as the callable every
+    model that takes text has: ``LoadedModel.tokenizer``)."""
     tokenizer = built.tokenizer
     if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
         raise RegistryError(
@@ -206,7 +208,29 @@ def _finish_causal_lm(spec: ModelSpec, built: Built, device: torch.device) -> Lo
         )
     model = _placed(spec, built, device)
     check_layers(spec, model)
-    return LoadedModel(spec=spec, model=model, device=device, extra={"lm_tokenizer": tokenizer})
+    return LoadedModel(
+        spec=spec,
+        model=model,
+        device=device,
+        tokenizer=_texts(tokenizer),
+        text_tokenizer=tokenizer,
+    )
+
+
+def _texts(tokenizer: Any) -> Callable[[Sequence[str]], tuple[torch.Tensor, list[list[str]]]]:
+    """Texts as a batch of token ids (right-padded with the pad token, else 0) and tokens."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = 0 if pad is None else int(pad)
+
+    def tokenize(texts: Sequence[str]) -> tuple[torch.Tensor, list[list[str]]]:
+        ids = [encode(tokenizer, text) for text in texts]
+        width = max((len(i) for i in ids), default=0)
+        batch = torch.full((len(ids), width), pad, dtype=torch.int64)
+        for row, i in enumerate(ids):
+            batch[row, : len(i)] = torch.tensor(i, dtype=torch.int64)
+        return batch, [list(tokenizer.convert_ids_to_tokens(i)) for i in ids]
+
+    return tokenize
 
 
 #: every model kind, by the name models.toml's ``kind`` and ``ModelSpec.kind`` give

@@ -132,6 +132,9 @@ class LoadedModel:
     model: Any  # nn.Module, ScriptModule, or ExportedProgram module: callable(*inputs)
     device: torch.device
     is_torchscript: bool = False
-    #: token models: text -> (ids LongTensor [N, L], tokens list[list[str]])
+    #: models that take text: text -> (ids LongTensor [N, L], tokens list[list[str]])
     tokenizer: Callable[[Sequence[str]], tuple[torch.Tensor, list[list[str]]]] | None = None
+    #: causal LMs: the model's own tokenizer object (Hugging Face's interface: encode, decode,
+    #: convert_ids_to_tokens, convert_tokens_to_ids), what ``attribute_generation`` takes
+    text_tokenizer: Any = None
     extra: dict[str, Any] = field(default_factory=dict)

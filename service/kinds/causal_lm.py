@@ -22,7 +22,7 @@ from methods.errors import AttributionCancelled, AttributionError, ModelError
 from methods.generation.catalog import METHODS, PERTURBATION
 from methods.generation.features import encode, make_features
 from methods.generation.lm import DEFAULT_GEN_ARGS
-from methods.params import MethodParams, parse_params
+from methods.params import MethodParams
 from methods.registry import CostShape, MethodSpec
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedMethod
@@ -58,8 +58,21 @@ def _params(method: str, raw: dict[str, Any]) -> tuple[MethodParams, dict[str, A
             )
     ms = checks.method_spec(method)
     checks.check_param_names(ms, params)
-    p = checks.validate_params(ms, params)
-    return p, {k: getattr(p, k) for k in p.model_fields_set}, gen_args
+    p = _validated(ms, params)
+    given = {k: getattr(p, k) for k in p.model_fields_set if k not in SET_HERE}
+    return p, given, gen_args
+
+
+#: params attribute_generation sets itself (the token embedding; the prompt's features)
+SET_HERE = ("layer", "feature_mask")
+
+
+def _validated(ms: MethodSpec, params: dict[str, Any]) -> MethodParams:
+    """The params validated as the engine will see them: a layer method's ``layer`` is the
+    model's token embedding, which attribute_generation fills in (a stand-in here)."""
+    if "layer" in ms.params.model_fields:
+        params = {**params, "layer": "the token embedding"}
+    return checks.validate_params(ms, params)
 
 
 def _gen_args(gen_args: Any, target: Any, settings: Settings) -> tuple[dict[str, Any] | None, int]:
@@ -332,7 +345,7 @@ _LOC: dict[str, Loc] = {
 def _run(lm: LoadedModel, job: Job) -> Reply:
     t0 = time.perf_counter()
     g = job.generation or {}
-    tokenizer = lm.extra["lm_tokenizer"]
+    tokenizer = lm.text_tokenizer
     try:
         _check_tokens(lm, job)
         res = methods.attribute_generation(
@@ -374,14 +387,14 @@ def _run(lm: LoadedModel, job: Job) -> Reply:
 def _check_tokens(lm: LoadedModel, job: Job) -> None:
     """The exact limits, on tokens: prompt, features, target, cost."""
     g = job.generation or {}
-    tokenizer = lm.extra["lm_tokenizer"]
+    tokenizer = lm.text_tokenizer
     feats = make_features(tokenizer, g["prompt"], g["features"], g["baselines"], g["skip_tokens"])
     prompt = max(len(feats.prompt_ids()), 1)
     if g["target"] is not None:
         target = len(encode(tokenizer, g["target"], add_special_tokens=False))
     else:
         target = (g["gen_args"] or {}).get("max_new_tokens", DEFAULT_NEW_TOKENS)
-    p = parse_params(registry.get(job.method).params, job.method, job.params)
+    p = _validated(registry.get(job.method), job.params)
     check_counts(
         job.method, p, feats.n, prompt, max(1, target),
         max_features=g["max_features"],

@@ -74,7 +74,7 @@ def gpt2() -> Any:
 def tiny_lm() -> tuple[Any, Any]:
     (spec,) = [s for s in model_registry.builtin_specs() if s.id == "tiny-lm"]
     loaded = model_registry.load(spec)
-    return loaded.model, loaded.extra["lm_tokenizer"]
+    return loaded.model, loaded.text_tokenizer
 
 
 def template_input() -> Any:

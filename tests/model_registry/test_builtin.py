@@ -81,3 +81,17 @@ def test_weights_for_another_vocabulary_are_refused(tmp_path: Path) -> None:
     save_file(load_file(str(src)), str(tmp_path / "t.safetensors"), metadata=meta)
     with pytest.raises(RegistryError, match="different vocabulary"):
         builtin.build("text-classifier", tmp_path / "t.safetensors")
+
+
+def test_every_model_that_takes_text_has_its_tokenizer() -> None:
+    """tiny-lm's tokenizer used to hide in ``extra``: the callable is ``LoadedModel.tokenizer``
+    for causal LMs too (the object attribute_generation takes is ``text_tokenizer``)."""
+    specs = {s.id: s for s in model_registry.builtin_specs()}
+    lm = model_registry.load(specs["tiny-lm"])
+    assert lm.tokenizer is not None and lm.text_tokenizer is not None
+    ids, tokens = lm.tokenizer(["grace lives in", "paris"])
+    assert ids.dtype == torch.int64 and ids.shape == (2, max(map(len, tokens)))
+    for row, toks in zip(ids, tokens, strict=True):
+        assert row[: len(toks)].tolist() == lm.text_tokenizer.encode(" ".join(toks[1:]))
+    text_model = model_registry.load(specs["text-classifier"])
+    assert text_model.tokenizer is not None and text_model.text_tokenizer is None

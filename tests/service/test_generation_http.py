@@ -85,6 +85,21 @@ def test_tiny_lm_ground_truth_over_http(lm_server: Server) -> None:
     assert body["attributions"] == [pytest.approx(body["seq_attr"], rel=1e-6)]
 
 
+def test_every_listed_method_serves_tiny_lm(lm_server: Server) -> None:
+    """Each method ModelInfo lists answers over HTTP (the layer methods used to be refused with
+    and without a layer: attribute_generation sets it to the token embedding)."""
+    with lm_server.client() as c:
+        listed = c.get("/v1/models/tiny-lm").json()["methods"]
+    prompt = {"prompt": "grace lives in"}  # every token a feature: gradient methods too
+    for method in listed:
+        r = post(lm_server, "tiny-lm", {"method": method, "inputs": prompt, "target": " paris"})
+        assert r.status_code == 200, (method, r.text)
+        assert len(r.json()["seq_attr"]) == len(r.json()["input_tokens"]) >= 3
+    layer = {"method": "layer_integrated_gradients", "inputs": prompt, "target": " paris"}
+    r = post(lm_server, "tiny-lm", {**layer, "params": {"layer": "lm.embed"}})
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "params", "layer"]
+
+
 def test_http_equals_the_engine_on_a_hugging_face_directory(lm_server: Server) -> None:
     body = {
         "method": "feature_ablation",
@@ -165,7 +180,7 @@ def test_hf_directory_loads_with_the_engine(tmp_path: Path) -> None:
     assert spec.kind == "causal_lm"
     loaded = model_registry.load(spec)
     res = methods.attribute_generation(
-        loaded.model, loaded.extra["lm_tokenizer"], "alice lives in", target="paris"
+        loaded.model, loaded.text_tokenizer, "alice lives in", target="paris"
     )
     assert res.seq_attr.shape == (4,)
 
