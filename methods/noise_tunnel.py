@@ -17,8 +17,8 @@ from torch import Tensor
 from methods.cancel import checkpoint
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
-from methods.errors import BaselineError, InvalidArgumentError
-from methods.params import MethodParams
+from methods.errors import BaselineError, InvalidArgumentError, InvalidTypeError
+from methods.params import MethodParams, check_values
 from methods.registry import MethodSpec
 
 
@@ -44,6 +44,10 @@ def parse_noise_tunnel(raw: dict[str, Any]) -> NoiseTunnelParams:
             f"noise_tunnel must be a dict of noise tunnel parameters, got {type(raw).__name__}",
             argument="noise_tunnel",
         )
+    try:
+        check_values(NoiseTunnelParams, raw, "noise_tunnel: ")
+    except InvalidTypeError as exc:
+        raise InvalidTypeError(str(exc), argument=f"noise_tunnel.{exc.argument}") from None
     try:
         return NoiseTunnelParams.model_validate(raw)
     except ValidationError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -61,6 +62,55 @@ def _admits_bool(annotation: Any) -> bool:
     return False
 
 
+def _scalars(annotation: Any) -> tuple[bool, bool, set[Any]]:
+    """What a field's type takes: (numbers, any string, the literal values)."""
+    if annotation is Any:
+        return True, True, set()
+    if annotation in (int, float):
+        return True, False, set()
+    if annotation is str:
+        return False, True, set()
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return False, False, set(get_args(annotation))
+    if origin is Annotated:
+        return _scalars(get_args(annotation)[0])
+    if origin in (Union, types.UnionType, tuple, list):
+        numbers, strings = False, False
+        literals: set[Any] = set()
+        for a in get_args(annotation):
+            if a is Ellipsis:
+                continue
+            n, s, lit = _scalars(a)
+            numbers, strings, literals = numbers or n, strings or s, literals | lit
+        return numbers, strings, literals
+    return False, True, set()  # anything else (models, tensors): pydantic decides
+
+
+def check_values(model: type[MethodParams], params: dict[str, Any], prefix: str = "") -> None:
+    """Refuse what pydantic's lax mode would read as a number although it is none: a bool
+    (``n_steps=True`` is one step), a string of digits (``" 50 "``, ``"5_0"``), and NaN or an
+    infinity (``1e999`` in JSON) where a number is expected. One rule for every parameter of
+    every method and of the noise tunnel."""
+    for name, value in params.items():
+        field = model.model_fields.get(name)
+        if field is None:
+            continue
+        numbers, strings, literals = _scalars(field.annotation)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if isinstance(v, bool) and not _admits_bool(field.annotation):
+                what = f"a number, not a bool ({v!r})"
+            elif isinstance(v, str) and numbers and not strings and v not in literals:
+                options = "".join(f" or {x!r}" for x in sorted(literals, key=str))
+                what = f"a number{options}, not the string {v[:20]!r}"
+            elif isinstance(v, float) and numbers and not math.isfinite(v):
+                what = f"a finite number, not {v!r}"
+            else:
+                continue
+            raise InvalidTypeError(f"{prefix}parameter {name!r} must be {what}", argument=name)
+
+
 class NoParams(MethodParams):
     """This method takes no parameters beyond the shared ones."""
 
@@ -80,14 +130,7 @@ def parse_params(model: type[MethodParams], method: str, params: dict[str, Any])
             found = _DEFAULTS[model] = model()
         if found is not None:
             return found
-    for name, value in params.items():
-        field = model.model_fields.get(name)
-        # pydantic's lax mode reads True as 1: n_steps=True would silently mean one step.
-        if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
-            raise InvalidTypeError(
-                f"{method}: parameter {name!r} must be a number, not a bool ({value!r})",
-                argument=name,
-            )
+    check_values(model, params, f"{method}: ")
     try:
         return model.model_validate(params)
     except ValidationError as exc:
