@@ -20,13 +20,13 @@ import logging
 from typing import Any
 
 import torch
-from torch import nn
 
 import methods
 from methods import registry
 from methods.verify import Verification, verify
 from model_registry.spec import LoadedModel
 from service.kinds.runtime import disable_compiled, reference, serving_model
+from service.kinds.tensors import vocabulary
 
 log = logging.getLogger("attrserve.worker")
 
@@ -62,17 +62,6 @@ def prepare(lm: LoadedModel) -> dict[str, Any]:
 # -- probes -------------------------------------------------------------------------------
 
 
-def _vocabulary(lm: LoadedModel) -> int:
-    """Token models: the embedding's size (ids are drawn below it); else 2."""
-    name = lm.spec.embedding_layer
-    if name is not None and isinstance(lm.model, nn.Module):
-        with contextlib.suppress(AttributeError):
-            layer = lm.model.get_submodule(name)
-            if isinstance(layer, nn.Embedding):
-                return int(layer.num_embeddings)
-    return 2
-
-
 def probe_inputs(lm: LoadedModel, n: int) -> tuple[torch.Tensor, ...]:
     """A fixed, deterministic batch of ``n`` examples shaped as the model's input spec:
     floats uniform in [0, 1), integers (token ids) in [1, vocabulary)."""
@@ -86,7 +75,7 @@ def probe_inputs(lm: LoadedModel, n: int) -> tuple[torch.Tensor, ...]:
         elif dtype == torch.bool:
             x = torch.zeros(shape, dtype=dtype)
         else:
-            high = max(2, _vocabulary(lm))
+            high = max(2, vocabulary(lm) or 2)
             x = torch.randint(1, high, shape, generator=gen).to(dtype)
         out.append(x.to(lm.device))
     return tuple(out)

@@ -4,14 +4,16 @@ the engine reports one, and tensors back to arrays."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from methods.errors import ModelError
 from model_registry.spec import LoadedModel
-from service.core.errors import InvalidRequest, LimitExceeded
+from service.core.errors import WHERE, InvalidRequest, LimitExceeded
 from service.core.work import Job
 from service.kinds.runtime import disable_compiled, worth_eager_retry
 
@@ -43,9 +45,47 @@ def flat(value: Any) -> list[torch.Tensor]:
     return [t for v in value for t in flat(v)]
 
 
+def vocabulary(lm: LoadedModel) -> int | None:
+    """Token models: how many ids the embedding layer holds (None: no ``nn.Embedding`` there)."""
+    if "vocabulary" not in lm.extra:
+        size = None
+        name = lm.spec.embedding_layer
+        if name is not None and isinstance(lm.model, nn.Module):
+            with contextlib.suppress(AttributeError):
+                layer = lm.model.get_submodule(name)
+                if isinstance(layer, nn.Embedding):
+                    size = int(layer.num_embeddings)
+        lm.extra["vocabulary"] = size
+    found: int | None = lm.extra["vocabulary"]
+    return found
+
+
+def check_ids(lm: LoadedModel, arrays: tuple[np.ndarray, ...]) -> None:
+    """Token ids within the embedding's vocabulary (else the model's own IndexError)."""
+    size = vocabulary(lm)
+    if size is None:
+        return
+    for a, spec in zip(arrays, lm.spec.inputs, strict=True):
+        if a.dtype.kind not in "iu" or not a.size:
+            continue
+        low, high = int(a.min()), int(a.max())
+        if low < 0 or high >= size:
+            bad = low if low < 0 else high
+            where: tuple[str | int, ...] = (
+                ("body", "inputs") if len(arrays) == 1 else ("body", "inputs", spec.name)
+            )
+            raise InvalidRequest(
+                f"{WHERE} holds token id {bad}; input {spec.name!r} of model {lm.spec.id!r} "
+                f"takes ids 0..{size - 1} (its embedding's vocabulary)",
+                loc=where,
+            )
+
+
 def inputs(lm: LoadedModel, job: Job) -> tuple[tuple[torch.Tensor, ...], list[list[str]] | None]:
-    """The job's inputs as tensors on the model's device (texts through the tokenizer)."""
+    """The job's inputs as tensors on the model's device (texts through the tokenizer), token
+    ids checked against the vocabulary."""
     if not job.texts:  # to the declared dtypes (bfloat16 travels as float32)
+        check_ids(lm, job.arrays)
         specs = lm.spec.inputs
         return tuple(
             tensor(a, lm.device).to(i.torch_dtype) for a, i in zip(job.arrays, specs, strict=True)

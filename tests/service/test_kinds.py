@@ -197,3 +197,24 @@ def test_causal_lm_prompts_take_plain_slots_only(prompt: str, features: Any) -> 
             {**body, "inputs": {"prompt": fine, "features": values}}
         )
         assert attributions.build_job(Settings(), spec, ok, time.time() + 60).n == 1
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_the_model() -> None:
+    spec = BUILTIN["text-classifier"]
+    lm = model_registry.load(spec)
+    size = lm.model.get_submodule(spec.embedding_layer).num_embeddings
+    for bad in (size, 10**6, -1):
+        req = AttributionRequest.model_validate(
+            {"method": "feature_ablation", "inputs": [[1, 2, bad]], "target": 0}
+        )
+        job = attributions.build_job(Settings(), spec, req, time.time() + 60)
+        with pytest.raises(InvalidRequest) as e:
+            kinds.run(lm, job)
+        assert e.value.errors[0]["loc"] == ["body", "inputs"]
+        assert f"token id {bad}" in e.value.detail and f"0..{size - 1}" in e.value.detail
+    ok = AttributionRequest.model_validate(
+        {"method": "feature_ablation", "inputs": [[1, 2, size - 1]], "target": 0}
+    )
+    assert (
+        kinds.run(lm, attributions.build_job(Settings(), spec, ok, time.time() + 60)).error is None
+    )
