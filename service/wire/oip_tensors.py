@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.core.errors import InvalidRequest, LimitExceeded, Loc, MalformedRequest
+from service.core.errors import BodyTooLarge, InvalidRequest, LimitExceeded, Loc, MalformedRequest
 
 #: OIP datatype -> numpy dtype (BF16 and BYTES are handled apart)
 NUMPY: dict[str, np.dtype[Any]] = {
@@ -82,8 +82,8 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
         raise MalformedRequest(
             f"the body is not valid {encoding} data", loc=("header", "content-encoding")
         ) from None
-    if len(out) > limit:
-        raise LimitExceeded(
+    if len(out) > limit:  # a body over the limit, however it was sent: 413
+        raise BodyTooLarge(
             f"the body inflates to more than this server's limit of {limit} bytes",
             loc=("body",),
         )
