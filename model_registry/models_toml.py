@@ -121,6 +121,8 @@ def parse_model(data: object, file: str, index: int, base_dir: str | None) -> Mo
     except ValueError as e:
         table.fail("source", str(e))
     found = SOURCES[source.kind]
+    if found.path_target:
+        table.inside(source.target, "source")
     for key, owners in own.items():
         if owners and found not in owners:
             takers = ", ".join(f"{s.name}:" for s in owners)

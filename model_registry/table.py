@@ -7,6 +7,7 @@ the model kinds read the keys that concern them through a ``Table``.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -132,6 +133,21 @@ class Table:
 
     # -- files -----------------------------------------------------------------------------
 
+    def inside(self, path: str, field: str) -> None:
+        """Fail on ``field`` if a relative ``path`` leaves the models.toml's directory
+        (``../../etc/...``): files elsewhere are named by an absolute path, on purpose."""
+        if Path(path).expanduser().is_absolute() or self.base_dir is None:
+            return
+        # lexically: ".." may not climb out; a symlink placed in the directory is the
+        # operator's own choice and is followed
+        base = Path(os.path.abspath(self.base_dir))
+        if not Path(os.path.normpath(base / path)).is_relative_to(base):
+            self.fail(
+                field,
+                f"{path!r} leaves the directory of the models.toml ({base}); give an absolute "
+                "path for a file elsewhere",
+            )
+
     def existing(self, path: str, field: str) -> None:
         """Fail on ``field`` unless ``path`` (relative: to the models.toml) is a file."""
         if not resolve_path(path, self.base_dir).is_file():
@@ -145,6 +161,7 @@ class Table:
         """``weights``: an existing file (the sources that take none refuse the key)."""
         w = self.string("weights")
         if w is not None:
+            self.inside(w, "weights")
             self.existing(w, "weights")
         return w
 

@@ -49,6 +49,8 @@ class ModelSource:
     own_keys: ClassVar[tuple[str, ...]] = ()
     #: models.toml keys this source refuses, each with the message saying why
     refused: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: whether the target is a path (a file or directory) on this machine
+    path_target: ClassVar[bool] = False
 
     # -- reading models.toml ---------------------------------------------------------------
 
@@ -98,6 +100,7 @@ class ModelSource:
 
 
 class FileSource(ModelSource):
+    path_target = True
     """A source that is one file (checked to be there when models.toml is read)."""
 
     def validate(self, table: Table, source: Source) -> None:

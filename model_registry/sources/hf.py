@@ -66,6 +66,7 @@ def served() -> str:
 
 @register
 class HFSource(ModelSource):
+    path_target = True
     name = "hf"
     syntax = "hf:DIRECTORY"
     kinds = tuple(AUTO_CLASSES)

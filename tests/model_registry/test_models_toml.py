@@ -184,3 +184,31 @@ def test_file_level_errors(tmp_path: Path, text: str, expected: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(RegistryError, match="cannot read the models file"):
         model_registry.load_specs(tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ('source = "torchscript:../outside.pt"', "source"),
+        ('source = "export:sub/../../outside.pt2"', "source"),
+        ('source = "hf:../outside"', "source"),
+        ('source = "python:pkg.mod:make"\nweights = "../outside.safetensors"', "weights"),
+    ],
+)
+def test_relative_paths_stay_in_the_files_directory(tmp_path: Path, line: str, field: str) -> None:
+    """A relative path may not climb out of the models.toml's directory (``../../etc/...``);
+    a file elsewhere is named by an absolute path, which is taken."""
+    here = tmp_path / "conf"
+    here.mkdir()
+    for name in ("outside.pt", "outside.pt2", "outside.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "outside").mkdir()
+    text = f'[[models]]\nid = "m"\n{line}\n' + PY[PY.index("labels") :]
+    with pytest.raises(RegistryError) as info:
+        model_registry.load_specs(write(here, text))
+    assert info.value.field == field and "leaves the directory" in str(info.value)
+    absolute = text.replace("../", str(tmp_path) + "/").replace("sub/", "")
+    try:  # an absolute path passes the rule (the empty file may fail other checks)
+        model_registry.load_specs(write(here, absolute))
+    except RegistryError as exc:
+        assert "leaves the directory" not in str(exc)
