@@ -234,7 +234,7 @@ def test_targets_per_example_from_the_file_and_the_option(
     )
     assert npz(out)["target"].tolist() == want.target
     np.testing.assert_allclose(npz(out)["attributions"], want.attributions[0], rtol=1e-5)
-    # "predicted" cannot fill in beside per-example targets: refused before any work
+    # "predicted" fills in beside per-example targets: each unlabelled example's argmax
     rc = attribute(
         tmp_path,
         *IG,
@@ -242,10 +242,26 @@ def test_targets_per_example_from_the_file_and_the_option(
         str(tmp_path / "x.jsonl"),
         "--target",
         "predicted",
+        "--batch-size",
+        "4",
         "--output",
         str(tmp_path / "p.npz"),
     )
-    assert rc == 2 and not (tmp_path / "p.npz.partial").exists()
+    assert rc == 0
+    with torch.no_grad():
+        argmax = lm.model(torch.as_tensor(X)).argmax(-1).tolist()
+    labels = lm.spec.output.labels
+    rows = [
+        argmax[i] if t is None else (labels.index(t) if isinstance(t, str) else t)
+        for i, t in enumerate(mixed)
+    ]
+    want = serve(
+        lm, method="integrated_gradients", inputs=X.tolist(), target=rows, params={"n_steps": 16}
+    )
+    assert npz(tmp_path / "p.npz")["target"].tolist() == rows == want.target
+    np.testing.assert_allclose(
+        npz(tmp_path / "p.npz")["attributions"], want.attributions[0], rtol=1e-5
+    )
     # a JSON list given as --target: one per example of the whole file, cut with the chunks
     rows = [i % 3 for i in range(len(X))]
     src = write_inputs(tmp_path / "x.npy")

@@ -13,6 +13,7 @@ from service.cli.offline.engine import (
     AttributionRequest,
     build_job,
     from_engine,
+    kind_of,
     run_job,
     validated,
 )
@@ -21,43 +22,70 @@ from service.core.errors import AttributionFailed, InvalidRequest
 from service.core.settings import Settings
 
 
-def chunk_target(examples: Examples, default: Any) -> Any:
+def chunk_target(examples: Examples, default: Any, predicted: list[int] | None = None) -> Any:
     """The request target for these examples: ``default``, or one per example where the file
-    gives some (items without one take ``default``)."""
+    gives some (items without one take ``default``). ``"predicted"`` beside given targets takes
+    each example's predicted class from ``predicted`` (the model's, ``attribute_batch``); without
+    it (checks before the model runs) class 0 stands in."""
     if examples.targets is None or all(t is None for t in examples.targets):
         return default
-    if default == "predicted" and any(t is None for t in examples.targets):
-        raise InvalidRequest(
-            'target "predicted" cannot fill in for examples without one while others have '
-            "their own: give every example a target, or none",
-            loc=("body", "target"),
-        )
-    items = [default if t is None else t for t in examples.targets]
+    fill: list[Any] = [default] * examples.n
+    if default == "predicted":
+        fill = predicted if predicted is not None else [0] * examples.n
+    items = [f if t is None else t for t, f in zip(examples.targets, fill, strict=True)]
     if all(t == items[0] for t in items):
         return items[0]
     return items
 
 
-def _request(request: dict[str, Any], examples: Examples) -> Any:
-    body = dict(request)
+def _inputs(examples: Examples) -> Any:
+    """The examples as the request's ``inputs``."""
     if examples.texts is not None:
-        body["inputs"] = list(examples.texts)
-    else:
-        if examples.arrays is None:  # read_examples gives arrays or texts; say so if neither
-            raise InvalidRequest("the input file holds no examples", loc=("body", "inputs"))
-        arrays = examples.arrays
-        # one input: the bare array, so shape errors read as for a nested list on the wire
-        body["inputs"] = next(iter(arrays.values())) if len(arrays) == 1 else dict(arrays)
-    body["target"] = chunk_target(examples, request.get("target"))
+        return list(examples.texts)
+    if examples.arrays is None:  # read_examples gives arrays or texts; say so if neither
+        raise InvalidRequest("the input file holds no examples", loc=("body", "inputs"))
+    arrays = examples.arrays
+    # one input: the bare array, so shape errors read as for a nested list on the wire
+    return next(iter(arrays.values())) if len(arrays) == 1 else dict(arrays)
+
+
+def _request(
+    request: dict[str, Any], examples: Examples, predicted: list[int] | None = None
+) -> Any:
+    body = {
+        **request,
+        "inputs": _inputs(examples),
+        "target": chunk_target(examples, request.get("target"), predicted),
+    }
     return validated(AttributionRequest, body, ("body",))
 
 
 def check_batch(
-    settings: Settings, spec: ModelSpec, request: dict[str, Any], examples: Examples
+    settings: Settings,
+    spec: ModelSpec,
+    request: dict[str, Any],
+    examples: Examples,
+    predicted: list[int] | None = None,
 ) -> Any:
     """The chunk as the HTTP route's ``Job``: every check ``attribute_batch`` makes, without
     the model (a ServiceError for what the route would refuse)."""
-    return build_job(settings, spec, _request(request, examples), math.inf)
+    return build_job(settings, spec, _request(request, examples, predicted), math.inf)
+
+
+def _predicted(
+    lm: LoadedModel, spec: ModelSpec, request: dict[str, Any], examples: Examples, s: Settings
+) -> list[int] | None:
+    """Each example's predicted class, where ``"predicted"`` fills in beside given targets."""
+    own = examples.targets
+    if request.get("target") != "predicted" or own is None:
+        return None
+    if all(t is None for t in own) or all(t is not None for t in own):
+        return None
+    job = kind_of(spec).predict_job(s, spec, _inputs(examples), math.inf, "")
+    reply = _run(lm, job)
+    if reply.predictions is None:  # pragma: no cover - a predict job always has them
+        return None
+    return [int(c) for c in reply.predictions.reshape(examples.n, -1).argmax(-1)]
 
 
 def _run(lm: LoadedModel, job: Any) -> Any:
@@ -93,7 +121,8 @@ def attribute_batch(
     """
     import methods.registry
 
-    job = check_batch(settings, spec, request, examples)
+    predicted = _predicted(lm, spec, request, examples, settings)
+    job = check_batch(settings, spec, request, examples, predicted)
     reply = _run(lm, job)
     parts: list[np.ndarray] = reply.attributions
     if reply.as_tuple:

@@ -121,7 +121,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
         own = examples.targets or [None] * examples.n
         targets = [t if t is not None else d for t, d in zip(own, target, strict=True)]
         examples = Examples(examples.arrays, examples.texts, targets, examples.n)
-    chunk_target(examples, request["target"])  # a mix "predicted" cannot fill: refused now
+    chunk_target(examples, request["target"])  # the targets' form, before any work
     sliced = _per_example(baselines, examples.n, spec, request)
     if not sliced:
         request["baselines"] = baselines
