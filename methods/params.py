@@ -97,8 +97,8 @@ def check_values(model: type[MethodParams], params: dict[str, Any], prefix: str 
         if field is None:
             continue
         numbers, strings, literals = _scalars(field.annotation)
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for v in values:
+        many = isinstance(value, (list, tuple))
+        for i, v in enumerate(value if many else [value]):
             if isinstance(v, bool) and not _admits_bool(field.annotation):
                 what = f"a number, not a bool ({v!r})"
             elif isinstance(v, str) and numbers and not strings and v not in literals:
@@ -108,7 +108,8 @@ def check_values(model: type[MethodParams], params: dict[str, Any], prefix: str 
                 what = f"a finite number, not {v!r}"
             else:
                 continue
-            raise InvalidTypeError(f"{prefix}parameter {name!r} must be {what}", argument=name)
+            where = f"{name}.{i}" if many else name
+            raise InvalidTypeError(f"{prefix}parameter {where!r} must be {what}", argument=where)
 
 
 class NoParams(MethodParams):

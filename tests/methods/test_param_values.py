@@ -47,7 +47,7 @@ def test_not_a_number_is_refused_for_every_numeric_param(
         pytest.skip("a flag")
     with pytest.raises(InvalidTypeError) as e:
         parse_params(ms.params, method, {name: value})
-    assert e.value.argument == name and repr(name) in str(e.value)
+    assert e.value.argument in (name, f"{name}.0") and name in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_not_a_number_is_refused_for_every_numeric_param(
         ({"nt_samples": "3"}, "noise_tunnel.nt_samples"),
         ({"stdevs": float("nan")}, "noise_tunnel.stdevs"),
         ({"stdevs": 1e999}, "noise_tunnel.stdevs"),
-        ({"stdevs": [0.1, float("nan")]}, "noise_tunnel.stdevs"),
+        ({"stdevs": [0.1, float("nan")]}, "noise_tunnel.stdevs.1"),
     ],
 )
 def test_the_noise_tunnel_takes_the_same_rule(raw: dict[str, Any], argument: str) -> None:

@@ -204,7 +204,9 @@ def test_oracle_feature_ablation() -> None:
     _eq(methods.attribute(net, X1, "feature_ablation", target=0, feature_mask=m, baselines=4)
         .attributions, [[248, 248, 104]])  # fmt: skip
     summed = methods.attribute(
-        lambda t: net(t).sum(), torch.tensor([[2.0, 10, 3], [20, 50, 30]]), "feature_ablation",
+        lambda t: net(t).sum(),
+        torch.tensor([[2.0, 10, 3], [20, 50, 30]]),
+        "feature_ablation",
         feature_mask=m,
     ).attributions
     assert summed.shape == (1, 3)
@@ -222,8 +224,10 @@ def test_oracle_feature_ablation_multi_input(ppe: int) -> None:
              torch.tensor([[5, 6, 7], [5, 5, 5]]))  # fmt: skip
     kw = {"target": 0, "feature_mask": masks, "additional_forward_args": (1,),
           "perturbations_per_eval": ppe}  # fmt: skip
-    _eq(methods.attribute(MultiInput(), MI, "feature_ablation", **kw).attributions,
-        ([[492] * 3, [200] * 3], [[80, 200, 120], [0, 400, 0]], [[0, 400, 40], [60, 60, 60]]))
+    _eq(
+        methods.attribute(MultiInput(), MI, "feature_ablation", **kw).attributions,
+        ([[492] * 3, [200] * 3], [[80, 200, 120], [0, 400, 0]], [[0, 400, 40], [60, 60, 60]]),
+    )
     _eq(methods.attribute(MultiInput(), MI, "feature_ablation", baselines=(2, 3.0, 4), **kw)
         .attributions, ([[468] * 3, [184, 192, 184]], [[68, 188, 108], [-12, 388, -12]],
                         [[-16, 384, 24], [12, 12, 12]]))  # fmt: skip
@@ -233,8 +237,13 @@ def test_oracle_feature_ablation_conv() -> None:
     a, b = methods.attribute(ConvNetOneConv(), (CI, CI2), "feature_ablation", target=0).attributions
     _eq(a, [[[[0, 2, 4, 3], [4, 9, 10, 7], [4, 13, 14, 11], [0, 0, 0, 0]]]])
     _eq(b, [[[[1, 2, 2, 1]] * 3 + [[0, 0, 0, 0]]]])
-    a, b = methods.attribute(ConvNetOneConv(), (CI, CI2), "feature_ablation", target=0,
-                             feature_mask=(torch.tensor(0), torch.tensor(1))).attributions
+    a, b = methods.attribute(
+        ConvNetOneConv(),
+        (CI, CI2),
+        "feature_ablation",
+        target=0,
+        feature_mask=(torch.tensor(0), torch.tensor(1)),
+    ).attributions
     _eq(a, 67 * torch.ones(1, 1, 4, 4))
     _eq(b, 13 * torch.ones(1, 1, 4, 4))
 
@@ -267,8 +276,12 @@ def test_oracle_shapley_values() -> None:
     net = MultiLayer()
     _eq(methods.attribute(net, X1, "shapley_values", target=0).attributions,
         [[76.666664, 196.666672, 116.666664]])  # fmt: skip
-    _eq(methods.attribute(net, X1, "shapley_values", target=0,
-                          feature_mask=torch.tensor([[0, 0, 1]])).attributions, [[275, 275, 115]])
+    _eq(
+        methods.attribute(
+            net, X1, "shapley_values", target=0, feature_mask=torch.tensor([[0, 0, 1]])
+        ).attributions,
+        [[275, 275, 115]],
+    )
     wide = methods.attribute(lambda t: torch.cat([net(t), torch.ones(t.shape[0], 2)], 1), X1,
                              "shapley_values").attributions  # fmt: skip
     assert wide.shape == (1, 4, 3)
