@@ -45,6 +45,11 @@ from service.wire.attributions import AttributionRequest
 log = logging.getLogger("attrserve.jobs")
 #: times a chunk is tried again after its worker was lost
 RETRIES = 3
+#: finished chunks are written together at most this often, or once this many bytes wait
+WRITE_EVERY_S = 1.0
+WRITE_BYTES = 8 << 20
+#: the longest wait before a job tries the full disk again
+MAX_BACKOFF_S = 30.0
 
 
 def job_settings(settings: Settings) -> Settings:
@@ -76,6 +81,8 @@ class JobRunner:
         self._tasks: list[asyncio.Task[Any]] = []
         #: the chunk running now: (job id, its pool entry)
         self._current: tuple[str, Entry] | None = None
+        #: jobs cancelled while the disk was full: cancelled now, written when there is room
+        self._cancelling: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,19 +150,33 @@ class JobRunner:
 
     def get(self, owner: str, job_id: str) -> JobRow | None:
         row = self.store.get(job_id)
-        return row if row is not None and row.owner == owner else None
+        return self.shown(row) if row is not None and row.owner == owner else None
 
     def cancel(self, row: JobRow) -> JobRow:
-        """Cancel a queued or running job; the running chunk stops at its next checkpoint."""
-        if self.store.finish(row.id, "cancelled") and self._current is not None:
+        """Cancel a queued or running job; the running chunk stops at its next checkpoint. On
+        a full disk the cancellation holds at once and is written once there is room."""
+        try:
+            finished = self.store.finish(row.id, "cancelled")
+        except StorageFull:
+            finished = row.status in ("queued", "running")
+            if finished:
+                self._cancelling.add(row.id)
+        if finished and self._current is not None:
             job_id, entry = self._current
             if job_id == row.id:
                 self.pool.cancel(entry)
         self._gauges()
-        return self.store.get(row.id) or row
+        return self.shown(self.store.get(row.id) or row)
+
+    def shown(self, row: JobRow) -> JobRow:
+        """``row`` as the API shows it: cancelled if a cancellation waits to be written."""
+        if row.id in self._cancelling and row.status in ("queued", "running"):
+            return dataclasses.replace(row, status="cancelled")
+        return row
 
     # -- running ---------------------------------------------------------------------------
     async def _loop(self) -> None:
+        backoff = 1.0
         while True:
             row = self.store.next_queued()
             if row is None:
@@ -163,12 +184,24 @@ class JobRunner:
                 await self._wake.wait()
                 continue
             try:
-                await self._run(row)
+                if row.id in self._cancelling:  # write the cancellation, run nothing
+                    self.store.finish(row.id, "cancelled")
+                    self._cancelling.discard(row.id)
+                else:
+                    await self._run(row)
+                backoff = 1.0
             except asyncio.CancelledError:
                 raise
+            except StorageFull:  # the job keeps its status and resumes after its last write
+                log.warning(
+                    "attrserve: job %s waits %.0f s: the jobs' disk is full", row.id, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, MAX_BACKOFF_S)
             except Exception as exc:  # a bug: the job fails, the loop goes on
                 log.exception("attrserve: job %s failed", row.id)
-                self.store.finish(row.id, "failed", _error(exc))
+                with contextlib.suppress(StorageFull):  # else it runs again, as interrupted
+                    self.store.finish(row.id, "failed", _error(exc))
             self._gauges()
 
     async def _run(self, row: JobRow) -> None:
@@ -183,6 +216,10 @@ class JobRunner:
             ) from None
         done, size = row.done, min(row.chunk, 4)  # grows to job_chunk_ms worth of examples
         target_s = self.settings.job_chunk_ms / 1e3
+        # finished chunks wait in memory and go to disk together (one file, then the progress
+        # that counts it): fewer, larger files; a crash recomputes only what was not written
+        unwritten: list[dict[str, np.ndarray]] = []
+        written, last_write = done, time.monotonic()
         while done < row.total:
             stop = min(row.total, done + size)
             started = time.perf_counter()
@@ -196,14 +233,19 @@ class JobRunner:
             if reply.error is not None:
                 self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
                 return
-            arrays = _chunk_arrays(reply, job)
-            nbytes = await asyncio.to_thread(self.store.write_chunk, row.id, done, arrays)
+            unwritten.append(_chunk_arrays(reply, job))
             # the next chunk sized to take about job_chunk_ms: short chunks keep synchronous
             # requests waiting little when a chunk runs while they wait (jobs owed their share)
             per_example = max(reply.compute_ms / 1e3, time.perf_counter() - started) / (stop - done)
             size = max(1, min(int(target_s / max(per_example, 1e-6)), 2 * size, row.chunk))
             done = stop
-            self.store.progress(row.id, done, nbytes)
+            held = sum(a.nbytes for part in unwritten for a in part.values())
+            due = time.monotonic() - last_write >= WRITE_EVERY_S or held >= WRITE_BYTES
+            if due or done == row.total:
+                arrays = _merged(unwritten)
+                nbytes = await asyncio.to_thread(self.store.write_chunk, row.id, written, arrays)
+                self.store.progress(row.id, done, nbytes)
+                unwritten, written, last_write = [], done, time.monotonic()
         self.store.finish(row.id, "succeeded")
 
     async def _chunk(self, row: JobRow, part: Job) -> tuple[Reply, Job] | None:
@@ -238,7 +280,7 @@ class JobRunner:
                 self._current = None
             self.telemetry.job_chunk.observe(time.perf_counter() - started)
             current = self.store.get(row.id)
-            if current is None or current.status == "cancelled":
+            if current is None or current.status == "cancelled" or row.id in self._cancelling:
                 return None
             return reply, job
         raise WorkerLost("the job's chunk could not be run")
@@ -320,6 +362,20 @@ def _chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
         "compute_ms": reply.compute_ms,
         "attributed_layer": job.attributed_layer,
     }
+    out["meta"] = np.array(json.dumps(meta, default=_jsonable))
+    return out
+
+
+def _merged(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Several chunks' arrays as one chunk's (examples concatenated, metadata joined)."""
+    if len(parts) == 1:
+        return parts[0]
+    metas = [json.loads(str(p["meta"])) for p in parts]
+    out = {k: _concat([p[k] for p in parts]) for k in parts[0] if k != "meta"}
+    meta = dict(metas[0])
+    meta["target"] = [t for m in metas for t in (m.get("target") or [])] or None
+    meta["tokens"] = [t for m in metas for t in (m.get("tokens") or [])] or None
+    meta["compute_ms"] = sum(m.get("compute_ms", 0.0) for m in metas)
     out["meta"] = np.array(json.dumps(meta, default=_jsonable))
     return out
 

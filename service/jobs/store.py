@@ -10,6 +10,7 @@ that counts it, so a crash between the two only means the chunk runs again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -19,11 +20,14 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from service.core.errors import StorageFull
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -100,6 +104,39 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+#: errno values of a disk (or quota) that is full
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full (a write, or SQLite's "database or disk is full")."""
+    if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
+        return True
+    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower()
+
+
+@contextlib.contextmanager
+def storage() -> Iterator[None]:
+    """A full disk as the service's 507 (``StorageFull``), anything else as it is."""
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        if not disk_full(exc):
+            raise
+        raise StorageFull(
+            "the jobs' disk is full; jobs already accepted wait and run once space is free: "
+            "fetch and delete finished jobs, or retry later",
+            headers={"Retry-After": "30"},
+        ) from None
+
+
+def disk_bytes(path: Path) -> int:
+    """What a file really takes on disk (whole blocks), not its length."""
+    st = path.stat()
+    blocks = getattr(st, "st_blocks", None)
+    return max(st.st_size, 512 * blocks) if blocks is not None else st.st_size
+
+
 class JobStore:
     """The jobs database and files. Thread-safe (one connection, one lock): the event loop
     does the small queries, threads write the large files."""
@@ -133,20 +170,25 @@ class JobStore:
         return out
 
     def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> int:
-        with self._lock:
+        with self._lock, storage():
             return self._db.execute(sql, args).rowcount
 
     def create(
         self, owner: str, model_id: str, method: str, total: int, chunk: int, work: bytes
     ) -> JobRow:
         job_id = uuid.uuid4().hex
-        atomic_write(self.dir(job_id) / "work.npz", work)
-        now = time.time()
-        self._exec(
-            "INSERT INTO jobs (id, owner, model_id, method, status, total, chunk, created_at, "
-            "bytes) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-            (job_id, owner, model_id, method, total, chunk, now, len(work)),
-        )
+        path = self.dir(job_id) / "work.npz"
+        try:
+            with storage():
+                atomic_write(path, work)
+            self._exec(
+                "INSERT INTO jobs (id, owner, model_id, method, status, total, chunk, "
+                "created_at, bytes) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
+                (job_id, owner, model_id, method, total, chunk, time.time(), disk_bytes(path)),
+            )
+        except StorageFull:  # nothing half-made is left behind
+            shutil.rmtree(self.dir(job_id), ignore_errors=True)
+            raise
         return self.get(job_id)  # type: ignore[return-value]
 
     def get(self, job_id: str) -> JobRow | None:
@@ -154,8 +196,11 @@ class JobStore:
         return rows[0] if rows else None
 
     def next_queued(self) -> JobRow | None:
+        """The oldest job to run: queued, or interrupted (still marked running: by a restart,
+        or a full disk that stopped its progress being written)."""
         rows = self._rows(
-            "SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at, id LIMIT 1"
+            "SELECT * FROM jobs WHERE status IN ('queued', 'running') "
+            "ORDER BY created_at, id LIMIT 1"
         )
         return rows[0] if rows else None
 
@@ -185,11 +230,11 @@ class JobStore:
         return int(n)
 
     def start(self, job_id: str) -> bool:
-        """queued -> running (False if it is no longer queued: cancelled meanwhile)."""
+        """queued (or interrupted) -> running (False if it has finished: cancelled meanwhile)."""
         return (
             self._exec(
                 "UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, ?) "
-                "WHERE id = ? AND status = 'queued'",
+                "WHERE id = ? AND status IN ('queued', 'running')",
                 (time.time(), job_id),
             )
             == 1
@@ -237,13 +282,14 @@ class JobStore:
         return (self.dir(job_id) / "work.npz").read_bytes()
 
     def write_chunk(self, job_id: str, start: int, arrays: dict[str, np.ndarray]) -> int:
-        """One finished chunk's arrays (named by its first example, so they sort in order);
-        returns the bytes written."""
+        """Finished examples' arrays (named by the first example, so files sort in order);
+        returns the bytes the file takes on disk."""
         buf = io.BytesIO()
         np.savez(buf, **arrays)  # type: ignore[arg-type]
-        data = buf.getvalue()
-        atomic_write(self.dir(job_id) / f"chunk-{start:09d}.npz", data)
-        return len(data)
+        path = self.dir(job_id) / f"chunk-{start:09d}.npz"
+        with storage():
+            atomic_write(path, buf.getvalue())
+        return disk_bytes(path)
 
     def read_chunks(self, job_id: str) -> list[dict[str, np.ndarray]]:
         out = []

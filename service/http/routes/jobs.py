@@ -157,7 +157,8 @@ async def list_jobs(
     if more and page:
         last = page[-1]
         next_cursor = base64.urlsafe_b64encode(f"{last.created_at!r}|{last.id}".encode()).decode()
-    return OrjsonResponse({"jobs": [r.public() for r in page], "next_cursor": next_cursor})
+    shown = [_runner(state).shown(r).public() for r in page]
+    return OrjsonResponse({"jobs": shown, "next_cursor": next_cursor})
 
 
 def _cursor(raw: str) -> tuple[float, str]:
