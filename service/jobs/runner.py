@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from model_registry.spec import ModelSpec
+from service import kinds
 from service.core.errors import (
     InvalidRequest,
     JobUnreadable,
@@ -29,6 +30,7 @@ from service.core.errors import (
     QueueFull,
     ServiceError,
     StorageFull,
+    UnsupportedMethod,
     WorkerLost,
 )
 from service.core.offload import offload
@@ -36,7 +38,7 @@ from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Job, Reply, new_id
 from service.jobs.store import JobRow, JobStore
-from service.jobs.work import chunk, dumps, loads
+from service.jobs.work import chunk, dumps, fingerprint, loads
 from service.kinds.base import envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
 from service.serving.attributions import build_job
@@ -119,6 +121,12 @@ class JobRunner:
                 "jobs return tensors only",
                 loc=("body", "verify"),
             )
+        if not kinds.of(spec).jobs:
+            raise UnsupportedMethod(
+                f"model {spec.id!r} is a {kinds.name_of(spec)} model: attribution jobs run "
+                f"tensor models; send its requests to POST /v1/models/{spec.id}/attributions",
+                loc=("path", "model_id"),
+            )
         counts = self.store.counts()
         if counts["queued"] + counts["running"] >= self.settings.max_jobs_queued:
             raise QueueFull(
@@ -126,11 +134,7 @@ class JobRunner:
                 "when one has finished",
                 headers={"Retry-After": "30"},
             )
-        if self.store.used_bytes() + size > self.settings.max_data_bytes:
-            raise StorageFull(
-                f"the jobs' disk budget ({self.settings.max_data_bytes} bytes) is full; "
-                "fetch and delete finished jobs, or retry when older ones expire"
-            )
+        self._budget(size)
         checked = await offload(build_job, job_settings(self.settings), spec, req, math.inf, "")
         per_example = max(1, checked.cost // max(1, checked.n))
         chunk = max(
@@ -142,11 +146,19 @@ class JobRunner:
                 f"chunk is {self.settings.max_cost}",
                 loc=("body",),
             )
-        work = await offload(dumps, checked)
+        work = await offload(dumps, checked, fingerprint(spec))
+        self._budget(len(work))  # decoded, the job may take more than its body did
         row = self.store.create(owner, spec.id, checked.method, checked.n, chunk, work)
         self._wake.set()
         self._gauges()
         return row
+
+    def _budget(self, size: int) -> None:
+        if self.store.used_bytes() + size > self.settings.max_data_bytes:
+            raise StorageFull(
+                f"the jobs' disk budget ({self.settings.max_data_bytes} bytes) is full; "
+                "fetch and delete finished jobs, or retry when older ones expire"
+            )
 
     def get(self, owner: str, job_id: str) -> JobRow | None:
         row = self.store.get(job_id)
@@ -209,11 +221,17 @@ class JobRunner:
             return
         self._gauges()
         try:
-            whole = await asyncio.to_thread(loads, self.store.work(row.id))
+            whole, model = await asyncio.to_thread(loads, self.store.work(row.id))
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a file of another version
             raise JobUnreadable(
                 f"the job's stored work cannot be read ({type(exc).__name__}); submit it again"
             ) from None
+        spec = self.specs.get(row.model_id)
+        if spec is None or model != fingerprint(spec):
+            raise JobUnreadable(
+                f"model {row.model_id!r} is no longer served as it was when the job was "
+                "submitted (its version, kind or inputs changed); submit the job again"
+            )
         done, size = row.done, min(row.chunk, 4)  # grows to job_chunk_ms worth of examples
         target_s = self.settings.job_chunk_ms / 1e3
         # finished chunks wait in memory and go to disk together (one file, then the progress

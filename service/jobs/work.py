@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from methods import registry
+from model_registry.spec import ModelSpec
 from service.core.work import Job
 
 _ARRAY, _TUPLE, _DICT = "__array__", "__tuple__", "__dict__"
@@ -56,8 +58,14 @@ def _unpack(value: Any, arrays: dict[str, np.ndarray]) -> Any:
     return value
 
 
-def dumps(job: Job) -> bytes:
-    """The job's file contents."""
+def fingerprint(spec: ModelSpec) -> str:
+    """What a stored job was validated against: the model's version, kind and inputs."""
+    inputs = [(i.name, i.dtype, list(i.shape)) for i in spec.inputs]
+    return json.dumps([spec.version, spec.kind, spec.exported is not None, inputs])
+
+
+def dumps(job: Job, model: str = "") -> bytes:
+    """The job's file contents; ``model``: the fingerprint of its model's spec."""
     arrays: list[np.ndarray] = []
     fields = {
         f.name: _pack(getattr(job, f.name), arrays)
@@ -65,30 +73,40 @@ def dumps(job: Job) -> bytes:
         if f.name not in _TRANSIENT
     }
     buf = io.BytesIO()
-    named = {f"a{i}": a for i, a in enumerate(arrays)}
-    np.savez(buf, job=np.array(json.dumps(fields)), **named)  # type: ignore[arg-type]
+    named: dict[str, np.ndarray] = {f"a{i}": a for i, a in enumerate(arrays)}
+    named["job"] = np.array(json.dumps(fields))
+    named["model"] = np.array(model)
+    np.savez(buf, **named)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
-def loads(data: bytes) -> Job:
-    """The job a file holds (``dumps``'s inverse; its transient fields at their defaults)."""
+def loads(data: bytes) -> tuple[Job, str]:
+    """The job a file holds (``dumps``'s inverse; its transient fields at their defaults) and
+    its model's fingerprint."""
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files if k != "job"}
+        arrays = {k: z[k] for k in z.files if k not in ("job", "model")}
         fields = json.loads(str(z["job"]))
+        model = str(z["model"])
     values = {k: _unpack(v, arrays) for k, v in fields.items()}
-    return Job(id=0, deadline=0.0, **values)
+    return Job(id=0, deadline=0.0, **values), model
 
 
-def _rows(value: Any, n: int, start: int, stop: int) -> Any:
-    """Per-example arrays (``n`` rows, ``n`` > 1) cut to ``[start, stop)``; others whole (one
-    row broadcasts; a distribution of baselines is sampled by every chunk)."""
+def _rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
+    """Per-example arrays cut to ``[start, stop)``: those with the batch dim (as many dims as
+    their input, ``ndim``, and ``n`` rows, ``n`` > 1). Others go whole: one row broadcasts, and
+    an array without the batch dim (a ``feature_mask`` of shape [C, H, W] for [N, C, H, W]
+    inputs) is the same for every example, whatever its first dim."""
     if isinstance(value, np.ndarray):
-        per_example = n > 1 and value.ndim > 0 and value.shape[0] == n
+        want = ndim if isinstance(ndim, int) else ndim[0]
+        per_example = n > 1 and value.ndim == want and value.shape[0] == n
         return value[start:stop] if per_example else value
-    if isinstance(value, tuple):
-        return tuple(_rows(v, n, start, stop) for v in value)
+    if isinstance(value, tuple):  # one per input
+        dims = ndim if isinstance(ndim, tuple) else (ndim,) * len(value)
+        if len(dims) != len(value):
+            dims = (dims[0],) * len(value)
+        return tuple(_rows(v, n, d, start, stop) for v, d in zip(value, dims, strict=True))
     if isinstance(value, dict):
-        return {k: _rows(v, n, start, stop) for k, v in value.items()}
+        return {k: _rows(v, n, ndim, start, stop) for k, v in value.items()}
     return value
 
 
@@ -98,13 +116,18 @@ def chunk(job: Job, start: int, stop: int) -> Job:
     target = job.target
     if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
         target = {**target, "rows": target["rows"][start:stop]}
+    # each input's dims with the batch dim (token ids from texts: [N, L])
+    ndim = tuple(a.ndim for a in job.arrays) or (2,)
+    baselines = job.baselines
+    if registry.get(job.method).merge != "shared_baselines":  # else a distribution, sampled
+        baselines = _rows(baselines, n, ndim, start, stop)
     return dataclasses.replace(
         job,
         arrays=tuple(a[start:stop] for a in job.arrays),
         texts=job.texts[start:stop],
         target=target,
-        baselines=_rows(job.baselines, n, start, stop),
-        params=_rows(job.params, n, start, stop),
+        baselines=baselines,
+        params=_rows(job.params, n, ndim, start, stop),
         n=size,
         cost=max(1, job.cost * size // max(1, n)),
         key=None,  # a job's chunks are never merged with other work

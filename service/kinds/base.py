@@ -30,6 +30,8 @@ class ModelKind:
     name: ClassVar[str]
     #: whether the model gives predictions (``:predict``, OIP infer, ``:explain``'s)
     predicts: ClassVar[bool] = False
+    #: whether attribution jobs take the model (its work cut into chunks of examples)
+    jobs: ClassVar[bool] = True
 
     # -- the catalogue ------------------------------------------------------------------------
     def methods(self, spec: ModelSpec) -> list[str]:

@@ -409,6 +409,7 @@ class CausalLMKind(ModelKind):
     model say this answer (``methods.attribute_generation``)."""
 
     name = "causal_lm"
+    jobs = False  # one prompt per request: nothing to cut into chunks of examples
 
     def methods(self, spec: ModelSpec) -> list[str]:
         return list(METHODS)

@@ -1,4 +1,4 @@
-"""A full disk under attribution jobs, in-process with real workers: submission answers 507
+"""Attribution jobs in-process with real workers. A full disk: submission answers 507
 problem+json, an accepted job waits (its status never says failed) and resumes by itself once
 there is room, and cancel works throughout. The disk is made full by the store's two ways of
 writing failing as a full disk does (ENOSPC; SQLite's "database or disk is full")."""
@@ -111,3 +111,11 @@ def test_a_job_writes_few_files(client: TestClient, tmp_path: Path) -> None:
     result = client.get(f"/v1/jobs/{job}/result").json()
     assert len(result["attributions"]) == 400 and len(result["target"]) == 400
     assert 1 <= len(files) <= 8, len(files)
+
+
+def test_a_causal_lm_takes_no_jobs(client: TestClient) -> None:
+    """One prompt per request: its kind says so, and the job route refuses at submission."""
+    lm = {"method": "feature_ablation", "inputs": {"prompt": "grace lives in"}, "target": None}
+    r = client.post("/v1/models/tiny-lm/attribution-jobs", json=lm)
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["path", "model_id"]
+    assert "/v1/models/tiny-lm/attributions" in r.json()["detail"]

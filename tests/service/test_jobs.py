@@ -248,14 +248,14 @@ def test_limits(tmp_path: Path) -> None:
         tmp_path,
         workers=1,
         data_dir=tmp_path / "d",
-        max_data_bytes=2000,
+        max_data_bytes=12_000,  # as files take on disk: a few 4 kB blocks
         max_job_body_bytes=1 << 20,
         max_body_bytes=4096,
     )
     try:
         with server.client() as c:
             small = {"method": "saliency", "inputs": [[0.0] * 8] * 4, "target": 0}
-            big = {**small, "inputs": [[0.123456] * 8] * 100}  # ~7 kB: over the disk budget
+            big = {**small, "inputs": [[0.123456] * 8] * 300}  # ~21 kB: over the disk budget
             r = c.post("/v1/models/tabular-mlp/attribution-jobs", json=big)
             assert r.status_code == 507, r.text
             # the job route takes bodies over the synchronous limit (up to its own)
