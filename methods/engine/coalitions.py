@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from methods.cancel import checkpoint
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import Evaluator, FeatureMasks, coalition_inputs
 
@@ -66,6 +67,7 @@ def distinct_rows(flat: Tensor) -> tuple[Tensor, Tensor]:
     dev = flat.device
     words = []
     for s in range(0, max(width, 1), _WORD_BITS):
+        checkpoint()  # wide coalitions (thousands of features) take a while to pack and sort
         bits = flat[:, s : s + _WORD_BITS].long()
         shifts = torch.arange(int(bits.shape[1]) - 1, -1, -1, device=dev)
         words.append((bits << shifts).sum(1))
@@ -74,6 +76,7 @@ def distinct_rows(flat: Tensor) -> tuple[Tensor, Tensor]:
         return (keys.unsqueeze(1) >> shifts) & 1 == 1, inverse
     order = torch.sort(words[-1], stable=True).indices
     for word in reversed(words[:-1]):
+        checkpoint()
         order = order[torch.sort(word[order], stable=True).indices]
     ranked = torch.stack(words, 1)[order]
     first = torch.ones(p, dtype=torch.bool, device=dev)  # first row of each run of equal rows

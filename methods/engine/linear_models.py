@@ -38,7 +38,14 @@ def _solve(x: Tensor, y: Tensor, w: Tensor, ridge: float) -> Tensor:
     # gelsd (SVD) gives the minimum-norm answer on rank-deficient designs, like scipy's lstsq;
     # CUDA offers only gels, which needs full rank.
     driver = "gelsd" if x.device.type == "cpu" else "gels"
-    return torch.linalg.lstsq(a, rhs.unsqueeze(2), driver=driver).solution.squeeze(2)
+    # one example's fit at a time (each is its own LAPACK call, batched or not): a wide design
+    # takes seconds per example, and a cancelled request stops between them
+    out = []
+    for i in range(b):
+        checkpoint()
+        fit = torch.linalg.lstsq(a[i : i + 1], rhs[i : i + 1].unsqueeze(2), driver=driver)
+        out.append(fit.solution.squeeze(2))
+    return torch.cat(out) if out else a.new_zeros(0, f)
 
 
 def least_squares(
@@ -59,9 +66,14 @@ def lasso(
     """Weighted lasso with intercept by FISTA (Beck & Teboulle 2009) on the Gram matrix."""
     xc, yc, xm, ym = _center(x, y, w)
     wn = (w / w.sum(1, keepdim=True)).unsqueeze(2)
+    checkpoint()
     gram = xc.transpose(1, 2) @ (wn * xc)  # (B, F, F)
     corr = (xc.transpose(1, 2) @ (wn.squeeze(2) * yc).unsqueeze(2)).squeeze(2)  # (B, F)
-    lip = torch.linalg.eigvalsh(gram)[:, -1].clamp(min=1e-12).unsqueeze(1)
+    tops = []
+    for g in gram:  # the largest eigenvalue, per example (seconds each for wide designs)
+        checkpoint()
+        tops.append(torch.linalg.eigvalsh(g)[-1])
+    lip = torch.stack(tops).clamp(min=1e-12).unsqueeze(1)
     coef = torch.zeros_like(corr)
     z, t = coef, 1.0
     for it in range(max_iter):

@@ -15,6 +15,7 @@ import math
 import torch
 from pydantic import Field
 
+from methods.cancel import checkpoint
 from methods.engine.call import Call, Output
 from methods.engine.coalitions import all_coalitions
 from methods.engine.linear_models import constrained_least_squares
@@ -30,6 +31,10 @@ class KernelShapParams(SurrogateParams):
         description="coalitions evaluated, counting the all-present and all-absent ones; at "
         "2**M or more every coalition is enumerated (exact Shapley values)",
     )
+
+
+#: samples ranked at once (each row on its own: blocks only bound the time between checkpoints)
+_RANK_ROWS = 256
 
 
 @register(
@@ -76,8 +81,12 @@ def kernel_shap(call: Call, p: KernelShapParams) -> Output:
             + 1
         )
         like = torch.empty(0, device=dev)
-        rank = torch.argsort(torch.argsort(call.rand((n_random, b, m), like), dim=2), dim=2)
-        keep = rank < k
+        draws = call.rand((n_random, b, m), like)
+        keep = torch.empty(n_random, b, m, dtype=torch.bool, device=dev)
+        for s0 in range(0, n_random, _RANK_ROWS):  # the k smallest draws of each row kept
+            checkpoint()  # thousands of features: ranking all samples at once takes seconds
+            rank = torch.argsort(torch.argsort(draws[s0 : s0 + _RANK_ROWS], dim=2), dim=2)
+            keep[s0 : s0 + _RANK_ROWS] = rank < k[s0 : s0 + _RANK_ROWS]
         weights = torch.ones(b, n_random, dtype=s.dtype, device=dev)
     y = s.evaluate(keep)[0]
     z = keep.expand(-1, b, -1).permute(1, 0, 2).to(s.dtype)  # (B, P, M)

@@ -43,6 +43,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("shapley_value_sampling", {"n_samples": 4, "perturbations_per_eval": 1}),
     ("occlusion", {"sliding_window_shapes": (1,), "perturbations_per_eval": 1}),
     ("kernel_shap", {"n_samples": 30, "perturbations_per_eval": 1}),
+    ("lime", {"n_samples": 30, "perturbations_per_eval": 1}),
+    ("feature_permutation", {"perturbations_per_eval": 1}),
     ("gradient_shap", {"n_samples": 20, "internal_batch_size": 8,
                        "baselines": torch.zeros(3, 6, dtype=torch.float64)}),
     ("deeplift", {"internal_batch_size": 2}),
@@ -72,6 +74,60 @@ def test_cancelled_attribution_stops_within_a_chunk(name: str, kw: dict[str, Any
     assert model.calls <= K + 1
     assert _hooks(model) == before
     assert all(p.requires_grad for p in model.parameters())
+
+
+class Last(Counting):
+    """Raises its flag at its ``last``-th forward: the work left is the method's own."""
+
+    def __init__(self, last: int) -> None:
+        super().__init__()
+        self.last = last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        self.flag = self.calls >= self.last
+        return out
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("kernel_shap", {"n_samples": 30}),
+        ("lime", {"n_samples": 30}),
+        ("lime", {"n_samples": 30, "interpretable_model": "lasso", "alpha": 0.01}),
+    ],
+    ids=["kernel_shap", "lime", "lime-lasso"],
+)
+def test_surrogate_fits_check_between_examples(name: str, kw: dict[str, Any]) -> None:
+    """After the last model evaluation a surrogate still fits one model per example (seconds
+    each on thousands of features): a request cancelled then stops before the next fit."""
+    x = torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    free = Counting()
+    methods.attribute(free, x, name, target=1, seed=0, **kw)
+    model = Last(free.calls)
+    with methods.cancel_scope(lambda: model.flag), pytest.raises(methods.AttributionCancelled):
+        methods.attribute(model, x, name, target=1, seed=0, **kw)
+    assert model.calls == free.calls  # every evaluation ran: the fit was what stopped
+
+
+def test_wide_coalitions_are_ranked_and_sorted_between_checkpoints() -> None:
+    """Kernel SHAP's sampling and the coalitions' de-duplication over thousands of features
+    (seconds of work before the model sees a coalition) look at the scope as they go: many
+    times between the first evaluation (the empty coalition) and the second."""
+    model = nn.Linear(4096, 2).double()
+    x = torch.randn(2, 4096, dtype=torch.float64)
+    seen = {"calls": 0, "polls": 0, "between": 0}
+
+    def stop() -> bool:
+        seen["polls"] += 1
+        if seen["calls"] == 1:
+            seen["between"] += 1
+        return False
+
+    model.register_forward_pre_hook(lambda *_: seen.__setitem__("calls", seen["calls"] + 1))
+    with methods.cancel_scope(stop):
+        methods.attribute(model, x, "kernel_shap", target=0, n_samples=600, seed=0)
+    assert seen["calls"] >= 2 and seen["between"] >= 4096 // 62  # one per word packed, at least
 
 
 def test_incremental_occlusion_checks_between_chunks() -> None:
