@@ -11,11 +11,7 @@
   the server's own 404, whatever the document says;
 - request schemas without ``default``: openapi-typescript types a property that has one as
   always present, which a request field with a default is not (the default goes into the
-  description);
-- one media type per request body: openapi-python-client (0.29) writes an operation that takes
-  two (OIP's JSON or binary tensors) as ``body: A | File | Unset = UNSET`` without importing
-  ``Unset``, and the module fails at import (openapi-generators/openapi-python-client#1451).
-  The JSON form is declared; the others are named in the body's description (still served).
+  description).
 """
 
 from __future__ import annotations
@@ -55,7 +51,6 @@ def finish(doc: dict[str, Any]) -> dict[str, Any]:
         _method_union(schemas)
     _name_wire_schemas(doc)
     _no_request_defaults(doc)
-    _one_request_media_type(doc)
     return doc
 
 
@@ -270,20 +265,3 @@ def _no_request_defaults(doc: dict[str, Any]) -> None:
     schemas = doc["components"]["schemas"]
     for name in _request_schemas(doc):
         _drop_defaults(schemas[name])
-
-
-# --- one media type per request body -----------------------------------------------------------
-
-
-def _one_request_media_type(doc: dict[str, Any]) -> None:
-    for operations in doc.get("paths", {}).values():
-        for op in operations.values():
-            body = op.get("requestBody", {})
-            content = body.get("content", {})
-            if len(content) < 2 or "application/json" not in content:
-                continue
-            others = [media for media in content if media != "application/json"]
-            body["content"] = {"application/json": content["application/json"]}
-            text = body.get("description", "").rstrip(".")
-            note = "Also taken as " + ", ".join(others) + "."
-            body["description"] = f"{text}. {note}" if text else note

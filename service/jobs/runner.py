@@ -237,7 +237,7 @@ class JobRunner:
         # finished chunks wait in memory and go to disk together (one file, then the progress
         # that counts it): fewer, larger files; a crash recomputes only what was not written
         unwritten: list[dict[str, np.ndarray]] = []
-        written, last_write = done, time.monotonic()
+        held, written, last_write = 0, done, time.monotonic()
         while done < row.total:
             stop = min(row.total, done + size)
             started = time.perf_counter()
@@ -252,18 +252,18 @@ class JobRunner:
                 self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
                 return
             unwritten.append(_chunk_arrays(reply, job))
+            held += sum(a.nbytes for a in unwritten[-1].values())
             # the next chunk sized to take about job_chunk_ms: short chunks keep synchronous
             # requests waiting little when a chunk runs while they wait (jobs owed their share)
             per_example = max(reply.compute_ms / 1e3, time.perf_counter() - started) / (stop - done)
             size = max(1, min(int(target_s / max(per_example, 1e-6)), 2 * size, row.chunk))
             done = stop
-            held = sum(a.nbytes for part in unwritten for a in part.values())
             due = time.monotonic() - last_write >= WRITE_EVERY_S or held >= WRITE_BYTES
             if due or done == row.total:
                 arrays = _merged(unwritten)
                 nbytes = await asyncio.to_thread(self.store.write_chunk, row.id, written, arrays)
                 self.store.progress(row.id, done, nbytes)
-                unwritten, written, last_write = [], done, time.monotonic()
+                unwritten, held, written, last_write = [], 0, done, time.monotonic()
         self.store.finish(row.id, "succeeded")
 
     async def _chunk(self, row: JobRow, part: Job) -> tuple[Reply, Job] | None:
@@ -324,15 +324,16 @@ class JobRunner:
         metas = [json.loads(str(c["meta"])) for c in chunks]
         first = metas[0] if metas else {}
         n_attr = sum(1 for k in chunks[0] if k.startswith("attributions_")) if chunks else 0
-        has = lambda key: bool(chunks) and key in chunks[0]  # noqa: E731
+
+        def joined(key: str) -> np.ndarray | None:
+            return _concat([c[key] for c in chunks]) if chunks and key in chunks[0] else None
+
         whole = Reply(
             job_id=0,
             attributions=[_concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)],
             as_tuple=bool(first.get("as_tuple")),
-            delta=_concat([c["convergence_delta"] for c in chunks])
-            if has("convergence_delta")
-            else None,
-            outputs=_concat([c["outputs"] for c in chunks]) if has("outputs") else None,
+            delta=joined("convergence_delta"),
+            outputs=joined("outputs"),
             target=[t for m in metas for t in (m.get("target") or [])] or None,
             tokens=[t for m in metas for t in (m.get("tokens") or [])] or None,
             params=first.get("params", {}),

@@ -15,7 +15,7 @@ import orjson
 
 from methods.params import MethodParams
 from methods.registry import MethodSpec
-from service.core.work import Job
+from service.core.work import PREDICT, Job
 from service.wire import targets
 
 
@@ -46,6 +46,13 @@ def _has_array(value: Any) -> bool:
     if isinstance(value, np.ndarray):
         return True
     return isinstance(value, (list, tuple)) and any(_has_array(v) for v in value)
+
+
+def predict_key(job: Job) -> tuple[Any, ...] | None:
+    """Predictions merge whenever their tensors stack (texts: each tokenized on its own)."""
+    if job.texts:
+        return None
+    return (job.model_id, PREDICT, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
 
 
 def key(job: Job, ms: MethodSpec, p: MethodParams) -> tuple[Any, ...] | None:

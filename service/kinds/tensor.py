@@ -200,9 +200,7 @@ class TensorKind(ModelKind):
             max_tokens=settings.max_text_tokens,
             predictions=True,
         )
-        # predictions merge whenever their tensors stack (texts: each tokenized on its own)
-        if not job.texts:
-            job.key = (job.model_id, PREDICT, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
+        job.key = merging.predict_key(job)
         return job
 
     # -- worker side --------------------------------------------------------------------------

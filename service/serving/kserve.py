@@ -40,12 +40,6 @@ def validated(model: type[BaseModel], data: Any, prefix: Loc) -> Any:
 Move = Callable[[Loc], Loc]
 
 
-def relocated(err: ServiceError, move: Move) -> ServiceError:
-    """``err`` pointed where this protocol's body has its fields: the attributions route's
-    ``inputs`` are KServe's ``instances``, its other fields are ``parameters.*``, and so on."""
-    return err.relocate(move)
-
-
 def v1_move(instances: bool) -> Move:
     """KServe V1: ``inputs`` came from ``instances``; request fields from ``parameters``."""
     fields = REQUEST_FIELDS - {"inputs"} | {"method", "params"}

@@ -46,15 +46,13 @@ def test_relocation_survives_the_process_boundary() -> None:
     err = InvalidRequest(f"{WHERE} holds NaN", loc=("body", "inputs", 3))
     back = ServiceError.from_data(err.to_data())
     assert type(back) is InvalidRequest and back.detail == "inputs.3 holds NaN"
-    kserve.relocated(back, kserve.v1_move(instances=True))
+    back.relocate(kserve.v1_move(instances=True))
     assert back.detail == "instances.3 holds NaN"
     assert back.errors[0]["loc"] == ["body", "instances", 3]
 
 
 def test_parameters_are_moved_under_parameters() -> None:
-    err = kserve.relocated(
-        InvalidRequest(f"{WHERE}: out of range", loc=("body", "target")),
-        kserve.v1_move(instances=True),
-    )
+    err = InvalidRequest(f"{WHERE}: out of range", loc=("body", "target"))
+    err.relocate(kserve.v1_move(instances=True))
     assert err.detail == "parameters.target: out of range"
     assert err.errors[0]["loc"] == ["body", "parameters", "target"]

@@ -118,7 +118,7 @@ async def v1_predict(
                 offload=len(body) > OFFLOAD_BYTES,
             )
         except ServiceError as err:
-            raise kserve.relocated(err, kserve.v1_move(data.instances is not None)) from None
+            raise err.relocate(kserve.v1_move(data.instances is not None)) from None
         seen.computed(reply.compute_ms)
         return OrjsonResponse({"predictions": reply.predictions})
 
@@ -160,7 +160,7 @@ async def v1_explain(
         large = len(body) > OFFLOAD_BYTES
         result, reply = await _explain(state, request, spec.id, req, spec, large, True)
     except ServiceError as err:
-        raise kserve.relocated(err, kserve.v1_move(data.instances is not None)) from None
+        raise err.relocate(kserve.v1_move(data.instances is not None)) from None
     return OrjsonResponse(kserve.explain_response(result, reply, req.output_encoding))
 
 
@@ -207,7 +207,7 @@ async def v2_infer(
                 disconnected=lambda: until_disconnect(request.receive),
             )
         except ServiceError as err:
-            raise kserve.relocated(err, oip.oip_move(d)) from None
+            raise err.relocate(oip.oip_move(d)) from None
         seen.computed(reply.compute_ms)
         return _oip_response(*oip.encode(spec, d.request, oip.infer_outputs(reply), {}))
 
@@ -222,7 +222,7 @@ async def v2_explain(
         req = oip.explain_request(d, spec)
         result, reply = await _explain(state, request, spec.id, req, spec, False, predictions=False)
     except ServiceError as err:
-        raise kserve.relocated(err, oip.oip_move(d)) from None
+        raise err.relocate(oip.oip_move(d)) from None
     parameters = {"method": result["method"], "params": result["params"]}
     if result.get("requested_method"):
         parameters["requested_method"] = result["requested_method"]
@@ -272,15 +272,18 @@ SCHEMAS: dict[str, Any] = {}
 
 
 def _body(model: type[Any], description: str, binary: bool = False) -> dict[str, Any]:
-    """The request body as documented: the raw routes read bytes, FastAPI does not see it."""
+    """The request body as documented: the raw routes read bytes, FastAPI does not see it.
+
+    ``binary``: OIP's binary tensor form is taken too. It is named in the description, not
+    declared as a second media type: openapi-python-client (0.29) writes an operation with two
+    as ``body: A | File | Unset = UNSET`` without importing ``Unset``, and the generated module
+    fails at import (openapi-generators/openapi-python-client#1451)."""
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
     SCHEMAS.update(schema.pop("$defs", {}))
     SCHEMAS[model.__name__] = schema
-    content: dict[str, Any] = {
-        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
-    }
+    content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
     if binary:
-        content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+        description += ". Also taken as application/octet-stream."
     return {"requestBody": {"required": True, "description": description, "content": content}}
 
 
