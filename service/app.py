@@ -169,8 +169,14 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
                 "x-request-id",
                 "x-deadline-ms",
                 "inference-header-content-length",
+                "traceparent",
             ],
-            expose_headers=["x-request-id", "retry-after", "inference-header-content-length"],
+            expose_headers=[
+                "x-request-id",
+                "retry-after",
+                "inference-header-content-length",
+                "traceresponse",
+            ],
         )
     app.outer = RequestContext(inner, access=settings.access_log)
     return app

@@ -4,16 +4,17 @@ limit, API key. They wrap the whole app (every route), and run before any body i
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import traceback
-import uuid
 from typing import Any
 
 import orjson
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.core import tracing
 from service.core.context import access_log, error_log, request_id
 from service.core.errors import ServiceError
 from service.http.auth import authenticate, authorize
@@ -35,22 +36,44 @@ def route_info(scope: Scope) -> dict[str, Any]:
     return info
 
 
-class RequestContext:
-    """``X-Request-ID`` (the caller's, or a new one) on every response, one access-log line per
-    request, and a problem+json 500 carrying only the request id for anything unexpected."""
+def route_template(scope: Scope) -> str | None:
+    """The request's route as a template (a span's name): the route FastAPI matched, else a model
+    route's path with the model id as ``{model_id}`` (the fast path's), else None."""
+    path = getattr(scope.get("route"), "path", None)
+    if isinstance(path, str):
+        return path
+    path = scope["path"]
+    match = MODEL_PATH.fullmatch(path)
+    if match is None:
+        return None
+    return f"{path[: match.start('model_id')]}{{model_id}}{path[match.end('model_id') :]}"
 
-    def __init__(self, app: ASGIApp, *, access: bool) -> None:
+
+class RequestContext:
+    """``X-Request-ID`` (the caller's, else the trace id) and ``traceresponse`` (the caller's
+    ``traceparent`` continued, or a new trace; ``service.core.tracing``) on every response, one
+    access-log line per request, and a problem+json 500 carrying only the request id for
+    anything unexpected."""
+
+    def __init__(
+        self, app: ASGIApp, *, access: bool, traces: tracing.Tracing | None = None
+    ) -> None:
         self.app = app
         self.access = access
+        # spans when the OTEL_* variables ask (the SDK's own; read once, here at start)
+        self.traces = traces or tracing.Tracing.from_environ(os.environ)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        given = Headers(scope=scope).get("x-request-id", "")
-        rid = given if CALLER_ID.fullmatch(given) else uuid.uuid4().hex
-        token = request_id.set(rid)
+        headers = Headers(scope=scope)
+        trace = self.traces.start(headers.getlist("traceparent"), scope["method"])
+        given = headers.get("x-request-id", "")
+        rid = given if CALLER_ID.fullmatch(given) else trace.trace_id
+        token, trace_token = request_id.set(rid), tracing.current.set(trace)
+        ours = {b"x-request-id": rid.encode(), b"traceresponse": trace.response.encode()}
         info = route_info(scope)
         info["request_id"] = rid
         status = 0
@@ -59,8 +82,8 @@ class RequestContext:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
-                headers.append((b"x-request-id", rid.encode()))
+                headers = [(k, v) for k, v in message.get("headers", []) if k not in ours]
+                headers.extend(ours.items())
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -79,9 +102,24 @@ class RequestContext:
                 await problem(err, scope.get("path"))(scope, receive, send_with_id)
         finally:
             request_id.reset(token)
+            tracing.current.reset(trace_token)
+            if trace.spans is not None:  # name and label the server span, only when it exists
+                self.traces.finish(
+                    trace,
+                    route_template(scope),
+                    status or 499,
+                    {
+                        "http.request.method": scope["method"],
+                        "url.path": scope["path"],
+                        "attrserve.request_id": rid,
+                        "attrserve.model": info.get("model"),
+                        "attrserve.method": info.get("method"),
+                    },
+                )
             if self.access:
                 line = {
                     "request_id": rid,
+                    "trace_id": trace.trace_id,
                     "http_method": scope["method"],
                     "path": scope["path"],
                     "model": info.get("model"),

@@ -15,6 +15,7 @@ from service import kinds
 from service.core.errors import DeadlineExceeded, RequestCancelled, ServiceError
 from service.core.offload import offload as in_thread
 from service.core.settings import Settings
+from service.core.tracing import record_work
 from service.core.work import Job, Reply
 from service.kinds.base import timing
 from service.pool.pool import Entry, WorkerPool
@@ -75,14 +76,16 @@ async def run(
 ) -> tuple[Reply, float]:
     """Queue the job and wait for it (cancelled at the deadline or when the client goes);
     the reply and the time it queued (ms)."""
+    submitted = time.perf_counter()
     entry = pool.submit(job)
-    remaining = budget / 1e3 - (time.perf_counter() - started)
+    remaining = budget / 1e3 - (submitted - started)
     try:
         reply = await wait(pool, entry, remaining, disconnected)
     except DeadlineExceeded:
         raise DeadlineExceeded(
             f"the request did not finish within its deadline of {budget:g} ms; the work was stopped"
         ) from None
+    record_work(submitted, entry.dispatched, reply)  # spans, when on: after the fact
     if reply.error is not None:
         raise ServiceError.from_data(reply.error)
     queue_ms = 0.0
