@@ -53,6 +53,8 @@ MODEL_KEYS = (
     "compile",
     "compile_mode",
     "verify_device",
+    "group",
+    "workers",
 )
 
 
@@ -101,7 +103,27 @@ def parse(
             )
         seen[spec.id] = i
         specs.append(spec)
+    check_groups(specs, file)
     return specs
+
+
+def check_groups(specs: list[ModelSpec], file: str) -> None:
+    """Models of one group agree on its ``workers`` (given by one of them, or all alike)."""
+    workers: dict[str, tuple[int, int]] = {}
+    for i, spec in enumerate(specs):
+        name = spec.group_name
+        if spec.workers is None:
+            continue
+        first = workers.setdefault(name, (spec.workers, i))
+        if first[0] != spec.workers:
+            raise RegistryError(
+                f"workers = {spec.workers}, but models[{first[1]}] gives group {name!r} "
+                f"workers = {first[0]}; give it once, or alike",
+                file=file,
+                model=spec.id,
+                index=i,
+                field="workers",
+            )
 
 
 def parse_model(data: object, file: str, index: int, base_dir: str | None) -> ModelSpec:

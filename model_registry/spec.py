@@ -122,6 +122,17 @@ class ModelSpec:
     verify_device: bool | None = None
     #: ``attribution-export:`` sources: the attribution the file computes (its only method)
     exported: ExportedStep | None = None
+    #: models.toml ``group``: the worker group that serves the model (None: its own, named by
+    #: its id); models of one group share its worker processes, and their fate
+    group: str | None = None
+    #: models.toml ``workers``: worker processes of the model's group (None: the server's
+    #: ``ATTRSERVE_WORKERS``)
+    workers: int | None = None
+
+    @property
+    def group_name(self) -> str:
+        """The worker group serving the model: ``group``, else the model's own id."""
+        return self.group or self.id
 
 
 @dataclass

@@ -77,6 +77,8 @@ class Table:
             "internal_batch_size": self.batch("internal_batch_size"),
             "perturbations_per_eval": self.batch("perturbations_per_eval"),
             "base_dir": self.base_dir,
+            "group": self.string("group", pattern=ID, hint="letters, digits, . _ -"),
+            "workers": self.count("workers"),
         }
 
     # -- scalar fields ---------------------------------------------------------------------
@@ -118,6 +120,12 @@ class Table:
                 "version", f"expected a non-empty string (or an integer), got {describe_value(v)}"
             )
         return str(v)
+
+    def count(self, key: str) -> int | None:
+        v = self.data.get(key)
+        if v is None or (type(v) is int and v > 0):
+            return v
+        self.fail(key, f"expected a positive integer, got {describe_value(v)}")
 
     def batch(self, key: str) -> int | str | None:
         v = self.data.get(key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import re
 import sqlite3
 from collections.abc import AsyncIterator
@@ -24,12 +25,13 @@ from service.http.fastpath import FastAttributions, takes
 from service.http.limits import BodyLimit
 from service.http.middleware import ApiKeys, RequestContext
 from service.http.responses import OrjsonResponse
-from service.http.routes import attributions, catalog, compat, health, jobs
+from service.http.routes import attributions, catalog, compat, health, jobs, repository
 from service.http.state import AppState
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 from service.serving import kserve
 
+log = logging.getLogger("attrserve")
 #: the job submission route takes bodies up to ``max_job_body_bytes``
 JOB_SUBMIT = re.compile(r"/v1/models/[^/]+/attribution-jobs")
 DESCRIPTION = (
@@ -68,7 +70,7 @@ class AttrServe(FastAPI):
         if self.openapi_schema is None:
             doc = super().openapi()
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            for name, schema in compat.SCHEMAS.items():  # the raw routes' request bodies
+            for name, schema in openapi_doc.RAW_SCHEMAS.items():  # the raw routes' request bodies
                 schemas.setdefault(name, schema)
             self.openapi_schema = openapi_doc.finish(doc)
         return self.openapi_schema
@@ -98,7 +100,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     pool = WorkerPool(settings, specs, telemetry, worker_count(settings) if start_workers else 0)
     state = AppState(
         settings=settings,
-        specs={s.id: s for s in specs},
+        specs=pool.specs,  # one dict: the model repository's loads show everywhere
         pool=pool,
         telemetry=telemetry,
         method_names=frozenset(m.name for m in methods.available()),
@@ -116,6 +118,17 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        if settings.strict_start and pool.workers:
+            await pool.settled()
+            failed = {m: s for m, s in pool.states().items() if s["state"] != "ready"}
+            if failed:
+                await pool.stop()
+                for model_id, s in failed.items():
+                    log.error("attrserve: model %r is %s: %s", model_id, s["state"], s["reason"])
+                raise SystemExit(
+                    "attrserve: ATTRSERVE_STRICT_START=1 and model(s) "
+                    f"{', '.join(map(repr, failed))} did not load; see above"
+                )
         if state.jobs is not None:
             await state.jobs.start()
         if pool.workers:
@@ -149,6 +162,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(attributions.router)
     app.include_router(compat.router)
     app.include_router(jobs.router)
+    app.include_router(repository.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
     inner: ASGIApp = BodyLimit(
         ApiKeys(app.dispatch, settings),

@@ -51,7 +51,10 @@ def serve(args: argparse.Namespace) -> None:
         # uvicorn cancels what is still running after this; the pool answers first (503)
         timeout_graceful_shutdown=math.ceil(settings.drain_s) + 5,
     )
-    GracefulServer(config, app.state.attrserve.pool, settings.drain_s).run()
+    server = GracefulServer(config, app.state.attrserve.pool, settings.drain_s)
+    server.run()
+    if not server.started:  # the start failed (ATTRSERVE_STRICT_START, a port in use)
+        sys.exit(3)
 
 
 #: the source checkout holding this package, where ``benchmarks/`` lives (not installed)

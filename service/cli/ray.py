@@ -33,7 +33,6 @@ import math
 import pickle
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,8 +81,9 @@ class InReplica:
     """The app as a replica runs it; two differences from ``attrserve serve``, both owed to
     Ray Serve:
 
-    - the lifespan's startup completes only once the pool's workers have loaded the models
-      (``lifespan.startup.failed`` if one cannot), so Ray routes no request to a replica that
+    - the lifespan's startup completes only once every model has loaded or failed
+      (``lifespan.startup.failed`` if none is ready, or any failed under
+      ``ATTRSERVE_STRICT_START``), so Ray routes no request to a replica that
       cannot compute yet, and a new replica (autoscaling) joins only when it is ready;
     - the response's ``X-Request-ID`` is left to Ray's HTTP proxy, which adds the request's own
       (the caller's, or one it made up and passed to us) to every response: ours as well would
@@ -107,17 +107,20 @@ class InReplica:
 
         async def send_when_ready(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete":
-                end = time.monotonic() + READY_TIMEOUT_S
-                while not pool.workers_ready:  # a model that fails its checks is reported
-                    failed = [w for w in pool.status() if w["state"] == "failed"]
-                    if failed or time.monotonic() > end:
-                        why = failed[0]["last_restart_reason"] if failed else "timed out"
-                        message = {
-                            "type": "lifespan.startup.failed",
-                            "message": f"attrserve: a worker could not start ({why})",
-                        }
-                        break
-                    await asyncio.sleep(0.05)
+                try:
+                    await asyncio.wait_for(pool.settled(), READY_TIMEOUT_S)
+                    why = None if pool.ready else "no model loaded"
+                except TimeoutError:
+                    why = "timed out"
+                strict = self.app.state.attrserve.settings.strict_start
+                failed = [m for m, s in pool.states().items() if s["state"] == "failed"]
+                if why is None and strict and failed:
+                    why = f"ATTRSERVE_STRICT_START=1 and model(s) {failed} failed to load"
+                if why is not None:
+                    message = {
+                        "type": "lifespan.startup.failed",
+                        "message": f"attrserve: the replica could not start ({why})",
+                    }
             await send(message)
 
         return send_when_ready

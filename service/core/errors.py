@@ -170,6 +170,29 @@ class NotReady(ServiceError):
     status, code, title = 503, "not_ready", "Service not ready"
 
 
+class ModelUnavailable(NotReady):
+    """A model that failed (to load, its checks, or its worker crashed): answered at once."""
+
+    code, title = "model_unavailable", "Model not available"
+
+    @classmethod
+    def of(
+        cls, model_id: str, reason: str | None, headers: dict[str, str] | None = None
+    ) -> ModelUnavailable:
+        why = f": {reason}" if reason else ""
+        return cls(
+            f"model {model_id!r} is not available{why}",
+            loc=("path", "model_id"),
+            headers=headers,
+        )
+
+
+class LoadFailed(ServiceError):
+    """A model repository load that did not become ready (the version before serves on)."""
+
+    status, code, title = 400, "load_failed", "Model load failed"
+
+
 class WorkerLost(ServiceError):
     status, code, title = 503, "worker_lost", "Worker lost while serving the request"
 

@@ -68,7 +68,14 @@ class Settings(BaseModel):
         default=None, description="models.toml path; unset serves the demo models"
     )
     workers: int | None = Field(
-        default=None, ge=0, description="worker processes (unset: one per GPU, else one)"
+        default=None,
+        ge=0,
+        description="worker processes of each worker group whose models.toml entries do not "
+        "say (unset: one per GPU, else one; 0: none)",
+    )
+    strict_start: bool = Field(
+        default=False,
+        description="any model that fails to load stops start-up (unset: it fails alone)",
     )
     queue_size: int = Field(
         default=64, ge=1, description="requests waiting for a worker before 429"
@@ -123,6 +130,11 @@ class Settings(BaseModel):
     )
     api_keys: tuple[ApiKey, ...] = Field(
         default=(), description='JSON list of {"key"|"sha256", "models"}; empty: no authentication'
+    )
+    admin_keys: tuple[ApiKey, ...] = Field(
+        default=(),
+        description="JSON list like api_keys: keys valid on every route, and the only ones "
+        "the model repository routes (/v2/repository/...) take when keys are on",
     )
     log_level: str = Field(default="info", description="uvicorn log level")
     access_log: bool = Field(
@@ -207,6 +219,16 @@ class Settings(BaseModel):
         if isinstance(value, str):
             return tuple(o.strip() for o in value.split(",") if o.strip())
         return value
+
+    @property
+    def keys(self) -> tuple[ApiKey, ...]:
+        """Every key the server takes, admin keys first (empty: no authentication)."""
+        return self.admin_keys + self.api_keys
+
+    def is_admin(self, key: ApiKey | None) -> bool:
+        """Whether ``key`` may use the model repository: an admin key, or any caller while
+        the server has no keys."""
+        return not self.keys if key is None else key in self.admin_keys
 
     @property
     def drain_s(self) -> float:

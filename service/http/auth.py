@@ -1,4 +1,5 @@
 """Optional API keys: 401 without a valid key, 403 for a model outside the key's list.
+Admin keys (``ATTRSERVE_ADMIN_KEYS``) are valid on every route.
 
 Checked by ``service.http.middleware.ApiKeys`` from the headers alone, before any body is read.
 """
@@ -20,12 +21,12 @@ def presented_key(headers: Headers) -> str | None:
 
 def authenticate(settings: Settings, headers: Headers) -> ApiKey | None:
     """The matching key (None when the server has no keys); raises 401 otherwise."""
-    if not settings.api_keys:
+    if not settings.keys:
         return None
     given = presented_key(headers)
     if given:
         # every key is compared (in constant time each): no early exit to time
-        found = [k for k in settings.api_keys if k.matches(given)]
+        found = [k for k in settings.keys if k.matches(given)]
         if found:
             return found[0]
     raise Unauthorized(
@@ -34,6 +35,6 @@ def authenticate(settings: Settings, headers: Headers) -> ApiKey | None:
     )
 
 
-def authorize(key: ApiKey | None, model_id: str) -> None:
-    if key is not None and not key.allows(model_id):
+def authorize(key: ApiKey | None, model_id: str, settings: Settings) -> None:
+    if key is not None and key not in settings.admin_keys and not key.allows(model_id):
         raise Forbidden(f"this API key may not use model {model_id!r}")

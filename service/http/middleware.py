@@ -139,7 +139,7 @@ class ApiKeys:
         self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.settings.api_keys:
+        if scope["type"] != "http" or not self.settings.keys:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
@@ -148,7 +148,7 @@ class ApiKeys:
                 key = authenticate(self.settings, Headers(scope=scope))
                 match = MODEL_PATH.fullmatch(path)
                 if match is not None:
-                    authorize(key, match["model_id"])
+                    authorize(key, match["model_id"], self.settings)
             except ServiceError as err:
                 await problem(err, path)(scope, receive, send)
                 return

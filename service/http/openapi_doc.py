@@ -38,6 +38,30 @@ MODEL = {403: "the API key may not use this model", 404: "unknown model"}
 FASTAPI_SCHEMAS = ("HTTPValidationError", "ValidationError")
 #: the request schema that becomes a union over the methods
 REQUEST = "AttributionRequest"
+
+
+#: request body schemas of the raw routes, for the document's components (``AttrServe.openapi``)
+RAW_SCHEMAS: dict[str, Any] = {}
+
+
+def raw_body(
+    model: type[Any], description: str, *, binary: bool = False, required: bool = True
+) -> dict[str, Any]:
+    """The request body as documented: the raw routes read bytes, FastAPI does not see it.
+
+    ``binary``: OIP's binary tensor form is taken too. It is named in the description, not
+    declared as a second media type: openapi-python-client (0.29) writes an operation with two
+    as ``body: A | File | Unset = UNSET`` without importing ``Unset``, and the generated module
+    fails at import (openapi-generators/openapi-python-client#1451)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    RAW_SCHEMAS.update(schema.pop("$defs", {}))
+    RAW_SCHEMAS[model.__name__] = schema
+    content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+    if binary:
+        description += ". Also taken as application/octet-stream."
+    return {"requestBody": {"required": required, "description": description, "content": content}}
+
+
 #: keys a use of a named schema may add or change beside its ``$ref``
 SIBLINGS = ("title", "description", "default")
 

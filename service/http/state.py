@@ -25,11 +25,31 @@ class AppState:
     jobs: JobRunner | None = None
 
     def spec(self, model_id: str) -> ModelSpec:
+        """The spec of a served model; 404 for one unknown or unloaded."""
+        spec = self.known(model_id)
+        if model_id in self.pool.unloaded:
+            raise UnknownModel(
+                f"model {model_id!r} is unloaded; load it again with "
+                f"POST /v2/repository/models/{model_id}/load",
+                loc=("path", "model_id"),
+            )
+        return spec
+
+    def serving(self, model_id: str) -> ModelSpec:
+        """The spec of a model to compute with: 404 as ``spec``, 503 for a model that failed
+        (to load, its checks, or its worker crashed), before anything else is checked."""
+        spec = self.spec(model_id)
+        self.pool.check(model_id)
+        return spec
+
+    def known(self, model_id: str) -> ModelSpec:
+        """The spec of a model served or unloaded; 404 for one unknown."""
         try:
             return self.specs[model_id]
         except KeyError:
+            served = sorted(m for m in self.specs if m not in self.pool.unloaded)
             raise UnknownModel(
-                f"unknown model {model_id!r}; served models: {sorted(self.specs)}",
+                f"unknown model {model_id!r}; served models: {served}",
                 loc=("path", "model_id"),
             ) from None
 

@@ -47,6 +47,8 @@ from service.wire.attributions import AttributionRequest
 log = logging.getLogger("attrserve.jobs")
 #: times a chunk is tried again after its worker was lost
 RETRIES = 3
+#: how long a chunk waits for its model's worker group to be ready before the job fails
+UNAVAILABLE_S = 60.0
 #: finished chunks are written together at most this often, or once this many bytes wait
 WRITE_EVERY_S = 1.0
 WRITE_BYTES = 8 << 20
@@ -267,8 +269,13 @@ class JobRunner:
         self.store.finish(row.id, "succeeded")
 
     async def _chunk(self, row: JobRow, part: Job) -> tuple[Reply, Job] | None:
-        """One chunk through the pool, as background work; None when the job was cancelled."""
-        for attempt in range(RETRIES + 1):
+        """One chunk through the pool, as background work; None when the job was cancelled.
+
+        A model not ready (its worker group starting or restarting after a crash) is waited
+        for up to ``UNAVAILABLE_S``; then the job fails with the reason."""
+        waited_until = time.monotonic() + UNAVAILABLE_S
+        attempt = 0
+        while attempt <= RETRIES:
             job = dataclasses.replace(
                 part,
                 id=new_id(),
@@ -280,8 +287,11 @@ class JobRunner:
             try:
                 entry = self.pool.submit(job)
             except NotReady:
+                if time.monotonic() > waited_until and not self.pool.draining:
+                    raise
                 await asyncio.sleep(1.0)
                 continue
+            attempt += 1
             self._current = (row.id, entry)
             try:
                 reply = await entry.future
@@ -291,7 +301,7 @@ class JobRunner:
                     raise
                 return None  # pool.cancel: the job was cancelled
             except (WorkerLost, NotReady):
-                if attempt == RETRIES:
+                if attempt > RETRIES:
                     raise
                 continue
             finally:

@@ -1,207 +1,130 @@
-"""The parent side of the worker pool: a bounded queue, adaptive batching, dispatch, supervision.
+"""The worker pool: one worker group per model (or per models.toml ``group``), routed by model.
 
-Each worker is a spawned process with one socket-pair channel (``service.worker.channel``) that
-the event loop reads and writes through asyncio streams: the loop never blocks on a worker.
-Dispatch is adaptive: an idle worker gets a request at once; while a worker is computing,
-requests that may share an engine call (same merge key) wait together and go as one batch, up
-to the cost cap, when it is idle again. A sealed batch (full, or of requests that never merge,
-as with batching off) may also wait in a worker's ready slot behind the one computing, so the
-worker need not wait for the parent between batches; a batch that can still grow does not,
-since everything arriving during the computation would otherwise form yet another small batch.
-``batch_window_ms`` > 0 also holds a new batch open that long for companions even when a worker
-is idle.
+Each group (``service.pool.group``) has its own worker processes, queue and supervision, so a
+model that cannot load, crashes its worker or holds a request that will not stop touches no
+other group. The pool routes each request to its model's group, says what state each model is
+in (``states``), and changes what is served while it runs (the model repository): ``load``
+starts a group with a model's new entry beside the one serving it and swaps them once the new
+one is ready (a failed load leaves the old one serving); ``unload`` stops routing to a model,
+and its group, once no model of it is routed, finishes the work it holds and stops.
 
-Cancellation: ``cancel(entry)`` frees the request's queue slot at once; if its batch is already
-with a worker, the worker is told, and stops the engine at its next checkpoint once every
-request in the batch is cancelled (a merged batch finishes for the others).
-
-Supervision: workers send heartbeats. One silent for ``worker_timeout_s`` (stopped, hung in C
-code, swapped out), or still busy ``worker_timeout_s`` after its whole batch was cancelled, is
-killed and restarted; its requests get 503 with Retry-After.
+Threads: each worker gets ``ATTRSERVE_TORCH_THREADS``, else the cores but one shared among
+every worker of every group (``service.worker.threads``); this process keeps one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-import logging
-import multiprocessing as mp
-import socket
 import time
-from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from model_registry.spec import ModelSpec
-from service.core.errors import NotReady, QueueFull, ServiceError, WorkerLost
+from service.core.errors import LoadFailed, ModelUnavailable, NotReady, UnknownModel
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Batch, Job, Reply
-from service.pool.records import DEPTH, PREEMPTED, STARTUP_GRACE_S, Entry, Pending, Worker
+from service.core.work import Job
+from service.pool.group import FAILED, LOADING, READY, Group
+from service.pool.records import PREEMPTED, Entry, Worker
 from service.worker import threads
-from service.worker.channel import frame, read_message
-from service.worker.main import worker_main
 
-log = logging.getLogger("attrserve.pool")
-__all__ = ["PREEMPTED", "Entry", "WorkerPool"]
+__all__ = [
+    "FAILED",
+    "LOADING",
+    "PREEMPTED",
+    "READY",
+    "UNLOADED",
+    "Entry",
+    "WorkerPool",
+]
+
+UNLOADED = "unloaded"
+#: how long a repository load may take before it counts as failed
+LOAD_TIMEOUT_S = 600.0
 
 
 class WorkerPool:
+    """``per_group``: worker processes of a group whose models do not say (models.toml
+    ``workers``); 0 runs no workers at all (a server that only answers the catalogue)."""
+
     def __init__(
-        self, settings: Settings, specs: list[ModelSpec], telemetry: Telemetry, n_workers: int
+        self, settings: Settings, specs: list[ModelSpec], telemetry: Telemetry, per_group: int
     ) -> None:
         self.settings = settings
-        self.specs = specs
         self.telemetry = telemetry
-        self.workers = [Worker(i) for i in range(n_workers)]
-        self.model_info: dict[str, dict[str, Any]] = {}
-        self._ctx = mp.get_context("spawn")
-        self._ids = itertools.count(1)
-        self._waiting: deque[Pending] = deque()
-        self._by_key: dict[tuple[Any, ...], Pending] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping = False
+        self.per_group = per_group
+        #: every model the server knows, served or unloaded, by id (shared with the app)
+        self.specs: dict[str, ModelSpec] = {s.id: s for s in specs}
+        #: the group serving each served model
+        self.routes: dict[str, Group] = {}
+        self.unloaded: set[str] = set()
+        #: groups replaced or unloaded, finishing their work
+        self._retiring: set[Group] = set()
+        self._indices = 0
         self._draining = False
-        self._gpus = 0
+        self._repository = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        #: job chunks waiting (``Job.background``), and recent worker time by kind (decaying)
-        self._jobs: deque[Pending] = deque()
-        self._busy = {False: 0.0, True: 0.0}
-        self._busy_at = time.monotonic()
+        if per_group:
+            members: dict[str, list[ModelSpec]] = {}
+            for s in specs:
+                members.setdefault(s.group_name, []).append(s)
+            total = sum(self._size(m) for m in members.values())
+            for name, group_specs in members.items():
+                self._route(self._group(name, group_specs, total))
+
+    # -- groups ----------------------------------------------------------------------------
+    def _size(self, specs: list[ModelSpec]) -> int:
+        return next((s.workers for s in specs if s.workers is not None), self.per_group)
+
+    def _group(self, name: str, specs: list[ModelSpec], total_workers: int) -> Group:
+        n = self._size(specs)
+        first, self._indices = self._indices, self._indices + n
+        threads_each = threads.worker_threads(self.settings.torch_threads, total_workers)
+        return Group(
+            name, self.settings, specs, self.telemetry, range(first, first + n), threads_each
+        )
+
+    def _route(self, group: Group) -> None:
+        for s in group.specs:
+            self.routes[s.id] = group
+
+    @property
+    def groups(self) -> list[Group]:
+        """The groups serving models now (each once)."""
+        return list(dict.fromkeys(self.routes.values()))
+
+    @property
+    def workers(self) -> list[Worker]:
+        return [w for g in self.groups for w in g.workers]
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        import torch
-
-        self._gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if self.workers:  # this process only parses and routes: it must not hog cores
+        if self.per_group:  # this process only parses and routes: it must not hog cores
             threads.limit(1)
-            self._background(self._supervise())
-        for w in self.workers:
-            await self._spawn(w)
+        for g in self.groups:
+            await g.start()
 
     async def drain(self, timeout: float) -> None:
         """Refuse new work, let queued and running work finish for up to ``timeout`` seconds,
         then answer what is left with 503."""
         self._draining = True
-        end = time.monotonic() + timeout
-        while self._open_entries() and time.monotonic() < end:
-            await asyncio.sleep(0.05)
-        self._fail_all(NotReady("the server is shutting down", headers=self._retry()))
+        await asyncio.gather(*(g.drain(timeout) for g in self.groups))
 
     async def stop(self) -> None:
-        """Stop the workers (politely, then by force) and fail whatever is still open."""
-        self._stopping = self._draining = True
+        self._draining = True
         for task in list(self._tasks):
             task.cancel()
-        for w in self.workers:
-            if w.writer is not None:
-                with contextlib.suppress(Exception):
-                    w.writer.write(frame(None))
-        deadline = time.monotonic() + 5
-        for w in self.workers:
-            if w.process is not None:
-                await asyncio.to_thread(w.process.join, max(0.0, deadline - time.monotonic()))
-                if w.process.is_alive():
-                    w.process.kill()
-                    await asyncio.to_thread(w.process.join, 2)
-            self._close(w)
-        self._fail_all(NotReady("the server is shutting down", headers=self._retry()))
+        await asyncio.gather(*(g.stop() for g in [*self.groups, *self._retiring]))
 
-    def _fail_all(self, err: ServiceError) -> None:
-        pendings = [*self._waiting, *self._jobs, *(p for w in self.workers for p in w.outstanding)]
-        for p in pendings:
-            for e in p.entries:
-                if not e.future.done():
-                    e.future.set_exception(err)
-        self._waiting.clear()
-        self._jobs.clear()
-        self._by_key.clear()
-
-    def _open_entries(self) -> int:
-        pendings = [*self._waiting, *(p for w in self.workers for p in w.outstanding)]
-        return sum(1 for p in pendings for e in p.entries if not e.future.done())
-
-    def _background(self, coro: Any) -> None:
-        task = self._running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _retry(self) -> dict[str, str]:
-        return {"Retry-After": str(self.settings.retry_after_s)}
-
-    async def _spawn(self, w: Worker) -> None:
-        parent, child = socket.socketpair()
-        options = {
-            "memory_budget_bytes": self.settings.memory_budget_bytes,
-            "torch_threads": threads.worker_threads(self.settings.torch_threads, len(self.workers)),
-            "cuda_device": (w.index % self._gpus) if self._gpus else None,
-            "heartbeat_s": self.settings.worker_timeout_s / 4,
-            "log_level": self.settings.log_level,
-        }
-        proc = self._ctx.Process(
-            target=worker_main,
-            args=(w.index, child, self.specs, options),
-            name=f"attrserve-worker-{w.index}",
-            daemon=True,
-        )
-        # starting a process forks/execs; off the loop so requests keep flowing meanwhile
-        await asyncio.to_thread(proc.start)
-        child.close()  # so the channel reports EOF when the worker dies
-        reader, writer = await asyncio.open_unix_connection(sock=parent)
-        w.generation += 1
-        w.process, w.writer, w.state, w.pid = proc, writer, "starting", proc.pid
-        w.outstanding.clear()
-        w.last_heard = time.monotonic() + STARTUP_GRACE_S
-        self._background(self._read(w, reader, w.generation))
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the pool was started on (set by ``start``)."""
-        if self._loop is None:
-            raise RuntimeError("the worker pool has not been started")
-        return self._loop
-
-    async def _read(self, w: Worker, reader: asyncio.StreamReader, generation: int) -> None:
-        try:
-            while generation == w.generation:
-                msg = await read_message(reader)
-                self._on_message(w, generation, msg)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            self._on_dead(w, generation, "its process exited")
-
-    async def _supervise(self) -> None:
-        """Kill workers that stopped answering, or that do not stop cancelled work."""
-        timeout = self.settings.worker_timeout_s
-        while not self._stopping:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = time.monotonic()
-            for w in self.workers:
-                if w.state not in ("starting", "ready", "busy"):
-                    continue
-                silent = now - w.last_heard
-                running = w.outstanding[0] if w.outstanding else None
-                if silent > timeout:
-                    self._kill(w, f"no heartbeat for {silent:.1f} s")
-                elif (
-                    running is not None
-                    and running.abandoned_at is not None
-                    and now - running.abandoned_at > timeout
-                ):
-                    self._kill(w, f"cancelled work still running after {timeout:g} s")
-
-    def _kill(self, w: Worker, reason: str) -> None:
-        log.warning("attrserve: worker %d (pid %s) killed: %s", w.index, w.pid, reason)
-        if w.process is not None:
-            with contextlib.suppress(Exception):
-                w.process.kill()
-        self._on_dead(w, w.generation, reason)
-
-    def _close(self, w: Worker) -> None:
-        if w.writer is not None:
-            with contextlib.suppress(Exception):
-                w.writer.close()
-        w.writer = None
+    async def settled(self, groups: Iterable[Group] | None = None) -> None:
+        """Wait (up to ``LOAD_TIMEOUT_S``) until no model of ``groups`` (None: the groups
+        serving now) is still loading: each is ready or has failed."""
+        waiting = list(self.groups if groups is None else groups)
+        end = time.monotonic() + LOAD_TIMEOUT_S
+        while time.monotonic() < end and any(
+            g.model_state(s.id)[0] == LOADING for g in waiting for s in g.specs
+        ):
+            await asyncio.sleep(0.05)
 
     # -- status ----------------------------------------------------------------------------
     @property
@@ -210,290 +133,160 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
-        """Every worker has loaded its models, and every model passed its checks."""
-        return self.workers_ready and not self.unready_models()
+        """At least one model is ready (and the server is not shutting down)."""
+        return not self._draining and any(self.state(m)[0] == READY for m in self.routes)
 
     @property
     def workers_ready(self) -> bool:
-        return (
-            bool(self.workers)
-            and not self._draining
-            and all(w.state in ("ready", "busy") for w in self.workers)
-        )
+        """Every worker of every group has loaded its models."""
+        workers = self.workers
+        return bool(workers) and all(w.state in ("ready", "busy") for w in workers)
+
+    def state(self, model_id: str) -> tuple[str, str | None]:
+        """``(state, reason)``: "loading", "ready", "failed" or "unloaded"."""
+        if model_id in self.unloaded:
+            return UNLOADED, "unloaded"
+        group = self.routes.get(model_id)
+        if group is None:
+            return (
+                (FAILED, "this server runs no workers") if not self.per_group else (UNLOADED, None)
+            )
+        return group.model_state(model_id)
+
+    def check(self, model_id: str) -> None:
+        """503 at once, naming the model and why, for a model that failed (a server without
+        workers checks the whole request first, then says it has none: ``submit``)."""
+        state, reason = self.state(model_id)
+        if state == FAILED and self.per_group:
+            raise ModelUnavailable.of(
+                model_id, reason, headers={"Retry-After": str(self.settings.retry_after_s)}
+            )
 
     def model_ready(self, model_id: str) -> bool:
-        """Loaded on every worker and passed its checks."""
-        return self.workers_ready and model_id not in self.unready_models()
+        return not self._draining and self.state(model_id)[0] == READY
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """Each known model's state, reason and group."""
+        return {
+            mid: {"state": state, "reason": reason, "group": spec.group_name}
+            for mid, spec in self.specs.items()
+            for state, reason in [self.state(mid)]
+        }
+
+    @property
+    def model_info(self) -> dict[str, dict[str, Any]]:
+        """What the workers report of each model they serve (device, compile, checks)."""
+        return {
+            mid: info
+            for mid, group in self.routes.items()
+            for info in [group.model_info.get(mid)]
+            if info is not None
+        }
 
     def unready_models(self) -> dict[str, str]:
-        """Models a worker refused to serve (a failed device check), with the reason."""
-        out: dict[str, str] = {}
-        for w in self.workers:
-            for mid, info in w.models.items():
-                reason = info.get("not_ready")
-                if reason and mid not in out:
-                    out[mid] = reason if len(self.workers) == 1 else f"worker {w.index}: {reason}"
-        return out
+        """Models not ready, with the reason (failed, or loading with a known cause)."""
+        return {
+            mid: reason
+            for mid in self.routes
+            for state, reason in [self.state(mid)]
+            if state != READY and reason
+        }
 
     def queue_depth(self) -> int:
-        """Requests not yet computing: in the parent's queue or ready behind a worker's batch."""
-        waiting = sum(len(p.entries) for p in self._waiting)
-        return waiting + sum(
-            len(p.entries) for w in self.workers for p in itertools.islice(w.outstanding, 1, None)
-        )
+        return sum(g.queue_depth() for g in self.groups)
 
     def status(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "index": w.index,
-                "pid": w.pid,
-                "state": w.state,
-                "restarts": w.restarts,
-                "last_restart_reason": w.reason,
-            }
-            for w in self.workers
-        ]
+        return [row for g in self.groups for row in g.status()]
 
-    # -- submission ------------------------------------------------------------------------
+    # -- requests --------------------------------------------------------------------------
     def submit(self, job: Job) -> Entry:
-        if not self.workers:
+        if not self.per_group:
             raise NotReady("this server runs no workers")
         if self._draining:
-            raise NotReady("the server is shutting down", headers=self._retry())
-        if all(w.state == "failed" for w in self.workers):
-            raise NotReady("no worker could load the models; see the server log")
-        refused = self.unready_models().get(job.model_id)
-        if refused is not None:
-            raise NotReady(f"model {job.model_id!r} is not ready: {refused}")
-        if job.background:
-            entry = Entry(job, self._running_loop().create_future())
-            entry.pending = Pending(next(self._ids), [entry], job.cost, None, background=True)
-            self._jobs.append(entry.pending)
-            self._dispatch()
-            return entry
-        if self.queue_depth() >= self.settings.queue_size:
-            self.telemetry.rejected.inc()
-            raise QueueFull(
-                f"{self.settings.queue_size} requests are already waiting; retry shortly",
-                headers=self._retry(),
+            raise NotReady(
+                "the server is shutting down",
+                headers={"Retry-After": str(self.settings.retry_after_s)},
             )
-        entry = Entry(job, self._running_loop().create_future())
-        key = job.key if self.settings.batching else None
-        pending = self._by_key.get(key) if key is not None else None
-        if pending is not None and pending.cost + job.cost <= self.settings.batch_max_cost:
-            pending.entries.append(entry)
-            pending.cost += job.cost
-        else:
-            pending = Pending(next(self._ids), [entry], job.cost, key, closed=True)
-            self._waiting.append(pending)
-            if key is not None:
-                self._by_key[key] = pending
-                window = self.settings.batch_window_ms / 1e3
-                if window > 0:
-                    pending.closed = False
-                    self._running_loop().call_later(window, self._close_window, pending)
-        entry.pending = pending
-        if pending.key is not None and pending.cost >= self.settings.batch_max_cost:
-            self._by_key.pop(pending.key, None)
-            pending.closed = True
-        self._dispatch()
-        self._preempt()
+        group = self.routes.get(job.model_id)
+        if group is None:
+            raise UnknownModel(
+                f"model {job.model_id!r} is unloaded; load it again with "
+                f"POST /v2/repository/models/{job.model_id}/load",
+                loc=("path", "model_id"),
+            )
+        entry = group.submit(job)
+        entry.group = group
         return entry
 
     def cancel(self, entry: Entry) -> None:
-        """Give up on a request: its queue slot is free at once, its work stops soon."""
-        if not entry.future.done():
-            entry.future.cancel()
-        pending = entry.pending
-        if pending is None or entry not in pending.entries:
+        if entry.group is not None:
+            entry.group.cancel(entry)
+
+    # -- the model repository --------------------------------------------------------------
+    async def load(self, spec: ModelSpec) -> None:
+        """Serve ``spec`` (a changed or a new entry): its group starts anew beside the one
+        serving now, with the group's other models as they are, and takes over once all of
+        them are ready; if one is not, the new group stops and ``LoadFailed`` says why."""
+        if not self.per_group:
+            raise NotReady("this server runs no workers")
+        async with self._repository:
+            name = spec.group_name
+            members = [
+                self.specs[mid]
+                for mid in self.routes
+                if mid != spec.id and self.specs[mid].group_name == name
+            ]
+            members.append(spec)
+            total = len(self.workers) + self._size(members)
+            group = self._group(name, members, total)
+            self._retiring.add(group)  # stopped with the pool if the server stops meanwhile
+            await group.start()
+            await self.settled([group])
+            failed = {
+                s.id: reason
+                for s in members
+                for state, reason in [group.model_state(s.id)]
+                if state != READY
+            }
+            if failed:
+                await group.stop()
+                self._retiring.discard(group)
+                raise LoadFailed(
+                    "; ".join(
+                        f"model {mid!r} failed to load: {why or 'it did not become ready'}"
+                        for mid, why in failed.items()
+                    )
+                    + (
+                        f"; version {self.specs[spec.id].version} serves on"
+                        if spec.id in self.routes
+                        else ""
+                    )
+                )
+            self._retiring.discard(group)
+            replaced = {self.routes[s.id] for s in members if s.id in self.routes}
+            self.specs[spec.id] = spec
+            self.unloaded.discard(spec.id)
+            self._route(group)
+            for old in replaced:
+                self._retire(old)
+
+    async def unload(self, model_id: str) -> None:
+        """Stop serving ``model_id``: later requests get 404 naming it as unloaded, those in
+        flight finish; its group stops once it serves no model."""
+        async with self._repository:
+            group = self.routes.pop(model_id, None)
+            self.unloaded.add(model_id)
+            if group is not None:
+                self._retire(group)
+
+    def _retire(self, group: Group) -> None:
+        """Stop ``group`` once its work is done, unless it still serves a model."""
+        if group in self.routes.values():
             return
-        pending.entries.remove(entry)
-        pending.cost -= entry.job.cost
-        w = pending.worker
-        if w is None:  # still queued here
-            if not pending.entries:
-                with contextlib.suppress(ValueError):
-                    (self._jobs if pending.background else self._waiting).remove(pending)
-                if pending.key is not None and self._by_key.get(pending.key) is pending:
-                    del self._by_key[pending.key]
-        else:
-            if not pending.entries:
-                pending.abandoned_at = time.monotonic()
-            self._write(w, ("cancel", [entry.job.id]))
-        self.telemetry.queue_depth.set(self.queue_depth())
-
-    def _close_window(self, pending: Pending) -> None:
-        pending.closed = True
-        self._dispatch()
-
-    def _next(self) -> Pending | None:
-        for p in self._waiting:
-            if p.closed:
-                return p
-        return None
-
-    def _growable(self, pending: Pending) -> bool:
-        """Whether requests arriving now could still join this batch."""
-        return pending.key is not None and self._by_key.get(pending.key) is pending
-
-    # -- jobs beside synchronous requests ---------------------------------------------------
-    def _account(self, background: bool, seconds: float) -> None:
-        """Worker time by kind, decaying with a 10 s half-life."""
-        now = time.monotonic()
-        decay = 0.5 ** ((now - self._busy_at) / 10.0)
-        self._busy_at = now
-        for kind in self._busy:
-            self._busy[kind] *= decay
-        self._busy[background] += seconds
-
-    def _owed(self) -> bool:
-        """Whether jobs got less than their share of recent worker time."""
-        share = self.settings.job_share
-        total = self._busy[True] + self._busy[False]
-        return share > 0 and (total == 0 or self._busy[True] < share * total)
-
-    def _dispatch_jobs(self, waiting_sync: bool) -> None:
-        """Job chunks to idle workers: when no synchronous request waits, or when owed."""
-        while self._jobs and (not waiting_sync or self._owed()):
-            idle = [w for w in self.workers if w.state == "ready" and not w.outstanding]
-            if not idle:
-                return
-            pending = self._jobs.popleft()
-            pending.entries = [e for e in pending.entries if not e.future.done()]
-            if pending.entries:
-                pending.preempted = False
-                self._send(idle[0], pending)
-
-    def _preempt(self) -> None:
-        """Synchronous requests wait and every worker is busy: stop the job chunks running
-        (unless jobs are owed their share); their runner gets ``PREEMPTED`` and tries again
-        with a smaller chunk, which fits the idle moments better."""
-        if self._next() is None or self._owed():
-            return
-        for w in self.workers:
-            running = w.outstanding[0] if w.outstanding else None
-            if running is not None and running.background and not running.preempted:
-                running.preempted = True
-                self._write(w, ("cancel", [e.job.id for e in running.entries]))
-
-    def _dispatch(self) -> None:
-        if self._jobs and self._owed():
-            self._dispatch_jobs(waiting_sync=True)
-        while self._waiting:
-            pending = self._next()
-            if pending is None:
-                break
-            # A batch that may still grow goes only to an idle worker: what arrives while the
-            # worker computes joins it, and bigger batches cost less CPU per request. A sealed
-            # batch (full, or never merged) may wait in a worker's ready slot.
-            depth = 1 if self._growable(pending) else DEPTH
-            live = [w for w in self.workers if w.state in ("ready", "busy")]
-            free = [w for w in live if len(w.outstanding) < depth]
-            if not free:
-                break
-            self._waiting.remove(pending)
-            if pending.key is not None and self._by_key.get(pending.key) is pending:
-                del self._by_key[pending.key]
-            pending.entries = [e for e in pending.entries if not e.future.done()]
-            if pending.entries:
-                self._send(min(free, key=lambda w: len(w.outstanding)), pending)
-        self._dispatch_jobs(waiting_sync=self._next() is not None)
-        self.telemetry.queue_depth.set(self.queue_depth())
-
-    def _send(self, w: Worker, pending: Pending) -> None:
-        now = time.perf_counter()
-        for e in pending.entries:
-            e.dispatched = now
-        w.state = "busy"
-        pending.worker = w
-        w.outstanding.append(pending)
-        self.telemetry.batch_size.observe(len(pending.entries))
-        if len(pending.entries) > 1:
-            self.telemetry.merged.inc(len(pending.entries))
-        self._write(w, ("batch", Batch(pending.id, [e.job for e in pending.entries])))
-
-    def _write(self, w: Worker, message: Any) -> None:
-        """Queue a message for the worker (the transport buffers it; never blocks)."""
-        try:
-            if w.writer is None or w.writer.is_closing():
-                raise ConnectionError("the worker has no channel")
-            w.writer.write(frame(message))
-        except (ConnectionError, OSError, RuntimeError):
-            self._running_loop().call_soon(self._on_dead, w, w.generation, "its channel broke")
-
-    # -- worker messages -------------------------------------------------------------------
-    def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:
-        if generation != w.generation:
-            return
-        w.last_heard = time.monotonic()
-        kind = msg[0]
-        if kind == "beat":
-            return
-        if kind == "ready":
-            w.state, w.pid, w.failures = "ready", msg[1]["pid"], 0
-            w.models = msg[1]["models"]
-            self.model_info = w.models
-            models = ", ".join(f"{m} ({i['device']})" for m, i in self.model_info.items())
-            log.info("attrserve: worker %d (pid %s) serves %s", w.index, w.pid, models)
-        elif kind == "failed":
-            w.state = "failed"
-            w.failures += 1
-            w.reason = "it failed to load the models"
-            log.error("attrserve: worker %d failed to start: %s", w.index, msg[1])
-        elif kind == "done":
-            pending = w.outstanding.popleft() if w.outstanding else None
-            if not w.outstanding:
-                w.state = "ready"
-            if pending is not None:
-                self._done(pending, msg[2])
-        self._dispatch()
-
-    def _done(self, pending: Pending, replies: list[Reply]) -> None:
-        started = min((e.dispatched for e in pending.entries), default=time.perf_counter())
-        self._account(pending.background, time.perf_counter() - started)
-        by_id = {e.job.id: e for e in pending.entries}
-        for reply in replies:
-            entry = by_id.get(reply.job_id)
-            if entry is None or entry.future.done():
-                continue
-            cancelled = reply.error is not None and reply.error.get("code") == "cancelled"
-            if pending.preempted and cancelled:  # stopped for synchronous work: the job's
-                reply = Reply(job_id=reply.job_id, error=PREEMPTED)  # runner tries a smaller one
-            entry.future.set_result(reply)
-
-    def _on_dead(self, w: Worker, generation: int, reason: str) -> None:
-        if generation != w.generation:
-            return
-        self._close(w)
-        lost = WorkerLost(
-            f"the worker serving this request was lost ({reason}); it is being restarted",
-            headers=self._retry(),
+        self._retiring.add(group)
+        task = asyncio.get_running_loop().create_task(
+            group.retire(self.settings.max_deadline_ms / 1e3)
         )
-        if w.outstanding:
-            for e in w.outstanding.popleft().entries:
-                if not e.future.done():
-                    e.future.set_exception(lost)
-            # batches that never started wait for a worker again, at the head of the queue
-            for p in reversed(w.outstanding):
-                p.worker = None
-                (self._jobs if p.background else self._waiting).appendleft(p)
-            w.outstanding.clear()
-        failed = w.state == "failed"
-        w.state = "failed" if failed else "dead"
-        w.generation += 1
-        if not failed:
-            w.reason = reason
-        process = w.process
-        if process is not None:  # reap it off the loop
-            self._background(asyncio.to_thread(process.join, 5))
-        if self._stopping:
-            return
-        self.telemetry.restarts.inc()
-        w.restarts += 1
-        delay = min(30.0, 0.5 * 2 ** min(w.failures, 6)) if failed else 0.0
-        self._running_loop().call_later(delay, self._respawn, w)
-        self._dispatch()
-
-    def _respawn(self, w: Worker) -> None:
-        if not self._stopping:
-            self._background(self._spawn(w))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._retiring.discard(group))

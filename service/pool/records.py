@@ -41,6 +41,8 @@ class Entry:
     future: asyncio.Future[Reply]
     dispatched: float = 0.0
     pending: Pending | None = None
+    #: the worker group that took it (``service.pool.group.Group``), which cancels it
+    group: Any = None
 
 
 @dataclass(eq=False)

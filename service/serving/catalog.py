@@ -17,20 +17,19 @@ from service.wire.catalog import (
 )
 
 
-def model_info(
-    spec: ModelSpec,
-    loaded: dict[str, Any] | None,
-    ready: bool,
-    not_ready: str | None = None,
-) -> ModelInfo:
+def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, Any]) -> ModelInfo:
     """``loaded``: what the workers report of the model (None before they have loaded it);
-    ``not_ready``: why the workers refuse it (a failed device check)."""
+    ``state``: its state, reason and group (``WorkerPool.states``)."""
     got = loaded or {}
     step = spec.exported
+    ready = state["state"] == "ready"
     return ModelInfo(
         id=spec.id,
         name=spec.id,
-        ready=ready and loaded is not None,
+        ready=ready,
+        state=state["state"],
+        reason=state["reason"],
+        group=state["group"],
         version=spec.version,
         description=spec.description,
         device=str((loaded or {}).get("device", spec.device)),
@@ -46,7 +45,7 @@ def model_info(
         compiled=bool(got.get("compiled", False)),
         compile_error=got.get("compile_error"),
         verification=got.get("verification"),
-        not_ready_reason=not_ready or got.get("not_ready"),
+        not_ready_reason=None if ready else state["reason"],
         kind=spec.kind,
     )
 

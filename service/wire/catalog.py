@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -28,10 +28,28 @@ class ExportedInfo(BaseModel):
     )
 
 
+ModelStateName = Literal["loading", "ready", "failed", "unloaded"]
+
+
+class ModelState(BaseModel):
+    state: ModelStateName = Field(
+        description="loading (its worker group starting, or a worker being replaced) | ready "
+        "| failed (it could not load, was refused by its checks, or its worker crashed: "
+        "requests get 503 at once) | unloaded (through the model repository: requests get 404)"
+    )
+    reason: str | None = Field(
+        default=None, description="why it is not ready: the load error, the crash, ..."
+    )
+    group: str = Field(description="the worker group serving it (its own id unless shared)")
+
+
 class ModelInfo(BaseModel):
     id: str
     name: str = Field(description="the id again (KServe V1's model name)")
-    ready: bool = Field(description="loaded on every worker and serving")
+    ready: bool = Field(description="loaded and serving (state: ready)")
+    state: ModelStateName = Field(default="ready", description="as in /v1/health/ready")
+    reason: str | None = Field(default=None, description="why it is not ready")
+    group: str | None = Field(default=None, description="the worker group serving it")
     version: str
     description: str
     device: str
@@ -84,6 +102,7 @@ class MethodList(BaseModel):
 
 class WorkerStatus(BaseModel):
     index: int
+    group: str = Field(description="the worker group it belongs to")
     pid: int | None
     state: str = Field(description="starting | ready | busy | dead (restarting) | failed")
     restarts: int
@@ -96,8 +115,8 @@ class Health(BaseModel):
     status: str
     ready: bool | None = Field(default=None, description="/ready only: the status as a bool")
     workers: list[WorkerStatus] = Field(default_factory=list)
-    models: dict[str, str] | None = Field(
-        default=None, description="/ready only: models refused by their checks, and why"
+    models: dict[str, ModelState] | None = Field(
+        default=None, description="/ready only: each model's state, why, and its group"
     )
 
 

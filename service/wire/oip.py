@@ -127,3 +127,26 @@ class V1Explanations(BaseModel):
     predictions: list[Any] = Field(description="the model's output, one entry per example")
     explanations: list[Explanation]
     renders: list[Any] | None = None
+
+
+class RepositoryIndexRequest(BaseModel):
+    ready: bool = Field(default=False, description="list only the models ready now")
+
+
+class RepositoryModel(BaseModel):
+    name: str
+    version: str
+    state: str = Field(description="READY | LOADING | UNAVAILABLE (failed, or unloaded)")
+    reason: str = Field(description='why it is not ready: the error, or "unloaded"')
+
+
+class RepositoryLoadRequest(BaseModel):
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="not taken: models.toml is the model's configuration"
+    )
+
+
+class RepositoryUnloadRequest(BaseModel):
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="unload_dependents: accepted, nothing depends on a model"
+    )

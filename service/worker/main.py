@@ -82,22 +82,32 @@ def worker_main(
 
         threads.limit(int(options.get("torch_threads") or 1))
         methods.set_memory_budget(int(options["memory_budget_bytes"]))
-        models = {s.id: model_registry.load(s) for s in specs}
-        # each kind's set-up (compile, warm up, check): readiness and figures go to the parent
-        prepared = {mid: kinds.of(lm.spec).prepare(lm) for mid, lm in models.items()}
     except BaseException as exc:  # report why, then exit: the parent decides on restarts
-        chan.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        log.error("attrserve: worker %d cannot start\n%s", index, traceback.format_exc())
+        chan.send(("failed", {"error": f"{type(exc).__name__}: {exc}", "models": {}}))
         return
-    info = {
-        mid: {
-            "device": str(m.device),
-            "tokenizer": m.tokenizer is not None,
-            "torchscript": bool(m.is_torchscript),
-            **prepared[mid],
-        }
-        for mid, m in models.items()
-    }
-    chan.send(("ready", {"pid": os.getpid(), "models": info}))
+    # each model alone: one that cannot load (or fails its kind's set-up: compile, warm up,
+    # checks) is reported with the reason, and the others are served
+    models: dict[str, Any] = {}
+    info: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    for spec in specs:
+        try:
+            lm = model_registry.load(spec)
+            info[spec.id] = {
+                "device": str(lm.device),
+                "tokenizer": lm.tokenizer is not None,
+                "torchscript": bool(lm.is_torchscript),
+                **kinds.of(spec).prepare(lm),
+            }
+            models[spec.id] = lm
+        except Exception as exc:
+            log.error("attrserve: model %r failed to load\n%s", spec.id, traceback.format_exc())
+            failed[spec.id] = f"{type(exc).__name__}: {exc}"
+    if not models:
+        chan.send(("failed", {"error": "no model could be loaded", "models": failed}))
+        return
+    chan.send(("ready", {"pid": os.getpid(), "models": info, "failed": failed}))
 
     control = Control()
     inbox: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()

@@ -72,13 +72,16 @@ class Server:
         body: dict[str, object] = httpx.get(self.url + "/v1/health/ready", timeout=5).json()
         return body
 
-    def wait_ready(self, timeout: float = 90) -> None:
+    def wait_ready(self, timeout: float = 90, *, every_model: bool = True) -> None:
+        """Until /v1/health/ready is 200 (with ``every_model``, until every model is ready:
+        the server is ready as soon as one is)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.process.poll() is not None:
                 raise RuntimeError("server exited:\n" + self.log.read_text())
             try:
-                if httpx.get(self.url + "/v1/health/ready", timeout=2).status_code == 200:
+                r = httpx.get(self.url + "/v1/health/ready", timeout=2)
+                if r.status_code == 200 and (not every_model or r.json()["status"] == "ready"):
                     return
             except httpx.HTTPError:
                 pass
@@ -86,8 +89,8 @@ class Server:
         raise TimeoutError("server not ready:\n" + self.log.read_text())
 
 
-def models_dir(tmp: Path) -> Path:
-    (tmp / "models.toml").write_text(MODELS_TOML)
+def models_dir(tmp: Path, toml: str = MODELS_TOML) -> Path:
+    (tmp / "models.toml").write_text(toml)
     torch.manual_seed(0)
     with warnings.catch_warnings():  # torch deprecates TorchScript; serving old files is the point
         warnings.simplefilter("ignore")
@@ -97,7 +100,10 @@ def models_dir(tmp: Path) -> Path:
     return tmp / "models.toml"
 
 
-def start_server(tmp: Path, **settings: object) -> Server:
+def start_server(
+    tmp: Path, *, toml: str = MODELS_TOML, every_model: bool = True, **settings: object
+) -> Server:
+    """A server for ``toml`` (a models.toml), ready (``every_model``: with every model)."""
     port = free_port()
     settings.setdefault("data_dir", tmp / "data")  # jobs: never in the working tree
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
@@ -114,13 +120,13 @@ def start_server(tmp: Path, **settings: object) -> Server:
         "--port",
         str(port),
         "--models",
-        str(models_dir(tmp)),
+        str(models_dir(tmp, toml)),
     ]
     with log.open("wb") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", proc, log)
     try:
-        server.wait_ready()
+        server.wait_ready(every_model=every_model)
     except Exception:
         proc.kill()
         raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -60,3 +61,30 @@ class OffReference(nn.Module):
 def off_reference() -> nn.Module:
     torch.manual_seed(0)
     return OffReference()
+
+
+class Faulty(nn.Module):
+    """[N, 2] -> 2 classes, well-behaved on inputs in [-10, 10]; an input above 100 is a fault:
+    ``mode`` "stuck" blocks forever (in C code, as far as Python can tell: no checkpoint is
+    reached), "crash" ends the process at once."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(2, 2)
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x > 100).any()):
+            if self.mode == "crash":
+                os._exit(3)
+            time.sleep(3600)
+        return self.fc(x)
+
+
+def stuck() -> nn.Module:
+    return Faulty("stuck")
+
+
+def crashy() -> nn.Module:
+    return Faulty("crash")

@@ -366,16 +366,25 @@ def test_tight_api_keys(tight_server: Server) -> None:
         )
 
 
+def slow_worker(server: Server) -> dict[str, Any]:
+    """The worker of the "slow" model's group (each model has its own)."""
+    workers: list[dict[str, Any]] = server.ready()["workers"]  # type: ignore[assignment]
+    (worker,) = [w for w in workers if w["group"] == "slow"]
+    return worker
+
+
 def test_tight_queue_full_is_429(tight_server: Server) -> None:
     with tight_server.client(headers=KEY) as c:
         t, out = _in_thread(lambda: post(c, "slow", slow_body()))
-        time.sleep(0.5)  # the slow request holds the only worker
-        quick = {"method": "saliency", "inputs": TAB_X, "target": 0}
-        t2, out2 = _in_thread(lambda: post(c, "tabular-mlp", quick))  # fills the queue
+        time.sleep(0.5)  # the slow request holds its group's only worker
+        quick = {"method": "saliency", "inputs": [[0.5, -0.5]], "target": 0}
+        t2, out2 = _in_thread(lambda: post(c, "slow", quick))  # fills the group's queue
         time.sleep(0.2)
-        r = post(c, "tabular-mlp", quick)
+        r = post(c, "slow", quick)
         assert r.status_code == 429, r.text
         assert r.headers["retry-after"] == "1"
+        # another model's group has its own queue
+        ok(post(c, "tabular-mlp", {"method": "saliency", "inputs": TAB_X, "target": 0}))
         t.join(60)
         t2.join(60)
         assert out[0].status_code == 200 and out2[0].status_code == 200
@@ -383,25 +392,27 @@ def test_tight_queue_full_is_429(tight_server: Server) -> None:
 
 def test_tight_deadline_is_504_and_worker_survives(tight_server: Server) -> None:
     with tight_server.client(headers=KEY) as c:
-        pid = tight_server.ready()["workers"][0]["pid"]  # type: ignore[index]
+        pid = slow_worker(tight_server)["pid"]
         r = post(c, "slow", slow_body(), headers={"X-Deadline-Ms": "300"})
         assert r.status_code == 504, r.text
-        ok(post(c, "tabular-mlp", {"method": "saliency", "inputs": TAB_X, "target": 0}))
-        assert tight_server.ready()["workers"][0]["pid"] == pid  # type: ignore[index]
+        ok(post(c, "slow", {"method": "saliency", "inputs": [[0.5, -0.5]], "target": 0}))
+        assert slow_worker(tight_server)["pid"] == pid
 
 
 def test_tight_killed_worker_is_503_then_recovers(tight_server: Server) -> None:
     with tight_server.client(headers=KEY) as c:
-        pid = tight_server.ready()["workers"][0]["pid"]  # type: ignore[index]
+        pid = slow_worker(tight_server)["pid"]
         t, out = _in_thread(lambda: post(c, "slow", slow_body()))
         time.sleep(1.0)  # mid-request
-        os.kill(int(pid), signal.SIGKILL)  # type: ignore[call-overload]
+        os.kill(int(pid), signal.SIGKILL)
         t.join(60)
         assert out[0].status_code == 503, out[0].text
         assert out[0].json()["type"].endswith("worker_lost")
-        # the next request waits for the restarted worker and succeeds
-        ok(post(c, "tabular-mlp", {"method": "saliency", "inputs": TAB_X, "target": 0}))
-        status = tight_server.ready()
-        assert status["workers"][0]["pid"] != pid  # type: ignore[index]
-        assert status["workers"][0]["restarts"] == 1  # type: ignore[index]
+        assert "'slow'" in out[0].json()["detail"]
+        # the model is served again once its group's worker is back
+        tight_server.wait_ready()
+        ok(post(c, "slow", {"method": "saliency", "inputs": [[0.5, -0.5]], "target": 0}))
+        status = slow_worker(tight_server)
+        assert status["pid"] != pid
+        assert status["restarts"] == 1
         assert _metric(c.get("/metrics").text, "attrserve_worker_restarts_total") == 1

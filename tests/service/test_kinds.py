@@ -135,7 +135,7 @@ class OnePool:
 
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         fut.set_result(Doubling().run(None, job))  # type: ignore[arg-type]
-        return type("Entry", (), {"future": fut})()
+        return type("Entry", (), {"future": fut, "dispatched": time.perf_counter()})()
 
     def cancel(self, entry: Any) -> None:
         raise AssertionError("not cancelled")

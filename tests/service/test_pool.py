@@ -1,4 +1,4 @@
-"""The pool's dispatch without processes: adaptive batching, one sealed batch ready behind the
+"""A worker group's dispatch without processes: adaptive batching, one sealed batch ready behind the
 running one, the queue limit counting that ready batch, requeueing it when a worker dies, and
 cancellation freeing queue slots at once."""
 
@@ -16,7 +16,7 @@ from service.core.errors import QueueFull, WorkerLost
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Batch, Job, Reply
-from service.pool.pool import WorkerPool
+from service.pool.group import Group
 from service.worker.channel import HEADER
 
 
@@ -49,8 +49,8 @@ def job(i: int, key: tuple[Any, ...] | None = ("k",)) -> Job:
     )  # fmt: skip
 
 
-def pool(**settings: Any) -> tuple[WorkerPool, FakeWriter]:
-    p = WorkerPool(Settings(**settings), [], Telemetry(), 1)
+def pool(**settings: Any) -> tuple[Group, FakeWriter]:
+    p = Group("g", Settings(**settings), [], Telemetry(), range(1))
     p._loop = asyncio.get_running_loop()
     p._stopping = True  # never spawn a real process in these tests
     w = p.workers[0]
@@ -59,7 +59,7 @@ def pool(**settings: Any) -> tuple[WorkerPool, FakeWriter]:
     return p, conn
 
 
-def done(p: WorkerPool, batch: Batch) -> None:
+def done(p: Group, batch: Batch) -> None:
     replies = [Reply(job_id=j.id) for j in batch.jobs]
     p._on_message(p.workers[0], 1, ("done", batch.id, replies))
 

@@ -100,15 +100,18 @@ def test_two_replicas_each_with_its_worker(ray_url: str) -> None:
     assert app.status == "RUNNING"
     replicas = app.deployments[ray_cli.APP_NAME].replica_states
     assert replicas == {"RUNNING": 2}
-    # Ray's proxy spreads requests over both replicas, each with its own worker process
-    pids: set[int] = set()
+    # Ray's proxy spreads requests over both replicas, each with its own worker processes (one
+    # per model's group)
+    seen: set[frozenset[int]] = set()
     for _ in range(40):
         body = httpx.get(ray_url + "/v1/health/ready", timeout=10).json()
         assert body["ready"] is True
-        pids.update(w["pid"] for w in body["workers"])
-        if len(pids) == 2:
+        seen.add(frozenset(w["pid"] for w in body["workers"]))
+        if len(seen) == 2:
             break
-    assert len(pids) == 2
+    assert len(seen) == 2
+    first, second = seen
+    assert not first & second and len(first) == len(body["models"])
 
 
 @pytest.mark.parametrize(("model", "body"), [("tabular-mlp", IG), ("text-classifier", TEXT)])

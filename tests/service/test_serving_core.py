@@ -49,10 +49,18 @@ def attribute(c: httpx.Client, model: str, body: Any, **kw: Any) -> httpx.Respon
 
 
 def cheap_is_prompt(c: httpx.Client) -> None:
+    """A cheap request on the model whose worker had the abandoned work (its own group)."""
     t0 = time.monotonic()
-    r = attribute(c, "tabular-mlp", CHEAP)
+    r = attribute(c, "slow", {"method": "saliency", "inputs": [[0.5, -0.5]], "target": 0})
     assert r.status_code == 200, r.text
     assert time.monotonic() - t0 < 2.0  # the abandoned work no longer holds the worker
+
+
+def slow_worker(core: Server) -> dict[str, Any]:
+    """The worker of the "slow" model's group."""
+    workers: list[dict[str, Any]] = core.ready()["workers"]  # type: ignore[assignment]
+    (worker,) = [w for w in workers if w["group"] == "slow"]
+    return worker
 
 
 def test_cheap_request_after_a_504_is_served_promptly(core: Server) -> None:
@@ -74,7 +82,7 @@ def test_cheap_request_after_disconnects_is_served_promptly(core: Server) -> Non
 
 
 def test_stopped_worker_does_not_stall_the_server_and_is_replaced(core: Server) -> None:
-    before = core.ready()["workers"][0]  # type: ignore[index]
+    before = slow_worker(core)
     answer: dict[str, httpx.Response] = {}
 
     def in_flight() -> None:
@@ -92,7 +100,7 @@ def test_stopped_worker_does_not_stall_the_server_and_is_replaced(core: Server) 
                 t0 = time.monotonic()
                 assert c.get("/v1/health/live").status_code == 200
                 assert time.monotonic() - t0 < 1.0
-                worker = c.get("/v1/health/ready").json()["workers"][0]
+                worker = slow_worker(core)
                 if worker["pid"] != before["pid"]:
                     replaced = worker
                     break

@@ -180,7 +180,7 @@ async def serve(
         drawing._single = True
         body = body.model_copy(update={"render": drawing})
     with Observed(state, request.scope, model_id, body.method) as seen:
-        spec = state.spec(model_id)
+        spec = state.serving(model_id)
         result, _, _ = await attributions.attribute(
             state.settings,
             state.pool,

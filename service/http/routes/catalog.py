@@ -19,23 +19,23 @@ State = Annotated[AppState, Depends(get_state)]
 async def list_models(state: State, request: Request) -> ModelList:
     """Every served model (those the API key may use)."""
     key = route_info(request.scope).get("api_key")
+    admin = state.settings.is_admin(key)
+    states, loaded = state.pool.states(), state.pool.model_info
     infos = [
-        catalog.model_info(s, state.pool.model_info.get(s.id), state.pool.model_ready(s.id))
+        catalog.model_info(s, loaded.get(s.id), states[s.id])
         for s in state.specs.values()
-        if key is None or key.allows(s.id)
+        if key is None or admin or key.allows(s.id)
     ]
     return ModelList(models=infos)
 
 
 @router.get("/v1/models/{model_id}", response_model=ModelInfo, operation_id="getModel")
 async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
-    """One model: inputs, output, layers and the methods it serves."""
-    spec = state.spec(model_id)
+    """One model: its state, inputs, output, layers and the methods it serves (an unloaded
+    one too, with ``state`` "unloaded")."""
+    spec = state.known(model_id)
     return catalog.model_info(
-        spec,
-        state.pool.model_info.get(spec.id),
-        state.pool.model_ready(spec.id),
-        state.pool.unready_models().get(spec.id),
+        spec, state.pool.model_info.get(spec.id), state.pool.states()[spec.id]
     )
 
 

@@ -22,6 +22,7 @@ from service.core.errors import InvalidRequest, MalformedRequest, ServiceError, 
 from service.core.offload import OFFLOAD_BYTES, offload
 from service.core.version import __version__
 from service.core.work import PREDICT
+from service.http.openapi_doc import raw_body
 from service.http.problems import HANDLED, problem, to_service_error
 from service.http.responses import OrjsonResponse
 from service.http.routes.attributions import ERRORS, Observed, until_disconnect
@@ -47,11 +48,12 @@ router = APIRouter()  # tags per route: each operation in one group (one class p
 State = Annotated[AppState, Depends(get_state)]
 Handler = Callable[[AppState, Request, dict[str, str], bytes], Awaitable[Response]]
 #: what the OIP server metadata lists
-EXTENSIONS = ["binary_tensor_data", "explain"]
+EXTENSIONS = ["binary_tensor_data", "explain", "model_repository"]
 
 
-def _spec(state: AppState, params: dict[str, str]) -> Any:
-    spec = state.spec(params["model_id"])
+def _spec(state: AppState, params: dict[str, str], *, computing: bool = True) -> Any:
+    """The model's spec; ``computing``: 503 for a model that failed (``AppState.serving``)."""
+    spec = (state.serving if computing else state.spec)(params["model_id"])
     version = params.get("version")
     if version is not None and version != spec.version:
         raise UnknownModel(
@@ -267,26 +269,6 @@ COMPAT_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-#: request body schemas of the raw routes, for the document's components (``AttrServe.openapi``)
-SCHEMAS: dict[str, Any] = {}
-
-
-def _body(model: type[Any], description: str, binary: bool = False) -> dict[str, Any]:
-    """The request body as documented: the raw routes read bytes, FastAPI does not see it.
-
-    ``binary``: OIP's binary tensor form is taken too. It is named in the description, not
-    declared as a second media type: openapi-python-client (0.29) writes an operation with two
-    as ``body: A | File | Unset = UNSET`` without importing ``Unset``, and the generated module
-    fails at import (openapi-generators/openapi-python-client#1451)."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    SCHEMAS.update(schema.pop("$defs", {}))
-    SCHEMAS[model.__name__] = schema
-    content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
-    if binary:
-        description += ". Also taken as application/octet-stream."
-    return {"requestBody": {"required": True, "description": description, "content": content}}
-
-
 async def _raw(handler: Handler, state: AppState, request: Request, **params: str) -> Response:
     return await handler(state, request, params, await request.body())
 
@@ -297,7 +279,7 @@ async def _raw(handler: Handler, state: AppState, request: Request, **params: st
     tags=["kserve"],
     response_model=V1Predictions,
     responses=COMPAT_ERRORS,
-    openapi_extra=_body(V1Request, "KServe V1: instances (or inputs)"),
+    openapi_extra=raw_body(V1Request, "KServe V1: instances (or inputs)"),
 )
 async def predict_route(model_id: str, state: State, request: Request) -> Response:
     """KServe V1 predict: the model's outputs for the instances."""
@@ -310,7 +292,7 @@ async def predict_route(model_id: str, state: State, request: Request) -> Respon
     tags=["kserve"],
     response_model=V1Explanations,
     responses=COMPAT_ERRORS,
-    openapi_extra=_body(V1Request, "KServe V1: instances and optional attribution parameters"),
+    openapi_extra=raw_body(V1Request, "KServe V1: instances and optional attribution parameters"),
 )
 async def explain_route(model_id: str, state: State, request: Request) -> Response:
     """KServe V1 explain: predictions and one explanation per instance; without parameters,
@@ -344,7 +326,7 @@ async def server_live() -> OrjsonResponse:
     responses={503: {"model": ReadyResponse, "description": "a worker is not ready"}},
 )
 async def server_ready(state: State) -> OrjsonResponse:
-    """OIP readiness: every worker has loaded its models (503 otherwise)."""
+    """OIP readiness: at least one model is ready (503 otherwise)."""
     ok = state.pool.ready
     return OrjsonResponse({"ready": ok}, status_code=200 if ok else 503)
 
@@ -369,16 +351,15 @@ def _v2_model_route(
 
 async def model_metadata(model_id: str, state: State, request: Request) -> OrjsonResponse:
     """OIP model metadata: inputs and output with OIP datatypes, -1 for free dims."""
-    spec = _spec(state, dict(request.path_params))
+    spec = _spec(state, dict(request.path_params), computing=False)
     torchscript = state.pool.model_info.get(spec.id, {}).get("torchscript", False)
     platform = "pytorch_libtorch" if torchscript else "pytorch"
     return OrjsonResponse(oip.model_metadata(spec, platform))
 
 
 async def model_ready(model_id: str, state: State, request: Request) -> OrjsonResponse:
-    """OIP model readiness: the model is loaded on every worker and passed its checks (503
-    otherwise)."""
-    spec = _spec(state, dict(request.path_params))
+    """OIP model readiness: the model is loaded and passed its checks (503 otherwise)."""
+    spec = _spec(state, dict(request.path_params), computing=False)
     ok = state.pool.model_ready(spec.id)
     return OrjsonResponse({"name": spec.id, "ready": ok}, status_code=200 if ok else 503)
 
@@ -411,7 +392,7 @@ _v2_model_route(
     operation_id="infer",
     response_model=InferenceResponse,
     responses=COMPAT_ERRORS,
-    openapi_extra=_body(
+    openapi_extra=raw_body(
         InferenceRequest,
         "OIP inference request; with the binary tensor data extension the body is this JSON "
         "(Inference-Header-Content-Length bytes) followed by the binary tensors",
@@ -425,7 +406,7 @@ _v2_model_route(
     operation_id="oipExplain",
     response_model=InferenceResponse,
     responses=COMPAT_ERRORS,
-    openapi_extra=_body(
+    openapi_extra=raw_body(
         InferenceRequest,
         "OIP inference request whose parameters name the method (and target, params, ...); "
         "inputs named baselines.<input> are the baselines",

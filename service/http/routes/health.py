@@ -25,21 +25,26 @@ async def live() -> OrjsonResponse:
     operation_id="ready",
     response_model=Health,
     tags=["health"],
-    responses={503: {"model": Health, "description": "a worker is not ready"}},
+    responses={503: {"model": Health, "description": "no model is ready"}},
 )
 async def ready(state: State) -> OrjsonResponse:
-    """200 once every worker has loaded its models and every model passed its checks, else
-    503 (a worker starting, restarting after a crash or a missed heartbeat, the server
-    draining for shutdown, or a model refused by its device check: ``models`` says why)."""
-    ok = state.pool.ready
-    state.telemetry.workers_ready.set(
-        sum(w["state"] in ("ready", "busy") for w in state.pool.status())
-    )
-    status = "ready" if ok else ("draining" if state.pool.draining else "not_ready")
-    body: dict[str, object] = {"status": status, "ready": ok, "workers": state.pool.status()}
-    refused = state.pool.unready_models()
-    if refused:
-        body["models"] = refused
+    """200 while at least one model is ready, else 503 (the workers starting, every model
+    failed, or the server draining for shutdown). ``status`` is "ready" when every model is,
+    "degraded" when some are not; ``models`` gives each model's state, the reason and its
+    worker group, ``workers`` each worker process."""
+    pool = state.pool
+    ok = pool.ready
+    workers = pool.status()
+    state.telemetry.workers_ready.set(sum(w["state"] in ("ready", "busy") for w in workers))
+    models = pool.states()
+    served = [m for m in models.values() if m["state"] != "unloaded"]
+    if pool.draining:
+        status = "draining"
+    elif not ok:
+        status = "not_ready"
+    else:
+        status = "ready" if all(m["state"] == "ready" for m in served) else "degraded"
+    body = {"status": status, "ready": ok, "workers": workers, "models": models}
     return OrjsonResponse(body, status_code=200 if ok else 503)
 
 

@@ -64,7 +64,7 @@ async def submit_job(
     model_id: str, state: State, request: Request, body: Annotated[AttributionRequest, Body()]
 ) -> OrjsonResponse:
     """Queue the attributions request as a job (validated now, run in chunks, persisted)."""
-    spec = state.spec(model_id)
+    spec = state.serving(model_id)
     row = await _runner(state).submit(_owner(request), spec, body, len(await request.body()))
     return OrjsonResponse(row.public(), status_code=202, headers={"Location": f"/v1/jobs/{row.id}"})
 
