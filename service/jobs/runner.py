@@ -38,9 +38,10 @@ from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Job, Reply, new_id
 from service.jobs.store import JobRow, JobStore
-from service.jobs.work import chunk, dumps, fingerprint, loads
+from service.jobs.work import dumps, fingerprint, loads
 from service.kinds.base import envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
+from service.pool.split import chunk
 from service.serving.attributions import build_job
 from service.wire.attributions import AttributionRequest
 

@@ -1,6 +1,6 @@
 """A job as it is stored: the validated, decoded ``Job`` (arrays, texts, resolved target,
 baselines, params) in one ``.npz`` file, read back without parsing or validating the request
-again; and its chunks, cut from it by examples.
+again (its chunks are cut by ``service.pool.split``).
 
 The file holds the job's arrays (``a0``, ``a1``, ...) and its other fields as JSON (``job``),
 arrays referred to by index; tuples and dicts are tagged so they come back as they went in.
@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from methods import registry
 from model_registry.spec import ModelSpec
 from service.core.work import Job
 
@@ -91,44 +90,3 @@ def loads(data: bytes) -> tuple[Job, str]:
     return Job(id=0, deadline=0.0, **values), model
 
 
-def _rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
-    """Per-example arrays cut to ``[start, stop)``: those with the batch dim (as many dims as
-    their input, ``ndim``, and ``n`` rows, ``n`` > 1). Others go whole: one row broadcasts, and
-    an array without the batch dim (a ``feature_mask`` of shape [C, H, W] for [N, C, H, W]
-    inputs) is the same for every example, whatever its first dim."""
-    if isinstance(value, np.ndarray):
-        want = ndim if isinstance(ndim, int) else ndim[0]
-        per_example = n > 1 and value.ndim == want and value.shape[0] == n
-        return value[start:stop] if per_example else value
-    if isinstance(value, tuple):  # one per input
-        dims = ndim if isinstance(ndim, tuple) else (ndim,) * len(value)
-        if len(dims) != len(value):
-            dims = (dims[0],) * len(value)
-        return tuple(_rows(v, n, d, start, stop) for v, d in zip(value, dims, strict=True))
-    if isinstance(value, dict):
-        return {k: _rows(v, n, ndim, start, stop) for k, v in value.items()}
-    return value
-
-
-def chunk(job: Job, start: int, stop: int) -> Job:
-    """The job's examples ``[start, stop)`` as a job of their own."""
-    n, size = job.n, stop - start
-    target = job.target
-    if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
-        target = {**target, "rows": target["rows"][start:stop]}
-    # each input's dims with the batch dim (token ids from texts: [N, L])
-    ndim = tuple(a.ndim for a in job.arrays) or (2,)
-    baselines = job.baselines
-    if registry.get(job.method).merge != "shared_baselines":  # else a distribution, sampled
-        baselines = _rows(baselines, n, ndim, start, stop)
-    return dataclasses.replace(
-        job,
-        arrays=tuple(a[start:stop] for a in job.arrays),
-        texts=job.texts[start:stop],
-        target=target,
-        baselines=baselines,
-        params=_rows(job.params, n, ndim, start, stop),
-        n=size,
-        cost=max(1, job.cost * size // max(1, n)),
-        key=None,  # a job's chunks are never merged with other work
-    )

@@ -41,7 +41,9 @@ from service.core.errors import ModelUnavailable, NotReady, QueueFull, ServiceEr
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Batch, Job, Reply
+from service.pool import split
 from service.pool.records import DEPTH, PREEMPTED, STARTUP_GRACE_S, Entry, Pending, Worker
+from service.pool.split import SPLIT_MS
 from service.worker.channel import frame, read_message
 from service.worker.main import worker_main
 
@@ -49,6 +51,8 @@ log = logging.getLogger("attrserve.pool")
 __all__ = ["PREEMPTED", "Entry", "Group"]
 #: what a model's state may be (``Group.model_state``)
 LOADING, READY, FAILED = "loading", "ready", "failed"
+#: how much waiting counts against a batch's estimated compute in the queue's order
+AGING = 0.1
 
 
 class Group:
@@ -75,6 +79,8 @@ class Group:
         self.load_errors: dict[str, str] = {}
         #: why the group has no worker after one exited by itself (None: it has, or none did)
         self.crash: str | None = None
+        #: each model's compute per unit of cost (ms per forward row): orders and splits work
+        self._rate: dict[str, float] = {}
         self._ctx = mp.get_context("spawn")
         self._ids = itertools.count(1)
         self._waiting: deque[Pending] = deque()
@@ -309,14 +315,66 @@ class Group:
                 f"{self.settings.queue_size} requests are already waiting; retry shortly",
                 headers=self._retry(),
             )
-        entry = Entry(job, self._running_loop().create_future())
-        key = job.key if self.settings.batching else None
+        rows = self._piece_rows(job)
+        if rows is not None:
+            return self._split(job, rows)
+        self._dispatch_one(entry := Entry(job, self._running_loop().create_future()))
+        return entry
+
+    def _piece_rows(self, job: Job) -> int | None:
+        """Examples per piece when ``job`` is worth splitting (about ``SPLIT_MS`` each, once
+        the model's compute rate is known); None: it goes whole."""
+        rate = self._rate.get(job.model_id)
+        if rate is None or job.key is None or job.n < 2 or job.verify or job.generation:
+            return None
+        per_example = rate * job.cost / job.n
+        rows = max(1, int(SPLIT_MS / max(per_example, 1e-9)))
+        return rows if rows < job.n else None
+
+    def _split(self, job: Job, rows: int) -> Entry:
+        """One entry for the request, its pieces queued on their own (never merged, each to
+        an idle worker only), and their replies joined when all are in."""
+        loop = self._running_loop()
+        whole = Entry(job, loop.create_future())
+        whole.parts = [Entry(piece, loop.create_future()) for piece in split.pieces(job, rows)]
+        for part in whole.parts:
+            part.group = self
+            self._dispatch_one(part, piece=True)
+            part.future.add_done_callback(lambda _: self._joined(whole))
+        return whole
+
+    def _joined(self, whole: Entry) -> None:
+        if whole.future.done():
+            return
+        for part in whole.parts:
+            if not part.future.done():
+                continue
+            failed = part.future.cancelled() or part.future.exception() is not None
+            if failed or part.future.result().error is not None:
+                for other in whole.parts:
+                    self.cancel(other)
+                if part.future.cancelled():
+                    whole.future.cancel()
+                elif part.future.exception() is not None:
+                    whole.future.set_exception(part.future.exception())  # type: ignore[arg-type]
+                else:
+                    error = part.future.result().error
+                    whole.future.set_result(Reply(job_id=whole.job.id, error=error))
+                return
+        if all(p.future.done() for p in whole.parts):
+            whole.dispatched = min(p.dispatched for p in whole.parts)
+            replies = [p.future.result() for p in whole.parts]
+            whole.future.set_result(split.join(whole.job, replies))
+
+    def _dispatch_one(self, entry: Entry, *, piece: bool = False) -> None:
+        job = entry.job
+        key = job.key if self.settings.batching and not piece else None
         pending = self._by_key.get(key) if key is not None else None
         if pending is not None and pending.cost + job.cost <= self.settings.batch_max_cost:
             pending.entries.append(entry)
             pending.cost += job.cost
         else:
-            pending = Pending(next(self._ids), [entry], job.cost, key, closed=True)
+            pending = Pending(next(self._ids), [entry], job.cost, key, closed=True, piece=piece)
             self._waiting.append(pending)
             if key is not None:
                 self._by_key[key] = pending
@@ -330,12 +388,13 @@ class Group:
             pending.closed = True
         self._dispatch()
         self._preempt()
-        return entry
 
     def cancel(self, entry: Entry) -> None:
         """Give up on a request: its queue slot is free at once, its work stops soon."""
         if not entry.future.done():
             entry.future.cancel()
+        for part in entry.parts:
+            self.cancel(part)
         pending = entry.pending
         if pending is None or entry not in pending.entries:
             return
@@ -359,10 +418,23 @@ class Group:
         self._dispatch()
 
     def _next(self) -> Pending | None:
+        """The batch to send next: the cheapest (its estimated compute, less a tenth of the
+        time it has waited, so expensive work is never starved), ready for a worker."""
+        now = time.monotonic()
+        best, best_at = None, 0.0
         for p in self._waiting:
-            if p.closed:
-                return p
-        return None
+            if not p.closed:
+                continue
+            at = self._estimate(p) - AGING * 1e3 * (now - p.queued_at)
+            if best is None or at < best_at:
+                best, best_at = p, at
+        return best
+
+    def _estimate(self, pending: Pending) -> float:
+        """A batch's compute in ms, as its model's recent rate says (0: not known yet)."""
+        if not pending.entries:
+            return 0.0
+        return pending.cost * self._rate.get(pending.entries[0].job.model_id, 0.0)
 
     def _growable(self, pending: Pending) -> bool:
         """Whether requests arriving now could still join this batch."""
@@ -418,7 +490,10 @@ class Group:
             # A batch that may still grow goes only to an idle worker: what arrives while the
             # worker computes joins it, and bigger batches cost less CPU per request. A sealed
             # batch (full, or never merged) may wait in a worker's ready slot.
-            depth = 1 if self._growable(pending) else DEPTH
+            # Work of more than a piece (a piece of a split request included) goes only to an
+            # idle worker too: a cheap request arriving meanwhile then waits for one piece.
+            big = pending.piece or self._estimate(pending) > SPLIT_MS
+            depth = 1 if self._growable(pending) or big else DEPTH
             live = [w for w in self.workers if w.state in ("ready", "busy")]
             free = [w for w in live if len(w.outstanding) < depth]
             if not free:
@@ -490,6 +565,7 @@ class Group:
     def _done(self, pending: Pending, replies: list[Reply]) -> None:
         started = min((e.dispatched for e in pending.entries), default=time.perf_counter())
         self._account(pending.background, time.perf_counter() - started)
+        self._learn(pending, replies)
         by_id = {e.job.id: e for e in pending.entries}
         for reply in replies:
             entry = by_id.get(reply.job_id)
@@ -516,6 +592,16 @@ class Group:
                 self._waiting.remove(pending)
                 if pending.key is not None and self._by_key.get(pending.key) is pending:
                     del self._by_key[pending.key]
+
+    def _learn(self, pending: Pending, replies: list[Reply]) -> None:
+        """The model's compute per unit of cost (ms per forward row), a moving average."""
+        done = [r for r in replies if r.error is None and r.compute_ms > 0]
+        if not done or pending.cost <= 0 or not pending.entries:
+            return
+        model_id = pending.entries[0].job.model_id
+        rate = max(r.compute_ms for r in done) / pending.cost  # merged: one shared call
+        old = self._rate.get(model_id)
+        self._rate[model_id] = rate if old is None else 0.7 * old + 0.3 * rate
 
     def _on_dead(self, w: Worker, generation: int, reason: str, *, crashed: bool = False) -> None:
         """``crashed``: the process exited by itself (else: killed, stuck or silent)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -33,6 +34,9 @@ class Pending:
     #: queues again when the worker gives it back
     background: bool = False
     preempted: bool = False
+    #: a piece of a split synchronous request (``service.pool.split``): to an idle worker only
+    piece: bool = False
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
@@ -43,6 +47,8 @@ class Entry:
     pending: Pending | None = None
     #: the worker group that took it (``service.pool.group.Group``), which cancels it
     group: Any = None
+    #: a split request: its pieces, each queued as an entry of its own
+    parts: list[Entry] = field(default_factory=list)
 
 
 @dataclass(eq=False)

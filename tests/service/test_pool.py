@@ -5,6 +5,7 @@ cancellation freeing queue slots at once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 import time
 from typing import Any
@@ -142,3 +143,72 @@ def test_ready_batch_counts_towards_the_queue_limit() -> None:
 
 def test_unstarted_batch_survives_a_lost_worker() -> None:
     asyncio.run(_worker_lost())
+
+
+def rows_job(i: int, n: int, cost_each: int, key: tuple[Any, ...] | None = ("k",)) -> Job:
+    """``n`` examples, each its index (so a joined answer shows their order)."""
+    arrays = (np.arange(n, dtype=np.float32).reshape(n, 1),)
+    return dataclasses.replace(job(i, key), arrays=arrays, n=n, cost=n * cost_each)
+
+
+def answer(p: Group, batch: Batch, compute_ms: float = 1.0) -> None:
+    """The worker's reply: each job's input as its attributions."""
+    replies = [
+        Reply(job_id=j.id, attributions=[j.arrays[0] * 2], compute_ms=compute_ms)
+        for j in batch.jobs
+    ]
+    p._on_message(p.workers[0], 1, ("done", batch.id, replies))
+
+
+async def _cheap_first() -> None:
+    p, conn = pool()
+    p._rate["m"] = 1.0  # ms per forward row
+    p.submit(job(1, key=None))  # computing
+    expensive = p.submit(rows_job(2, 1, 500, key=None))  # 500 ms: an idle worker only
+    cheap = p.submit(job(3, key=None))  # 1 ms: may wait in the ready slot
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [3]]
+    answer(p, conn.sent[0])
+    answer(p, conn.sent[1])
+    assert cheap.future.done() and not expensive.future.done()
+    assert [j.id for j in conn.sent[2].jobs] == [2]
+
+
+def test_cheap_work_goes_first_and_only_small_work_waits_in_the_ready_slot() -> None:
+    asyncio.run(_cheap_first())
+
+
+async def _split() -> None:
+    p, conn = pool()
+    whole = p.submit(rows_job(1, 10, 20))  # rate unknown: goes whole, and is measured
+    answer(p, conn.sent[0], compute_ms=200.0)  # 200 ms for 200 rows: 1 ms per row
+    assert whole.future.result().attributions[0].shape == (10, 1)
+    big = p.submit(rows_job(2, 10, 40))  # 40 ms per example: pieces of 2 examples (80 ms)
+    assert len(big.parts) == 5 and [len(b.jobs[0].arrays[0]) for b in conn.sent[1:]] == [2]
+    cheap = p.submit(job(3, key=None))  # waits behind one piece, not the whole request
+    assert [j.id for j in conn.sent[2].jobs] == [3]
+    answer(p, conn.sent[1])
+    answer(p, conn.sent[2])
+    assert cheap.future.done() and not big.future.done()
+    while not big.future.done():
+        answer(p, conn.sent[-1])
+    got = big.future.result()
+    np.testing.assert_array_equal(got.attributions[0][:, 0], np.arange(10) * 2)
+    assert got.job_id == 2
+
+
+def test_an_expensive_request_is_split_and_joined_in_order() -> None:
+    asyncio.run(_split())
+
+
+async def _split_cancel() -> None:
+    p, conn = pool()
+    p._rate["m"] = 1.0
+    big = p.submit(rows_job(1, 10, 40))
+    assert len(big.parts) == 5 and len(conn.sent) == 1
+    p.cancel(big)
+    assert big.future.cancelled() and p.queue_depth() == 0
+    assert conn.cancelled == [big.parts[0].job.id]  # the piece computing is told to stop
+
+
+def test_cancelling_a_split_request_cancels_every_piece() -> None:
+    asyncio.run(_split_cancel())

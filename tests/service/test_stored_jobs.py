@@ -13,7 +13,8 @@ import pytest
 import model_registry
 from service.core.settings import Settings
 from service.core.work import Job
-from service.jobs.work import chunk, dumps, loads
+from service.jobs.work import dumps, loads
+from service.pool.split import chunk
 from service.serving.attributions import build_job
 from service.wire.attributions import AttributionRequest
 

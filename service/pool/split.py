@@ -1,0 +1,101 @@
+"""A request cut by examples, and its pieces' replies joined back: the job runner's chunks, and
+the pool's split of an expensive synchronous request into pieces of about ``SPLIT_MS`` of
+compute, so a cheap request queued behind it waits for one piece, not the whole request.
+
+Only a job whose examples are independent is split (one with a merge key: the engine computes
+each example alone, so the pieces' answers are the whole request's, exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from methods import registry
+from service.core.work import Job, Reply, new_id
+
+#: compute a piece of a split synchronous request aims at
+SPLIT_MS = 100.0
+
+
+def _rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
+    """Per-example arrays cut to ``[start, stop)``: those with the batch dim (as many dims as
+    their input, ``ndim``, and ``n`` rows, ``n`` > 1). Others go whole: one row broadcasts, and
+    an array without the batch dim (a ``feature_mask`` of shape [C, H, W] for [N, C, H, W]
+    inputs) is the same for every example, whatever its first dim."""
+    if isinstance(value, np.ndarray):
+        want = ndim if isinstance(ndim, int) else ndim[0]
+        per_example = n > 1 and value.ndim == want and value.shape[0] == n
+        return value[start:stop] if per_example else value
+    if isinstance(value, tuple):  # one per input
+        dims = ndim if isinstance(ndim, tuple) else (ndim,) * len(value)
+        if len(dims) != len(value):
+            dims = (dims[0],) * len(value)
+        return tuple(_rows(v, n, d, start, stop) for v, d in zip(value, dims, strict=True))
+    if isinstance(value, dict):
+        return {k: _rows(v, n, ndim, start, stop) for k, v in value.items()}
+    return value
+
+
+def chunk(job: Job, start: int, stop: int) -> Job:
+    """The job's examples ``[start, stop)`` as a job of their own."""
+    n, size = job.n, stop - start
+    target = job.target
+    if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
+        target = {**target, "rows": target["rows"][start:stop]}
+    # each input's dims with the batch dim (token ids from texts: [N, L])
+    ndim = tuple(a.ndim for a in job.arrays) or (2,)
+    baselines = job.baselines
+    if registry.get(job.method).merge != "shared_baselines":  # else a distribution, sampled
+        baselines = _rows(baselines, n, ndim, start, stop)
+    return dataclasses.replace(
+        job,
+        arrays=tuple(a[start:stop] for a in job.arrays),
+        texts=job.texts[start:stop],
+        target=target,
+        baselines=baselines,
+        params=_rows(job.params, n, ndim, start, stop),
+        n=size,
+        cost=max(1, job.cost * size // max(1, n)),
+        key=None,  # a job's chunks are never merged with other work
+    )
+
+
+def pieces(job: Job, rows: int) -> list[Job]:
+    """``job`` in pieces of ``rows`` examples (the last may have fewer), each its own id."""
+    return [
+        dataclasses.replace(chunk(job, start, min(job.n, start + rows)), id=new_id())
+        for start in range(0, job.n, rows)
+    ]
+
+
+def _joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+    if any(a is None for a in arrays):
+        return None
+    first = arrays[0]
+    if first is None or first.ndim == 0:
+        return first
+    return np.concatenate(arrays, axis=0)  # type: ignore[arg-type]
+
+
+def join(job: Job, replies: list[Reply]) -> Reply:
+    """The pieces' replies (in order, none failed) as ``job``'s one reply."""
+    first = replies[0]
+    return Reply(
+        job_id=job.id,
+        attributions=[
+            _joined([r.attributions[i] for r in replies])  # type: ignore[misc]
+            for i in range(len(first.attributions))
+        ],
+        as_tuple=first.as_tuple,
+        delta=_joined([r.delta for r in replies]),
+        outputs=_joined([r.outputs for r in replies]),
+        target=None if first.target is None else [t for r in replies for t in r.target or []],
+        tokens=None if first.tokens is None else [t for r in replies for t in r.tokens or []],
+        params=first.params,
+        predictions=_joined([r.predictions for r in replies]),
+        compute_ms=sum(r.compute_ms for r in replies),
+        merged=max(r.merged for r in replies),
+    )
