@@ -88,5 +88,3 @@ def loads(data: bytes) -> tuple[Job, str]:
         model = str(z["model"])
     values = {k: _unpack(v, arrays) for k, v in fields.items()}
     return Job(id=0, deadline=0.0, **values), model
-
-
