@@ -2,6 +2,7 @@
 
     python -m benchmarks.load [--clients 16] [--duration 5] [--max-requests 2000]
     python -m benchmarks.load --servers on --routes native,v1-explain,oip-explain,oip-infer
+    python -m benchmarks.load --mixed --clients 24 [--duration 20 --repeat 3]
 
 N concurrent keep-alive connections send identical-shape requests (one example each) for a bounded
 duration and count; throughput and p50/p99 latency are printed per server, model and method.
@@ -249,6 +250,105 @@ async def load(
     }
 
 
+#: the mixed workload: one-example saliency (cheap) beside 8-image IG and occlusion (expensive)
+IMAGE = (1, 3, 32, 32)
+MIXED: dict[str, dict[str, Any]] = {
+    "cheap saliency": {"method": "saliency"},
+    "image IG x8": {"method": "integrated_gradients", "params": {"n_steps": 50}, "n": 8},
+    "occlusion x8": {
+        "method": "occlusion",
+        "params": {"sliding_window_shapes": [3, 8, 8], "strides": [3, 4, 4]},
+        "n": 8,
+    },
+}
+
+
+async def mixed(url: str, clients: int, duration: float) -> dict[str, dict[str, float]]:
+    """Half the clients send cheap saliency, the others expensive work (IG and occlusion in
+    turn), to image-cnn; latency per kind and throughput (requests and examples per second)."""
+    rng = np.random.default_rng(0)
+    host, port = url.removeprefix("http://").split(":")
+    path = "/v1/models/image-cnn/attributions"
+
+    def payload(kind: str) -> bytes:
+        spec = dict(MIXED[kind])
+        n = int(spec.pop("n", 1))
+        x = rng.random((n, *IMAGE[1:]), dtype=np.float32)
+        return orjson.dumps({**spec, "inputs": x.tolist(), "target": 0})
+
+    bodies = {kind: payload(kind) for kind in MIXED}
+    latencies: dict[str, list[float]] = {kind: [] for kind in MIXED}
+    errors = 0
+
+    async def client(i: int, conn: Conn, end: float) -> None:
+        nonlocal errors
+        kinds = ["cheap saliency"] if i % 2 == 0 else ["image IG x8", "occlusion x8"]
+        k = i
+        while time.perf_counter() < end:
+            kind = kinds[k % len(kinds)]
+            t0 = time.perf_counter()
+            status, _ = await conn.post(path, bodies[kind])
+            if status == 200:
+                latencies[kind].append((time.perf_counter() - t0) * 1e3)
+            else:
+                errors += 1
+            k += 1
+
+    conns = [Conn(host, int(port)) for _ in range(clients)]
+    try:
+        for kind in MIXED:  # warm up (and let the pool learn the model's rate)
+            await conns[0].post(path, bodies[kind])
+        started = time.perf_counter()
+        await asyncio.gather(*(client(i, c, started + duration) for i, c in enumerate(conns)))
+        elapsed = time.perf_counter() - started
+    finally:
+        for c in conns:
+            await c.close()
+    out: dict[str, dict[str, float]] = {}
+    for kind, lat in latencies.items():
+        arr = np.array(lat or [float("nan")])
+        n = int(MIXED[kind].get("n", 1))
+        out[kind] = {
+            "rps": len(lat) / elapsed,
+            "examples": len(lat) * n / elapsed,
+            "p50": float(np.percentile(arr, 50)),
+            "p99": float(np.percentile(arr, 99)),
+        }
+    out["errors"] = {"n": float(errors)}
+    return out
+
+
+def run_mixed(args: argparse.Namespace) -> None:
+    """Cheap requests first: the mixed workload with splitting and cost order off (the queue
+    first come first served, ``ATTRSERVE_SPLIT_MS=0``) and on (the default)."""
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for label, split_ms in (("FIFO, whole requests", 0), ("cheap first, 100 ms pieces", 100)):
+        proc, url = start("attrserve", workers=args.workers, split_ms=split_ms)
+        try:
+            rounds = [asyncio.run(mixed(url, args.clients, args.duration))]
+            for _ in range(args.repeat - 1):
+                rounds.append(asyncio.run(mixed(url, args.clients, args.duration)))
+        finally:
+            stop(proc)
+        total = [sum(r[k]["examples"] for k in MIXED) for r in rounds]
+        results[label] = rounds[sorted(range(len(rounds)), key=total.__getitem__)[len(rounds) // 2]]
+    print(f"\n| queue ({args.clients} clients, image-cnn) | kind | req/s | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+    for label, r in results.items():
+        for kind in MIXED:
+            k = r[kind]
+            print(f"| {label} | {kind} | {k['rps']:.1f} | {k['p50']:.0f} | {k['p99']:.0f} |")
+        examples = sum(r[kind]["examples"] for kind in MIXED)
+        print(f"| {label} | all (examples/s) | {examples:.1f} | | |")
+    before, after = results.values()
+    ex = [sum(r[k]["examples"] for k in MIXED) for r in (before, after)]
+    print(
+        f"\ncheap p50 {before['cheap saliency']['p50']:.0f} -> "
+        f"{after['cheap saliency']['p50']:.0f} ms, p99 {before['cheap saliency']['p99']:.0f} -> "
+        f"{after['cheap saliency']['p99']:.0f} ms; examples/s after/before = {ex[1] / ex[0]:.2f}"
+    )
+
+
 def plan(
     scenarios: list[tuple[str, str]], routes: list[str], clients: int
 ) -> list[tuple[str, str, str, int]]:
@@ -292,11 +392,20 @@ def main(argv: list[str] | None = None) -> None:
         help="rounds over the routes, interleaved; the table shows each row's median round "
         "(routes compared in one server, under the same drift)",
     )
+    p.add_argument(
+        "--mixed",
+        action="store_true",
+        help="the mixed workload (cheap saliency beside expensive IG and occlusion), with the "
+        "queue first come first served and then cheap first",
+    )
     p.add_argument("--serve-minimal", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-route", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_route is not None:
         serve_route(args.serve_route)
+        return
+    if args.mixed:
+        run_mixed(args)
         return
     if args.serve_minimal is not None:
         import uvicorn

@@ -91,6 +91,12 @@ class Settings(BaseModel):
         default=8192, ge=1, description="largest merged batch, in estimated forward rows"
     )
     deadline_ms: float = Field(default=30000, gt=0, description="default per-request deadline")
+    split_ms: float = Field(
+        default=100.0,
+        ge=0,
+        description="an expensive request is split into pieces of about this much compute, "
+        "and cheap work queues first (0: whole requests, first come first served)",
+    )
     max_deadline_ms: float = Field(
         default=300000, gt=0, description="largest deadline a request may ask"
     )

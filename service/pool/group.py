@@ -43,7 +43,6 @@ from service.core.telemetry import Telemetry
 from service.core.work import Batch, Job, Reply
 from service.pool import split
 from service.pool.records import DEPTH, PREEMPTED, STARTUP_GRACE_S, Entry, Pending, Worker
-from service.pool.split import SPLIT_MS
 from service.worker.channel import frame, read_message
 from service.worker.main import worker_main
 
@@ -322,13 +321,16 @@ class Group:
         return entry
 
     def _piece_rows(self, job: Job) -> int | None:
-        """Examples per piece when ``job`` is worth splitting (about ``SPLIT_MS`` each, once
+        """Examples per piece when ``job`` is worth splitting (about ``split_ms`` each, once
         the model's compute rate is known); None: it goes whole."""
         rate = self._rate.get(job.model_id)
-        if rate is None or job.key is None or job.n < 2 or job.verify or job.generation:
+        limit = self.settings.split_ms
+        if not limit or rate is None or job.key is None or job.n < 2:
+            return None
+        if job.verify or job.generation is not None:
             return None
         per_example = rate * job.cost / job.n
-        rows = max(1, int(SPLIT_MS / max(per_example, 1e-9)))
+        rows = max(1, int(limit / max(per_example, 1e-9)))
         return rows if rows < job.n else None
 
     def _split(self, job: Job, rows: int) -> Entry:
@@ -419,7 +421,10 @@ class Group:
 
     def _next(self) -> Pending | None:
         """The batch to send next: the cheapest (its estimated compute, less a tenth of the
-        time it has waited, so expensive work is never starved), ready for a worker."""
+        time it has waited, so expensive work is never starved), ready for a worker; with
+        ``split_ms`` 0, the oldest."""
+        if not self.settings.split_ms:
+            return next((p for p in self._waiting if p.closed), None)
         now = time.monotonic()
         best, best_at = None, 0.0
         for p in self._waiting:
@@ -492,7 +497,8 @@ class Group:
             # batch (full, or never merged) may wait in a worker's ready slot.
             # Work of more than a piece (a piece of a split request included) goes only to an
             # idle worker too: a cheap request arriving meanwhile then waits for one piece.
-            big = pending.piece or self._estimate(pending) > SPLIT_MS
+            limit = self.settings.split_ms
+            big = pending.piece or (limit > 0 and self._estimate(pending) > limit)
             depth = 1 if self._growable(pending) or big else DEPTH
             live = [w for w in self.workers if w.state in ("ready", "busy")]
             free = [w for w in live if len(w.outstanding) < depth]

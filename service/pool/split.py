@@ -1,6 +1,7 @@
 """A request cut by examples, and its pieces' replies joined back: the job runner's chunks, and
-the pool's split of an expensive synchronous request into pieces of about ``SPLIT_MS`` of
-compute, so a cheap request queued behind it waits for one piece, not the whole request.
+the pool's split of an expensive synchronous request into pieces of about
+``ATTRSERVE_SPLIT_MS`` of compute, so a cheap request queued behind it waits for one piece,
+not the whole request.
 
 Only a job whose examples are independent is split (one with a merge key: the engine computes
 each example alone, so the pieces' answers are the whole request's, exactly).
@@ -15,9 +16,6 @@ import numpy as np
 
 from methods import registry
 from service.core.work import Job, Reply, new_id
-
-#: compute a piece of a split synchronous request aims at
-SPLIT_MS = 100.0
 
 
 def _rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:

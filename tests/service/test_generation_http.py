@@ -7,6 +7,7 @@ import base64
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,31 @@ def test_render_highlights_the_prompt_features(lm_server: Server) -> None:
     with lm_server.client() as c:
         png = c.post("/v1/models/tiny-lm/attributions", json=body, headers={"accept": "image/png"})
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+
+
+def test_a_cancelled_generation_stops_and_leaves_its_worker_idle(lm_server: Server) -> None:
+    """Sampling over a generative LM past its deadline: 504 at the deadline, and the worker
+    (not restarted) answers the next request at once: the loop stopped between evaluations."""
+    with lm_server.client() as c:
+        (before,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
+                     if w["group"] == "gpt2-dir"]  # fmt: skip
+        words = ["alice", "the city", "bob", "a friend", "paris", "rome", "old", "new"] * 4
+        expensive = {
+            "method": "shapley_value_sampling",
+            "inputs": {"prompt": " ".join(["{}"] * len(words)), "features": words},
+            "target": "paris rome", "deadline_ms": 300,
+            "params": {"n_samples": 600}, "perturbations_per_eval": 1,
+        }  # fmt: skip
+        t0 = time.monotonic()
+        r = c.post("/v1/models/gpt2-dir/attributions", json=expensive)
+        assert r.status_code == 504, r.text
+        assert time.monotonic() - t0 < 2.0
+        cheap = {"method": "feature_ablation", "target": "paris",
+                 "inputs": {"prompt": "{} lives in", "features": ["alice"]}}  # fmt: skip
+        t0 = time.monotonic()
+        r = c.post("/v1/models/gpt2-dir/attributions", json=cheap)
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - t0 < 2.0  # not behind the abandoned sampling
+        (after,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
+                    if w["group"] == "gpt2-dir"]  # fmt: skip
+        assert after == before

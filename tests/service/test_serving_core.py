@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.service.conftest import Server, start_server, stop_server
@@ -406,3 +407,35 @@ def test_sigterm_drains_then_answers_503(tmp_path: Path) -> None:
     assert "Traceback" not in log and "CancelledError" not in log, log
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid), 0)  # type: ignore[call-overload]
+
+
+#: 8 images, each a long loop of model evaluations (tens of seconds uncancelled)
+IMAGES = np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32).tolist()
+SAMPLING = {
+    "shapley_value_sampling": {"n_samples": 20},
+    "kernel_shap": {"n_samples": 1000},
+    "lime": {"n_samples": 1000},
+    "feature_permutation": {},
+}
+
+
+@pytest.mark.parametrize("method", sorted(SAMPLING))
+def test_a_cancelled_sampling_loop_leaves_its_worker_idle(core: Server, method: str) -> None:
+    """Each perturbation family past its deadline: 504 at once, and the next request on the
+    same worker is served promptly by the same process (stopped between evaluations, not
+    killed)."""
+    with core.client() as c:
+        (before,) = [w["pid"] for w in core.ready()["workers"] if w["group"] == "image-cnn"]  # type: ignore[attr-defined]
+        body = {"method": method, "inputs": IMAGES, "target": 0, "params": SAMPLING[method]}
+        if method == "feature_permutation":  # permutes within the batch: one feature per pixel
+            body["params"] = {"feature_mask": np.arange(3 * 32 * 32).reshape(3, 32, 32).tolist()}
+        t0 = time.monotonic()
+        r = attribute(c, "image-cnn", {**body, "deadline_ms": 500})
+        assert r.status_code == 504, r.text
+        assert time.monotonic() - t0 < 2.0
+        t0 = time.monotonic()
+        r = attribute(c, "image-cnn", {"method": "saliency", "inputs": IMAGES[:1], "target": 0})
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - t0 < 2.0
+        (after,) = [w["pid"] for w in core.ready()["workers"] if w["group"] == "image-cnn"]  # type: ignore[attr-defined]
+        assert after == before
