@@ -50,8 +50,9 @@ log = logging.getLogger("attrserve.pool")
 __all__ = ["PREEMPTED", "Entry", "Group"]
 #: what a model's state may be (``Group.model_state``)
 LOADING, READY, FAILED = "loading", "ready", "failed"
-#: how much waiting counts against a batch's estimated compute in the queue's order
-AGING = 0.1
+#: how much waiting counts against a batch's estimated compute in the queue's order: a 100 ms
+#: piece goes before fresh 1 ms work once it has waited about 10 s (nothing starves)
+AGING = 0.01
 
 
 class Group:
@@ -78,8 +79,9 @@ class Group:
         self.load_errors: dict[str, str] = {}
         #: why the group has no worker after one exited by itself (None: it has, or none did)
         self.crash: str | None = None
-        #: each model's compute per unit of cost (ms per forward row): orders and splits work
-        self._rate: dict[str, float] = {}
+        #: compute per unit of cost (ms per forward row) by model and method: orders and
+        #: splits work
+        self._rate: dict[tuple[str, str], float] = {}
         self._ctx = mp.get_context("spawn")
         self._ids = itertools.count(1)
         self._waiting: deque[Pending] = deque()
@@ -323,7 +325,7 @@ class Group:
     def _piece_rows(self, job: Job) -> int | None:
         """Examples per piece when ``job`` is worth splitting (about ``split_ms`` each, once
         the model's compute rate is known); None: it goes whole."""
-        rate = self._rate.get(job.model_id)
+        rate = self._rate.get((job.model_id, job.method))
         limit = self.settings.split_ms
         if not limit or rate is None or job.key is None or job.n < 2:
             return None
@@ -420,8 +422,8 @@ class Group:
         self._dispatch()
 
     def _next(self) -> Pending | None:
-        """The batch to send next: the cheapest (its estimated compute, less a tenth of the
-        time it has waited, so expensive work is never starved), ready for a worker; with
+        """The batch to send next: the cheapest (its estimated compute, less ``AGING`` times
+        the time it has waited, so expensive work is never starved), ready for a worker; with
         ``split_ms`` 0, the oldest."""
         if not self.settings.split_ms:
             return next((p for p in self._waiting if p.closed), None)
@@ -439,7 +441,8 @@ class Group:
         """A batch's compute in ms, as its model's recent rate says (0: not known yet)."""
         if not pending.entries:
             return 0.0
-        return pending.cost * self._rate.get(pending.entries[0].job.model_id, 0.0)
+        job = pending.entries[0].job
+        return pending.cost * self._rate.get((job.model_id, job.method), 0.0)
 
     def _growable(self, pending: Pending) -> bool:
         """Whether requests arriving now could still join this batch."""
@@ -600,14 +603,15 @@ class Group:
                     del self._by_key[pending.key]
 
     def _learn(self, pending: Pending, replies: list[Reply]) -> None:
-        """The model's compute per unit of cost (ms per forward row), a moving average."""
+        """The compute per unit of cost (ms per forward row) of the model and method, a moving
+        average."""
         done = [r for r in replies if r.error is None and r.compute_ms > 0]
         if not done or pending.cost <= 0 or not pending.entries:
             return
-        model_id = pending.entries[0].job.model_id
+        job = pending.entries[0].job
         rate = max(r.compute_ms for r in done) / pending.cost  # merged: one shared call
-        old = self._rate.get(model_id)
-        self._rate[model_id] = rate if old is None else 0.7 * old + 0.3 * rate
+        old = self._rate.get((job.model_id, job.method))
+        self._rate[job.model_id, job.method] = rate if old is None else 0.7 * old + 0.3 * rate
 
     def _on_dead(self, w: Worker, generation: int, reason: str, *, crashed: bool = False) -> None:
         """``crashed``: the process exited by itself (else: killed, stuck or silent)."""

@@ -162,7 +162,7 @@ def answer(p: Group, batch: Batch, compute_ms: float = 1.0) -> None:
 
 async def _cheap_first() -> None:
     p, conn = pool()
-    p._rate["m"] = 1.0  # ms per forward row
+    p._rate["m", "saliency"] = 1.0  # ms per forward row
     p.submit(job(1, key=None))  # computing
     expensive = p.submit(rows_job(2, 1, 500, key=None))  # 500 ms: an idle worker only
     cheap = p.submit(job(3, key=None))  # 1 ms: may wait in the ready slot
@@ -204,7 +204,7 @@ def test_an_expensive_request_is_split_and_joined_in_order() -> None:
 
 async def _split_cancel() -> None:
     p, conn = pool()
-    p._rate["m"] = 1.0
+    p._rate["m", "saliency"] = 1.0
     big = p.submit(rows_job(1, 10, 40))
     assert len(big.parts) == 5 and len(conn.sent) == 1
     p.cancel(big)
