@@ -666,3 +666,18 @@ def test_multi_input_models_by_input_name(tmp_path: Path, fmt: str) -> None:
     np.testing.assert_allclose(got["attributions_a"], a, rtol=1e-6)
     np.testing.assert_allclose(got["attributions_b"], np.stack([2 * b[:, 0], 0 * b[:, 1]], 1))
     np.testing.assert_allclose(got["outputs"], a.sum(1) + 2 * b[:, 0], rtol=1e-5)
+
+
+def test_torch_threads_follow_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ATTRSERVE_TORCH_THREADS sets the CLI's torch threads, as it sets a worker's."""
+    inputs = write_inputs(tmp_path / "x.npy")
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    monkeypatch.setenv("ATTRSERVE_TORCH_THREADS", str(want))
+    try:
+        rc = attribute(tmp_path, "--inputs", str(inputs), "--output", str(tmp_path / "a.npz"),
+                       "--method", "saliency", "--target", "0", "--quiet")  # fmt: skip
+        assert rc == 0
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)

@@ -16,7 +16,7 @@ import orjson
 
 from model_registry.spec import ModelSpec
 from service.cli.offline.batch import attribute_batch, check_batch, chunk_target
-from service.cli.offline.engine import kind_of
+from service.cli.offline.engine import kind_of, limit_threads
 from service.cli.offline.formats import OUTPUT_SUFFIXES, _bad, _pyarrow
 from service.cli.offline.inputs import Examples, read_examples
 from service.cli.offline.options import describe, parse_target, request_from_args, say
@@ -202,6 +202,8 @@ def _work(args: argparse.Namespace, plan: RunPlan, total: int) -> int:
     import model_registry
 
     progress, n, size = plan.progress, plan.examples.n, plan.chunk
+    if plan.settings.torch_threads:  # as a server's worker would compute (else torch's own)
+        limit_threads(plan.settings.torch_threads)
     try:
         lm = model_registry.load(plan.spec)
     except model_registry.RegistryError as exc:

@@ -1,7 +1,8 @@
 """Everything ``attrserve attribute`` takes from the service's own layers, imported here and
 nowhere else in this package: the route's request model and its validation, ``build_job`` (the
 route's checks and limits), the model's kind (its method plan), the wire codec, the worker's
-engine call (``run_job``) and the engine errors' mapping."""
+engine call (``run_job``), the engine errors' mapping and the workers' torch thread rule
+(``limit_threads``)."""
 
 from service.kinds import of as kind_of
 from service.kinds import run as run_job
@@ -10,6 +11,7 @@ from service.serving.kserve import validated
 from service.wire import codec
 from service.wire.attributions import AttributionRequest
 from service.wire.engine_errors import from_engine
+from service.worker.threads import limit as limit_threads
 
 __all__ = [
     "AttributionRequest",
@@ -17,6 +19,7 @@ __all__ = [
     "codec",
     "from_engine",
     "kind_of",
+    "limit_threads",
     "run_job",
     "validated",
 ]
