@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from methods import registry
-from service.core.work import Job, Reply, new_id
+from service.core.work import PREDICT, Job, Reply, new_id
 
 
 def _rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
@@ -46,7 +46,8 @@ def chunk(job: Job, start: int, stop: int) -> Job:
     # each input's dims with the batch dim (token ids from texts: [N, L])
     ndim = tuple(a.ndim for a in job.arrays) or (2,)
     baselines = job.baselines
-    if registry.get(job.method).merge != "shared_baselines":  # else a distribution, sampled
+    shared = job.method != PREDICT and registry.get(job.method).merge == "shared_baselines"
+    if not shared:  # else a distribution, sampled
         baselines = _rows(baselines, n, ndim, start, stop)
     return dataclasses.replace(
         job,

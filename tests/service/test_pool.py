@@ -16,7 +16,7 @@ import pytest
 from service.core.errors import QueueFull, WorkerLost
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Batch, Job, Reply
+from service.core.work import PREDICT, Batch, Job, Reply
 from service.pool.group import Group
 from service.worker.channel import HEADER
 
@@ -214,3 +214,20 @@ async def _split_cancel() -> None:
 
 def test_cancelling_a_split_request_cancels_every_piece() -> None:
     asyncio.run(_split_cancel())
+
+
+async def _split_predictions() -> None:
+    p, conn = pool()
+    p._rate["m", PREDICT] = 10.0
+    whole = p.submit(dataclasses.replace(rows_job(1, 6, 10), method=PREDICT))  # 100 ms each
+    assert len(whole.parts) == 6
+    for _ in range(6):
+        (piece,) = conn.sent[-1].jobs
+        reply = Reply(job_id=piece.id, predictions=piece.arrays[0] + 1, compute_ms=100.0)
+        p._on_message(p.workers[0], 1, ("done", conn.sent[-1].id, [reply]))
+    await asyncio.sleep(0)
+    np.testing.assert_array_equal(whole.future.result().predictions[:, 0], np.arange(6) + 1)
+
+
+def test_predictions_split_and_join_too() -> None:
+    asyncio.run(_split_predictions())
