@@ -322,6 +322,15 @@ class Group:
         self._dispatch_one(entry := Entry(job, self._running_loop().create_future()))
         return entry
 
+    def _fits(self, cost: int, job: Job) -> bool:
+        """Whether a merged batch of ``cost`` (like ``job``) is within bounds: the cost cap, and
+        about one piece of compute (``split_ms``), so merging does not undo the split."""
+        if cost > self.settings.batch_max_cost:
+            return False
+        rate = self._rate.get((job.model_id, job.method))
+        limit = self.settings.split_ms
+        return not limit or rate is None or cost * rate <= limit
+
     def _piece_rows(self, job: Job) -> int | None:
         """Examples per piece when ``job`` is worth splitting (about ``split_ms`` each, once
         the model's compute rate is known); None: it goes whole."""
@@ -374,7 +383,7 @@ class Group:
         job = entry.job
         key = job.key if self.settings.batching and not piece else None
         pending = self._by_key.get(key) if key is not None else None
-        if pending is not None and pending.cost + job.cost <= self.settings.batch_max_cost:
+        if pending is not None and self._fits(pending.cost + job.cost, job):
             pending.entries.append(entry)
             pending.cost += job.cost
         else:
@@ -387,7 +396,7 @@ class Group:
                     pending.closed = False
                     self._running_loop().call_later(window, self._close_window, pending)
         entry.pending = pending
-        if pending.key is not None and pending.cost >= self.settings.batch_max_cost:
+        if pending.key is not None and not self._fits(pending.cost + 1, job):
             self._by_key.pop(pending.key, None)
             pending.closed = True
         self._dispatch()

@@ -231,3 +231,22 @@ async def _split_predictions() -> None:
 
 def test_predictions_split_and_join_too() -> None:
     asyncio.run(_split_predictions())
+
+
+async def _merge_cap() -> None:
+    p, conn = pool()
+    p.submit(job(1, key=None))  # computing
+    p._rate["m", "saliency"] = 1.0  # ms per forward row: a piece is 100 rows
+    for i in (2, 3, 4):
+        p.submit(rows_job(i, 1, 60))  # mergeable, 60 ms each
+    # merging stops at about one piece of compute (two would be 120 ms); [2], sealed so, waits
+    # in the ready slot
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [2]]
+    assert [[e.job.id for e in pending.entries] for pending in p._waiting] == [[3], [4]]
+    for i in (5, 6):
+        p.submit(rows_job(i, 1, 30))  # 30 ms each: 5 joins 4 (90 ms), 6 would pass the piece
+    assert [[e.job.id for e in pending.entries] for pending in p._waiting] == [[3], [4, 5], [6]]
+
+
+def test_merging_stops_at_one_piece_of_compute() -> None:
+    asyncio.run(_merge_cap())
