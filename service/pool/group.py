@@ -486,14 +486,18 @@ class Group:
                 self._send(idle[0], pending)
 
     def _preempt(self) -> None:
-        """Synchronous requests wait and every worker is busy: stop the job chunks running
-        (unless jobs are owed their share); their runner gets ``PREEMPTED`` and tries again
-        with a smaller chunk, which fits the idle moments better."""
-        if self._next() is None or self._owed():
+        """Synchronous requests wait (queued, or in the ready slot behind a job chunk): stop
+        the job chunks running (unless jobs are owed their share); their runner gets
+        ``PREEMPTED`` and tries again with a smaller chunk, which fits the idle moments
+        better."""
+        if self._owed():
             return
+        queued = self._next() is not None
         for w in self.workers:
             running = w.outstanding[0] if w.outstanding else None
-            if running is not None and running.background and not running.preempted:
+            if running is None or not running.background or running.preempted:
+                continue
+            if queued or len(w.outstanding) > 1:  # a synchronous batch waits behind it
                 running.preempted = True
                 self._write(w, ("cancel", [e.job.id for e in running.entries]))
 

@@ -250,3 +250,17 @@ async def _merge_cap() -> None:
 
 def test_merging_stops_at_one_piece_of_compute() -> None:
     asyncio.run(_merge_cap())
+
+
+async def _preempt_behind() -> None:
+    p, conn = pool()
+    chunk = p.submit(dataclasses.replace(job(1, key=None), background=True))  # a job's chunk
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1]] and conn.cancelled == []
+    p.submit(job(2, key=None))  # sealed: waits in the ready slot, not in the queue
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [2]]
+    assert conn.cancelled == [1]  # the chunk is stopped for it all the same
+    assert chunk.pending is not None and chunk.pending.preempted
+
+
+def test_a_job_chunk_is_preempted_for_work_in_the_ready_slot() -> None:
+    asyncio.run(_preempt_behind())
