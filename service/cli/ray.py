@@ -316,12 +316,15 @@ def attribute(args: argparse.Namespace) -> int:
         rows.append({"chunk": k, "payload": pickle.dumps(work, protocol=pickle.HIGHEST_PROTOCOL)})
     gpus = _cluster_gpus()
     actors = max(1, min(len(rows), int(gpus) if gpus else int(_cluster_cpus())))
-    results = ray.data.from_items(rows).map_batches(
+    # one block per chunk, and every actor started at once: with the default blocks (few, for
+    # a small item list) and a pool growing from one actor, the first actor, already loaded,
+    # took every block before a second one had started
+    results = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
         Attributor,
         fn_constructor_args=(plan.spec, plan.settings),
         batch_size=1,
         batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
+        compute=ray.data.ActorPoolStrategy(min_size=actors, max_size=actors),
         num_cpus=1,
         num_gpus=1 if gpus else 0,
     )
