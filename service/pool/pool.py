@@ -136,12 +136,6 @@ class WorkerPool:
         """At least one model is ready (and the server is not shutting down)."""
         return not self._draining and any(self.state(m)[0] == READY for m in self.routes)
 
-    @property
-    def workers_ready(self) -> bool:
-        """Every worker of every group has loaded its models."""
-        workers = self.workers
-        return bool(workers) and all(w.state in ("ready", "busy") for w in workers)
-
     def state(self, model_id: str) -> tuple[str, str | None]:
         """``(state, reason)``: "loading", "ready", "failed" or "unloaded"."""
         if model_id in self.unloaded:
@@ -181,15 +175,6 @@ class WorkerPool:
             for mid, group in self.routes.items()
             for info in [group.model_info.get(mid)]
             if info is not None
-        }
-
-    def unready_models(self) -> dict[str, str]:
-        """Models not ready, with the reason (failed, or loading with a known cause)."""
-        return {
-            mid: reason
-            for mid in self.routes
-            for state, reason in [self.state(mid)]
-            if state != READY and reason
         }
 
     def queue_depth(self) -> int:

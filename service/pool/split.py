@@ -9,13 +9,16 @@ each example alone, so the pieces' answers are the whole request's, exactly).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from methods import registry
 from service.core.work import PREDICT, Job, Reply, new_id
+from service.pool.records import Entry
 
 
 def _rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
@@ -98,3 +101,44 @@ def join(job: Job, replies: list[Reply]) -> Reply:
         compute_ms=sum(r.compute_ms for r in replies),
         merged=max(r.merged for r in replies),
     )
+
+
+def split_entry(
+    job: Job,
+    rows: int,
+    loop: asyncio.AbstractEventLoop,
+    queue: Callable[[Entry], None],
+    cancel: Callable[[Entry], None],
+) -> Entry:
+    """One entry for the request; its pieces, each an entry of its own, go to ``queue``, and
+    their replies are joined into the request's when all are in (the first failure, or a
+    cancellation, ends it and ``cancel``s the other pieces)."""
+    whole = Entry(job, loop.create_future())
+    whole.parts = [Entry(piece, loop.create_future()) for piece in pieces(job, rows)]
+    for part in whole.parts:
+        queue(part)
+        part.future.add_done_callback(lambda _: _settle(whole, cancel))
+    return whole
+
+
+def _settle(whole: Entry, cancel: Callable[[Entry], None]) -> None:
+    if whole.future.done():
+        return
+    for part in whole.parts:
+        if not part.future.done():
+            continue
+        failed = part.future.cancelled() or part.future.exception() is not None
+        if failed or part.future.result().error is not None:
+            for other in whole.parts:
+                cancel(other)
+            if part.future.cancelled():
+                whole.future.cancel()
+            elif (exc := part.future.exception()) is not None:
+                whole.future.set_exception(exc)
+            else:
+                error = part.future.result().error
+                whole.future.set_result(Reply(job_id=whole.job.id, error=error))
+            return
+    if all(p.future.done() for p in whole.parts):
+        whole.dispatched = min(p.dispatched for p in whole.parts)
+        whole.future.set_result(join(whole.job, [p.future.result() for p in whole.parts]))

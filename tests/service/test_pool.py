@@ -162,7 +162,7 @@ def answer(p: Group, batch: Batch, compute_ms: float = 1.0) -> None:
 
 async def _cheap_first() -> None:
     p, conn = pool()
-    p._rate["m", "saliency"] = 1.0  # ms per forward row
+    p.costs.rates["m", "saliency"] = 1.0  # ms per forward row
     p.submit(job(1, key=None))  # computing
     expensive = p.submit(rows_job(2, 1, 500, key=None))  # 500 ms: an idle worker only
     cheap = p.submit(job(3, key=None))  # 1 ms: may wait in the ready slot
@@ -204,7 +204,7 @@ def test_an_expensive_request_is_split_and_joined_in_order() -> None:
 
 async def _split_cancel() -> None:
     p, conn = pool()
-    p._rate["m", "saliency"] = 1.0
+    p.costs.rates["m", "saliency"] = 1.0
     big = p.submit(rows_job(1, 10, 40))
     assert len(big.parts) == 5 and len(conn.sent) == 1
     p.cancel(big)
@@ -218,7 +218,7 @@ def test_cancelling_a_split_request_cancels_every_piece() -> None:
 
 async def _split_predictions() -> None:
     p, conn = pool()
-    p._rate["m", PREDICT] = 10.0
+    p.costs.rates["m", PREDICT] = 10.0
     whole = p.submit(dataclasses.replace(rows_job(1, 6, 10), method=PREDICT))  # 100 ms each
     assert len(whole.parts) == 6
     for _ in range(6):
@@ -226,7 +226,9 @@ async def _split_predictions() -> None:
         reply = Reply(job_id=piece.id, predictions=piece.arrays[0] + 1, compute_ms=100.0)
         p._on_message(p.workers[0], 1, ("done", conn.sent[-1].id, [reply]))
     await asyncio.sleep(0)
-    np.testing.assert_array_equal(whole.future.result().predictions[:, 0], np.arange(6) + 1)
+    predictions = whole.future.result().predictions
+    assert predictions is not None
+    np.testing.assert_array_equal(predictions[:, 0], np.arange(6) + 1)
 
 
 def test_predictions_split_and_join_too() -> None:
@@ -236,7 +238,7 @@ def test_predictions_split_and_join_too() -> None:
 async def _merge_cap() -> None:
     p, conn = pool()
     p.submit(job(1, key=None))  # computing
-    p._rate["m", "saliency"] = 1.0  # ms per forward row: a piece is 100 rows
+    p.costs.rates["m", "saliency"] = 1.0  # ms per forward row: a piece is 100 rows
     for i in (2, 3, 4):
         p.submit(rows_job(i, 1, 60))  # mergeable, 60 ms each
     # merging stops at about one piece of compute (two would be 120 ms); [2], sealed so, waits

@@ -1,0 +1,79 @@
+"""What work costs in a worker group: each model and method's measured compute per forward
+row, and what follows from it: the queue's order (cheapest first), how far requests merge,
+and into how many pieces an expensive request is split (``ATTRSERVE_SPLIT_MS``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from service.core.settings import Settings
+from service.core.work import Job, Reply
+from service.pool.records import Pending
+
+#: how much waiting counts against a batch's estimated compute in the queue's order: a 100 ms
+#: piece goes before fresh 1 ms work once it has waited about 10 s (nothing starves)
+AGING = 0.01
+
+
+class Costs:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        #: compute per unit of cost (ms per forward row) by model and method
+        self.rates: dict[tuple[str, str], float] = {}
+
+    def rate(self, job: Job) -> float | None:
+        return self.rates.get((job.model_id, job.method))
+
+    def learn(self, pending: Pending, replies: list[Reply]) -> None:
+        """The batch's model and method's compute per unit of cost, a moving average."""
+        done = [r for r in replies if r.error is None and r.compute_ms > 0]
+        if not done or pending.cost <= 0 or not pending.entries:
+            return
+        job = pending.entries[0].job
+        rate = max(r.compute_ms for r in done) / pending.cost  # merged: one shared call
+        old = self.rate(job)
+        self.rates[job.model_id, job.method] = rate if old is None else 0.7 * old + 0.3 * rate
+
+    def estimate(self, pending: Pending) -> float:
+        """A batch's compute in ms, as its model's recent rate says (0: not known yet)."""
+        if not pending.entries:
+            return 0.0
+        return pending.cost * (self.rate(pending.entries[0].job) or 0.0)
+
+    def beyond_piece(self, pending: Pending) -> bool:
+        """More than a piece of work: it goes to an idle worker only."""
+        limit = self.settings.split_ms
+        return pending.piece or (limit > 0 and self.estimate(pending) > limit)
+
+    def fits(self, cost: int, job: Job) -> bool:
+        """Whether a merged batch of ``cost`` (like ``job``) is within bounds: the cost cap, and
+        about one piece of compute (``split_ms``), so merging does not undo the split."""
+        if cost > self.settings.batch_max_cost:
+            return False
+        rate, limit = self.rate(job), self.settings.split_ms
+        return not limit or rate is None or cost * rate <= limit
+
+    def piece_rows(self, job: Job) -> int | None:
+        """Examples per piece when ``job`` is worth splitting (about ``split_ms`` each, once
+        its compute rate is known); None: it goes whole."""
+        rate, limit = self.rate(job), self.settings.split_ms
+        if not limit or rate is None or job.key is None or job.n < 2:
+            return None
+        if job.verify or job.generation is not None:
+            return None
+        per_example = rate * job.cost / job.n
+        rows = max(1, int(limit / max(per_example, 1e-9)))
+        return rows if rows < job.n else None
+
+    def next(self, waiting: Iterable[Pending]) -> Pending | None:
+        """The batch to send next: the cheapest (its estimated compute, less ``AGING`` times
+        the time it has waited, so expensive work is never starved), ready for a worker; with
+        ``split_ms`` 0, the oldest."""
+        ready = (p for p in waiting if p.closed)
+        if not self.settings.split_ms:
+            return next(ready, None)
+        now = time.monotonic()
+        return min(
+            ready, key=lambda p: self.estimate(p) - AGING * 1e3 * (now - p.queued_at), default=None
+        )

@@ -1,0 +1,189 @@
+"""A worker group's processes: spawn, the channel, heartbeats and supervision, kill, restart.
+
+Each worker is a spawned process with one socket-pair channel (``service.worker.channel``) that
+the event loop reads and writes through asyncio streams: the loop never blocks on a worker.
+Workers send heartbeats. One silent for ``worker_timeout_s`` (stopped, hung in C code, swapped
+out), or still busy ``worker_timeout_s`` after its whole batch was cancelled, is killed and
+restarted. What a worker says (``_on_message``) and what losing one means for the requests it
+held (``_on_dead``) belong to the group (``service.pool.group``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing as mp
+import socket
+import time
+from typing import Any
+
+from model_registry.spec import ModelSpec
+from service.core.settings import Settings
+from service.pool.records import STARTUP_GRACE_S, Worker
+from service.worker.channel import frame, read_message
+from service.worker.main import worker_main
+
+log = logging.getLogger("attrserve.pool")
+
+
+class Processes:
+    """``workers``: the indices of the worker processes (unique across groups: logs, GPUs);
+    ``threads``: torch threads of each."""
+
+    def __init__(
+        self, name: str, settings: Settings, specs: list[ModelSpec], workers: range, threads: int
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.specs = specs
+        self.threads = threads
+        self.workers = [Worker(i) for i in workers]
+        self._ctx = mp.get_context("spawn")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._gpus = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- what the group decides ------------------------------------------------------------
+    def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+    def _on_dead(self, w: Worker, generation: int, reason: str, *, crashed: bool = False) -> None:
+        raise NotImplementedError
+
+    # -- start and stop --------------------------------------------------------------------
+    async def _start_processes(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        import torch
+
+        self._gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if self.workers:
+            self._background(self._supervise())
+        for w in self.workers:
+            await self._spawn(w)
+
+    async def _stop_processes(self) -> None:
+        """Stop the workers: politely, then by force."""
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        for w in self.workers:
+            if w.writer is not None:
+                with contextlib.suppress(Exception):
+                    w.writer.write(frame(None))
+        deadline = time.monotonic() + 5
+        for w in self.workers:
+            if w.process is not None:
+                await asyncio.to_thread(w.process.join, max(0.0, deadline - time.monotonic()))
+                if w.process.is_alive():
+                    w.process.kill()
+                    await asyncio.to_thread(w.process.join, 2)
+            self._close(w)
+
+    def _background(self, coro: Any) -> None:
+        task = self._running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the group was started on (set by ``start``)."""
+        if self._loop is None:
+            raise RuntimeError("the worker pool has not been started")
+        return self._loop
+
+    # -- one worker ------------------------------------------------------------------------
+    async def _spawn(self, w: Worker) -> None:
+        parent, child = socket.socketpair()
+        options = {
+            "memory_budget_bytes": self.settings.memory_budget_bytes,
+            "torch_threads": self.threads,
+            "cuda_device": (w.index % self._gpus) if self._gpus else None,
+            "heartbeat_s": self.settings.worker_timeout_s / 4,
+            "log_level": self.settings.log_level,
+        }
+        proc = self._ctx.Process(
+            target=worker_main,
+            args=(w.index, child, self.specs, options),
+            name=f"attrserve-worker-{w.index}-{self.name}",
+            daemon=True,
+        )
+        # starting a process forks/execs; off the loop so requests keep flowing meanwhile
+        await asyncio.to_thread(proc.start)
+        child.close()  # so the channel reports EOF when the worker dies
+        reader, writer = await asyncio.open_unix_connection(sock=parent)
+        w.generation += 1
+        w.process, w.writer, w.state, w.pid = proc, writer, "starting", proc.pid
+        w.outstanding.clear()
+        w.last_heard = time.monotonic() + STARTUP_GRACE_S
+        self._background(self._read(w, reader, w.generation))
+
+    async def _read(self, w: Worker, reader: asyncio.StreamReader, generation: int) -> None:
+        try:
+            while generation == w.generation:
+                msg = await read_message(reader)
+                self._on_message(w, generation, msg)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            code = w.process.exitcode if w.process is not None else None
+            how = "" if code is None else f" with code {code}"
+            self._on_dead(w, generation, f"its process exited{how}", crashed=True)
+
+    def _write(self, w: Worker, message: Any) -> None:
+        """Queue a message for the worker (the transport buffers it; never blocks)."""
+        try:
+            if w.writer is None or w.writer.is_closing():
+                raise ConnectionError("the worker has no channel")
+            w.writer.write(frame(message))
+        except (ConnectionError, OSError, RuntimeError):
+            self._running_loop().call_soon(self._on_dead, w, w.generation, "its channel broke")
+
+    async def _supervise(self) -> None:
+        """Kill workers that stopped answering, or that do not stop cancelled work."""
+        timeout = self.settings.worker_timeout_s
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for w in self.workers:
+                if w.state not in ("starting", "ready", "busy"):
+                    continue
+                silent = now - w.last_heard
+                running = w.outstanding[0] if w.outstanding else None
+                if silent > timeout:
+                    self._kill(w, f"no heartbeat for {silent:.1f} s")
+                elif (
+                    running is not None
+                    and running.abandoned_at is not None
+                    and now - running.abandoned_at > timeout
+                ):
+                    self._kill(w, f"cancelled work still running after {timeout:g} s")
+
+    def _kill(self, w: Worker, reason: str) -> None:
+        log.warning("attrserve: worker %d (pid %s) killed: %s", w.index, w.pid, reason)
+        if w.process is not None:
+            with contextlib.suppress(Exception):
+                w.process.kill()
+        self._on_dead(w, w.generation, reason)
+
+    def _close(self, w: Worker) -> None:
+        if w.writer is not None:
+            with contextlib.suppress(Exception):
+                w.writer.close()
+        w.writer = None
+
+    def _restart(self, w: Worker) -> bool:
+        """Reap a lost worker off the loop and start another: at once, or after a pause that
+        grows with its failures to load (up to 30 s). False while stopping (no restart)."""
+        failed = w.state == "failed"
+        process = w.process
+        if process is not None:
+            self._background(asyncio.to_thread(process.join, 5))
+        if self._stopping:
+            return False
+        w.restarts += 1
+        delay = min(30.0, 0.5 * 2 ** min(w.failures, 6)) if failed else 0.0
+        self._running_loop().call_later(delay, self._respawn, w)
+        return True
+
+    def _respawn(self, w: Worker) -> None:
+        if not self._stopping:
+            self._background(self._spawn(w))
