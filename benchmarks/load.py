@@ -388,6 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=5.0, help="seconds per scenario")
     p.add_argument("--max-requests", type=int, default=5000, help="cap per scenario")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument(
+        "--threads", type=int, default=0, help="ATTRSERVE_TORCH_THREADS (0: attrserve's rule)"
+    )
     p.add_argument("--only", default="", help="run only scenarios whose 'model/method' has this")
     p.add_argument(
         "--servers",
@@ -433,8 +436,9 @@ def main(argv: list[str] | None = None) -> None:
         "off": ("attrserve (batching off)", "attrserve", {"batching": "false"}),
         "minimal": ("minimal FastAPI+Captum", "minimal", {}),
     }
+    ours = {"workers": args.workers, **({"torch_threads": args.threads} if args.threads else {})}
     servers = {
-        name: (kind, {**settings, "workers": args.workers} if kind != "minimal" else settings)
+        name: (kind, {**settings, **ours} if kind != "minimal" else settings)
         for short, (name, kind, settings) in every.items()
         if short in args.servers.split(",")
     }

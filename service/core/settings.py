@@ -132,7 +132,8 @@ class Settings(BaseModel):
     torch_threads: int | None = Field(
         default=None,
         ge=1,
-        description="torch threads per worker (unset: the cores but one, shared by the workers)",
+        description="torch threads of every worker, fixed (unset: the workers share the cores "
+        "batch by batch: one thread for a small batch, the free cores for a big one)",
     )
     api_keys: tuple[ApiKey, ...] = Field(
         default=(), description='JSON list of {"key"|"sha256", "models"}; empty: no authentication'

@@ -62,6 +62,8 @@ class Job:
 class Batch:
     id: int
     jobs: list[Job]
+    #: torch intra-op threads to compute on (``service.pool.cores``)
+    threads: int = 1
 
 
 @dataclass

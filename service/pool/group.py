@@ -40,9 +40,11 @@ from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Batch, Job, Reply
 from service.pool import split
+from service.pool.cores import Cores
 from service.pool.costs import Costs
 from service.pool.processes import Processes
 from service.pool.records import DEPTH, PREEMPTED, Entry, Pending, Worker
+from service.worker import threads
 
 log = logging.getLogger("attrserve.pool")
 __all__ = ["PREEMPTED", "Entry", "Group"]
@@ -52,7 +54,7 @@ LOADING, READY, FAILED = "loading", "ready", "failed"
 
 class Group(Processes):
     """``workers``: the indices of its worker processes (unique across groups: logs, GPUs);
-    ``threads``: torch threads of each."""
+    ``cores``: the cores shared with the other groups (default: this group's alone)."""
 
     def __init__(
         self,
@@ -61,9 +63,11 @@ class Group(Processes):
         specs: list[ModelSpec],
         telemetry: Telemetry,
         workers: range,
-        threads: int = 1,
+        cores: Cores | None = None,
     ) -> None:
-        super().__init__(name, settings, specs, workers, threads)
+        if cores is None:
+            cores = Cores(threads.cpu_count(), settings.torch_threads, lambda: self.workers)
+        super().__init__(name, settings, specs, workers, cores)
         self.telemetry = telemetry
         self.model_info: dict[str, dict[str, Any]] = {}
         #: models a worker could not load, with the reason (its last report)
@@ -341,11 +345,13 @@ class Group(Processes):
             e.dispatched = now
         w.state = "busy"
         pending.worker = w
+        pending.threads = self.cores.grant(w, self.costs.estimate(pending))
         w.outstanding.append(pending)
         self.telemetry.batch_size.observe(len(pending.entries))
         if len(pending.entries) > 1:
             self.telemetry.merged.inc(len(pending.entries))
-        self._write(w, ("batch", Batch(pending.id, [e.job for e in pending.entries])))
+        jobs = [e.job for e in pending.entries]
+        self._write(w, ("batch", Batch(pending.id, jobs, pending.threads)))
 
     # -- worker messages -------------------------------------------------------------------
     def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:

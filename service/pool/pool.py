@@ -8,8 +8,9 @@ starts a group with a model's new entry beside the one serving it and swaps them
 one is ready (a failed load leaves the old one serving); ``unload`` stops routing to a model,
 and its group, once no model of it is routed, finishes the work it holds and stops.
 
-Threads: each worker gets ``ATTRSERVE_TORCH_THREADS``, else the cores but one shared among
-every worker of every group (``service.worker.threads``); this process keeps one.
+Threads: every worker of every group shares the machine's cores, handed out per batch
+(``service.pool.cores``: one thread for small batches, the free cores for big ones), unless
+``ATTRSERVE_TORCH_THREADS`` fixes each worker's count; this process keeps one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from service.core.errors import LoadFailed, ModelUnavailable, NotReady, UnknownM
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Job
+from service.pool.cores import Cores
 from service.pool.group import FAILED, LOADING, READY, Group
 from service.pool.records import PREEMPTED, Entry, Worker
 from service.worker import threads
@@ -64,24 +66,27 @@ class WorkerPool:
         self._draining = False
         self._repository = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.cores = Cores(
+            threads.cpu_count(),
+            settings.torch_threads,
+            lambda: [w for g in (*self.groups, *self._retiring) for w in g.workers],
+        )
         if per_group:
             members: dict[str, list[ModelSpec]] = {}
             for s in specs:
                 members.setdefault(s.group_name, []).append(s)
-            total = sum(self._size(m) for m in members.values())
             for name, group_specs in members.items():
-                self._route(self._group(name, group_specs, total))
+                self._route(self._group(name, group_specs))
 
     # -- groups ----------------------------------------------------------------------------
     def _size(self, specs: list[ModelSpec]) -> int:
         return next((s.workers for s in specs if s.workers is not None), self.per_group)
 
-    def _group(self, name: str, specs: list[ModelSpec], total_workers: int) -> Group:
+    def _group(self, name: str, specs: list[ModelSpec]) -> Group:
         n = self._size(specs)
         first, self._indices = self._indices, self._indices + n
-        threads_each = threads.worker_threads(self.settings.torch_threads, total_workers)
         return Group(
-            name, self.settings, specs, self.telemetry, range(first, first + n), threads_each
+            name, self.settings, specs, self.telemetry, range(first, first + n), self.cores
         )
 
     def _route(self, group: Group) -> None:
@@ -222,8 +227,7 @@ class WorkerPool:
                 if mid != spec.id and self.specs[mid].group_name == name
             ]
             members.append(spec)
-            total = len(self.workers) + self._size(members)
-            group = self._group(name, members, total)
+            group = self._group(name, members)
             self._retiring.add(group)  # stopped with the pool if the server stops meanwhile
             await group.start()
             await self.settled([group])

@@ -20,6 +20,7 @@ from typing import Any
 
 from model_registry.spec import ModelSpec
 from service.core.settings import Settings
+from service.pool.cores import Cores
 from service.pool.records import STARTUP_GRACE_S, Worker
 from service.worker.channel import frame, read_message
 from service.worker.main import worker_main
@@ -29,15 +30,15 @@ log = logging.getLogger("attrserve.pool")
 
 class Processes:
     """``workers``: the indices of the worker processes (unique across groups: logs, GPUs);
-    ``threads``: torch threads of each."""
+    ``cores``: the cores the workers share (each batch says its threads)."""
 
     def __init__(
-        self, name: str, settings: Settings, specs: list[ModelSpec], workers: range, threads: int
+        self, name: str, settings: Settings, specs: list[ModelSpec], workers: range, cores: Cores
     ) -> None:
         self.name = name
         self.settings = settings
         self.specs = specs
-        self.threads = threads
+        self.cores = cores
         self.workers = [Worker(i) for i in workers]
         self._ctx = mp.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,7 +98,7 @@ class Processes:
         parent, child = socket.socketpair()
         options = {
             "memory_budget_bytes": self.settings.memory_budget_bytes,
-            "torch_threads": self.threads,
+            "torch_threads": self.cores.fixed or 1,
             "cuda_device": (w.index % self._gpus) if self._gpus else None,
             "heartbeat_s": self.settings.worker_timeout_s / 4,
             "log_level": self.settings.log_level,

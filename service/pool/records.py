@@ -36,6 +36,8 @@ class Pending:
     preempted: bool = False
     #: a piece of a split synchronous request (``service.pool.split``): to an idle worker only
     piece: bool = False
+    #: torch threads it computes on (``service.pool.cores``), set when it is sent
+    threads: int = 1
     queued_at: float = field(default_factory=time.monotonic)
 
 

@@ -116,6 +116,7 @@ def worker_main(
         batch = inbox.get()
         if batch is None:
             return
+        threads.use(batch.threads)
         replies = run_batch(models, batch.jobs, kinds.run, control)
         control.forget(batch.jobs)
         try:

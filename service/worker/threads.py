@@ -1,8 +1,9 @@
-"""Torch thread counts: oversubscribed OpenMP pools make small ops ~50x slower.
+"""Torch thread counts: the cores a process may use, and setting its intra-op threads.
 
-On a small machine, a torch process whose intra-op pool spans every core spins and stalls as
-soon as another process (the HTTP server, another worker) wants a core. Workers therefore
-share the cores left after the server process, and the server process keeps one thread.
+Oversubscribed OpenMP pools make small ops ~50x slower: a torch process whose intra-op pool
+spans every core spins and stalls as soon as another process (the HTTP server, another worker)
+wants a core. So the server process keeps one thread, and the workers share the cores batch
+by batch (``service.pool.cores`` decides how many threads each batch computes on).
 """
 
 from __future__ import annotations
@@ -57,11 +58,13 @@ def _cores(quota: str | None, period: str | None) -> int | None:
     return math.ceil(q / p) if q > 0 and p > 0 else None
 
 
-def worker_threads(configured: int | None, n_workers: int) -> int:
-    """``ATTRSERVE_TORCH_THREADS`` if set, else the cores but one shared among the workers."""
-    if configured:
-        return configured
-    return max(1, (cpu_count() - 1) // max(1, n_workers))
+def use(threads: int) -> None:
+    """Compute on ``threads`` intra-op threads from now on (a batch's count; cheap when it
+    does not change)."""
+    import torch
+
+    if threads >= 1 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def limit(threads: int) -> None:

@@ -103,12 +103,15 @@ def models_dir(tmp: Path, toml: str = MODELS_TOML) -> Path:
 def start_server(
     tmp: Path, *, toml: str = MODELS_TOML, every_model: bool = True, **settings: object
 ) -> Server:
-    """A server for ``toml`` (a models.toml), ready (``every_model``: with every model)."""
+    """A server for ``toml`` (a models.toml), ready (``every_model``: with every model).
+
+    Its workers compute on one thread each unless ``torch_threads`` says otherwise (None: the
+    server's own rule, ``service.pool.cores``)."""
     port = free_port()
     settings.setdefault("data_dir", tmp / "data")  # jobs: never in the working tree
+    settings.setdefault("torch_threads", 1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
-    env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
-    env["ATTRSERVE_TORCH_THREADS"] = env.get("ATTRSERVE_TORCH_THREADS", "1")
+    env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items() if v is not None})
     log = tmp / f"server-{port}.log"
     cmd = [
         sys.executable,

@@ -88,3 +88,21 @@ def stuck() -> nn.Module:
 
 def crashy() -> nn.Module:
     return Faulty("crash")
+
+
+class Threads(nn.Module):
+    """[N, 2] -> 2 classes whose outputs are the torch threads it computes on (each forward
+    takes at least 5 ms: a batch big enough to share the cores by ``service.pool.cores``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.005)
+        return self.fc(x) * 0 + torch.get_num_threads()
+
+
+def threads() -> nn.Module:
+    torch.manual_seed(0)
+    return Threads()

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.worker.threads import cpu_count
 from tests.service.conftest import REPO, Server, free_port, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -53,6 +54,12 @@ id = "slow"
 source = "python:tests.service.factory:slow"
 labels = ["a", "b"]
 inputs = [{ name = "x", dtype = "float32", shape = ["N", 2] }]
+
+[[models]]
+id = "threads"
+source = "python:tests.service.factory:threads"
+labels = ["a", "b"]
+inputs = [{ name = "x", dtype = "float32", shape = ["N", 2] }]
 """
 USER, ADMIN = "k-user", "k-admin"
 KEYS = {"api_keys": f'[{{"key": "{USER}"}}]', "admin_keys": f'[{{"key": "{ADMIN}"}}]'}
@@ -68,11 +75,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         toml=HEALTHY + BROKEN + FAULTY,
         every_model=False,
         worker_timeout_s=2,
+        torch_threads=None,  # the cores shared batch by batch (test_threads_follow_the_work)
         **KEYS,
     )
     try:
         wait_states(s, {"healthy": "ready", "broken": "failed", "stuck": "ready"})
-        wait_states(s, {"crashy": "ready", "slow": "ready"})
+        wait_states(s, {"crashy": "ready", "slow": "ready", "threads": "ready"})
         yield s
     finally:
         stop_server(s)
@@ -176,6 +184,21 @@ def test_a_crash_fails_its_model_at_once_then_it_recovers(served: Server) -> Non
     healthy_is_prompt(served)
     wait_states(served, {"crashy": "ready"})
     assert attribute(served, "crashy", X2).status_code == 200
+
+
+@pytest.mark.skipif(cpu_count() < 2, reason="one core: every batch computes on one thread")
+def test_threads_follow_the_work(served: Server) -> None:
+    """A batch of unknown cost computes on one thread; once its model's rate says it takes
+    more than a couple of milliseconds, on every core no other batch holds."""
+    seen = []
+    for _ in range(20):
+        r = attribute(served, "threads", X2)
+        assert r.status_code == 200, r.text
+        seen.append(int(r.json()["outputs"][0]))
+        if seen[-1] == cpu_count():
+            break
+    assert seen[0] == 1 and seen[-1] == cpu_count(), seen
+    assert attribute(served, "healthy", TAB).status_code == 200
 
 
 def pid_of(s: Server, group: str) -> int:

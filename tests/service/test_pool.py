@@ -1,6 +1,6 @@
 """A worker group's dispatch without processes: adaptive batching, one sealed batch ready behind the
-running one, the queue limit counting that ready batch, requeueing it when a worker dies, and
-cancellation freeing queue slots at once."""
+running one, the queue limit counting that ready batch, requeueing it when a worker dies,
+cancellation freeing queue slots at once, and the threads each batch computes on."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from service.core.errors import QueueFull, WorkerLost
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import PREDICT, Batch, Job, Reply
+from service.pool.cores import Cores
 from service.pool.group import Group
+from service.pool.records import Pending, Worker
 from service.worker.channel import HEADER
 
 
@@ -266,3 +268,33 @@ async def _preempt_behind() -> None:
 
 def test_a_job_chunk_is_preempted_for_work_in_the_ready_slot() -> None:
     asyncio.run(_preempt_behind())
+
+
+async def _threads() -> None:
+    p, conn = pool()
+    other = Worker(99)  # another group's worker
+    p.cores = Cores(4, None, lambda: [*p.workers, other])
+    p.submit(job(1, key=None))  # rate unknown: one thread
+    answer(p, conn.sent[0], compute_ms=50.0)  # 50 ms per row
+    p.submit(job(2, key=None))  # 50 ms: every core
+    answer(p, conn.sent[1], compute_ms=50.0)
+    other.outstanding.append(Pending(0, [], 1, None, threads=2))  # it computes on two
+    p.submit(job(3, key=None))  # the two cores left
+    answer(p, conn.sent[2], compute_ms=50.0)
+    other.outstanding.append(Pending(1, [], 1, None, threads=4))  # behind: not counted
+    p.submit(job(4, key=None))
+    answer(p, conn.sent[3], compute_ms=50.0)
+    other.outstanding.clear()
+    p.costs.rates["m", "saliency"] = 0.5  # a batch of 0.5 ms: one thread, cores free or not
+    p.submit(job(5, key=None))
+    assert [b.threads for b in conn.sent] == [1, 4, 2, 2, 1]
+    p.cores = Cores(4, 2, lambda: p.workers)  # ATTRSERVE_TORCH_THREADS: fixed
+    answer(p, conn.sent[4])
+    p.submit(job(6, key=None))
+    assert conn.sent[5].threads == 2
+
+
+def test_threads_follow_the_work() -> None:
+    """A batch computes on one thread when it is small or its cost unknown, else on every
+    core no other worker's running batch holds (at least one)."""
+    asyncio.run(_threads())
