@@ -5,6 +5,9 @@
 (1) Synchronous tabular IG, p50/p99 at N clients, without and with a long image job running.
 (2) Occlusion over N images: examples/s as one job, as synchronous requests of 100 images
     (4 at a time), and with the offline CLI (``attrserve attribute``), on the same machine.
+(3) The job path's CPU: 2,000 tabular IG rows as one job (submit, run, fetch the JSON
+    result), the server's and the worker's CPU time (/proc), against the engine called
+    directly on the same rows in this process (warm, one thread, as the worker computes).
 Not a timed test: numbers depend on the machine.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import os
 import subprocess
 import sys
 import tempfile
@@ -102,11 +106,56 @@ def cli(x: np.ndarray) -> float | None:
         return time.perf_counter() - t0
 
 
+def cpu_s(pid: int) -> float:
+    """A process's user + system CPU time so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def job_cpu(c: httpx.Client, server_pid: int, x: np.ndarray, reps: int) -> tuple[float, float]:
+    """Mean CPU seconds (server, tabular-mlp's worker) per job over ``x``, after two warm-up
+    jobs (the first teaches the pool the model's rate)."""
+    workers = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]]
+    body = {"method": "integrated_gradients", "inputs": x.tolist(), "target": 0}
+    server = worker = 0.0
+    for rep in range(reps + 2):
+        before = cpu_s(server_pid), sum(cpu_s(p) for p in workers)
+        r = c.post("/v1/models/tabular-mlp/attribution-jobs", json=body)
+        r.raise_for_status()
+        job_id = r.json()["id"]
+        while c.get(f"/v1/jobs/{job_id}").json()["status"] not in ("succeeded", "failed"):
+            time.sleep(0.05)
+        c.get(f"/v1/jobs/{job_id}/result").raise_for_status()
+        if rep >= 2:
+            server += cpu_s(server_pid) - before[0]
+            worker += sum(cpu_s(p) for p in workers) - before[1]
+    return server / reps, worker / reps
+
+
+def engine_cpu(x: np.ndarray, reps: int) -> float:
+    """CPU seconds of ``methods.attribute`` over ``x`` (tabular IG), warm, one thread."""
+    import torch
+
+    import methods
+    import model_registry
+
+    torch.set_num_threads(1)
+    (spec,) = [s for s in model_registry.builtin_specs() if s.id == "tabular-mlp"]
+    model, xt = model_registry.load(spec).model, torch.from_numpy(x)
+    runs = []
+    for _ in range(reps + 1):
+        t0 = time.process_time()
+        methods.attribute(model, xt, "integrated_gradients", target=0, internal_batch_size=512)
+        runs.append(time.process_time() - t0)
+    return float(np.median(runs[1:]))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="benchmarks.jobs", description=__doc__)
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--reps", type=int, default=10, help="jobs measured for (3)")
     args = p.parse_args(argv)
     x = images(args.images)
     tmp = tempfile.mkdtemp(prefix="attrserve-bench-")
@@ -140,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         _, job_s = run_job(c, x)
         sync_s = asyncio.run(sync_bulk(url, x, 100, 4))
+        rows_x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float32)
+        server_s, worker_s = job_cpu(c, proc.pid, rows_x, args.reps)
     finally:
         stop(proc)
     cli_s = cli(x)
@@ -152,6 +203,16 @@ def main(argv: list[str] | None = None) -> None:
     ):
         if secs is not None:
             rows.append(f"| {name} | {secs:.2f} | {args.images / secs:.1f} |")
+    engine_s = engine_cpu(rows_x, args.reps)
+    rows.append("\n| 2,000 tabular IG rows | CPU ms | x engine |")
+    rows.append("|---|---|---|")
+    for name, secs in (
+        ("engine called directly (warm, one thread)", engine_s),
+        ("job: the worker", worker_s),
+        ("job: the server (HTTP in and out, store, chunks)", server_s),
+        ("job: in all", worker_s + server_s),
+    ):
+        rows.append(f"| {name} | {secs * 1e3:.1f} | {secs / engine_s:.2f} |")
     print("\n".join(rows))
 
 

@@ -170,7 +170,9 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         larger={JOB_SUBMIT: settings.max_job_body_bytes},
     )
     if settings.gzip_min_bytes is not None:
-        inner = GZipMiddleware(inner, minimum_size=settings.gzip_min_bytes)
+        inner = GZipMiddleware(
+            inner, minimum_size=settings.gzip_min_bytes, compresslevel=settings.gzip_level
+        )
     if settings.cors_origins:  # outside the keys: a browser's preflight carries none
         inner = CORSMiddleware(
             inner,

@@ -191,9 +191,10 @@ class Settings(BaseModel):
         default=100, ge=1, description="jobs queued or running at once (429 above)"
     )
     job_chunk_cost: int = Field(
-        default=2048,
+        default=131072,
         ge=1,
-        description="a job's chunks hold at most about this many forward rows",
+        description="a job's chunks hold at most about this many forward rows (chunks are "
+        "sized by job_chunk_ms; the engine evaluates a chunk internal_batch_size rows at a time)",
     )
     job_chunk_ms: float = Field(
         default=100,
@@ -218,6 +219,13 @@ class Settings(BaseModel):
         default=16384,
         ge=1,
         description="gzip responses at least this large for clients that accept it (unset: off)",
+    )
+    gzip_level: int = Field(
+        default=1,
+        ge=1,
+        le=9,
+        description="gzip compression level (1: fastest; on 220 KB of attributions JSON, level 1 "
+        "takes 4 ms for 48% of the size, level 9 29 ms for 43%)",
     )
 
     @field_validator("cors_origins", mode="before")

@@ -1,6 +1,7 @@
 """What work costs in a worker group: each model and method's measured compute per forward
 row, and what follows from it: the queue's order (cheapest first), how far requests merge,
-and into how many pieces an expensive request is split (``ATTRSERVE_SPLIT_MS``)."""
+into how many pieces an expensive request is split (``ATTRSERVE_SPLIT_MS``), and whether a
+batch computes on more than one thread (``service.pool.cores``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from service.pool.records import Pending
 #: how much waiting counts against a batch's estimated compute in the queue's order: a 100 ms
 #: piece goes before fresh 1 ms work once it has waited about 10 s (nothing starves)
 AGING = 0.01
+#: estimated compute (ms) from which a batch may compute on more than one thread: below it,
+#: tensors are too small for torch to split and waking a thread team costs more than it saves
+PARALLEL_MS = 2.0
+#: more threads are kept for a model and method while they measure at least this much faster
+#: per row than one thread (else one thread: its ops are too small to split, or too many)
+PARALLEL_GAIN = 0.9
+#: one in this many big batches runs on the thread count not chosen, to measure it again
+RETRY = 16
 
 
 class Costs:
@@ -21,6 +30,9 @@ class Costs:
         self.settings = settings
         #: compute per unit of cost (ms per forward row) by model and method
         self.rates: dict[tuple[str, str], float] = {}
+        #: the same from batches over PARALLEL_MS only, on one thread (False) and on more (True)
+        self.by_threads: dict[tuple[str, str], dict[bool, float]] = {}
+        self._big: dict[tuple[str, str], int] = {}
 
     def rate(self, job: Job) -> float | None:
         return self.rates.get((job.model_id, job.method))
@@ -32,8 +44,32 @@ class Costs:
             return
         job = pending.entries[0].job
         rate = max(r.compute_ms for r in done) / pending.cost  # merged: one shared call
-        old = self.rate(job)
-        self.rates[job.model_id, job.method] = rate if old is None else 0.7 * old + 0.3 * rate
+        self.rates[job.model_id, job.method] = _average(self.rate(job), rate)
+        if pending.timed:
+            sides = self.by_threads.setdefault((job.model_id, job.method), {})
+            many = pending.threads > 1
+            sides[many] = _average(sides.get(many), rate)
+
+    def parallel(self, pending: Pending) -> bool:
+        """Whether ``pending`` may compute on more than one thread: it is big enough
+        (``PARALLEL_MS``), and more threads measured faster per row on its model and method's
+        big batches. Untried, more threads are tried first, then one, then the faster kept;
+        every ``RETRY``-th big batch runs the other way, so the choice follows the load."""
+        if not pending.timed or not pending.entries:
+            return False
+        job = pending.entries[0].job
+        key = (job.model_id, job.method)
+        sides = self.by_threads.get(key, {})
+        if True not in sides or False not in sides:
+            return True not in sides
+        self._big[key] = self._big.get(key, 0) + 1
+        faster = sides[True] < PARALLEL_GAIN * sides[False]
+        return not faster if self._big[key] % RETRY == 0 else faster
+
+    def timed(self, pending: Pending) -> bool:
+        """Whether the batch is big enough for more threads (``PARALLEL_MS``); its time then
+        teaches the one-thread / more-threads comparison."""
+        return self.estimate(pending) >= PARALLEL_MS
 
     def estimate(self, pending: Pending) -> float:
         """A batch's compute in ms, as its model's recent rate says (0: not known yet)."""
@@ -77,3 +113,8 @@ class Costs:
         return min(
             ready, key=lambda p: self.estimate(p) - AGING * 1e3 * (now - p.queued_at), default=None
         )
+
+
+def _average(old: float | None, new: float) -> float:
+    """A moving average of a rate (the first measurement as it is)."""
+    return new if old is None else 0.7 * old + 0.3 * new

@@ -345,7 +345,8 @@ class Group(Processes):
             e.dispatched = now
         w.state = "busy"
         pending.worker = w
-        pending.threads = self.cores.grant(w, self.costs.estimate(pending))
+        pending.timed = self.costs.timed(pending)
+        pending.threads = self.cores.grant(w, many=self.costs.parallel(pending))
         w.outstanding.append(pending)
         self.telemetry.batch_size.observe(len(pending.entries))
         if len(pending.entries) > 1:

@@ -212,6 +212,12 @@ class WorkerPool:
         if entry.group is not None:
             entry.group.cancel(entry)
 
+    def rate(self, job: Job) -> float | None:
+        """Measured compute per unit of cost (ms per forward row) of the job's model and
+        method, from its recent batches; None before any."""
+        group = self.routes.get(job.model_id)
+        return None if group is None else group.costs.rate(job)
+
     # -- the model repository --------------------------------------------------------------
     async def load(self, spec: ModelSpec) -> None:
         """Serve ``spec`` (a changed or a new entry): its group starts anew beside the one

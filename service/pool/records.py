@@ -36,8 +36,10 @@ class Pending:
     preempted: bool = False
     #: a piece of a split synchronous request (``service.pool.split``): to an idle worker only
     piece: bool = False
-    #: torch threads it computes on (``service.pool.cores``), set when it is sent
+    #: torch threads it computes on (``service.pool.cores``), set when it is sent; timed: big
+    #: enough for more, its time compares one thread with more (``Costs.parallel``)
     threads: int = 1
+    timed: bool = False
     queued_at: float = field(default_factory=time.monotonic)
 
 

@@ -217,3 +217,19 @@ def test_settings_from_env() -> None:
     assert s.api_keys[0].allows("tabular-mlp") and not s.api_keys[0].allows("image-cnn")
     with pytest.raises(SystemExit, match="ATTRSERVE_WORKERS"):
         Settings.from_env({"ATTRSERVE_WORKERS": "many"})
+
+
+def test_large_responses_are_gzipped_at_the_set_level() -> None:
+    """Responses over ATTRSERVE_GZIP_MIN_BYTES are gzipped for clients that accept it, at
+    ATTRSERVE_GZIP_LEVEL (1 by default: a few ms of CPU rather than level 9's tens)."""
+    sizes = {}
+    for level in (1, 9):
+        app = create_app(Settings(gzip_level=level), start_workers=False)
+        with TestClient(app) as c:
+            r = c.get("/openapi.json", headers={"Accept-Encoding": "gzip"})
+            assert r.headers["content-encoding"] == "gzip" and r.json()["openapi"]
+            sizes[level] = r.num_bytes_downloaded
+            plain = c.get("/openapi.json", headers={"Accept-Encoding": "identity"})
+            assert "content-encoding" not in plain.headers
+            assert plain.num_bytes_downloaded > sizes[level]
+    assert sizes[1] > sizes[9]

@@ -99,6 +99,31 @@ def test_job_equals_the_synchronous_answer(jobs_server: Server) -> None:
             assert z["outputs"].shape == (300,)
 
 
+def chunks_run(c: httpx.Client) -> float:
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith("attrserve_job_chunk_seconds_count"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_cheap_job_runs_in_one_chunk_once_its_cost_is_known(jobs_server: Server) -> None:
+    """The first chunk is sized from the model and method's measured rate (a synchronous
+    request taught it): a job that takes well under ATTRSERVE_JOB_CHUNK_MS runs whole, not in
+    small chunks that each pay the engine's fixed costs again."""
+    x = np.random.default_rng(1).random((240, 8), dtype=np.float32).tolist()
+    body = {"method": "input_x_gradient", "inputs": x, "target": 0}
+    with jobs_server.client() as c:
+        for _ in range(3):  # the rate, measured
+            r = c.post("/v1/models/tabular-mlp/attributions", json=body, headers=A)
+            assert r.status_code == 200, r.text
+        before = chunks_run(c)
+        job_id = submit(c, "tabular-mlp", body, A)
+        assert wait(c, job_id, A)["status"] == "succeeded"
+        assert chunks_run(c) - before == 1
+        result = c.get(f"/v1/jobs/{job_id}/result", headers=A).json()
+        np.testing.assert_allclose(result["attributions"], r.json()["attributions"], rtol=1e-6)
+
+
 def test_texts_and_errors_at_submission(jobs_server: Server) -> None:
     with jobs_server.client() as c:
         texts = ["a wonderful film", "dull", "a great and wonderful plot"] * 5

@@ -18,6 +18,7 @@ from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import PREDICT, Batch, Job, Reply
 from service.pool.cores import Cores
+from service.pool.costs import RETRY
 from service.pool.group import Group
 from service.pool.records import Pending, Worker
 from service.worker.channel import HEADER
@@ -274,27 +275,38 @@ async def _threads() -> None:
     p, conn = pool()
     other = Worker(99)  # another group's worker
     p.cores = Cores(4, None, lambda: [*p.workers, other])
-    p.submit(job(1, key=None))  # rate unknown: one thread
-    answer(p, conn.sent[0], compute_ms=50.0)  # 50 ms per row
-    p.submit(job(2, key=None))  # 50 ms: every core
-    answer(p, conn.sent[1], compute_ms=50.0)
+
+    def run(i: int, compute_ms: float, method: str = "saliency") -> int:
+        p.submit(dataclasses.replace(job(i, key=None), method=method))
+        answer(p, conn.sent[-1], compute_ms=compute_ms)
+        return conn.sent[-1].threads
+
+    assert run(1, 50.0) == 1  # its cost unknown: one thread
+    assert run(2, 20.0) == 4  # 50 ms: more threads are tried first, on every core...
+    assert run(3, 50.0) == 1  # ...then one...
+    assert run(4, 20.0) == 4  # ...and the faster kept
     other.outstanding.append(Pending(0, [], 1, None, threads=2))  # it computes on two
-    p.submit(job(3, key=None))  # the two cores left
-    answer(p, conn.sent[2], compute_ms=50.0)
     other.outstanding.append(Pending(1, [], 1, None, threads=4))  # behind: not counted
-    p.submit(job(4, key=None))
-    answer(p, conn.sent[3], compute_ms=50.0)
+    assert run(5, 20.0) == 2  # the cores left
     other.outstanding.clear()
+    # a model whose ops are too small to split: one thread once both were measured
+    assert [run(i, ms, "ig") for i, ms in [(7, 9.0), (8, 10.0), (9, 9.0), (10, 9.0)]] == [
+        1,
+        4,
+        1,
+        1,
+    ]
+    # every RETRY-th big batch measures the other way
+    threads = [run(i, 9.0, "ig") for i in range(11, 11 + RETRY)]
+    assert sorted(threads) == [1] * (RETRY - 1) + [4]
     p.costs.rates["m", "saliency"] = 0.5  # a batch of 0.5 ms: one thread, cores free or not
-    p.submit(job(5, key=None))
-    assert [b.threads for b in conn.sent] == [1, 4, 2, 2, 1]
+    assert run(40, 0.5) == 1
     p.cores = Cores(4, 2, lambda: p.workers)  # ATTRSERVE_TORCH_THREADS: fixed
-    answer(p, conn.sent[4])
-    p.submit(job(6, key=None))
-    assert conn.sent[5].threads == 2
+    assert run(41, 0.5) == 2 and run(42, 50.0) == 2
 
 
 def test_threads_follow_the_work() -> None:
-    """A batch computes on one thread when it is small or its cost unknown, else on every
-    core no other worker's running batch holds (at least one)."""
+    """A batch computes on one thread when it is small, its cost unknown, or more threads
+    measured no faster on its model and method; else on every core no other worker's running
+    batch holds (at least one)."""
     asyncio.run(_threads())
