@@ -5,7 +5,9 @@ batch computes on more than one thread (``service.pool.cores``)."""
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Iterable
 
 from service.core.settings import Settings
@@ -23,6 +25,9 @@ PARALLEL_MS = 2.0
 PARALLEL_GAIN = 0.9
 #: one in this many big batches runs on the thread count not chosen, to measure it again
 RETRY = 16
+#: the comparison takes the median of each side's last this many rates: a batch that
+#: stalled while the server process took a core must not flip the choice
+SAMPLES = 8
 
 
 class Costs:
@@ -30,8 +35,9 @@ class Costs:
         self.settings = settings
         #: compute per unit of cost (ms per forward row) by model and method
         self.rates: dict[tuple[str, str], float] = {}
-        #: the same from batches over PARALLEL_MS only, on one thread (False) and on more (True)
-        self.by_threads: dict[tuple[str, str], dict[bool, float]] = {}
+        #: the last rates of batches over PARALLEL_MS only, on one thread (False) and on more
+        #: (True), by model and method
+        self.by_threads: dict[tuple[str, str], dict[bool, deque[float]]] = {}
         self._big: dict[tuple[str, str], int] = {}
 
     def rate(self, job: Job) -> float | None:
@@ -47,14 +53,14 @@ class Costs:
         self.rates[job.model_id, job.method] = _average(self.rate(job), rate)
         if pending.timed:
             sides = self.by_threads.setdefault((job.model_id, job.method), {})
-            many = pending.threads > 1
-            sides[many] = _average(sides.get(many), rate)
+            sides.setdefault(pending.threads > 1, deque(maxlen=SAMPLES)).append(rate)
 
     def parallel(self, pending: Pending) -> bool:
         """Whether ``pending`` may compute on more than one thread: it is big enough
         (``PARALLEL_MS``), and more threads measured faster per row on its model and method's
-        big batches. Untried, more threads are tried first, then one, then the faster kept;
-        every ``RETRY``-th big batch runs the other way, so the choice follows the load."""
+        big batches (the medians of their last ``SAMPLES``). Untried, more threads are tried
+        first, then one, then the faster kept; every ``RETRY``-th big batch runs the other way,
+        so the choice follows the load."""
         if not pending.timed or not pending.entries:
             return False
         job = pending.entries[0].job
@@ -63,7 +69,8 @@ class Costs:
         if True not in sides or False not in sides:
             return True not in sides
         self._big[key] = self._big.get(key, 0) + 1
-        faster = sides[True] < PARALLEL_GAIN * sides[False]
+        many, one = (statistics.median(sides[s]) for s in (True, False))
+        faster = many < PARALLEL_GAIN * one
         return not faster if self._big[key] % RETRY == 0 else faster
 
     def timed(self, pending: Pending) -> bool:
