@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import pickle
 import signal
 import threading
@@ -272,7 +273,7 @@ class Attributor:
         from service.cli import offline
         from service.core.errors import ServiceError
 
-        out: dict[str, list[Any]] = {"chunk": [], "result": []}
+        out: dict[str, list[Any]] = {"chunk": [], "result": [], "actor": []}
         for k, payload in zip(batch["chunk"], batch["payload"], strict=True):
             request, examples, span = pickle.loads(payload)
             try:
@@ -284,7 +285,12 @@ class Attributor:
                 result = ("error", offline.describe(err, span))
             out["chunk"].append(int(k))
             out["result"].append(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
-        return {"chunk": np.array(out["chunk"]), "result": np.array(out["result"], dtype=object)}
+            out["actor"].append(os.getpid())
+        return {
+            "chunk": np.array(out["chunk"]),
+            "result": np.array(out["result"], dtype=object),
+            "actor": np.array(out["actor"]),
+        }
 
 
 def attribute(args: argparse.Namespace) -> int:
@@ -332,8 +338,10 @@ def attribute(args: argparse.Namespace) -> int:
     # refusal is reported once every chunk before it is kept: what the local command leaves
     finished: dict[int, Any] = {}
     refused: tuple[int, str] | None = None
+    actors_seen: set[int] = set()
     for row in results.iter_rows():
         k = int(row["chunk"])
+        actors_seen.add(int(row["actor"]))
         status, value = pickle.loads(row["result"])
         if status == "error" and (refused is None or k < refused[0]):
             refused = (k, value)
@@ -353,7 +361,10 @@ def attribute(args: argparse.Namespace) -> int:
     offline.write_output(args.output, list(progress.chunks()))
     progress.remove()
     if not args.quiet:
-        offline.say(f"wrote {n} examples to {args.output}")
+        offline.say(
+            f"wrote {n} examples to {args.output} ({len(rows)} chunks on "
+            f"{len(actors_seen)} of {actors} Ray Data actors)"
+        )
     return 0
 
 

@@ -1,9 +1,10 @@
 """Scale-out on Ray (``service.cli.ray``): the app on Ray Serve, a file job on Ray Data.
 
-A local Ray instance (3 logical CPUs: two Serve replicas and one Ray Data actor; no dashboard,
-a small object store) is started once for the module and shut down after it. Two replicas of
-the app answer through Ray Serve's HTTP proxy exactly as a plain ``attrserve serve`` does, and
-``attribute --ray`` writes the file the local command writes.
+A local Ray instance (3 logical CPUs; no dashboard, a small object store) is started once for
+the module and shut down after it. ``attribute --ray`` spreads its chunks over an actor per
+free CPU (first, while every CPU is free), two replicas of the app answer through Ray Serve's
+HTTP proxy exactly as a plain ``attrserve serve`` does (they then hold two CPUs, and Ray Data
+gets one actor), and ``attribute --ray`` writes the file the local command writes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,25 @@ def _same(a: Any, b: Any) -> None:
 
 def _post(url: str, model: str, body: dict[str, Any], **kw: Any) -> httpx.Response:
     return httpx.post(f"{url}/v1/models/{model}/attributions", json=body, timeout=60, **kw)
+
+
+def test_ray_data_spreads_the_chunks_over_its_actors(
+    local_ray: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each free CPU gets an actor, started at once, and the chunks spread over them (a pool
+    growing from one actor let the first, already loaded, take every block). First in the
+    module: no Serve replica holds a CPU yet."""
+    x = np.random.default_rng(0).normal(size=(24, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    argv = ["attribute", "--inputs", str(tmp_path / "x.npy"), "--model", "tabular-mlp",
+            "--target", "1", "--method", "integrated_gradients", "--batch-size", "2",
+            "--ray", "--output", str(tmp_path / "b.npz")]  # fmt: skip
+    assert ray_cli.attribute(build_parser().parse_args(argv)) == 0
+    err = capsys.readouterr().err
+    found = re.search(r"\((\d+) chunks on (\d+) of (\d+) Ray Data actors\)", err)
+    assert found is not None, err[-2000:]
+    chunks, used, started = map(int, found.groups())
+    assert chunks == 12 and started == 3 and used >= 2, err[-2000:]
 
 
 def test_two_replicas_each_with_its_worker(ray_url: str) -> None:
