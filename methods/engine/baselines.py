@@ -33,7 +33,10 @@ def _per_input(baselines: object, xs: Tensors) -> tuple[Any, ...]:
 
 
 def format_baselines(baselines: object, xs: Tensors) -> Tensors:
-    """One baseline tensor per input, each of the input's exact shape, dtype and device.
+    """One baseline tensor per input, each of the input's exact shape and device, and its
+    dtype, except that a float baseline of an integer (or bool) input keeps a float dtype (the
+    type promotion of ``x + b``): the perturbed input then takes the baseline's value, as in
+    Captum 0.9, rather than its truncation.
 
     A number fills the input's shape; a tensor is broadcast against the input (so the
     input's shape, a single example with dim 0 of 1, or one example without the batch dim).
@@ -43,14 +46,15 @@ def format_baselines(baselines: object, xs: Tensors) -> Tensors:
         if b is None:
             out.append(torch.zeros_like(x))
         elif isinstance(b, (bool, int, float)):
-            out.append(torch.full_like(x, b))
+            out.append(torch.full_like(x, b, dtype=_dtype(x, torch.result_type(x, b))))
         elif isinstance(b, Tensor):
             if b.is_complex() and not x.is_complex():
                 raise InvalidTypeError(
                     f"baselines[{i}] is complex but inputs[{i}] is not", argument="baselines"
                 )
             try:
-                bb = torch.broadcast_to(b.to(device=x.device, dtype=x.dtype), x.shape)
+                dtype = _dtype(x, torch.promote_types(x.dtype, b.dtype))
+                bb = torch.broadcast_to(b.to(device=x.device, dtype=dtype), x.shape)
             except RuntimeError:
                 raise BaselineError(
                     f"baselines[{i}] has shape {tuple(b.shape)}, which does not broadcast to "
@@ -65,6 +69,12 @@ def format_baselines(baselines: object, xs: Tensors) -> Tensors:
                 argument="baselines",
             )
     return tuple(out)
+
+
+def _dtype(x: Tensor, promoted: torch.dtype) -> torch.dtype:
+    """The baseline's dtype: the input's, or the promoted float one for an integer input."""
+    integral = not (x.is_floating_point() or x.is_complex())
+    return promoted if integral and promoted.is_floating_point else x.dtype
 
 
 def format_baseline_distribution(baselines: object, xs: Tensors, method: str) -> Tensors:

@@ -131,9 +131,12 @@ def _check_mask(m: object, x: Tensor, i: int, n: int, method: str) -> Tensor:
     where = f"feature_mask[{i}]"
     if not isinstance(m, Tensor):
         raise InvalidTypeError(f"{method}: {where} must be a Tensor", argument="feature_mask")
+    if m.is_floating_point() and bool(torch.isfinite(m).all()) and bool((m == m.round()).all()):
+        m = m.long()  # integral floats, as Captum takes them
     if m.is_floating_point() or m.is_complex() or m.dtype == torch.bool:
         raise InvalidTypeError(
-            f"{method}: {where} must hold integer feature ids, got dtype {m.dtype}",
+            f"{method}: {where} must hold integer feature ids (integral floats are taken), got "
+            f"dtype {m.dtype}" + (" with non-integral values" if m.is_floating_point() else ""),
             argument="feature_mask",
         )
     if m.dim() == 0:

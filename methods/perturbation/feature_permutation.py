@@ -3,7 +3,8 @@
 Breiman 2001, https://doi.org/10.1023/A:1010933404324; Captum's FeaturePermutation. Each
 feature (group) gets its own random non-identity permutation of the examples; a group spanning
 several inputs is shuffled with one permutation (Captum draws one per input tensor), so the
-group's values stay together. Needs at least two examples.
+group's values stay together. A batch of one has nothing to shuffle with: its one
+"permutation" is the identity, and its attributions are zero (Captum's answer too).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from methods.engine.perturb import (
     format_feature_mask,
     spread,
 )
-from methods.errors import InvalidArgumentError
 from methods.params import FeatureMaskParams
 from methods.registry import register
 
@@ -34,7 +34,9 @@ class FeaturePermutationParams(FeatureMaskParams):
 
 
 def _permutations(call: Call, f: int, n: int, device: torch.device) -> Tensor:
-    """(F, N) random permutations of range(N), none the identity."""
+    """(F, N) random permutations of range(N), none the identity (for N >= 2)."""
+    if n < 2:
+        return torch.zeros((f, n), dtype=torch.long, device=device)
     like = torch.empty(0, device=device)
     perms = torch.argsort(call.rand((f, n), like), dim=1)
     ident = torch.arange(n, device=device)
@@ -63,12 +65,6 @@ def feature_permutation(call: Call, p: FeaturePermutationParams) -> Output:
     """Output change when each feature is permuted across the examples of the batch."""
     xs = call.inputs
     n = call.n
-    if n < 2:
-        raise InvalidArgumentError(
-            "feature_permutation shuffles features across examples and needs at least 2 "
-            f"examples, got {n}",
-            argument="inputs",
-        )
     masks = format_feature_mask(p.feature_mask, xs, call.method)
     f = masks.n_features
     perms = _permutations(call, f, n, xs[0].device)

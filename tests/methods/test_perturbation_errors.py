@@ -42,7 +42,11 @@ def test_feature_mask_of_the_wrong_shape(method: str, mask: Any) -> None:
 
 
 @pytest.mark.parametrize("method", MASKED)
-@pytest.mark.parametrize("mask", [torch.zeros(1, 4), torch.zeros(1, 4, dtype=torch.bool), [0, 1]])
+@pytest.mark.parametrize(
+    "mask",
+    [torch.full((1, 4), 0.5), torch.tensor([[0.0, 1.0, float("nan"), 1.0]]),
+     torch.zeros(1, 4, dtype=torch.bool), [0, 1]],
+)  # fmt: skip
 def test_feature_mask_of_the_wrong_type(method: str, mask: Any) -> None:
     _raises(InvalidTypeError, "feature_mask", method, feature_mask=mask)
 
@@ -84,10 +88,24 @@ def test_bad_perturbations_per_eval(method: str, ppe: Any) -> None:
             **kw)  # fmt: skip
 
 
-def test_feature_permutation_needs_two_examples() -> None:
-    with pytest.raises(InvalidArgumentError) as info:
-        methods.attribute(model, X[:1], "feature_permutation", target=0)
-    assert info.value.argument == "inputs"
+def test_feature_permutation_of_one_example_is_zero_as_in_captum() -> None:
+    from captum.attr import FeaturePermutation
+
+    got = methods.attribute(model, X[:1], "feature_permutation", target=0).attributions
+    want = FeaturePermutation(model).attribute(X[:1], target=0)
+    assert got.shape == want.shape == (1, 4)
+    torch.testing.assert_close(got, want)
+    assert not bool(got.any())
+
+
+@pytest.mark.parametrize("method", MASKED)
+def test_integral_float_feature_masks_are_taken(method: str) -> None:
+    """Captum takes a float feature_mask whose values are whole numbers: so do we, with the
+    answer of the same integer mask."""
+    mask = torch.tensor([[0, 0, 1, 1]])
+    a = methods.attribute(model, X, method, target=0, feature_mask=mask.double(), seed=3)
+    b = methods.attribute(model, X, method, target=0, feature_mask=mask, seed=3)
+    torch.testing.assert_close(a.attributions, b.attributions)
 
 
 @pytest.mark.parametrize("method", ["lime", "kernel_shap"])

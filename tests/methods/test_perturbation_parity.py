@@ -312,3 +312,37 @@ def test_oracle_kernel_shap_and_lime() -> None:
     coefs = methods.attribute(net, X1, "lime", feature_mask=m, return_input_shape=False, **kw)
     assert coefs.attributions.shape == (1, 2)
     _eq(coefs.attributions, [[271, 111]], atol=1.0)
+
+
+class _IntSum(torch.nn.Module):
+    """Integer (or float) features, weighted and summed in float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = torch.tensor([1.0, 2.0], dtype=torch.float64)
+        return (x.to(torch.float64) * w).sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("baselines", [0.2, torch.tensor([[0.5, 0.25]], dtype=torch.float64)])
+def test_integer_inputs_take_a_float_baselines_value(baselines: Any) -> None:
+    """CONTRACT §7.7: the perturbed input is promoted to the baseline's dtype (Captum 0.9's
+    feature ablation and occlusion), not truncated to the input's integers."""
+    m, x = _IntSum(), torch.tensor([[0, 1], [3, 4]])
+    want = FeatureAblation(m).attribute(x, baselines=baselines, target=0)
+    got = methods.attribute(m, x, "feature_ablation", baselines=baselines, target=0)
+    _close(got.attributions, want)
+    if not isinstance(baselines, torch.Tensor):
+        torch.testing.assert_close(
+            got.attributions, torch.tensor([[-0.2, 1.6], [2.8, 7.6]], dtype=torch.float64)
+        )
+    occ = Occlusion(m).attribute(x, sliding_window_shapes=(1,), baselines=baselines, target=0)
+    ours = methods.attribute(
+        m, x, "occlusion", sliding_window_shapes=(1,), baselines=baselines, target=0
+    )
+    _close(ours.attributions, occ, rtol=1e-6, atol=1e-7)  # Captum sums windows in float32
+    # Shapley values take the baseline's value too (Captum's ShapleyValues truncates it: the
+    # one Captum method that builds its perturbed inputs in the input's dtype)
+    sv = methods.attribute(m, x, "shapley_values", baselines=baselines, target=0)
+    _close(sv.attributions, want)
+    # an integer baseline keeps the input's dtype
+    same = methods.attribute(m, x, "feature_ablation", baselines=1, target=0)
+    _close(same.attributions, FeatureAblation(m).attribute(x, baselines=1, target=0))
