@@ -266,9 +266,22 @@ def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) 
     return DecodedInputs(arrays=tuple(arrays))
 
 
+def _number(value: int | float, inputs: DecodedInputs, loc: Loc) -> int | float:
+    """A number baseline: a whole number as an integer (so integer inputs keep their dtype;
+    float inputs take it as a float all the same), a fraction as a float (the engine then
+    ablates integer inputs with its value, as Captum does); token ids take whole numbers only."""
+    if float(value).is_integer() and abs(value) <= 2**53:
+        return int(value)
+    if inputs.texts:
+        raise InvalidRequest(
+            f"baselines for token inputs must be whole token ids, got {value}", loc=loc
+        )
+    return float(value)
+
+
 def decode_baselines(
     raw: Any, spec: ModelSpec, inputs: DecodedInputs, max_elements: int
-) -> float | tuple[np.ndarray | float, ...] | None:
+) -> int | float | tuple[np.ndarray | int | float, ...] | None:
     """``baselines``: null, a number, one tensor, or one number/tensor per input (or by name)."""
     loc: Loc = ("body", "baselines")
     if raw is None:
@@ -276,7 +289,7 @@ def decode_baselines(
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         if not np.isfinite(raw):
             raise InvalidRequest("baselines must be finite", loc=loc)
-        return float(raw)
+        return _number(raw, inputs, loc)
     names = [i.name for i in spec.inputs]
     if isinstance(raw, dict) and not is_tensor_object(raw):
         if set(raw) != set(names):
@@ -288,10 +301,10 @@ def decode_baselines(
         parts = [(b, (*loc, i)) for i, b in enumerate(raw)]
     else:
         parts = [(raw, loc)]
-    out: list[np.ndarray | float] = []
+    out: list[np.ndarray | int | float] = []
     for (obj, where), ispec in zip(parts, spec.inputs, strict=True):
         if isinstance(obj, (int, float)) and not isinstance(obj, bool):
-            out.append(float(obj))
+            out.append(_number(obj, inputs, where))
             continue
         dtype = ispec.dtype if not inputs.texts else "int64"
         arr = decode_tensor(obj, where, max_elements, dtype if is_tensor_object(obj) else None)

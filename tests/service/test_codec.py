@@ -138,3 +138,19 @@ def test_baselines() -> None:
     assert b.shape == (1, 4)
     with pytest.raises(InvalidRequest, match="must match"):
         codec.decode_baselines([[0.1] * 3], TAB, inputs, 100)
+
+
+def test_number_baselines_keep_integer_inputs_integer() -> None:
+    """A whole number is an integer (an integer input keeps its dtype; CONTRACT §7.7 promotes
+    only for a fractional baseline), and token ids take whole numbers only."""
+    inputs = dec([[0.0] * 4] * 2)
+    for raw in (0, 0.0, 3.0):
+        got = codec.decode_baselines(raw, TAB, inputs, 100)
+        assert got == raw and isinstance(got, int)
+    assert isinstance(codec.decode_baselines(0.25, TAB, inputs, 100), float)
+    assert isinstance(codec.decode_baselines(1e300, TAB, inputs, 100), float)
+    texts = dec(["a film"], TOK)
+    assert codec.decode_baselines(0.0, TOK, texts, 100) == 0
+    with pytest.raises(InvalidRequest, match="whole token ids") as info:
+        codec.decode_baselines(0.5, TOK, texts, 100)
+    assert info.value.errors[0]["loc"] == ["body", "baselines"]
