@@ -262,7 +262,7 @@ class JobRunner:
             # the next chunk sized to take about job_chunk_ms: short chunks keep synchronous
             # requests waiting little when a chunk runs while they wait (jobs owed their share)
             per_example = max(reply.compute_ms / 1e3, time.perf_counter() - started) / (stop - done)
-            size = max(1, min(int(target_s / max(per_example, 1e-6)), GROWTH * size, row.chunk))
+            size = _examples_in(target_s, per_example, min(GROWTH * size, row.chunk))
             done = stop
             due = time.monotonic() - last_write >= WRITE_EVERY_S or held >= WRITE_BYTES
             if due or done == row.total:
@@ -281,8 +281,7 @@ class JobRunner:
         rate = self.pool.rate(whole)
         if not rate:
             return min(row.chunk, FIRST_CHUNK)
-        per_example_s = rate * whole.cost / max(1, whole.n) / 1e3
-        return max(1, min(int(target_s / max(per_example_s, 1e-6)), row.chunk))
+        return _examples_in(target_s, rate * whole.cost / max(1, whole.n) / 1e3, row.chunk)
 
     async def _chunk(self, row: JobRow, part: Job) -> tuple[Reply, Job] | None:
         """One chunk through the pool, as background work; None when the job was cancelled.
@@ -378,6 +377,11 @@ class JobRunner:
         if first.get("attributed_layer"):
             body["attributed_layer"] = first["attributed_layer"]
         return body
+
+
+def _examples_in(target_s: float, per_example_s: float, cap: int) -> int:
+    """Examples that take about ``target_s`` at ``per_example_s`` each: 1 to ``cap``."""
+    return max(1, min(int(target_s / max(per_example_s, 1e-6)), cap))
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:

@@ -36,31 +36,20 @@ inputs = [{ name = "a", dtype = "float32", shape = ["N", 3] },
           { name = "b", dtype = "float32", shape = ["N", 2] }]
 output_shape = [7]
 """
-FAULTY = """
-[[models]]
-id = "stuck"
-source = "python:tests.service.factory:stuck"
-labels = ["a", "b"]
-inputs = [{ name = "x", dtype = "float32", shape = ["N", 2] }]
 
-[[models]]
-id = "crashy"
-source = "python:tests.service.factory:crashy"
-labels = ["a", "b"]
-inputs = [{ name = "x", dtype = "float32", shape = ["N", 2] }]
 
+def factory_model(name: str) -> str:
+    """A models.toml entry for ``tests.service.factory:<name>``: [N, 2] -> labels a, b."""
+    return f"""
 [[models]]
-id = "slow"
-source = "python:tests.service.factory:slow"
+id = "{name}"
+source = "python:tests.service.factory:{name}"
 labels = ["a", "b"]
-inputs = [{ name = "x", dtype = "float32", shape = ["N", 2] }]
-
-[[models]]
-id = "threads"
-source = "python:tests.service.factory:threads"
-labels = ["a", "b"]
-inputs = [{ name = "x", dtype = "float32", shape = ["N", 2] }]
+inputs = [{{ name = "x", dtype = "float32", shape = ["N", 2] }}]
 """
+
+
+FAULTY = "".join(factory_model(m) for m in ("stuck", "crashy", "slow", "threads"))
 USER, ADMIN = "k-user", "k-admin"
 KEYS = {"api_keys": f'[{{"key": "{USER}"}}]', "admin_keys": f'[{{"key": "{ADMIN}"}}]'}
 TAB = {"method": "saliency", "inputs": [[0.1] * 8], "target": 0}
