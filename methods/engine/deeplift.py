@@ -190,6 +190,8 @@ def multipliers(
         grads = grad_of_sum(selected, leaves)
     mults = tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs, strict=True))
     sel = selected.detach()
+    if sel.dim() == 0:  # a neuron selector's whole-batch aggregate: no per-row outputs
+        return mults, sel, sel
     return mults, sel[:n], sel[n:]
 
 

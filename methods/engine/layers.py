@@ -327,19 +327,25 @@ def activations(
 
 
 def select_neuron(values: Tensors, selector: Any) -> Tensor:
-    """One value per row of the layer: Captum's ``neuron_selector`` semantics.
+    """One value per row of the layer, or one for the whole batch: Captum's
+    ``neuron_selector`` semantics.
 
     An int or a tuple of ints/slices indexes the layer's (single) tensor without its batch
     dim, slice selections are summed; a callable receives the layer's tensor (a tuple when it
-    has several) and must return one value per row.
+    has several) and returns one value per row, or a 0-d tensor aggregating the batch
+    (Captum's ``lambda out: out.sum()``), which is returned as it is: gradients of it are the
+    per-example gradients when the rows are independent, as in Captum.
     """
     rows = values[0].shape[0]
     if callable(selector):
         out = selector(values if len(values) > 1 else values[0])
+        if isinstance(out, Tensor) and out.dim() == 0:
+            return out
         if not isinstance(out, Tensor) or out.shape[0] != rows or out[0].numel() != 1:
             raise InvalidArgumentError(
                 f"neuron_selector (a callable) must return a tensor of shape ({rows},), one "
-                f"value per example, got {getattr(out, 'shape', type(out).__name__)}",
+                "value per example, or a 0-d tensor, one value for the whole batch; got "
+                f"{getattr(out, 'shape', type(out).__name__)}",
                 argument="neuron_selector",
             )
         return out.reshape(rows)

@@ -16,6 +16,7 @@ from methods.engine import layers
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.quadrature import ApproximationMethod
+from methods.errors import InvalidArgumentError
 from methods.neuron._common import NeuronPathParams, neuron_path, neuron_target
 from methods.registry import register
 
@@ -53,6 +54,14 @@ def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
                 for g, v in zip(layer_grads, values, strict=True)
             )
             mid = layers.select_neuron(layer_grads, selector)
+            if mid.dim() == 0:
+                raise InvalidArgumentError(
+                    "neuron_conductance needs one neuron value per example: neuron_selector "
+                    "(a callable) returned one value for the whole batch, which conductance "
+                    "cannot split between the examples (Captum fails on it too); return one "
+                    "value per example, e.g. lambda out: out.sum(1)",
+                    argument="neuron_selector",
+                )
             neuron = layers.select_neuron(values, selector)
             grads = torch.autograd.grad(neuron.sum(), leaves, allow_unused=True)
         rows = points[0].shape[0]

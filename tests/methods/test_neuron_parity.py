@@ -205,3 +205,57 @@ def test_neuron_conductance_oracle() -> None:
     torch.testing.assert_close(
         r, torch.tensor([[0.0, 100.0, 0.0]], dtype=torch.float64), rtol=0, atol=1e-4
     )
+
+
+AGGREGATE_CASES = {
+    "neuron_gradient": "NeuronGradient",
+    "neuron_integrated_gradients": "NeuronIntegratedGradients",
+    "neuron_guided_backprop": "NeuronGuidedBackprop",
+    "neuron_deconvolution": "NeuronDeconvolution",
+    "neuron_gradient_shap": "NeuronGradientShap",
+    "neuron_deeplift": "NeuronDeepLift",
+    "neuron_deeplift_shap": "NeuronDeepLiftShap",
+    "neuron_feature_ablation": "NeuronFeatureAblation",
+}
+
+
+@pytest.mark.parametrize("name", sorted(AGGREGATE_CASES))
+@pytest.mark.parametrize("aggregate", ["sum", "mean"])
+def test_a_selector_aggregating_the_batch_gives_captums_numbers(name: str, aggregate: str) -> None:
+    """Captum's aggregate form, ``lambda out: out.sum()``: one value for the whole batch
+    (CONTRACT §7.7; issue 22 defect 4, a raw IndexError before)."""
+    import captum.attr
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+    x = torch.randn(3, 3, dtype=torch.float64)
+
+    def sel(out: torch.Tensor) -> torch.Tensor:
+        return getattr(out[:, 1:], aggregate)()
+
+    kw: dict[str, Any] = {}
+    if name.endswith("_shap"):
+        kw["baselines"] = torch.randn(2, 3, dtype=torch.float64)
+    ours = methods.attribute(m, x, name, layer="1", neuron_selector=sel, seed=3, **kw)
+    if name == "neuron_gradient_shap":  # random points, drawn otherwise than Captum's
+        per_row = methods.attribute(
+            m, x, name, layer="1", neuron_selector=lambda o: o[:, 1:].sum(1), seed=3, **kw
+        )
+        scale = 1.0 if aggregate == "sum" else 1 / (x.shape[0] * 5 * 3)  # rows x n_samples
+        _close(ours.attributions, per_row.attributions * scale)
+        return
+    ref = getattr(captum.attr, AGGREGATE_CASES[name])(m, m[1]).attribute(
+        x, neuron_selector=sel, **kw
+    )
+    _close(ours.attributions, ref, rtol=IG_RTOL if "integrated" in name else 1e-10)
+
+
+def test_neuron_conductance_refuses_a_selector_aggregating_the_batch() -> None:
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with pytest.raises(methods.InvalidArgumentError) as e:
+        methods.attribute(
+            m, torch.randn(2, 3), "neuron_conductance", target=0, layer="1",
+            neuron_selector=lambda out: out.sum(),
+        )  # fmt: skip
+    assert e.value.argument == "neuron_selector"
+    assert "one value for the whole batch" in str(e.value)
