@@ -265,3 +265,77 @@ def test_overlapping_pool_differs_from_captum_where_captum_is_incomplete() -> No
     res = methods.attribute(model, x, "deeplift", baselines=b, target=0,
                             return_convergence_delta=True)  # fmt: skip
     assert res.convergence_delta.abs().max() < 1e-10
+
+
+def _identity_softmax(n: int, dtype: torch.dtype) -> nn.Module:
+    lin = nn.Linear(n, n, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(n))
+    return nn.Sequential(lin, nn.Softmax(dim=1)).to(dtype)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "gap", "tol"),
+    [(torch.float32, 120.0, 1e-5), (torch.float32, 800.0, 1e-4),
+     (torch.float64, 120.0, 1e-12), (torch.float64, 800.0, 1e-12),
+     (torch.float64, 5000.0, 1e-12)],
+)  # fmt: skip
+def test_softmax_rule_is_complete_for_large_logit_gaps(
+    dtype: torch.dtype, gap: float, tol: float
+) -> None:
+    """Issue 22 defect 1: at x = [gap, 0], baseline 0, the target's change 1 - 1/2 goes to the
+    gapped logit (was [[88.5, 0]], delta 88, at a gap of 120: the baseline's exp underflowed)."""
+    x = torch.tensor([[gap, 0.0]], dtype=dtype)
+    res = methods.attribute(
+        _identity_softmax(2, dtype), x, "deeplift", baselines=torch.zeros_like(x), target=0,
+        return_convergence_delta=True,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        res.attributions, torch.tensor([[0.5, 0.0]], dtype=dtype), rtol=0, atol=tol
+    )
+    assert res.convergence_delta.abs().max() < tol
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-4), (torch.float64, 1e-11)])
+@pytest.mark.parametrize("shift", [10.0, 1000.0, 1e5])
+def test_softmax_rule_stays_the_gradient_for_large_shifts(
+    dtype: torch.dtype, tol: float, shift: float
+) -> None:
+    """Logits that are an exact shift of the baseline's: the multipliers are the gradient and
+    the attributions sum to the (zero) change, in float32 as well (delta was 180 at 1000)."""
+    model = _identity_softmax(3, dtype)
+    b = torch.tensor([[0.3, 1.7, -0.4]], dtype=dtype)
+    x = b + shift
+    res = methods.attribute(
+        model, x, "deeplift", baselines=b, target=0, return_convergence_delta=True
+    )
+    ref = DeepLift(model).attribute(x, baselines=b, target=0, return_convergence_delta=True)
+    assert res.convergence_delta.abs().max() <= max(tol * shift / 1000, 2 * ref[1].abs().max())
+    mult = methods.attribute(
+        model, x, "deeplift", baselines=b, target=0, multiply_by_inputs=False
+    ).attributions
+    grad = methods.attribute(model, x, "saliency", target=0, abs=False).attributions
+    # x = b + shift rounds b to the ulp of the shift: the logits are a shift to that only
+    rounding = 4 * torch.finfo(dtype).eps * shift
+    torch.testing.assert_close(mult, grad, rtol=0, atol=rounding + 1e-12)
+
+
+def test_softmax_after_max_pooling_with_confident_logits() -> None:
+    """A max-pool convnet whose logits are far apart (a confident classifier), float32:
+    complete to float32 rounding (the logits' gap underflowed the baseline's exp before)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 3),
+        nn.Softmax(dim=1),
+    )  # fmt: skip
+    with torch.no_grad():
+        model[4].weight.mul_(2000.0)
+    x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model[:5](x)
+    gaps = (logits.max(1).values - logits.min(1).values).min()
+    assert gaps > 110, f"the logits must be far apart for this test ({float(gaps)})"
+    for target in range(3):
+        res = methods.attribute(model, x, "deeplift", target=target, return_convergence_delta=True)
+        assert torch.isfinite(res.attributions).all()
+        assert res.convergence_delta.abs().max() < 1e-4
