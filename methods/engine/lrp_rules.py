@@ -9,11 +9,15 @@ model runs, by an autograd function whose forward value is unchanged and whose b
 
 where ``a`` is the call's input and ``f'`` the call with the rule's modified weights (gamma:
 W + gamma W+; alpha1_beta0 and z_plus: W+), exactly Captum's two-pass hook construction.
-Element-wise activations and dropout pass relevance on unchanged. Nothing is written to the
-model: modified weights are temporaries of the backward pass, so nothing needs restoring.
+Element-wise activations and dropout pass relevance on unchanged. A tensor addition or
+subtraction ``a + b`` (a residual connection) splits its relevance between the terms in
+proportion to each, ``R_a = R a / (a + b)`` under epsilon (plain autograd, and Captum, pass
+all of it to both terms and double it). Nothing is written to the model: modified weights
+are temporaries of the backward pass, so nothing needs restoring.
 
 Which rule applies to a call is decided by the innermost running module that has one in
-``rules`` (dotted path -> rule); other calls get Captum's default, epsilon = 1e-9.
+``rules`` (dotted path -> rule); other calls get Captum's default, epsilon = 1e-9. The key
+``"add"``, where the model has no module of that path, sets the rule of every addition.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from methods.engine import intercept
 from methods.engine.intercept import Composite, Site
@@ -143,6 +148,98 @@ def _pass(site: Site, g: Tensor) -> Tensor:
     return g
 
 
+# --- additions: relevance split between the terms (a residual connection's add)
+
+#: callable -> how its two terms enter the result, and its out-of-place form
+_SUMS: dict[Any, tuple[str, Any]] = {
+    **{f: ("add", torch.add) for f in (torch.add, Tensor.add, Tensor.__add__, Tensor.__radd__,
+                                       Tensor.add_, Tensor.__iadd__)},
+    **{f: ("sub", torch.sub) for f in (torch.sub, torch.subtract, Tensor.sub, Tensor.subtract,
+                                       Tensor.__sub__, Tensor.sub_, Tensor.subtract_,
+                                       Tensor.__isub__)},
+    **{f: ("rsub", torch.rsub) for f in (torch.rsub, Tensor.__rsub__)},
+}  # fmt: skip
+_IN_PLACE = frozenset({Tensor.add_, Tensor.__iadd__, Tensor.sub_, Tensor.subtract_,
+                       Tensor.__isub__})  # fmt: skip
+
+
+def _shares(rule: Rule, terms: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Each term's share of the sum's relevance under ``rule`` (identity splits as epsilon:
+    passing all of it to both terms would double it)."""
+    a, b = terms
+    if rule.name in ("alpha1_beta0", "z_plus"):
+        a, b = a.clamp(min=0), b.clamp(min=0)
+    elif rule.name == "gamma":
+        a, b = a + rule.gamma * a.clamp(min=0), b + rule.gamma * b.clamp(min=0)
+    z = a + b
+    z = z + _sign(z) * rule.epsilon
+    return a / z, b / z
+
+
+class _Sum(torch.autograd.Function):
+    """``out_of_place(a, b, alpha=alpha)`` forward; backward hands each term its share of the
+    relevance (summed back over broadcast dims)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, a: Tensor, b: Any, out_of_place: Any, alpha: float, shares: Any
+    ) -> Tensor:
+        ctx.shares, ctx.a_shape = shares, a.shape
+        ctx.b_shape = b.shape if isinstance(b, Tensor) else None
+        return out_of_place(a, b, alpha=alpha)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        sa, sb = ctx.shares
+        ga = (g * sa).sum_to_size(ctx.a_shape) if ctx.needs_input_grad[0] else None
+        gb = None
+        if ctx.b_shape is not None and ctx.needs_input_grad[1]:
+            gb = (g * sb).sum_to_size(ctx.b_shape)
+        return ga, gb, None, None, None
+
+
+class _Sums(TorchFunctionMode):
+    """Tensor additions and subtractions with relevance split between their two terms (plain
+    autograd passes all of it to both, which doubles it at every residual connection)."""
+
+    def __init__(self, rule_for: Callable[[], Rule]) -> None:
+        super().__init__()
+        self.rule_for = rule_for
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        entry = _SUMS.get(func)
+        if entry is None or not args or "out" in kwargs:
+            return func(*args, **kwargs)
+        a, b = args[0], args[1] if len(args) > 1 else kwargs.get("other")
+        alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
+        if not _takes_relevance(a, b) or not _real(alpha):
+            return func(*args, **kwargs)
+        kind, out_of_place = entry
+        scale_a, scale_b = {"add": (1, alpha), "sub": (1, -alpha), "rsub": (-alpha, 1)}[kind]
+        with torch.no_grad():
+            out = out_of_place(a, b, alpha=alpha)
+            b_t = torch.as_tensor(b, dtype=out.dtype, device=out.device)
+            terms = ((a * scale_a).expand_as(out), (b_t * scale_b).expand_as(out))
+            shares = _shares(self.rule_for(), terms)
+        y = _Sum.apply(a, b, out_of_place, alpha, shares)
+        return a.copy_(y) if func in _IN_PLACE else y
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, Tensor) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _takes_relevance(a: Any, b: Any) -> bool:
+    """A tensor and a tensor or number, one of them a floating tensor relevance flows to."""
+    grads = [isinstance(t, Tensor) and t.is_floating_point() and t.requires_grad for t in (a, b)]
+    return isinstance(a, Tensor) and _real(b) and any(grads)
+
+
+#: the key of ``rules`` naming every tensor addition (when no module has that path)
+ADD = "add"
+
+
 @contextmanager
 def lrp(model: Any, rules: dict[str, Rule]) -> Iterator[None]:
     """Propagate relevance through every call made inside; module hooks that track which
@@ -155,6 +252,11 @@ def lrp(model: Any, rules: dict[str, Rule]) -> Iterator[None]:
             if name in rules:
                 return rules[name]
         return DEFAULT
+
+    add_rule = rules.get(ADD) if not has_module(model, ADD) else None
+
+    def add_rule_for() -> Rule:
+        return add_rule if add_rule is not None else rule_for()
 
     try:
         if isinstance(model, nn.Module) and rules:
@@ -171,11 +273,15 @@ def lrp(model: Any, rules: dict[str, Rule]) -> Iterator[None]:
 
                 handles.append(mod.register_forward_pre_hook(pre))
                 handles.append(mod.register_forward_hook(post, always_call=True))
-        with intercept.rules(composite(rule_for)):
+        with intercept.rules(composite(rule_for)), _Sums(add_rule_for):
             yield
     finally:
         for h in handles:
             h.remove()
+
+
+def has_module(model: Any, path: str) -> bool:
+    return isinstance(model, nn.Module) and path in dict(model.named_modules())
 
 
 def composite(rule_for: Callable[[], Rule]) -> Composite:

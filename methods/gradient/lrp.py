@@ -3,7 +3,9 @@
 Bach et al. 2015, https://doi.org/10.1371/journal.pone.0130140. The targeted output is the
 relevance that is propagated back to the inputs; linear layers, convolutions, pooling and
 batch norm use the epsilon rule (1e-9) unless ``rules`` names another for a module (epsilon,
-gamma, alpha1_beta0, z_plus, identity); activations and dropout pass relevance on. The rules
+gamma, alpha1_beta0, z_plus, identity); activations and dropout pass relevance on, and an
+addition splits it between its terms in proportion to each (Captum passes all of it to both
+terms, doubling it at every residual connection). The rules
 act on every *call* (``methods.engine.lrp_rules``), so functional layers and reused modules
 are propagated correctly, and the model's weights are never modified.
 """
@@ -26,7 +28,11 @@ from methods.registry import TokenCounterpart, register
 RULES_DESCRIPTION = (
     "per-module rules: dotted module path -> rule name (epsilon, gamma, alpha1_beta0, z_plus, "
     "identity) or {rule, epsilon, gamma, set_bias_to_zero}; a rule applies to the calls made "
-    "inside that module; unnamed modules use epsilon=1e-9"
+    "inside that module; unnamed modules use epsilon=1e-9. Tensor additions and subtractions "
+    "(residual connections) split the relevance between their terms in proportion to each "
+    "term (epsilon; z_plus and alpha1_beta0: positive terms only; gamma: positive terms "
+    "weighted up) by the rule of the module they run in, or by rules['add'] where the model "
+    "has no module of that path"
 )
 
 
@@ -39,6 +45,9 @@ def parse_rules(model: Any, rules: dict[str, Any] | None) -> dict[str, lrp_rules
         return {}
     out = {}
     for path, spec in rules.items():
+        if path == lrp_rules.ADD and not lrp_rules.has_module(model, path):
+            out[path] = lrp_rules.parse_rule(spec, path)
+            continue
         try:
             layers.resolve(model, path)
         except InvalidArgumentError as exc:

@@ -149,3 +149,110 @@ def test_bad_rules_name_the_argument() -> None:
         with pytest.raises(methods.InvalidArgumentError) as e:
             methods.attribute(c.model, c.inputs, "lrp", target=0, rules=rules)
         assert e.value.argument == "rules"
+
+
+class Residual(nn.Module):
+    """y = linear(x) + x: the residual connection of issue 22 defect 2."""
+
+    def __init__(self, weight: float = 5.0) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2, bias=False)
+        with torch.no_grad():
+            self.linear.weight.fill_(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + x
+
+
+def test_relevance_is_conserved_through_a_residual_add() -> None:
+    """Hand-computed: y_1 = 25 + 3 splits 25 : 3 between the branches; the linear branch's 25
+    goes to x as 2*5 : 3*5. Captum (and our engine before) doubled it: [[11.2, 44.8]]."""
+    x = torch.tensor([[2.0, 3.0]], dtype=F64)
+    res = methods.attribute(Residual().double(), x, "lrp", target=1,
+                            return_convergence_delta=True)  # fmt: skip
+    torch.testing.assert_close(res.attributions, torch.tensor([[10.0, 18.0]], dtype=F64))
+    assert res.convergence_delta.abs().max() < 1e-7  # epsilon = 1e-9 absorbs a little
+
+
+def test_the_add_rule_is_chosen_by_rules() -> None:
+    """rules["add"] sets the rule of every addition: z_plus hands a negative term nothing."""
+    m = Residual(weight=-1.0).double()  # linear(x) = [-5, -5]: y_1 = -5 + 3
+    x = torch.tensor([[2.0, 3.0]], dtype=F64)
+
+    def lrp(**kw: Any) -> torch.Tensor:
+        return methods.attribute(m, x, "lrp", target=1, **kw).attributions
+
+    # epsilon: shares -5/-2 and 3/-2 of y_1 = -2; the linear branch gives x its -5 as 2 : 3
+    torch.testing.assert_close(lrp(), torch.tensor([[-2.0, 0.0]], dtype=F64))
+    # z_plus: the whole -2 goes to the skip term x_1
+    torch.testing.assert_close(lrp(rules={"add": "z_plus"}), torch.tensor([[0.0, -2.0]], dtype=F64))
+    torch.testing.assert_close(
+        lrp(rules={"add": "alpha1_beta0"}), torch.tensor([[0.0, -2.0]], dtype=F64)
+    )
+    with pytest.raises(methods.InvalidArgumentError) as e:
+        lrp(rules={"add": "nope"})
+    assert e.value.argument == "rules"
+
+
+def test_a_module_named_add_keeps_its_path_meaning() -> None:
+    """rules names a module's path first: its rule applies to the additions made inside it,
+    the addition outside (``- 0 * x.sum``) keeps the default."""
+
+    class Add(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a + b
+
+    class Net(Residual):
+        def __init__(self) -> None:
+            super().__init__(weight=-1.0)
+            self.add = Add()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.add(self.linear(x), x) - 0.0 * x.sum(1, keepdim=True)
+
+    x = torch.tensor([[2.0, 3.0]], dtype=F64)
+    ours = methods.attribute(Net().double(), x, "lrp", target=1, rules={"add": "z_plus"})
+    torch.testing.assert_close(ours.attributions, torch.tensor([[0.0, -2.0]], dtype=F64))
+
+
+@pytest.mark.parametrize("form", ["add", "iadd", "torch_add_alpha", "sub", "rsub", "bias"])
+def test_every_form_of_addition_conserves_relevance(form: str) -> None:
+    """Residual blocks as models write them: ``+``, in-place ``+=`` after a ReLU(inplace),
+    ``torch.add(alpha=)``, subtraction, a constant minus a tensor, a broadcast bias."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(2, 2, 3, padding=1, bias=False)
+            self.conv2 = nn.Conv2d(2, 2, 3, padding=1, bias=False)
+            self.relu = nn.ReLU(inplace=True)
+            self.head = nn.Linear(2 * 4 * 4, 3, bias=False)
+            self.shift = nn.Parameter(torch.full((2, 1, 1), 0.3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.conv2(self.relu(self.conv1(x)))
+            if form == "add":
+                out = out + x
+            elif form == "iadd":
+                out += x
+            elif form == "torch_add_alpha":
+                out = torch.add(out, x, alpha=0.5)
+            elif form == "sub":
+                out = out - x
+            elif form == "rsub":
+                out = 2.0 - out
+            else:
+                out = out + self.shift
+            return self.head(self.relu(out).flatten(1))
+
+    torch.manual_seed(0)
+    m = Block().double()
+    x = torch.rand(3, 2, 4, 4, dtype=F64)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    res = methods.attribute(m, x, "lrp", target=2, return_convergence_delta=True)
+    absorbed = form in ("rsub", "bias")  # the constant term keeps its share of the relevance
+    if not absorbed:
+        assert res.convergence_delta.abs().max() < 1e-8
+    assert torch.isfinite(res.attributions).all()
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, before[k])
