@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -15,6 +15,7 @@ from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
 from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
+from methods.layer import multi
 from methods.layer._common import LayerParams, upsampler
 from methods.params import parse_params
 from methods.registry import MethodInfo
@@ -73,10 +74,7 @@ def attribute(
         )
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InvalidTypeError(f"seed must be an int or None, got {seed!r}", argument="seed")
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=xs[0].device)
-        generator.manual_seed(seed)
+    generator = _generator(seed, xs[0].device)
     upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
     forward = Forward(model, format_args(additional_forward_args))
     call = Call(
@@ -91,11 +89,60 @@ def attribute(
         generator=generator,
         return_delta=bool(return_convergence_delta),
     )
+    paths = p.layer if isinstance(p, LayerParams) and isinstance(p.layer, list) else None
+    if paths is None:
+        return _run(spec, call, p, noise_tunnel, as_tuple, upsample)
+    p = cast(LayerParams, p)
+    side = p.attribute_to_layer_input
+    one_pass = multi.ONE_PASS.get(spec.name)
+    if one_pass is not None and noise_tunnel is None and upsample is None:
+        with model_guard(model), layers.recording() as nested:
+            outs = one_pass(call, p, paths)
+        results = [
+            _result(spec, call, p.model_copy(update={"layer": path}), out, as_tuple, None,
+                    nested.get((path, side)) if out.as_tuple is not None else None)
+            for path, out in zip(paths, outs, strict=True)
+        ]  # fmt: skip
+    else:  # one run per layer, each with the seed afresh: what that layer alone gives
+        results = []
+        for path in paths:
+            one = p.model_copy(update={"layer": path})
+            fresh = call.replace(generator=_generator(seed, xs[0].device))
+            results.append(_run(spec, fresh, one, noise_tunnel, as_tuple, upsampler(one, xs)))
+    first = results[0]
+    return Result(
+        attributions=[r.attributions for r in results],
+        convergence_delta=(
+            [r.convergence_delta for r in results] if call.return_delta else None  # type: ignore[misc]
+        ),
+        outputs=first.outputs,
+        params={**first.params, "layer": list(paths)},
+        method=first.method,
+    )
+
+
+def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _run(
+    spec: registry.MethodSpec,
+    call: Call,
+    p: Any,
+    noise_tunnel: dict[str, Any] | None,
+    as_tuple: bool,
+    upsample: Any,
+) -> Result:
+    """One run of the method on ``call``, shaped as the caller's inputs (or the layer)."""
     layered = isinstance(p, LayerParams)  # only layer methods re-nest their values
     recording: AbstractContextManager[dict[Any, Any]] = (
         layers.recording() if layered else nullcontext({})
     )
-    with model_guard(model), recording as nested:
+    with model_guard(call.model), recording as nested:
         if noise_tunnel is not None:
             from methods.noise_tunnel import run_noise_tunnel
 
@@ -107,7 +154,7 @@ def attribute(
         out = upsample(out)
     # a layer whose value nests tuples (an LSTM's out, (h, c)) gets its attributions re-nested
     nest = None
-    if isinstance(p, LayerParams) and out.as_tuple is not None:
+    if layered and out.as_tuple is not None:
         nest = nested.get((p.layer, p.attribute_to_layer_input))
     return _result(spec, call, p, out, as_tuple, nt_echo, nest)
 

@@ -85,9 +85,11 @@ class Result:
     """The result of ``methods.attribute``."""
 
     #: a tensor, a tuple (one per input, or per tensor of the layer), or for a layer whose
-    #: value nests tuples (an LSTM's ``out, (h, c)``) the same nesting
-    attributions: Tensor | tuple[Any, ...]
-    convergence_delta: Tensor | None
+    #: value nests tuples (an LSTM's ``out, (h, c)``) the same nesting; for a list of layers,
+    #: a list of these, one per layer
+    attributions: Tensor | tuple[Any, ...] | list[Any]
+    #: one value per example; for a list of layers, a list of these, one per layer
+    convergence_delta: Tensor | list[Tensor] | None
     #: the model's output at the target for each example, when the method computed it
     outputs: Tensor | None
     #: every effective parameter: defaults, chosen batch sizes, steps used

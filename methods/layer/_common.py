@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,11 @@ _MODE_RANK = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
 class LayerParams(MethodParams):
     """A layer method's parameters: the layer, and upsampling its attributions to the input."""
 
-    layer: str = Field(
-        ..., description="dotted path of the module to attribute to, as in model.get_submodule"
+    layer: str | Annotated[list[str], Field(min_length=1)] = Field(
+        ...,
+        description="dotted path of the module to attribute to, as in model.get_submodule; "
+        "or a list of paths (Captum's multi-layer form): the attributions are then a list, "
+        "one entry per layer in the given order, each what that layer alone would give",
     )
     attribute_to_layer_input: bool = Field(
         False, description="attribute to the layer's input instead of its output"
@@ -44,6 +47,18 @@ class LayerParams(MethodParams):
         "LayerAttribution.interpolate does; e.g. a Grad-CAM map to the image's size. The "
         "layer needs as many spatial dims as the input",
     )
+
+    @property
+    def path(self) -> str:
+        """The one layer a method runs on (``methods.attribute`` runs a list layer by layer,
+        or hands it whole to ``methods.layer.multi``)."""
+        if isinstance(self.layer, list):
+            raise InvalidArgumentError(
+                "this step takes one layer; a list of layers is attributed one by one",
+                argument="layer",
+            )
+        return self.layer
+
     interpolate_mode: InterpolateMode = Field(
         "nearest",
         description="F.interpolate mode for interpolate_to_input: 'linear' needs 1 spatial "
@@ -52,7 +67,7 @@ class LayerParams(MethodParams):
 
 
 def target_layer(call: Call, p: LayerParams) -> nn.Module:
-    return layers.resolve(call.model, p.layer)
+    return layers.resolve(call.model, p.path)
 
 
 def layer_output(attrs: Tensors, **kw: Any) -> Output:
@@ -130,7 +145,7 @@ def upsampler(p: MethodParams, inputs: Tensors) -> Callable[[Output], Output] | 
         attrs = []
         for i, a in enumerate(out.attributions):
             which = f"{side} tensor {i}" if len(out.attributions) > 1 else side
-            what = f"the attributions at layer {p.layer!r} (its {which}) are {_shape(a.shape)}"
+            what = f"the attributions at layer {p.path!r} (its {which}) are {_shape(a.shape)}"
             if a.dim() != x.dim():
                 has = "no spatial dims" if a.dim() <= 2 else f"{a.dim() - 2} spatial dim(s)"
                 raise InvalidArgumentError(
@@ -170,6 +185,6 @@ def path_at_layer(
     bs = format_baselines(call.baselines, xs)
     alphas, weights = rule_tensors(p.approximation_method, points, xs[0].dtype, xs[0].device)
     grads, values, echo = layers.layer_path(
-        call, xs, bs, alphas, module, p.layer, p.attribute_to_layer_input
+        call, xs, bs, alphas, module, p.path, p.attribute_to_layer_input
     )
     return grads, values, weights, echo

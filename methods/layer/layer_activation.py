@@ -20,6 +20,6 @@ def layer_activation(call: Call, p: LayerParams) -> Output:
     """The layer's activations for the inputs (computed without gradients)."""
     module = target_layer(call, p)
     values = layers.activations(
-        call.forward, call.inputs, module, p.layer, p.attribute_to_layer_input
+        call.forward, call.inputs, module, p.path, p.attribute_to_layer_input
     )
     return layer_output(values)

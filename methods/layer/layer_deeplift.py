@@ -37,7 +37,7 @@ def layer_step(module: nn.Module, p: LayerDeepLiftParams) -> dl.Step:
         doubled = tuple(torch.cat([x, b]) for x, b in zip(xs, bs, strict=True))
         forward = intercept.ruled(call.forward.expanded(2), dl.composite(p.eps))
         grads, values, selected = layers.layer_gradients(
-            forward, doubled, target.expand(2), module, p.layer, p.attribute_to_layer_input
+            forward, doubled, target.expand(2), module, p.path, p.attribute_to_layer_input
         )
         return (
             tuple(g[:n] for g in grads),

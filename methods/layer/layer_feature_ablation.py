@@ -48,13 +48,13 @@ def layer_feature_ablation(call: Call, p: LayerFeatureAblationParams) -> Output:
     """Output change when each unit (group) of the layer is replaced by its baseline."""
     module = target_layer(call, p)
     to_input = p.attribute_to_layer_input
-    acts = layers.activations(call.forward, call.inputs, module, p.layer, to_input)
+    acts = layers.activations(call.forward, call.inputs, module, p.path, to_input)
     xs, fn, n, count = call.inputs, call.forward.fn, call.n, len(acts)
 
     def swapped(*args: Any) -> Any:
         values, rest = args[:count], args[count:]
         k = int(values[0].shape[0]) // n
-        with layers.tap(module, p.layer, to_input=to_input, mode="swap", replacement=values) as t:
+        with layers.tap(module, p.path, to_input=to_input, mode="swap", replacement=values) as t:
             out = fn(*layers.tile(xs, k), *rest)
         t.check_ran()
         return out

@@ -46,7 +46,7 @@ def layer_gradcam(call: Call, p: LayerGradCamParams) -> Output:
     """Grad-CAM map at the layer for the targeted output."""
     module = target_layer(call, p)
     grads, values, selected = layers.layer_gradients(
-        call.forward, call.inputs, call.target, module, p.layer, p.attribute_to_layer_input
+        call.forward, call.inputs, call.target, module, p.path, p.attribute_to_layer_input
     )
     attrs = gradcam(grads, values, p.relu_attributions, p.attr_dim_summation)
     return layer_output(attrs, outputs=selected)

@@ -40,10 +40,10 @@ def layer_gradient_shap(call: Call, p: LayerGradientShapParams) -> Output:
     module = target_layer(call, p)
     sub, noisy, bs, points = shap_samples(call, p.n_samples, p.stdevs, "layer_gradient_shap")
     to_input = p.attribute_to_layer_input
-    grads, _, _ = layers.layer_gradients(sub.forward, points, sub.target, module, p.layer, to_input)
+    grads, _, _ = layers.layer_gradients(sub.forward, points, sub.target, module, p.path, to_input)
     rows = points[0].shape[0]
     both = tuple(torch.cat([x, b]) for x, b in zip(noisy, bs, strict=True))
-    with torch.no_grad(), layers.tap(module, p.layer, to_input=to_input) as t:
+    with torch.no_grad(), layers.tap(module, p.path, to_input=to_input) as t:
         out = layers.run(sub.forward.expanded(2), both, t)
     vx = tuple(v[:rows] for v in t.values)
     vb = tuple(v[rows:] for v in t.values)

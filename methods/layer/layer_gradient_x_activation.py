@@ -31,7 +31,7 @@ def layer_gradient_x_activation(call: Call, p: LayerGradientXActivationParams) -
     """Gradient of the targeted output with respect to the layer, times the activation."""
     module = target_layer(call, p)
     grads, values, selected = layers.layer_gradients(
-        call.forward, call.inputs, call.target, module, p.layer, p.attribute_to_layer_input
+        call.forward, call.inputs, call.target, module, p.path, p.attribute_to_layer_input
     )
     if p.multiply_by_inputs:
         grads = tuple(g * v for g, v in zip(grads, values, strict=True))

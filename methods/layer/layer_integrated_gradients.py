@@ -63,14 +63,14 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
     xs = call.inputs
     bs = format_baselines(call.baselines, xs)
     to_input = p.attribute_to_layer_input
-    ax, ab, ends = endpoint_values(call, xs, bs, module, p.layer, to_input)
+    ax, ab, ends = endpoint_values(call, xs, bs, module, p.path, to_input)
     n = call.n
 
     def grad_fn(sub: Call, points: Tensors) -> Tensors:
         k = points[0].shape[0] // n
         leaves = tuple(pt.detach().requires_grad_(True) for pt in points)
         grads, _, _ = layers.layer_gradients(
-            sub.forward, layers.tile(xs, k), sub.target, module, p.layer, to_input, leaves
+            sub.forward, layers.tile(xs, k), sub.target, module, p.path, to_input, leaves
         )
         return grads
 

@@ -37,7 +37,7 @@ def layer_lrp(call: Call, p: LayerLRPParams) -> Output:
     module = target_layer(call, p)
     forward = relevance_forward(call, parse_rules(call.model, p.rules))
     grads, _, selected = layers.layer_gradients(
-        forward, call.inputs, call.target, module, p.layer, p.attribute_to_layer_input
+        forward, call.inputs, call.target, module, p.path, p.attribute_to_layer_input
     )
     relevance = scale(grads, selected)
     return layer_output(relevance, delta=conservation_delta(relevance, selected), outputs=selected)

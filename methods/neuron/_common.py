@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, WithJsonSchema
 from torch import nn
 
-from methods.engine import intercept, layers
+from methods.engine import intercept, layers, neurons
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward, Tensors
@@ -49,7 +49,7 @@ GradFn = Callable[[Call, Tensors], Tensors]
 
 
 def neuron_target(call: Call, p: NeuronParams) -> tuple[nn.Module, Any]:
-    return layers.resolve(call.model, p.layer), layers.check_selector(p.neuron_selector)
+    return layers.resolve(call.model, p.layer), neurons.check_selector(p.neuron_selector)
 
 
 def neuron_grad_fn(
@@ -62,7 +62,7 @@ def neuron_grad_fn(
 
     def fn(sub: Call, points: Tensors) -> Tensors:
         forward = sub.forward if wrap is None else wrap(sub.forward)
-        grads, _ = layers.neuron_gradients(
+        grads, _ = neurons.neuron_gradients(
             forward, points, module, p.layer, p.attribute_to_neuron_input, selector
         )
         return grads
@@ -75,7 +75,7 @@ def ruled_neuron_gradients(call: Call, p: NeuronParams, composite: Composite) ->
     (neuron guided backprop and neuron deconvolution)."""
     module, selector = neuron_target(call, p)
     forward = intercept.ruled(call.forward, composite)
-    grads, _ = layers.neuron_gradients(
+    grads, _ = neurons.neuron_gradients(
         forward, call.inputs, module, p.layer, p.attribute_to_neuron_input, selector
     )
     return Output(grads)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from methods.engine import layers
+from methods.engine import layers, neurons
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.quadrature import ApproximationMethod
@@ -53,7 +53,7 @@ def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
                 torch.zeros_like(v) if g is None else g
                 for g, v in zip(layer_grads, values, strict=True)
             )
-            mid = layers.select_neuron(layer_grads, selector)
+            mid = neurons.select_neuron(layer_grads, selector)
             if mid.dim() == 0:
                 raise InvalidArgumentError(
                     "neuron_conductance needs one neuron value per example: neuron_selector "
@@ -62,7 +62,7 @@ def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
                     "value per example, e.g. lambda out: out.sum(1)",
                     argument="neuron_selector",
                 )
-            neuron = layers.select_neuron(values, selector)
+            neuron = neurons.select_neuron(values, selector)
             grads = torch.autograd.grad(neuron.sum(), leaves, allow_unused=True)
         rows = points[0].shape[0]
         return tuple(

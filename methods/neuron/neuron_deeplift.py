@@ -7,7 +7,7 @@ model output; every non-linear call is intercepted, functional or module, reused
 from __future__ import annotations
 
 from methods.engine import deeplift as dl
-from methods.engine import layers
+from methods.engine import layers, neurons
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
@@ -26,7 +26,7 @@ def neuron_deeplift_rows(call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: T
         t.reset()
         mults, _, _ = dl.multipliers(
             call, xs, bs, call.target, p.eps,
-            grad_fn=lambda out: layers.select_neuron(t.values, selector),
+            grad_fn=lambda out: neurons.select_neuron(t.values, selector),
         )  # fmt: skip
         t.check_ran()
     return p.combiner()(mults, xs, bs)

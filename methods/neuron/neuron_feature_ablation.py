@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from methods.cost import per_feature_cost
-from methods.engine import layers
+from methods.engine import layers, neurons
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward
 from methods.engine.targets import NONE
@@ -41,7 +41,7 @@ def neuron_feature_ablation(call: Call, p: NeuronFeatureAblationParams) -> Outpu
     def neuron(*args: Any) -> Any:
         with layers.tap(module, p.layer, to_input=to_input, stop=True) as t:
             layers.run(Forward(fn, ()), args, t)
-        return layers.select_neuron(t.values, selector)
+        return neurons.select_neuron(t.values, selector)
 
     sub = call.replace(forward=Forward(neuron, call.forward.args), target=NONE)
     out = feature_ablation(sub, FeatureAblationParams(feature_mask=p.feature_mask))

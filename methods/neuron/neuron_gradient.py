@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from methods.engine import layers
+from methods.engine import neurons
 from methods.engine.call import Call, Output
 from methods.neuron._common import NeuronParams, neuron_target
 from methods.registry import register
@@ -19,7 +19,7 @@ from methods.registry import register
 def neuron_gradient(call: Call, p: NeuronParams) -> Output:
     """Gradient of the selected neuron with respect to each input (the forward stops there)."""
     module, selector = neuron_target(call, p)
-    grads, _ = layers.neuron_gradients(
+    grads, _ = neurons.neuron_gradients(
         call.forward, call.inputs, module, p.layer, p.attribute_to_neuron_input, selector
     )
     return Output(grads)

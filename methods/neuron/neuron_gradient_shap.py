@@ -6,7 +6,7 @@ output. Sampling uses torch's generator (seedable); values agree with Captum in 
 
 from __future__ import annotations
 
-from methods.engine import layers
+from methods.engine import neurons
 from methods.engine.call import Call, Output
 from methods.layer._common import GradientShapParams, shap_samples
 from methods.neuron._common import NeuronParams, neuron_target
@@ -31,7 +31,7 @@ def neuron_gradient_shap(call: Call, p: NeuronGradientShapParams) -> Output:
     """SHAP values for the selected neuron, approximated by gradients at random path points."""
     module, selector = neuron_target(call, p)
     sub, noisy, bs, points = shap_samples(call, p.n_samples, p.stdevs, "neuron_gradient_shap")
-    grads, _ = layers.neuron_gradients(
+    grads, _ = neurons.neuron_gradients(
         sub.forward, points, module, p.layer, p.attribute_to_neuron_input, selector
     )
     if p.multiply_by_inputs:

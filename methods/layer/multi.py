@@ -1,0 +1,122 @@
+"""Several layers in one call: Captum's multi-layer form, ``layer=["encoder.0", "encoder.1"]``.
+
+Each entry of the result is what that layer alone would give. Where the method reads the
+layer without changing what the model computes (activations, the target's gradient at the
+layer, LRP relevance), every layer is tapped in the same forward and backward: each tap
+hands the rest of the model a leaf with the layer's value *grafted* onto the layer's own
+graph, so a layer before another still gets its gradient through it. Methods that change the
+model's computation at the layer (layer IG's path, ablation, conductance) run once per layer.
+
+Captum's ``LayerIntegratedGradients`` with a list interpolates every layer at once: for layers
+on separate branches that equals each layer alone (and ours equals Captum's), but a layer
+before another has its interpolated value overwritten downstream, so Captum raises (it warns
+about such lists); ours gives each layer's own IG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import torch
+
+from methods.engine import layers
+from methods.engine.call import Call, Output
+from methods.engine.inputs import Forward, Tensors
+from methods.engine.targets import Target
+from methods.errors import InvalidArgumentError
+from methods.layer._common import LayerParams, layer_output
+
+
+def _gradients(
+    call: Call, forward: Forward, target: Target, paths: list[str], to_input: bool
+) -> tuple[list[Tensors], list[Tensors], torch.Tensor]:
+    """d(targeted output)/d(each layer), each layer's values, and the targeted outputs, from
+    one forward and one backward."""
+    xs = call.inputs
+    with torch.enable_grad(), ExitStack() as stack:
+        taps = [
+            stack.enter_context(
+                layers.tap(layers.resolve(call.model, path), path, to_input=to_input,
+                           mode="graft")
+            )
+            for path in paths
+        ]  # fmt: skip
+        for t in taps:
+            t.reset()
+            t.rows = xs[0].shape[0] if xs and xs[0].dim() else None
+        out = forward(xs)
+        for t in taps:
+            t.check_ran()
+        selected = target.select(out)
+        wanted = [leaf for t in taps for leaf in t.leaves if leaf.requires_grad]
+        if wanted and not selected.requires_grad:
+            raise InvalidArgumentError(
+                f"the targeted output does not depend on the layers {paths}' "
+                f"{'inputs' if to_input else 'outputs'}; pick layers on the path to the output",
+                argument="layer",
+            )
+        grads = iter(
+            torch.autograd.grad(selected.sum(), wanted, allow_unused=True) if wanted else ()
+        )
+    per_layer: list[Tensors] = []
+    for t in taps:
+        full = [next(grads) if leaf.requires_grad else None for leaf in t.leaves]
+        per_layer.append(
+            tuple(torch.zeros_like(v) if g is None else g for g, v in zip(full, t.leaves,
+                                                                          strict=True))
+        )  # fmt: skip
+    return per_layer, [tuple(v.detach() for v in t.values) for t in taps], selected.detach()
+
+
+def _activations(call: Call, p: LayerParams, paths: list[str]) -> list[Output]:
+    xs = call.inputs
+    to_input = p.attribute_to_layer_input
+    with torch.no_grad(), ExitStack() as stack:
+        taps = [
+            stack.enter_context(
+                layers.tap(layers.resolve(call.model, path), path, to_input=to_input)
+            )
+            for path in paths
+        ]
+        for t in taps:
+            t.reset()
+            t.rows = xs[0].shape[0] if xs and xs[0].dim() else None
+        call.forward(xs)
+        for t in taps:
+            t.check_ran()
+    return [layer_output(tuple(v.detach() for v in t.values)) for t in taps]
+
+
+def _gradient_x_activation(call: Call, p: LayerParams, paths: list[str]) -> list[Output]:
+    grads, values, selected = _gradients(
+        call, call.forward, call.target, paths, p.attribute_to_layer_input
+    )
+    outs = []
+    for g, v in zip(grads, values, strict=True):
+        if getattr(p, "multiply_by_inputs", True):
+            g = tuple(a * b for a, b in zip(g, v, strict=True))
+        outs.append(layer_output(g, outputs=selected))
+    return outs
+
+
+def _lrp(call: Call, p: LayerParams, paths: list[str]) -> list[Output]:
+    from methods.gradient.lrp import conservation_delta, parse_rules, relevance_forward, scale
+
+    forward = relevance_forward(call, parse_rules(call.model, getattr(p, "rules", None)))
+    grads, _, selected = _gradients(call, forward, call.target, paths, p.attribute_to_layer_input)
+    outs = []
+    for g in grads:
+        relevance = scale(g, selected)
+        outs.append(
+            layer_output(relevance, delta=conservation_delta(relevance, selected), outputs=selected)
+        )
+    return outs
+
+
+#: the methods that take every layer in one pass
+ONE_PASS: dict[str, Callable[[Call, LayerParams, list[str]], list[Output]]] = {
+    "layer_activation": _activations,
+    "layer_gradient_x_activation": _gradient_x_activation,
+    "layer_lrp": _lrp,
+}
