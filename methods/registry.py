@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from methods.cost import CostFn, CostShape, derived_cost
 from methods.errors import UnknownMethodError
@@ -164,6 +164,13 @@ class MethodSpec:
     def layer_param(self) -> bool:
         """Whether the method takes ``layer`` (layer and neuron methods, guided_gradcam)."""
         return "layer" in self.params.model_fields
+
+    @property
+    def layer_lists(self) -> bool:
+        """Whether ``layer`` may be a list of layers (the layer methods, CONTRACT §7.7)."""
+        field = self.params.model_fields.get("layer")
+        arms = get_args(field.annotation) if field is not None else ()
+        return any(get_origin(get_args(a)[0] if get_args(a) else a) is list for a in arms)
 
 
 _REGISTRY: dict[str, MethodSpec] = {}

@@ -38,7 +38,8 @@ class NeuronParams(MethodParams):
         ...,
         description="the neuron: an index into the layer's output without the batch dim (an "
         "int or a list of ints); Python callers may also pass a tuple with slices (summed) or "
-        "a callable layer_output -> one value per example",
+        "a callable layer_output -> one value per example, or one 0-d value for the whole "
+        "batch (Captum's aggregate form, e.g. lambda out: out.sum())",
     )
     attribute_to_neuron_input: bool = Field(
         False, description="select the neuron from the layer's input instead of its output"

@@ -73,6 +73,9 @@ class Reply:
     job_id: int
     attributions: list[np.ndarray] = field(default_factory=list)
     as_tuple: bool = False
+    #: a list of layers was attributed: how many of ``attributions`` each layer has, in order
+    #: (``delta`` is then (N, layers))
+    layers: list[int] | None = None
     delta: np.ndarray | None = None
     outputs: np.ndarray | None = None
     target: list[Any] | None = None

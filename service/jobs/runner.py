@@ -357,6 +357,7 @@ class JobRunner:
             job_id=0,
             attributions=[_concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)],
             as_tuple=bool(first.get("as_tuple")),
+            layers=first.get("layers"),
             delta=joined("convergence_delta"),
             outputs=joined("outputs"),
             target=[t for m in metas for t in (m.get("target") or [])] or None,
@@ -405,6 +406,7 @@ def _chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
         out["convergence_delta"] = reply.delta
     meta = {
         "as_tuple": reply.as_tuple,
+        "layers": reply.layers,
         "target": reply.target,
         "tokens": reply.tokens,
         "params": reply.params,

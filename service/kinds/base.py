@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
+import numpy as np
+
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import UnsupportedMethod
 from service.core.settings import Settings
@@ -142,14 +144,21 @@ def envelope(
     """The one attributions response body (synchronous answers, a job's result, and with a
     kind's own members added), from a reply; ``model``: its id and version."""
     enc = [codec.encode_tensor(a, encoding) for a in reply.attributions]
+    attributions: Any = enc if reply.as_tuple else (enc[0] if enc else [])
+    delta: Any = None if reply.delta is None else codec.encode_tensor(reply.delta, encoding)
+    if reply.layers is not None:  # a list of layers: one entry per layer, as the engine's
+        attributions, at = [], 0
+        for count in reply.layers:
+            attributions.append(enc[at] if count == 1 else enc[at : at + count])
+            at += count
+        if reply.delta is not None:
+            delta = [codec.encode_tensor(np.ascontiguousarray(d), encoding) for d in reply.delta.T]
     body: dict[str, Any] = {
         "model_id": model[0],
         "model_version": model[1],
         "method": method,
-        "attributions": enc if reply.as_tuple else (enc[0] if enc else []),
-        "convergence_delta": None
-        if reply.delta is None
-        else codec.encode_tensor(reply.delta, encoding),
+        "attributions": attributions,
+        "convergence_delta": delta,
         "target": reply.target,
         "outputs": None if reply.outputs is None else codec.encode_tensor(reply.outputs, encoding),
         "params": reply.params,

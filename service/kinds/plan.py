@@ -49,12 +49,21 @@ def _check_layer(spec: ModelSpec, ms: MethodSpec, params: dict[str, Any]) -> dic
         raise InvalidRequest(
             f"{ms.name} needs params.layer, one of {exposed}", loc=("body", "params", "layer")
         )
-    if not isinstance(layer, str) or layer not in exposed:
-        shown = layer if isinstance(layer, str) else type(layer).__name__
+    many = isinstance(layer, list)
+    if many and not (layer and ms.layer_lists):
         raise InvalidRequest(
-            f"layer {shown!r} is not exposed by model {spec.id!r}; its layers are {exposed}",
+            f"{ms.name} takes one layer, not a list"
+            if layer
+            else "params.layer is an empty list; give one layer or a non-empty list of them",
             loc=("body", "params", "layer"),
         )
+    for i, one in enumerate(layer if many else [layer]):
+        if not isinstance(one, str) or one not in exposed:
+            shown = one if isinstance(one, str) else type(one).__name__
+            raise InvalidRequest(
+                f"layer {shown!r} is not exposed by model {spec.id!r}; its layers are {exposed}",
+                loc=("body", "params", "layer", i) if many else ("body", "params", "layer"),
+            )
     return params
 
 

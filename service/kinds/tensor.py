@@ -271,6 +271,10 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
         disable_compiled(lm, exc, "on a request")  # eager succeeded: the compiled graph failed
     attrs = res.attributions
     parts = tensors.flat(attrs)  # a nested layer output (an LSTM's out, (h, c)): depth first
+    per_layer = [len(tensors.flat(a)) for a in attrs] if isinstance(attrs, list) else None
+    delta = res.convergence_delta
+    if isinstance(delta, list):  # one per layer: (N, layers)
+        delta = torch.stack(delta, dim=1)
     if job.attributed_layer is not None:  # one score per token: sum over the embedding dim
         parts = [(p.abs() if job.post_abs else p).sum(dim=-1) for p in parts]
     if res.outputs is not None and res.outputs.numel() == n:
@@ -281,7 +285,8 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
         job_id=job.id,
         attributions=[tensors.numpy(p) for p in parts],
         as_tuple=isinstance(attrs, tuple),
-        delta=None if res.convergence_delta is None else tensors.numpy(res.convergence_delta),
+        layers=per_layer,
+        delta=None if delta is None else tensors.numpy(delta),
         outputs=tensors.numpy(selected),
         target=targets.rows(wire, n),
         tokens=tokens,

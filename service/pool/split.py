@@ -92,6 +92,7 @@ def join(job: Job, replies: list[Reply]) -> Reply:
             for i in range(len(first.attributions))
         ],
         as_tuple=first.as_tuple,
+        layers=first.layers,
         delta=_joined([r.delta for r in replies]),
         outputs=_joined([r.outputs for r in replies]),
         target=None if first.target is None else [t for r in replies for t in r.target or []],

@@ -85,8 +85,8 @@ def draw(
             if reply.tokens is not None:
                 tokens = reply.tokens[i]
                 attr = attr[: len(tokens)]
-            elif k < len(job.arrays):
-                x = job.arrays[k][i]
+            elif (src := 0 if reply.layers is not None else k) < len(job.arrays):
+                x = job.arrays[src][i]  # a list of layers maps onto the first input each
                 # the input under the map: only where the map has its (spatial) shape
                 if x.shape[-attr.ndim :] == attr.shape or x.shape[-2:] == attr.shape[-2:]:
                     image = x.astype(np.float64)
@@ -107,7 +107,20 @@ def draw(
                 "media_type": pic.media_type,
                 "b64": base64.b64encode(pic.data).decode("ascii"),
             }
-            if len(reply.attributions) > 1:
+            if reply.layers is not None:  # a list of layers: one picture per layer
+                entry["layer"] = _layer_of(reply, k)
+            elif len(reply.attributions) > 1:
                 entry["input"] = names[k] if k < len(names) else str(k)
             out.append(entry)
     return out
+
+
+def _layer_of(reply: Reply, part: int) -> str:
+    """The layer whose attributions are ``reply.attributions[part]`` (a list of layers)."""
+    names = reply.params.get("layer") or []
+    at = 0
+    for i, count in enumerate(reply.layers or []):
+        at += count
+        if part < at:
+            return str(names[i]) if i < len(names) else str(i)
+    return str(part)

@@ -279,6 +279,9 @@ class TimingMs(BaseModel):
 class Render(BaseModel):
     example: int = Field(description="the example drawn (index into the batch)")
     input: str | None = Field(default=None, description="multi-input models: the input drawn")
+    layer: str | None = Field(
+        default=None, description="a list of layers (params.layer): the layer drawn"
+    )
     media_type: Literal["image/png", "text/html"]
     b64: str = Field(description="the file's bytes, base64")
 
@@ -309,7 +312,8 @@ class AttributionResponse(BaseModel):
     attributions: Annotated[
         Any,
         _result(
-            "a tensor, or one per model input (multi-input models)",
+            "a tensor, or one per model input (multi-input models), or one per layer when "
+            "params.layer is a list",
             TENSOR_LIST,
             RESULT_NUMBERS,
             TENSOR_B64,

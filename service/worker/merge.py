@@ -63,6 +63,7 @@ def split(reply: Reply, jobs: list[Job]) -> list[Reply]:
                 job_id=j.id,
                 attributions=[_cut(a, total, start, j.n) for a in reply.attributions],  # type: ignore[misc]
                 as_tuple=reply.as_tuple,
+                layers=reply.layers,
                 delta=_cut(reply.delta, total, start, j.n),
                 outputs=_cut(reply.outputs, total, start, j.n),
                 target=None if reply.target is None else reply.target[start : start + j.n],

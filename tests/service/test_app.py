@@ -122,6 +122,21 @@ def test_body_limit_is_413(client: TestClient) -> None:
             ["body", "params", "layer"],
             "not exposed",
         ),
+        (
+            {"method": "layer_conductance", "params": {"layer": ["fc1", "nope"]}},
+            ["body", "params", "layer", 1],
+            "not exposed",
+        ),
+        (
+            {"method": "layer_conductance", "params": {"layer": []}},
+            ["body", "params", "layer"],
+            "empty list",
+        ),
+        (
+            {"method": "neuron_gradient", "params": {"layer": ["fc1"], "neuron_selector": 0}},
+            ["body", "params", "layer"],
+            "takes one layer",
+        ),
     ],
 )
 def test_unservable_requests_are_422(

@@ -201,6 +201,40 @@ def test_numbers_equal_engine_and_captum(server: Server) -> None:
     assert res["outputs"] == pytest.approx(model(x)[[0, 1], [2, 0]].tolist(), rel=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [("layer_integrated_gradients", {"return_convergence_delta": True}),
+     ("layer_lrp", {"return_convergence_delta": True}), ("layer_activation", {})],
+)  # fmt: skip
+def test_a_list_of_layers_answers_one_entry_per_layer(
+    server: Server, method: str, extra: dict[str, Any]
+) -> None:
+    """CONTRACT §7.7: params.layer may be a list; attributions (and deltas) are lists per layer,
+    each the engine's answer for that layer alone, merged requests included."""
+    spec = next(s for s in model_registry.builtin_specs() if s.id == "tabular-mlp")
+    model = model_registry.load(spec).model
+    layers = ["fc2", "fc1"]
+    body = {"method": method, "inputs": TAB_X, "target": [2, 0], "params": {"layer": layers},
+            **extra}  # fmt: skip
+    with server.client() as c:
+        res = ok(post(c, "tabular-mlp", body))
+        res_b64 = ok(post(c, "tabular-mlp", {**body, "output_encoding": "base64"}))
+    assert len(res["attributions"]) == len(res_b64["attributions"]) == 2
+    for i, layer in enumerate(layers):
+        alone = methods.attribute(
+            model, torch.tensor(TAB_X), method, target=[2, 0], layer=layer,
+            **({"return_convergence_delta": True} if extra else {}),
+        )  # fmt: skip
+        want = alone.attributions.numpy()
+        np.testing.assert_allclose(res["attributions"][i], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(from_b64(res_b64["attributions"][i]), want, rtol=1e-5, atol=1e-6)
+        if extra:
+            np.testing.assert_allclose(
+                res["convergence_delta"][i], alone.convergence_delta.numpy(), rtol=1e-4, atol=1e-5
+            )
+    assert res["params"]["layer"] == layers
+
+
 def test_inputs_by_name_and_torchscript(server: Server) -> None:
     with server.client() as c:
         res = ok(

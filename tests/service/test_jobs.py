@@ -292,3 +292,26 @@ def test_limits(tmp_path: Path) -> None:
             assert "attrserve_jobs{" in text and "attrserve_job_queue_depth" in text
     finally:
         stop_server(server)
+
+
+def test_a_job_over_a_list_of_layers_answers_per_layer(jobs_server: Server) -> None:
+    """CONTRACT §7.7 through the jobs path: chunks keep the per-layer structure."""
+    x = np.random.default_rng(1).random((40, 8), dtype=np.float32)
+    body = {
+        "method": "layer_gradient_x_activation",
+        "inputs": x.tolist(),
+        "target": 1,
+        "params": {"layer": ["fc1", "fc3"]},
+    }
+    with jobs_server.client() as c:
+        job_id = submit(c, "tabular-mlp", body, A)
+        assert wait(c, job_id, A)["status"] == "succeeded"
+        result = c.get(f"/v1/jobs/{job_id}/result", headers=A).json()
+        sync = c.post("/v1/models/tabular-mlp/attributions", json=body, headers=A).json()
+        npz = c.get(f"/v1/jobs/{job_id}/result?format=npz", headers=A)
+    assert len(result["attributions"]) == 2
+    for i in range(2):
+        np.testing.assert_allclose(result["attributions"][i], sync["attributions"][i], rtol=1e-5)
+    assert np.asarray(result["attributions"][1]).shape == (40, 3)
+    with np.load(io.BytesIO(npz.content)) as z:
+        np.testing.assert_allclose(z["attributions_0"], result["attributions"][0], rtol=1e-6)

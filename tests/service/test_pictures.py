@@ -159,6 +159,20 @@ def test_gradcam_upsampled_to_the_input(server: Server) -> None:
     assert r.status_code == 422 and "interpolate_to_input" in str(r.json()["errors"])
 
 
+def test_a_list_of_layers_gets_one_picture_per_layer(server: Server) -> None:
+    x = image_batch(1)
+    body = {
+        "method": "layer_gradcam", "inputs": x.tolist(), "target": 0,
+        "params": {"layer": ["features.0", "features.3"], "interpolate_to_input": True},
+        "render": {"kind": "overlay", "sign": "positive"},
+    }  # fmt: skip
+    r = post(server, "image-cnn", body)
+    assert r.status_code == 200, r.text
+    pictures = r.json()["renders"]
+    assert [p["layer"] for p in pictures] == ["features.0", "features.3"]
+    assert all(base64.b64decode(p["b64"]).startswith(b"\x89PNG") for p in pictures)
+
+
 def test_render_errors_before_the_work(server: Server) -> None:
     x = image_batch(1).tolist()
     cases = [
