@@ -18,6 +18,7 @@ from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedMo
 from methods.layer import multi
 from methods.layer._common import LayerParams, upsampler
 from methods.params import parse_params
+from methods.progress import shown as show_progress
 from methods.registry import MethodInfo
 
 
@@ -39,6 +40,7 @@ def attribute(
     noise_tunnel: dict[str, Any] | None = None,
     seed: int | None = None,
     return_convergence_delta: bool = False,
+    progress: bool = False,
     **params: Any,
 ) -> Result:
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
@@ -47,7 +49,8 @@ def attribute(
     method-specific parameters are keyword arguments with Captum's names. ``model``,
     ``inputs`` and ``method`` are positional, so Captum's IG keyword ``method=`` reaches the
     parameter check (which names its spelling here, ``approximation_method``) instead of
-    clashing with them.
+    clashing with them. ``progress=True`` shows a tqdm bar on stderr over the model
+    evaluations (Captum's ``show_progress``).
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)
@@ -74,6 +77,8 @@ def attribute(
         )
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InvalidTypeError(f"seed must be an int or None, got {seed!r}", argument="seed")
+    if not isinstance(progress, bool):
+        raise InvalidTypeError(f"progress must be a bool, got {progress!r}", argument="progress")
     generator = _generator(seed, xs[0].device)
     upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
     forward = Forward(model, format_args(additional_forward_args))
@@ -89,10 +94,25 @@ def attribute(
         generator=generator,
         return_delta=bool(return_convergence_delta),
     )
+    with show_progress(progress, method):
+        return _attribute(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+
+
+def _attribute(
+    spec: registry.MethodSpec,
+    call: Call,
+    p: Any,
+    noise_tunnel: dict[str, Any] | None,
+    as_tuple: bool,
+    upsample: Any,
+    seed: int | None,
+) -> Result:
+    """The method on ``call``: once, or for a list of layers once per layer or in one pass."""
     paths = p.layer if isinstance(p, LayerParams) and isinstance(p.layer, list) else None
     if paths is None:
         return _run(spec, call, p, noise_tunnel, as_tuple, upsample)
     p = cast(LayerParams, p)
+    model, xs = call.model, call.inputs
     side = p.attribute_to_layer_input
     one_pass = multi.ONE_PASS.get(spec.name)
     if one_pass is not None and noise_tunnel is None and upsample is None:

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar, overload
 import torch
 from torch import Tensor
 
+from methods import progress
 from methods.cancel import checkpoint
 from methods.errors import InvalidArgumentError
 
@@ -158,6 +159,7 @@ def run_chunks(
     acc: T | None = None
     start = 0
     per_chunk = max(1, per_chunk)
+    progress.expect(total)
     while start < total:
         checkpoint()
         end = min(total, start + per_chunk)
@@ -175,6 +177,7 @@ def run_chunks(
         else:
             acc = part if start == 0 else reduce(acc, part)  # type: ignore[arg-type]
             del part
+        progress.done(end - start)
         start = end
     if reduce is None:
         return results, per_chunk

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from methods import progress
 from methods.cancel import checkpoint
 from methods.engine.batching import count_saved_bytes, memory_budget
 from methods.engine.call import Call
@@ -281,6 +282,7 @@ class Evaluator:
         per = self.per_chunk(total)
         auto = not isinstance(self.call.perturbations_per_eval, int)
         s = 0
+        progress.expect(total)
         while s < total:
             checkpoint()
             e = min(total, s + per)
@@ -307,6 +309,7 @@ class Evaluator:
             if inspect is not None:
                 inspect(s, e, inputs)
             self.used = max(self.used, e - s)
+            progress.done(e - s)
             s = e
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
@@ -418,6 +421,8 @@ def evaluate_with_initial(
         ev, initial = start(call, inputs)
         return ev, initial, ev.run(total, build)
     initial, first = raw[:n], raw[n:]
+    progress.expect(k)
+    progress.done(k)
     ev = _evaluator(call, inputs, initial, made)
     ev.used = k + 1
     first = first.reshape(k, *ev.out_shape)

@@ -34,6 +34,7 @@ from methods.generation.errors import (
 from methods.generation.features import Features, TokenFeatures, encode, make_features
 from methods.generation.lm import DEFAULT_GEN_ARGS, LanguageModel, wrap
 from methods.generation.scorer import Scorer
+from methods.progress import shown as show_progress
 
 #: params attribute_generation sets itself
 RESERVED = ("feature_mask", "layer", "target", "baselines", "additional_forward_args")
@@ -78,6 +79,7 @@ def attribute_generation(
     perturbations_per_eval: int | str | None = None,
     internal_batch_size: int | str | None = None,
     use_cache: bool = True,
+    progress: bool = False,
     **params: Any,
 ) -> GenerationResult:
     """Attribute a causal LM's answer ``target`` (None: generated greedily with ``gen_args``,
@@ -108,10 +110,13 @@ def attribute_generation(
     lm = wrap(model)
     feats = make_features(tokenizer, prompt, features, baselines, skip_tokens)
     target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
+    if not isinstance(progress, bool):
+        raise InvalidTypeError("progress must be a bool", argument="progress")
     if method in PERTURBATION:
-        out = _perturbation(
-            lm, feats, target_ids, method, seed, perturbations_per_eval, use_cache, params
-        )
+        with show_progress(progress, method):
+            out = _perturbation(
+                lm, feats, target_ids, method, seed, perturbations_per_eval, use_cache, params
+            )
     else:
         if not isinstance(feats, TokenFeatures):
             raise UnsupportedGenerationMethodError(
@@ -120,7 +125,8 @@ def attribute_generation(
                 f"take a perturbation method: {list(PERTURBATION)}",
                 argument="method",
             )
-        out = gradient.run(lm, feats, target_ids, method, seed, internal_batch_size, params)
+        with show_progress(progress, method):
+            out = gradient.run(lm, feats, target_ids, method, seed, internal_batch_size, params)
     seq, tok, ran, echo, stats, logp = out
     echo.update({"use_cache": use_cache})
     if gen_args is not None or target is None:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from methods import progress
 from methods.cancel import checkpoint
 from methods.engine.batching import memory_budget
 from methods.errors import InvalidArgumentError
@@ -136,8 +137,10 @@ class Scorer:
         device, t = self.lm.device, self.t
         target = self.target.to(device)
         tail = target.tolist()
+        plan = self._plan(todo)
+        progress.expect(sum(len(part) for _, _, part in plan))
         with torch.no_grad():
-            for r, p, part in self._plan(todo):
+            for r, p, part in plan:
                 checkpoint()
                 cache = self._cache(r) if r >= 0 and p > 0 else None
                 if cache is None:
@@ -168,6 +171,7 @@ class Scorer:
                 s.tokens += len(part) * width
                 s.cached_tokens += len(part) * p
                 s.max_rows = max(s.max_rows, len(part))
+                progress.done(len(part))
 
 
 def _shared(a: Prompt, b: Prompt) -> int:

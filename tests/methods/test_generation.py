@@ -345,3 +345,18 @@ def test_the_callers_model_is_left_as_it_was() -> None:
     finally:
         model.blocks[0].eval()
         model.embed.weight.requires_grad_(False)
+
+
+@pytest.mark.parametrize("method", ["feature_ablation", "layer_integrated_gradients"])
+def test_progress_counts_the_prompts_evaluated(
+    capsys: pytest.CaptureFixture[str], method: str
+) -> None:
+    """progress=True (CONTRACT §7.7): a bar over the prompts scored or the path's steps."""
+    import re
+
+    quiet = ours_tokens(method)
+    assert capsys.readouterr().err == ""
+    shown = ours_tokens(method, progress=True)
+    done, total = map(int, re.findall(r"(\d+)/(\d+)", capsys.readouterr().err)[-1])
+    assert done == total > 1
+    close(shown.seq_attr, quiet.seq_attr, rtol=0, atol=0)
