@@ -67,7 +67,14 @@ def attribute(
             "method), or pass the eager nn.Module",
             argument="method",
         )
-    xs, as_tuple = format_inputs(inputs)
+    xs, as_tuple = format_inputs(inputs, sparse=spec.sparse_inputs)
+    sparse = any(x.shape[0] != xs[0].shape[0] for x in xs)
+    if sparse and noise_tunnel is not None:
+        raise InvalidArgumentError(
+            "noise_tunnel draws noisy copies of every example, but some inputs are not per "
+            "example (their dim 0 differs from inputs[0]'s); attribute without noise_tunnel",
+            argument="noise_tunnel",
+        )
     if spec.differentiates_inputs:
         check_floating(xs, method)
     if return_convergence_delta and not spec.returns_delta:
@@ -90,7 +97,10 @@ def attribute(
         target=make_target(target, xs[0].shape[0]),
         baselines=baselines,
         internal_batch_size=check_batch_size(internal_batch_size, "internal_batch_size"),
-        perturbations_per_eval=check_batch_size(perturbations_per_eval, "perturbations_per_eval"),
+        # inputs that are not per example go whole into every forward: one perturbation each
+        perturbations_per_eval=(
+            1 if sparse else check_batch_size(perturbations_per_eval, "perturbations_per_eval")
+        ),
         generator=generator,
         return_delta=bool(return_convergence_delta),
     )

@@ -112,6 +112,9 @@ class MethodSpec:
     #: whether its whole computation is a fixed graph of tensor ops over the batch, so
     #: ``methods.export`` can trace it into a program
     exportable: bool = False
+    #: takes inputs after the first whose dim 0 is not the batch (Captum's sparse features),
+    #: fed whole to every evaluation, one perturbation per forward
+    sparse_inputs: bool = False
 
     def info(self) -> MethodInfo:
         return MethodInfo(
@@ -195,6 +198,7 @@ def register(
     auto_steps: Callable[[Any], int] | None = None,
     generation: Generation | None = None,
     exportable: bool = False,
+    sparse_inputs: bool = False,
 ) -> Callable[[MethodFn], MethodFn]:
     """Register ``fn`` as the method ``name`` (the module's name, its wire name too).
 
@@ -232,6 +236,7 @@ def register(
             auto_steps=auto_steps,
             generation=generation,
             exportable=exportable,
+            sparse_inputs=sparse_inputs,
         )
         return fn
 

@@ -14,8 +14,17 @@ from methods.errors import AttributionError, InvalidArgumentError, InvalidTypeEr
 Tensors = tuple[Tensor, ...]
 
 
-def format_inputs(inputs: object) -> tuple[Tensors, bool]:
-    """Return ``inputs`` as a tuple of tensors and whether the caller passed a tuple."""
+#: the methods that take inputs whose dim 0 is not the batch's (``sparse`` below)
+SPARSE_METHODS = "feature_ablation, shapley_value_sampling, shapley_values, feature_permutation"
+
+
+def format_inputs(inputs: object, *, sparse: bool = False) -> tuple[Tensors, bool]:
+    """Return ``inputs`` as a tuple of tensors and whether the caller passed a tuple.
+
+    ``inputs[0]`` holds the examples along dim 0. With ``sparse`` the later inputs may have
+    another dim 0 (Captum's sparse features: not per example, fed whole to every evaluation);
+    otherwise every input must have the same number of examples.
+    """
     if isinstance(inputs, Tensor):
         xs: Tensors = (inputs,)
         as_tuple = False
@@ -42,10 +51,11 @@ def format_inputs(inputs: object) -> tuple[Tensors, bool]:
             )
         if n is None:
             n = x.shape[0]
-        elif x.shape[0] != n:
+        elif x.shape[0] != n and not sparse:
             raise InvalidArgumentError(
                 f"every input must have the same number of examples (dim 0): inputs[0] has {n}, "
-                f"inputs[{i}] has {x.shape[0]}",
+                f"inputs[{i}] has {x.shape[0]}; an input that is not per example (Captum's "
+                f"sparse features) is taken by {SPARSE_METHODS} only",
                 argument="inputs",
             )
     if n == 0:

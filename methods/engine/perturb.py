@@ -146,6 +146,14 @@ def _check_mask(m: object, x: Tensor, i: int, n: int, method: str) -> Tensor:
     ok = m.dim() <= x.dim() and all(
         a in (1, b) for a, b in zip(shape[1:], x.shape[1:], strict=True)
     )
+    if x.shape[0] != n and (not ok or shape[0] != 1):
+        raise InvalidArgumentError(
+            f"{method}: {where} has shape {tuple(m.shape)}; inputs[{i}] of shape "
+            f"{tuple(x.shape)} is not per example (dim 0 is not inputs[0]'s {n}), so its mask "
+            f"groups it as a whole: expected {(1, *x.shape[1:])}, a shape broadcastable to "
+            "it, or a 0-d id",
+            argument="feature_mask",
+        )
     if not ok or shape[0] not in (1, n):
         raise InvalidArgumentError(
             f"{method}: {where} has shape {tuple(m.shape)}, which does not fit inputs[{i}] of "
@@ -227,7 +235,7 @@ def spread(values: Tensor, masks: FeatureMasks, xs: Tensors, method: str) -> Ten
     if masks.starts is not None:
         # The default mask numbers the elements in order: input i's features are a slice.
         for start, x in zip(masks.starts, xs, strict=True):
-            part = v if len(xs) == 1 else v[:, :, start : start + x[0].numel()]
+            part = v if len(xs) == 1 else v[:, :, start : start + math.prod(x.shape[1:])]
             out.append(part.reshape(o0, *orest, *x.shape[1:]))
         return tuple(out)
     for idx, x in zip(masks.index, xs, strict=True):

@@ -29,6 +29,7 @@ class FeatureAblationParams(FeatureMaskParams):
     "feature_ablation",
     generation="per_output",
     kind="perturbation",
+    sparse_inputs=True,
     params=FeatureAblationParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,

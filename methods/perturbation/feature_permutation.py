@@ -4,7 +4,8 @@ Breiman 2001, https://doi.org/10.1023/A:1010933404324; Captum's FeaturePermutati
 feature (group) gets its own random non-identity permutation of the examples; a group spanning
 several inputs is shuffled with one permutation (Captum draws one per input tensor), so the
 group's values stay together. A batch of one has nothing to shuffle with: its one
-"permutation" is the identity, and its attributions are zero (Captum's answer too).
+"permutation" is the identity, and its attributions are zero (Captum's answer too). An input
+that is not per example (Captum's sparse features) has its own rows shuffled.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def _permutations(call: Call, f: int, n: int, device: torch.device) -> Tensor:
 @register(
     "feature_permutation",
     kind="perturbation",
+    sparse_inputs=True,
     params=FeaturePermutationParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
@@ -67,10 +69,16 @@ def feature_permutation(call: Call, p: FeaturePermutationParams) -> Output:
     n = call.n
     masks = format_feature_mask(p.feature_mask, xs, call.method)
     f = masks.n_features
-    perms = _permutations(call, f, n, xs[0].device)
+    # one permutation of the examples per feature; an input that is not per example (Captum's
+    # sparse features) has its own rows permuted, as Captum does
+    perms = {n: _permutations(call, f, n, xs[0].device)}
+    for x in xs:
+        rows = int(x.shape[0])
+        if rows not in perms:
+            perms[rows] = _permutations(call, f, rows, xs[0].device)
 
     def build(s: int, e: int) -> Tensors:
-        shuffled = tuple(x[perms[s:e]] for x in xs)  # (k, N, ...) per input
+        shuffled = tuple(x[perms[int(x.shape[0])][s:e]] for x in xs)  # (k, rows, ...) per input
         return drop_one_inputs(masks, s, e, xs, shuffled)
 
     ev, initial, permuted = evaluate_with_initial(call, xs, f, build)

@@ -28,6 +28,7 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
     "shapley_value_sampling",
     generation="per_output",
     kind="perturbation",
+    sparse_inputs=True,
     params=ShapleyValueSamplingParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,

@@ -37,6 +37,7 @@ def working_dtype(out: torch.Tensor) -> torch.dtype:
     "shapley_values",
     generation="per_output",
     kind="perturbation",
+    sparse_inputs=True,
     params=ShapleyValuesParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
