@@ -119,3 +119,36 @@ def test_feature_permutation_two_examples_never_identity() -> None:
     attrs = methods.attribute(lambda t: t.sum(1), x, "feature_permutation", seed=3).attributions
     # with two examples the only non-identity permutation swaps them
     torch.testing.assert_close(attrs, torch.tensor([[-2.0, -3.0], [2.0, 3.0]], dtype=torch.float64))
+
+
+def _softmax_classifier() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3), torch.nn.Softmax(1)
+    ).double()
+    return m, torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def test_kernel_shap_batched_equals_one_example_at_a_time() -> None:
+    """KernelSHAP's coalitions are shared by the batch: per-example targets, same seed, the
+    batch and each example alone agree exactly (issue 22, also look at)."""
+    m, x = _softmax_classifier()
+    batch = methods.attribute(m, x, "kernel_shap", target=[0, 1, 2], n_samples=64, seed=3)
+    for i in range(3):
+        alone = methods.attribute(m, x[i : i + 1], "kernel_shap", target=i, n_samples=64, seed=3)
+        torch.testing.assert_close(batch.attributions[i : i + 1], alone.attributions)
+
+
+def test_lime_batched_and_alone_differ_only_by_their_samples() -> None:
+    """LIME draws each example's samples in turn from one generator, so a batch's example i and
+    the same example alone see different samples; with enough samples both converge to the
+    same surrogate, per-example targets paired right (a wrong pairing would not)."""
+    m, x = _softmax_classifier()
+    kw: dict[str, Any] = {"n_samples": 4000, "interpretable_model": "linear_regression"}
+    batch = methods.attribute(m, x, "lime", target=[0, 1, 2], seed=0, **kw).attributions
+    for i in range(3):
+        alone = methods.attribute(m, x[i : i + 1], "lime", target=i, seed=0, **kw).attributions
+        assert not torch.equal(batch[i : i + 1], alone)  # other samples
+        torch.testing.assert_close(batch[i : i + 1], alone, rtol=0, atol=2e-3)
+        other = methods.attribute(m, x[i : i + 1], "lime", target=(i + 1) % 3, seed=0, **kw)
+        assert (other.attributions - batch[i : i + 1]).abs().max() > 1e-2
