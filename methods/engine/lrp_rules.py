@@ -134,14 +134,15 @@ def _relevance(site: Site, g: Tensor) -> Tensor:
             xd = x.detach().requires_grad_(True)
             zp = site.func(xd, *args, **kwargs)
         z = zp.detach()
-        (c,) = torch.autograd.grad(zp, xd, g / (z + _sign(z) * rule.epsilon))
+        (c,) = torch.autograd.grad(zp, xd, g / _stabilised(z, rule.epsilon))
     else:
-        c = site.vjp(g / (site.y + _sign(site.y) * rule.epsilon))
+        c = site.vjp(g / _stabilised(site.y, rule.epsilon))
     return x * c
 
 
-def _sign(z: Tensor) -> Tensor:
-    return torch.where(z >= 0, torch.ones_like(z), -torch.ones_like(z))
+def _stabilised(z: Tensor, eps: float) -> Tensor:
+    """z + eps * sign(z), sign(0) = 1 (Captum's); no tensor of ones allocated."""
+    return torch.where(z >= 0, z + eps, z - eps)
 
 
 def _pass(site: Site, g: Tensor) -> Tensor:
@@ -163,16 +164,17 @@ _IN_PLACE = frozenset({Tensor.add_, Tensor.__iadd__, Tensor.sub_, Tensor.subtrac
                        Tensor.__isub__})  # fmt: skip
 
 
-def _shares(rule: Rule, terms: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """Each term's share of the sum's relevance under ``rule`` (identity splits as epsilon:
-    passing all of it to both terms would double it)."""
-    a, b = terms
+def _shares(rule: Rule, a: Tensor, b: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
+    """Each term's share of the sum ``out = a + b`` of relevance under ``rule`` (identity
+    splits as epsilon: passing all of it to both terms would double it)."""
     if rule.name in ("alpha1_beta0", "z_plus"):
         a, b = a.clamp(min=0), b.clamp(min=0)
+        out = a + b
     elif rule.name == "gamma":
         a, b = a + rule.gamma * a.clamp(min=0), b + rule.gamma * b.clamp(min=0)
-    z = a + b
-    z = z + _sign(z) * rule.epsilon
+        out = a + b
+    # z + eps * sign(z) in two passes (sign(-0.0) = -1 here, which no sum's share notices)
+    z = out + torch.copysign(torch.tensor(rule.epsilon, dtype=out.dtype, device=out.device), out)
     return a / z, b / z
 
 
@@ -182,20 +184,26 @@ class _Sum(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, a: Tensor, b: Any, out_of_place: Any, alpha: float, shares: Any
+        ctx: Any, a: Tensor, b: Any, out_of_place: Any, alpha: float, kind: str, rule: Rule
     ) -> Tensor:
-        ctx.shares, ctx.a_shape = shares, a.shape
+        out = out_of_place(a, b, alpha=alpha)
+        scale_a, scale_b = {"add": (1, alpha), "sub": (1, -alpha), "rsub": (-alpha, 1)}[kind]
+        ta = a if scale_a == 1 else a * scale_a
+        tb = torch.as_tensor(b, dtype=out.dtype, device=out.device)
+        tb = tb if scale_b == 1 else tb * scale_b
+        ctx.shares = _shares(rule, ta, tb, out)
+        ctx.a_shape = a.shape
         ctx.b_shape = b.shape if isinstance(b, Tensor) else None
-        return out_of_place(a, b, alpha=alpha)
+        return out
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, *tuple[None, ...]]:
         sa, sb = ctx.shares
         ga = (g * sa).sum_to_size(ctx.a_shape) if ctx.needs_input_grad[0] else None
         gb = None
         if ctx.b_shape is not None and ctx.needs_input_grad[1]:
             gb = (g * sb).sum_to_size(ctx.b_shape)
-        return ga, gb, None, None, None
+        return ga, gb, None, None, None, None
 
 
 class _Sums(TorchFunctionMode):
@@ -216,13 +224,7 @@ class _Sums(TorchFunctionMode):
         if not _takes_relevance(a, b) or not _real(alpha):
             return func(*args, **kwargs)
         kind, out_of_place = entry
-        scale_a, scale_b = {"add": (1, alpha), "sub": (1, -alpha), "rsub": (-alpha, 1)}[kind]
-        with torch.no_grad():
-            out = out_of_place(a, b, alpha=alpha)
-            b_t = torch.as_tensor(b, dtype=out.dtype, device=out.device)
-            terms = ((a * scale_a).expand_as(out), (b_t * scale_b).expand_as(out))
-            shares = _shares(self.rule_for(), terms)
-        y = _Sum.apply(a, b, out_of_place, alpha, shares)
+        y = _Sum.apply(a, b, out_of_place, alpha, kind, self.rule_for())
         return a.copy_(y) if func in _IN_PLACE else y
 
 
