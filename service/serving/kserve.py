@@ -155,8 +155,14 @@ def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
         parts = [_rows(a, n, i, enc) for a in reply.attributions]
+        shown: Any = parts if reply.as_tuple else parts[0]
+        if reply.layers is not None:  # a list of layers: one entry per layer
+            shown, at = [], 0
+            for count in reply.layers:
+                shown.append(parts[at] if count == 1 else parts[at : at + count])
+                at += count
         entry: dict[str, Any] = {
-            "attributions": parts if reply.as_tuple else parts[0],
+            "attributions": shown,
             "target": None if reply.target is None else reply.target[i],
             "output": None if reply.outputs is None else float(reply.outputs.reshape(n, -1)[i, 0]),
         }

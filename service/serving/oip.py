@@ -180,6 +180,13 @@ def infer_outputs(reply: Reply) -> dict[str, Any]:
 def explain_outputs(spec: ModelSpec, reply: Reply) -> dict[str, Any]:
     out: dict[str, Any] = {}
     names = [i.name for i in spec.inputs]
+    if reply.layers is not None:  # a list of layers: attributions.<layer> (.<j>: its tensors)
+        listed = reply.params.get("layer") or []
+        names = [
+            f"{layer}.{j}" if count > 1 else str(layer)
+            for layer, count in zip(listed, reply.layers, strict=False)
+            for j in range(count)
+        ]
     for name, part in zip(names, reply.attributions, strict=False):
         out[f"attributions.{name}"] = part
     if reply.outputs is not None:

@@ -449,3 +449,33 @@ def test_routes_without_the_fast_path() -> None:
             assert r.status_code == 422 and "unknown input 'y'" in r.json()["error"]
         r = client.post("/v1/models/tabular-mlp:predict", json={"instances": [[1.0]]})
         assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "instances"]
+
+
+def test_a_list_of_layers_through_kserve_and_oip(server: Server) -> None:
+    """params.layer as a list (CONTRACT §7.7): KServe v1 explanations hold one entry per layer;
+    OIP names each layer's tensor attributions.<layer>."""
+    params = {"method": "layer_gradient_x_activation", "target": 1,
+              "params": {"layer": ["fc1", "fc3"]}}  # fmt: skip
+    want = attributions(server, "tabular-mlp", {**params, "inputs": TAB.tolist()})
+
+    async def go() -> Any:
+        client = kserve_client("v1")
+        try:
+            body = {"instances": TAB.tolist(), "parameters": params}
+            return await client.explain(server.url, "tabular-mlp", body)
+        finally:
+            await client.close()
+
+    got = run(go())
+    for i, e in enumerate(got["explanations"]):
+        assert len(e["attributions"]) == 2
+        for k in range(2):
+            np.testing.assert_allclose(e["attributions"][k], want["attributions"][k][i], rtol=1e-6)
+    body, headers = oip_body([("x", TAB)], params)
+    res = oip_result(
+        httpx.post(f"{server.url}/v2/models/tabular-mlp/explain", content=body, headers=headers)
+    )
+    for k, layer in enumerate(["fc1", "fc3"]):
+        np.testing.assert_allclose(
+            res.as_numpy(f"attributions.{layer}"), want["attributions"][k], rtol=1e-6
+        )
