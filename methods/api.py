@@ -88,6 +88,9 @@ def attribute(
         raise InvalidTypeError(f"progress must be a bool, got {progress!r}", argument="progress")
     generator = _generator(seed, xs[0].device)
     upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
+    ppe = check_batch_size(perturbations_per_eval, "perturbations_per_eval")
+    if sparse:  # inputs that are not per example go whole into every forward: one each
+        ppe = 1
     forward = Forward(model, format_args(additional_forward_args))
     call = Call(
         method=method,
@@ -97,10 +100,7 @@ def attribute(
         target=make_target(target, xs[0].shape[0]),
         baselines=baselines,
         internal_batch_size=check_batch_size(internal_batch_size, "internal_batch_size"),
-        # inputs that are not per example go whole into every forward: one perturbation each
-        perturbations_per_eval=(
-            1 if sparse else check_batch_size(perturbations_per_eval, "perturbations_per_eval")
-        ),
+        perturbations_per_eval=ppe,
         generator=generator,
         return_delta=bool(return_convergence_delta),
     )

@@ -130,7 +130,9 @@ class MethodSpec:
     def cost(self, p: MethodParams, shape: CostShape) -> int:
         """Forward rows one example costs with the validated params ``p`` (at least 1)."""
         fn = self.cost_fn or derived_cost(self.params)
-        return max(1, int(fn(p, shape)))
+        layers = getattr(p, "layer", None)
+        per_layer = len(layers) if isinstance(layers, list) else 1  # each layer counted
+        return max(1, int(fn(p, shape)) * per_layer)
 
     def merges(self, p: MethodParams) -> bool:
         """Whether requests with params ``p`` may run as one engine call."""

@@ -173,9 +173,14 @@ def _shares(rule: Rule, a: Tensor, b: Tensor, out: Tensor) -> tuple[Tensor, Tens
     elif rule.name == "gamma":
         a, b = a + rule.gamma * a.clamp(min=0), b + rule.gamma * b.clamp(min=0)
         out = a + b
-    # z + eps * sign(z) in two passes (sign(-0.0) = -1 here, which no sum's share notices)
+    dtype = out.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # eps 1e-9 is 0 there: work in float32
+        a, b, out = a.float(), b.float(), out.float()
+    # z + eps * sign(z) in two passes (sign(-0.0) = -1 here, which no sum's share notices);
+    # both terms 0 (two ReLUs off): no relevance to share, and no 0 / 0
     z = out + torch.copysign(torch.tensor(rule.epsilon, dtype=out.dtype, device=out.device), out)
-    return a / z, b / z
+    z = torch.where(z == 0, torch.ones_like(z), z)
+    return (a / z).to(dtype), (b / z).to(dtype)
 
 
 class _Sum(torch.autograd.Function):

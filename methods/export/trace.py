@@ -109,6 +109,12 @@ def _check_exportable(method: str, kind: str, params: dict[str, Any]) -> None:
         if value is not None and value is not False:
             raise NotExportableError(f"export does not take {name}={value!r}: {why}", argument=name)
         params.pop(name, None)
+    if isinstance(params.get("layer"), (list, tuple)):
+        raise NotExportableError(
+            "export takes one layer: an exported program computes one attribution; export "
+            "one program per layer",
+            argument="layer",
+        )
     if params.get("n_steps") == "auto":
         raise NotExportableError(
             "n_steps='auto' decides in Python, from the values, how many steps to take; "

@@ -107,11 +107,11 @@ def attribute_generation(
             )
     if not isinstance(use_cache, bool):
         raise InvalidTypeError("use_cache must be a bool", argument="use_cache")
+    if not isinstance(progress, bool):
+        raise InvalidTypeError("progress must be a bool", argument="progress")
     lm = wrap(model)
     feats = make_features(tokenizer, prompt, features, baselines, skip_tokens)
     target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
-    if not isinstance(progress, bool):
-        raise InvalidTypeError("progress must be a bool", argument="progress")
     if method in PERTURBATION:
         with show_progress(progress, method):
             out = _perturbation(

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import nn
 
 from methods.engine import layers
@@ -47,6 +47,15 @@ class LayerParams(MethodParams):
         "LayerAttribution.interpolate does; e.g. a Grad-CAM map to the image's size. The "
         "layer needs as many spatial dims as the input",
     )
+
+    @field_validator("layer")
+    @classmethod
+    def _once_each(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            twice = sorted({p for p in v if v.count(p) > 1})
+            if twice:
+                raise ValueError(f"the list names {twice} more than once; name each layer once")
+        return v
 
     @property
     def path(self) -> str:

@@ -62,6 +62,13 @@ def _gradients(
     per_layer: list[Tensors] = []
     for t in taps:
         full = [next(grads) if leaf.requires_grad else None for leaf in t.leaves]
+        if any(leaf.requires_grad for leaf in t.leaves) and all(g is None for g in full):
+            raise InvalidArgumentError(
+                f"the targeted output does not depend on layer {t.path!r}'s "
+                f"{'input' if to_input else 'output'} (no gradient flows back to it); pick a "
+                "layer on the path to the output",
+                argument="layer",
+            )
         per_layer.append(
             tuple(torch.zeros_like(v) if g is None else g for g, v in zip(full, t.leaves,
                                                                           strict=True))
@@ -73,9 +80,11 @@ def _activations(call: Call, p: LayerParams, paths: list[str]) -> list[Output]:
     xs = call.inputs
     to_input = p.attribute_to_layer_input
     with torch.no_grad(), ExitStack() as stack:
+        # "cut": the rest of the forward gets clones, so an in-place op after a layer (a
+        # ReLU(inplace=True), a residual +=) cannot change the values kept here
         taps = [
             stack.enter_context(
-                layers.tap(layers.resolve(call.model, path), path, to_input=to_input)
+                layers.tap(layers.resolve(call.model, path), path, to_input=to_input, mode="cut")
             )
             for path in paths
         ]
@@ -85,7 +94,7 @@ def _activations(call: Call, p: LayerParams, paths: list[str]) -> list[Output]:
         call.forward(xs)
         for t in taps:
             t.check_ran()
-    return [layer_output(tuple(v.detach() for v in t.values)) for t in taps]
+    return [layer_output(tuple(leaf.detach() for leaf in t.leaves)) for t in taps]
 
 
 def _gradient_x_activation(call: Call, p: LayerParams, paths: list[str]) -> list[Output]:

@@ -256,3 +256,22 @@ def test_every_form_of_addition_conserves_relevance(form: str) -> None:
     assert torch.isfinite(res.attributions).all()
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v, before[k])
+
+
+def test_a_sum_of_two_zeros_in_float16_shares_nothing() -> None:
+    """Two ReLU branches both off: no 0 / 0 (eps 1e-9 is 0 in float16; shares in float32)."""
+
+    class TwoBranches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 2)
+            with torch.no_grad():
+                self.a.bias.fill_(-50.0)
+                self.b.bias.fill_(-50.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c(F.relu(self.a(x)) + F.relu(self.b(x)))
+
+    torch.manual_seed(0)
+    res = methods.attribute(TwoBranches().half(), torch.rand(2, 3).half(), "lrp", target=0)
+    assert torch.isfinite(res.attributions).all()

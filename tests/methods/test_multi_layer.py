@@ -150,3 +150,49 @@ def test_a_bad_list_names_layer(layers: list[Any]) -> None:
     with pytest.raises(methods.AttributionError) as e:
         methods.attribute(_mlp(), _x(), "layer_gradient_x_activation", target=0, layer=layers)
     assert e.value.argument == "layer"
+
+
+def test_activations_are_kept_before_an_in_place_op_changes_them() -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 3)).to(F64)
+    x = _x()
+    many = methods.attribute(m, x, "layer_activation", layer=["0", "2"]).attributions
+    alone = methods.attribute(m, x, "layer_activation", layer="0").attributions
+    assert bool((alone < 0).any())  # the ReLU would have zeroed these
+    torch.testing.assert_close(many[0], alone)
+
+
+def test_a_listed_layer_the_target_does_not_depend_on_is_refused() -> None:
+    class Aux(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.aux, self.out = nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.aux(x)  # a side branch the output does not use
+            return self.out(self.a(x))
+
+    with pytest.raises(methods.InvalidArgumentError) as e:
+        methods.attribute(Aux().to(F64), _x(), "layer_gradient_x_activation", target=0,
+                          layer=["a", "aux"])  # fmt: skip
+    assert e.value.argument == "layer" and "'aux'" in str(e.value)
+
+
+def test_a_layer_listed_twice_is_refused_and_each_layer_costs() -> None:
+    with pytest.raises(methods.InvalidArgumentError) as e:
+        methods.attribute(_mlp(), _x(), "layer_conductance", target=0, layer=["0", "2", "0"])
+    assert e.value.argument == "layer" and "more than once" in str(e.value)
+    from methods import registry
+    from methods.cost import CostShape
+    from methods.params import parse_params
+
+    ms, shape = registry.get("layer_integrated_gradients"), CostShape(((4,),))
+    one = ms.cost(parse_params(ms.params, ms.name, {"layer": "0"}), shape)
+    three = ms.cost(parse_params(ms.params, ms.name, {"layer": LAYERS}), shape)
+    assert three == 3 * one > 1
+
+
+def test_export_takes_one_layer() -> None:
+    with pytest.raises(methods.AttributionError) as e:
+        methods.export(_mlp(), "layer_integrated_gradients", _x(), target=0, layer=["0", "2"])
+    assert e.value.argument == "layer"

@@ -127,3 +127,9 @@ def test_a_mask_must_group_the_sparse_input_as_a_whole() -> None:
         methods.attribute(Summed(), (X, IDS), "feature_ablation",
                           noise_tunnel={"nt_type": "smoothgrad"})  # fmt: skip
     assert e.value.argument == "noise_tunnel"
+
+
+def test_perturbations_per_eval_is_still_checked() -> None:
+    with pytest.raises(methods.AttributionError) as e:
+        methods.attribute(Summed(), (X, IDS), "feature_ablation", perturbations_per_eval=0)
+    assert e.value.argument == "perturbations_per_eval"
