@@ -144,7 +144,8 @@ class LoadedModel:
     device: torch.device
     is_torchscript: bool = False
     #: models that take text: text -> (ids LongTensor [N, L], tokens list[list[str]])
-    tokenizer: Callable[[Sequence[str]], tuple[torch.Tensor, list[list[str]]]] | None = None
+    #: texts (or, where it has ``pairs = True``, pairs of texts) -> (ids, tokens per text)
+    tokenizer: Callable[[Sequence[Any]], tuple[torch.Tensor, list[list[str]]]] | None = None
     #: causal LMs: the model's own tokenizer object (Hugging Face's interface: encode, decode,
     #: convert_ids_to_tokens, convert_tokens_to_ids), what ``attribute_generation`` takes
     text_tokenizer: Any = None

@@ -13,13 +13,15 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
+from model_registry import hf_text
 from model_registry.errors import RegistryError
 from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.sources.base import ModelSource, Source, register
-from model_registry.spec import ModelSpec
+from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 from model_registry.table import Table
 
 #: how an architecture's class name ends → the model kind it is served as
@@ -27,10 +29,14 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
     {
         "ForCausalLM": "causal_lm",
         "LMHeadModel": "causal_lm",
+        # a text classifier (texts and text pairs) is a tensor model of token ids
+        "ForSequenceClassification": "tensor",
     }
 )
 #: the ``transformers`` Auto class that loads each kind
-AUTO_CLASSES: Mapping[str, str] = MappingProxyType({"causal_lm": "AutoModelForCausalLM"})
+AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
+    {"causal_lm": "AutoModelForCausalLM", "tensor": hf_text.AUTO_CLASS}
+)
 
 
 def architecture_kind(name: str) -> str | None:
@@ -117,6 +123,40 @@ class HFSource(ModelSource):
             f"the directory's config.json names {found}; hf: sources serve {served()}",
         )
 
+    def spec(self, table: Table, source: Source) -> ModelSpec:
+        """A text classifier's inputs, labels and embedding layer come from the directory."""
+        self.validate(table, source)
+        table.refuse(self.refused)
+        kind = self.kind(table, source)
+        base = self._classifier(table, source) if kind == "tensor" else None
+        return MODEL_KINDS[kind].spec(table, base)
+
+    def _classifier(self, table: Table, source: Source) -> ModelSpec:
+        directory = source.path(table.base_dir)
+        for key in ("inputs", "labels", "output_shape"):
+            if key in table:
+                table.fail(key, "a Hugging Face classifier declares its own; remove this")
+        try:
+            doc = hf_text.config(directory)
+            layer = hf_text.embedding_path(directory)
+        except ImportError:
+            table.fail("source", "hf: sources need transformers: pip install 'attrserve[hf]'")
+        except Exception as e:  # an architecture transformers does not know, a broken config
+            table.fail("source", f"cannot read the directory's config: {' '.join(str(e).split())}")
+        labels = hf_text.labels(doc)
+        return ModelSpec(
+            id="",
+            version="",
+            source="",
+            device="auto",
+            dtype="float32",
+            description=f"{', '.join(doc.get('architectures', []))} from {source.target}",
+            inputs=(InputSpec("input_ids", "int64", (None, None)),),
+            output=OutputSpec(shape=(len(labels),), labels=labels),
+            layers=(layer,),
+            embedding_layer=layer,
+        )
+
     def build(self, spec: ModelSpec, source: Source, device: torch.device) -> Built:
         path = source.path(spec.base_dir)
         try:
@@ -142,4 +182,28 @@ class HFSource(ModelSource):
                 model=spec.id,
                 field="source",
             ) from e
+        if spec.kind == "tensor":
+            return _classifier(spec, model, tokenizer)
         return Built(model, tokenizer)
+
+
+def _classifier(spec: ModelSpec, model: Any, tokenizer: Any) -> Built:
+    """The sequence classifier as a tensor model of token ids, with its tokenizer."""
+    cfg = model.config
+    why = hf_text.real_tokenizer(tokenizer, int(cfg.vocab_size))
+    if why is not None:
+        raise RegistryError(why, model=spec.id, field="source")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else cfg.pad_token_id
+    if pad is None:
+        raise RegistryError(
+            "the tokenizer and the config name no pad token, which the baselines need",
+            model=spec.id,
+            field="source",
+        )
+    types = (
+        "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+        and int(getattr(cfg, "type_vocab_size", 0) or 0) > 1
+    )
+    wrapped = hf_text.TextClassifier(model, int(pad), tokenizer.sep_token_id, types)
+    positions = int(getattr(cfg, "max_position_embeddings", 0) or 0) or 512
+    return Built(wrapped, tokenizer=hf_text.Tokenize(tokenizer, positions, int(pad)))

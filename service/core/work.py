@@ -24,7 +24,8 @@ class Job:
     model_id: str
     method: str  # the method the engine runs
     arrays: tuple[np.ndarray, ...]
-    texts: tuple[str, ...]
+    #: raw texts (or pairs of texts) for the model's tokenizer
+    texts: tuple[str | tuple[str, str], ...]
     target: WireTarget
     baselines: Any
     params: dict[str, Any]

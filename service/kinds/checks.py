@@ -123,11 +123,12 @@ def noise_tunnel(raw: dict[str, Any] | None, settings: Settings) -> dict[str, An
     return {name: getattr(nt, name) for name in nt.model_fields_set}
 
 
-def check_texts(texts: tuple[str, ...], settings: Settings) -> int:
+def check_texts(texts: tuple[str | tuple[str, str], ...], settings: Settings) -> int:
     """Per-text token cap before any work (each word is at least one token); the longest."""
     longest = 0
     cap = settings.max_text_tokens
-    for i, text in enumerate(texts):
+    for i, item in enumerate(texts):
+        text = item if isinstance(item, str) else " ".join(item)  # a pair: both its texts
         words = len(text.split())
         if words > cap or len(text) > cap * MAX_CHARS_PER_TOKEN:
             raise LimitExceeded(

@@ -250,9 +250,15 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
     params = {k: tensors.convert(v, device) for k, v in job.params.items()}
     if job.attributed_layer is not None:
         params["layer"] = job.attributed_layer
+    baselines = tensors.convert(job.baselines, device)
+    # token models whose tokenizer says how: special tokens and padding kept, the pad token
+    # elsewhere (not for a distribution of baselines, which mixes the examples' rows)
+    default = getattr(lm.tokenizer, "baseline", None)
+    if baselines is None and default is not None and plan_ms(job).merge != "shared_baselines":
+        baselines = default(xs[0])
     kwargs: dict[str, Any] = {
         "target": target,
-        "baselines": tensors.convert(job.baselines, device),
+        "baselines": baselines,
         "internal_batch_size": job.internal_batch_size,
         "perturbations_per_eval": job.perturbations_per_eval,
         "noise_tunnel": job.noise_tunnel,
@@ -295,3 +301,8 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
         compute_ms=(time.perf_counter() - t0) * 1e3,
         verification=None if verification is None else verification.as_dict(),
     )
+
+
+def plan_ms(job: Job) -> MethodSpec:
+    """The method the job runs (after any rewrite for token models)."""
+    return registry.get(job.method)

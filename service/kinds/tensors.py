@@ -65,18 +65,20 @@ def check_ids(lm: LoadedModel, arrays: tuple[np.ndarray, ...]) -> None:
     size = vocabulary(lm)
     if size is None:
         return
+    floor = min(0, int(getattr(lm.tokenizer, "padded", 0)))  # a padding marker (-1) if any
     for a, spec in zip(arrays, lm.spec.inputs, strict=True):
         if a.dtype.kind not in "iu" or not a.size:
             continue
         low, high = int(a.min()), int(a.max())
-        if low < 0 or high >= size:
-            bad = low if low < 0 else high
+        if low < floor or high >= size:
+            bad = low if low < floor else high
             where: tuple[str | int, ...] = (
                 ("body", "inputs") if len(arrays) == 1 else ("body", "inputs", spec.name)
             )
             raise InvalidRequest(
                 f"{WHERE} holds token id {bad}; input {spec.name!r} of model {lm.spec.id!r} "
-                f"takes ids 0..{size - 1} (its embedding's vocabulary)",
+                f"takes ids 0..{size - 1} (its embedding's vocabulary)"
+                + (f", and {floor} where a row is padded" if floor < 0 else ""),
                 loc=where,
             )
 
@@ -94,7 +96,15 @@ def inputs(lm: LoadedModel, job: Job) -> tuple[tuple[torch.Tensor, ...], list[li
         raise InvalidRequest(
             f"model {job.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
         )
-    ids, tokens = lm.tokenizer(list(job.texts))
+    if not getattr(lm.tokenizer, "pairs", False) and not all(isinstance(t, str) for t in job.texts):
+        raise InvalidRequest(
+            f"model {job.model_id!r} takes single texts; its tokenizer encodes no text pairs",
+            loc=("body", "inputs"),
+        )
+    try:
+        ids, tokens = lm.tokenizer(list(job.texts))
+    except ValueError as exc:  # a text the model cannot take (longer than its positions)
+        raise InvalidRequest(str(exc), loc=("body", "inputs")) from None
     longest = max(len(t) for t in tokens) if tokens else 0
     if job.max_tokens is not None and longest > job.max_tokens:
         raise LimitExceeded(

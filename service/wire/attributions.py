@@ -66,9 +66,15 @@ BY_NAME: dict[str, Any] = {
 }
 TEXTS: dict[str, Any] = {
     "title": "Texts",
-    "description": "Raw texts, one per example (models with a tokenizer).",
+    "description": "Raw texts, one per example (models with a tokenizer), or text pairs "
+    '(["premise", "hypothesis"], models whose tokenizer encodes pairs: Hugging Face classifiers).',
     "type": "array",
-    "items": {"type": "string"},
+    "items": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2},
+        ]
+    },
 }
 INDEX_TARGET: dict[str, Any] = {
     "title": "IndexTarget",

@@ -197,18 +197,26 @@ class DecodedInputs:
     """Request inputs: arrays in the model's input order, or raw texts for the tokenizer."""
 
     arrays: tuple[np.ndarray, ...] = ()
-    texts: tuple[str, ...] = ()
+    #: texts, or pairs of texts (a tokenizer's pair encoding)
+    texts: tuple[str | tuple[str, str], ...] = ()
 
     @property
     def n(self) -> int:
         return len(self.texts) if self.texts else int(self.arrays[0].shape[0])
 
 
+def _is_text(item: Any) -> bool:
+    """A text, or a pair of texts (``["premise", "hypothesis"]``)."""
+    if isinstance(item, str):
+        return True
+    return isinstance(item, list) and len(item) == 2 and all(isinstance(t, str) for t in item)
+
+
 def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) -> DecodedInputs:
     """``inputs`` in any accepted form: one tensor, a list per input, an object by name, texts."""
     loc: Loc = ("body", "inputs")
     names = [i.name for i in spec.inputs]
-    if isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+    if isinstance(raw, list) and raw and all(_is_text(t) for t in raw):
         if spec.embedding_layer is None:
             raise InvalidRequest(
                 f"model {spec.id!r} has no tokenizer; send tensors, not text", loc=loc
@@ -217,7 +225,7 @@ def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) 
             raise LimitExceeded(
                 f"inputs hold {len(raw)} texts; the limit is {max_batch} per request", loc=loc
             )
-        return DecodedInputs(texts=tuple(raw))
+        return DecodedInputs(texts=tuple(t if isinstance(t, str) else (t[0], t[1]) for t in raw))
     if isinstance(raw, dict) and not is_tensor_object(raw):
         unknown = sorted(set(raw) - set(names))
         missing = [n for n in names if n not in raw]

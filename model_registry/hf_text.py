@@ -1,0 +1,140 @@
+"""A Hugging Face sequence classifier (``AutoModelForSequenceClassification``, single texts
+and text pairs) served as a tensor model: token ids in, the logits out.
+
+The service's tensor models take one tensor of ids, so the attention mask and the token type
+ids travel inside it: positions the batch pads are ``PADDED`` (-1), never a token, and the
+wrapper derives the mask from them (and, for models that take token type ids, the second
+segment from the first separator). A baseline can therefore hold the pad token at positions
+that stay attended, as Captum's LayerIntegratedGradients does with the tokenizer's mask beside
+the baseline ids: the default baseline keeps the tokens the tokenizer adds (``[CLS]``,
+``[SEP]``) and the batch's padding, and puts the pad token everywhere else.
+
+What is read from the directory: ``config.json`` (plain JSON: labels from ``id2label``, the
+positions from ``max_position_embeddings``), the input embedding's path (the model built on
+the meta device, no weights), and the tokenizer, which must be a real one: ``AutoTokenizer``
+on a directory without tokenizer files gives one that knows only its special tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the id at positions a batch pads (never a token id)
+PADDED = -1
+#: the Auto class the directory is loaded with
+AUTO_CLASS = "AutoModelForSequenceClassification"
+
+Text = str | tuple[str, str]
+
+
+def config(directory: Path) -> dict[str, Any]:
+    doc = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return doc if isinstance(doc, dict) else {}
+
+
+def labels(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The class names in id order (``id2label``; ``LABEL_i`` where a config has none)."""
+    raw = doc.get("id2label") or {}
+    n = int(doc.get("num_labels") or len(raw) or 2)
+    names = {int(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    return tuple(names.get(i, f"LABEL_{i}") for i in range(n))
+
+
+def embedding_path(directory: Path) -> str:
+    """The dotted path (inside ``TextClassifier``) of the model's input embedding, found on a
+    copy built on the meta device from the config alone."""
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    with torch.device("meta"):
+        model = getattr(transformers, AUTO_CLASS).from_config(cfg)
+    emb = model.get_input_embeddings()
+    name = next(n for n, m in model.named_modules() if m is emb)
+    return f"model.{name}"
+
+
+class TextClassifier(nn.Module):
+    """``model(input_ids, attention_mask[, token_type_ids]).logits`` from one tensor of ids
+    (``PADDED`` where the batch pads)."""
+
+    def __init__(self, model: nn.Module, pad_id: int, sep_id: int | None, types: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.pad_id, self.sep_id, self.types = pad_id, sep_id, types
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        padded = ids == PADDED
+        kw: dict[str, Any] = {
+            "input_ids": ids.masked_fill(padded, self.pad_id),
+            "attention_mask": (~padded).long(),
+        }
+        if self.types and self.sep_id is not None:
+            sep = (ids == self.sep_id).long()
+            kw["token_type_ids"] = ((sep.cumsum(1) - sep) > 0).long().masked_fill(padded, 0)
+        return self.model(**kw).logits
+
+
+class Tokenize:
+    """Texts (or pairs of texts) as one batch of ids, ``PADDED`` after each row's end, and the
+    tokens the model sees; a text longer than the model's positions is refused (ValueError
+    naming its index), never truncated."""
+
+    #: the service sends pairs of texts to tokenizers that say they take them
+    pairs = True
+    #: token ids sent instead of texts may mark padding with it
+    padded = PADDED
+
+    def __init__(self, tokenizer: Any, positions: int, pad_id: int) -> None:
+        self.tokenizer, self.positions, self.pad_id = tokenizer, positions, pad_id
+        # the tokens the tokenizer adds around texts and pairs ([CLS], [SEP]; not [UNK])
+        added = [*tokenizer("")["input_ids"], *tokenizer("", "")["input_ids"]]
+        self.special = sorted(set(added))
+
+    def __call__(self, texts: Sequence[Text]) -> tuple[torch.Tensor, list[list[str]]]:
+        rows = []
+        for i, text in enumerate(texts):
+            pair = (text[0], text[1]) if isinstance(text, (tuple, list)) else (text, None)
+            ids = self.tokenizer(*pair, truncation=False)["input_ids"]
+            if len(ids) > self.positions:
+                raise ValueError(
+                    f"text {i} is {len(ids)} tokens long; the model takes at most "
+                    f"{self.positions} positions (texts are never truncated)"
+                )
+            rows.append(ids)
+        width = max((len(r) for r in rows), default=0)
+        batch = torch.full((len(rows), width), PADDED, dtype=torch.int64)
+        for r, ids in enumerate(rows):
+            batch[r, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        return batch, [list(self.tokenizer.convert_ids_to_tokens(r)) for r in rows]
+
+    def baseline(self, ids: torch.Tensor) -> torch.Tensor:
+        """The tokens the tokenizer adds and the batch's padding kept, the pad token
+        elsewhere."""
+        keep = ids == PADDED
+        for s in self.special:
+            keep |= ids == s
+        return torch.where(keep, ids, torch.full_like(ids, self.pad_id))
+
+
+def real_tokenizer(tokenizer: Any, vocab_size: int) -> str | None:
+    """Why ``tokenizer`` is not the model's (None: it is): a directory without tokenizer files
+    gives one holding only its special tokens."""
+    size = len(tokenizer)
+    specials = len(set(tokenizer.all_special_ids))
+    if size <= specials:
+        return (
+            f"the directory has no tokenizer files (AutoTokenizer found only its {size} special "
+            "tokens); save the tokenizer beside the model (tokenizer.save_pretrained(DIR))"
+        )
+    if size > vocab_size:
+        return (
+            f"its tokenizer has {size} tokens but the model's embedding holds {vocab_size}: "
+            "they are not one model's"
+        )
+    return None

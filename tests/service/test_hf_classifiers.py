@@ -1,0 +1,207 @@
+"""Hugging Face sequence classifiers by directory (``source = "hf:DIR"``, CONTRACT §7.5):
+single texts and text pairs over HTTP with Captum's numbers (LayerIntegratedGradients on the
+word embeddings, the tokenizer's mask and token types beside it), labels from the config, and
+directories that cannot be served refused with the model, the field and the problem."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+import model_registry
+from model_registry.errors import RegistryError
+from tests.service.conftest import REPO, Server, free_port, stop_server
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "great", "dull",
+         "a", "plot", "good", "bad", "not", "very", "acting", "story"]  # fmt: skip
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+TEXTS = ["the film was great", "a dull plot and bad acting"]
+PAIRS = [["the film was great", "not very good"], ["a dull story", "the acting was bad"]]
+
+
+def bert_dir(path: Path, *, tokenizer: bool = True, positions: int = 16) -> Path:
+    """A tiny random BERT classifier saved as a team would (weights, config, tokenizer)."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=len(WORDS), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=positions, num_labels=3,
+        id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, initializer_range=0.5,
+    )  # fmt: skip
+    BertForSequenceClassification(cfg).save_pretrained(path)
+    if tokenizer:  # transformers 5: a vocab dict (vocab_file may be ignored silently)
+        BertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
+    return path
+
+
+def captum_lig(path: Path, text: Any, target: int) -> tuple[np.ndarray, list[str]]:
+    """Captum's LayerIntegratedGradients on the word embeddings (float64), one example: the
+    tokenizer's mask and token types as additional arguments, the baseline the special tokens
+    kept and [PAD] elsewhere; per token, summed over the embedding."""
+    from captum.attr import LayerIntegratedGradients
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(path).double().eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = tok(*([text] if isinstance(text, str) else text), return_tensors="pt",
+              return_special_tokens_mask=True)  # fmt: skip
+    ids = enc["input_ids"]
+    base = torch.where(enc["special_tokens_mask"].bool(), ids, torch.full_like(ids, 0))
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lig = LayerIntegratedGradients(forward, model.bert.embeddings.word_embeddings)
+        args = (enc["attention_mask"], enc["token_type_ids"])
+        attr = lig.attribute(
+            ids, baselines=base, target=target, n_steps=50, additional_forward_args=args
+        )
+    return attr.sum(-1)[0].detach().numpy(), tok.convert_ids_to_tokens(ids[0])
+
+
+@pytest.fixture(scope="module")
+def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    tmp = tmp_path_factory.mktemp("hf")
+    path = bert_dir(tmp / "bert")
+    (tmp / "models.toml").write_text(
+        '[[models]]\nid = "bert"\nsource = "hf:bert"\ndtype = "float64"\n\n'
+        '[[models]]\nid = "text-classifier"\nsource = "builtin:text-classifier"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env |= {"ATTRSERVE_DATA_DIR": str(tmp / "data")}
+    port = free_port()
+    log = tmp / "server.log"
+    cmd = [sys.executable, "-m", "service.cli.main", "serve", "--host", "127.0.0.1", "--port",
+           str(port), "--models", str(tmp / "models.toml")]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        server.wait_ready()
+    except Exception:
+        proc.kill()
+        raise
+    yield server, path
+    stop_server(server)
+
+
+def post(server: Server, body: dict[str, Any], model: str = "bert") -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/models/{model}/attributions", json=body, timeout=60)
+
+
+def test_the_directory_describes_the_model(hf_server: tuple[Server, Path]) -> None:
+    server, _ = hf_server
+    info = httpx.get(f"{server.url}/v1/models/bert").json()
+    assert info["output"]["labels"] == list(LABELS.values())
+    assert info["embedding_layer"] == "model.bert.embeddings.word_embeddings"
+    assert info["tokenizer"] is True and "integrated_gradients" in info["methods"]
+
+
+@pytest.mark.parametrize("inputs", [TEXTS, PAIRS], ids=["texts", "pairs"])
+def test_integrated_gradients_equal_captums(
+    hf_server: tuple[Server, Path], inputs: list[Any]
+) -> None:
+    """One batch (padded to its longest text) over HTTP, Captum one example at a time."""
+    server, path = hf_server
+    targets = ["positive", "negative"]
+    r = post(server, {"method": "integrated_gradients", "inputs": inputs, "target": targets,
+                      "params": {"n_steps": 50}, "return_convergence_delta": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["method"] == "layer_integrated_gradients"
+    assert body["target"] == [2, 0]
+    for i, text in enumerate(inputs):
+        want, tokens = captum_lig(path, text if isinstance(text, str) else tuple(text), 2 - 2 * i)
+        assert body["tokens"][i] == tokens
+        got = np.asarray(body["attributions"][i][: len(tokens)])
+        assert np.abs(want).max() > 1e-3  # the model is not flat
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)  # Captum: float32 alphas
+        assert np.all(np.asarray(body["attributions"][i][len(tokens) :]) == 0)  # padding
+        assert abs(body["convergence_delta"][i]) < 1e-2
+
+
+def test_perturbation_over_tokens_and_predictions(hf_server: tuple[Server, Path]) -> None:
+    server, _ = hf_server
+    r = post(server, {"method": "feature_ablation", "inputs": TEXTS, "target": "predicted"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["attributions"][0]) == len(body["attributions"][1])  # one padded batch
+    assert body["attributions"][0][0] == 0  # [CLS] is kept by the baseline: no change
+    pred = httpx.post(f"{server.url}/v1/models/bert:predict", json={"instances": TEXTS})
+    assert pred.status_code == 200, pred.text
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "loc", "match"),
+    [
+        ({"inputs": [" ".join(["film"] * 20)]}, 422, ["body", "inputs"], "positions"),
+        ({"target": "sarcastic"}, 422, ["body", "target"], "unknown label"),
+        ({"inputs": [["only one"]]}, 422, ["body", "inputs"], ""),
+    ],
+)
+def test_bad_requests_name_the_field(
+    hf_server: tuple[Server, Path], body: dict[str, Any], status: int, loc: list[Any], match: str
+) -> None:
+    server, _ = hf_server
+    req = {"method": "integrated_gradients", "inputs": TEXTS, "target": 0, **body}
+    r = post(server, req)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert err["errors"][0]["loc"][: len(loc)] == loc and match in err["detail"]
+
+
+def test_pairs_to_a_model_without_pair_encoding_are_refused(
+    hf_server: tuple[Server, Path],
+) -> None:
+    server, _ = hf_server
+    r = post(server, {"method": "saliency", "inputs": PAIRS, "target": 0}, "text-classifier")
+    assert r.status_code == 422 and "pairs" in r.json()["detail"], r.text
+
+
+def test_a_directory_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
+    """AutoTokenizer gives such a directory a tokenizer of special tokens only: detected."""
+    bert_dir(tmp_path / "bert", tokenizer=False)
+    (tmp_path / "models.toml").write_text('[[models]]\nid = "bert"\nsource = "hf:bert"\n')
+    (spec,) = model_registry.load_specs(tmp_path / "models.toml")
+    with pytest.raises(RegistryError) as e:
+        model_registry.load(spec)
+    assert e.value.model == "bert" and e.value.field == "source"
+    assert "no tokenizer files" in str(e.value)
+
+
+def test_a_classifier_declares_its_own_labels(tmp_path: Path) -> None:
+    bert_dir(tmp_path / "bert")
+    (tmp_path / "models.toml").write_text(
+        '[[models]]\nid = "bert"\nsource = "hf:bert"\nlabels = ["a", "b", "c"]\n'
+    )
+    with pytest.raises(RegistryError) as e:
+        model_registry.load_specs(tmp_path / "models.toml")
+    assert e.value.field == "labels"
+
+
+def test_token_ids_with_padding_marked_equal_the_texts(hf_server: tuple[Server, Path]) -> None:
+    server, _ = hf_server
+    body = {"method": "integrated_gradients", "target": 1, "params": {"n_steps": 16}}
+    texts = post(server, {**body, "inputs": TEXTS}).json()
+    ids = [[WORDS.index(t) for t in row] for row in texts["tokens"]]
+    width = max(len(r) for r in ids)
+    padded = [r + [-1] * (width - len(r)) for r in ids]
+    r = post(server, {**body, "inputs": padded})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["attributions"], texts["attributions"], rtol=1e-9)
+    bad = post(server, {**body, "inputs": [[2, -2, 3]]})
+    assert bad.status_code == 422 and "-1 where a row is padded" in bad.json()["detail"]
