@@ -205,3 +205,52 @@ def test_token_ids_with_padding_marked_equal_the_texts(hf_server: tuple[Server, 
     np.testing.assert_allclose(r.json()["attributions"], texts["attributions"], rtol=1e-9)
     bad = post(server, {**body, "inputs": [[2, -2, 3]]})
     assert bad.status_code == 422 and "-1 where a row is padded" in bad.json()["detail"]
+
+
+def test_the_other_routes_serve_it_too(hf_server: tuple[Server, Path]) -> None:
+    """KServe :explain, an attribution job, a rendered picture: as on the built-ins."""
+    server, _ = hf_server
+    body = {"method": "integrated_gradients", "inputs": PAIRS, "target": "positive",
+            "params": {"n_steps": 16}}  # fmt: skip
+    sync = post(server, body).json()
+    explain = httpx.post(
+        f"{server.url}/v1/models/bert:explain",
+        json={"instances": PAIRS, "parameters": {k: v for k, v in body.items() if k != "inputs"}},
+        timeout=60,
+    )
+    assert explain.status_code == 200, explain.text
+    for i, e in enumerate(explain.json()["explanations"]):
+        np.testing.assert_allclose(e["attributions"], sync["attributions"][i], rtol=1e-9)
+    job = httpx.post(f"{server.url}/v1/models/bert/attribution-jobs", json=body, timeout=60)
+    assert job.status_code == 202, job.text
+    for _ in range(600):
+        info = httpx.get(f"{server.url}/v1/jobs/{job.json()['id']}").json()
+        if info["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        import time
+
+        time.sleep(0.05)
+    assert info["status"] == "succeeded", info
+    result = httpx.get(f"{server.url}/v1/jobs/{job.json()['id']}/result").json()
+    np.testing.assert_allclose(result["attributions"], sync["attributions"], rtol=1e-9)
+    pic = post(server, {**body, "render": {"format": "html"}})
+    assert pic.status_code == 200 and pic.json()["renders"][0]["media_type"] == "text/html"
+
+
+def test_the_offline_cli_over_a_jsonl_of_pairs(tmp_path: Path) -> None:
+    import json
+
+    from service.cli import main as cli
+
+    bert_dir(tmp_path / "bert")
+    (tmp_path / "models.toml").write_text('[[models]]\nid = "bert"\nsource = "hf:bert"\n')
+    lines = tmp_path / "pairs.jsonl"
+    lines.write_text("".join(json.dumps({"inputs": p}) + "\n" for p in PAIRS))
+    out = tmp_path / "out.npz"
+    code = cli.main(["attribute", "--model", "bert", "--models", str(tmp_path / "models.toml"),
+                     "--method", "feature_ablation", "--target", "negative", "-q",
+                     "--inputs", str(lines), "--output", str(out)])  # fmt: skip
+    assert code == 0
+    with np.load(out, allow_pickle=False) as z:
+        assert z["attributions"].shape[0] == 2
+        assert [t for t in z["tokens"][0].tolist() if t][:1] == ["[CLS]"]

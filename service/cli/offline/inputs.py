@@ -25,7 +25,7 @@ class Examples:
     texts, and optional per-example targets (None items: the command's ``--target``)."""
 
     arrays: dict[str, np.ndarray] | None
-    texts: list[str] | None
+    texts: list[Any] | None  # texts, or pairs of texts as two-item lists
     targets: list[Any] | None
     n: int
 
@@ -243,7 +243,7 @@ def _parquet_column(col: Any, column: str, spec: ModelSpec, name: str, path: Pat
 
 def _read_jsonl(path: Path, spec: ModelSpec) -> Examples:
     names = [i.name for i in spec.inputs]
-    texts: list[str] = []
+    texts: list[Any] = []  # texts, or text pairs as two-item lists (the HTTP form)
     rows: list[list[np.ndarray]] = []
     targets: list[Any] = []
     with path.open("rb") as f:
@@ -261,9 +261,12 @@ def _read_jsonl(path: Path, spec: ModelSpec) -> Examples:
             if unknown:
                 raise InvalidRequest(f"{where}: unknown keys {unknown} (inputs, target)")
             raw = obj["inputs"]
-            if isinstance(raw, str) != bool(texts) and (texts or rows):
+            text = isinstance(raw, str) or (
+                isinstance(raw, list) and len(raw) == 2 and all(isinstance(t, str) for t in raw)
+            )  # a text, or a pair of texts
+            if text != bool(texts) and (texts or rows):
                 raise InvalidRequest(f"{where}: texts and tensors mixed in one file")
-            if isinstance(raw, str):
+            if text:
                 texts.append(raw)
             else:
                 rows.append(_example(raw, spec, where))
