@@ -1,5 +1,6 @@
-"""A Hugging Face sequence classifier (``AutoModelForSequenceClassification``, single texts
-and text pairs) served as a tensor model: token ids in, the logits out.
+"""A Hugging Face text classifier (``AutoModelForSequenceClassification``, a label per text;
+``AutoModelForTokenClassification``, a label per token; single texts and text pairs) served as
+a tensor model: token ids in, the logits out.
 
 The service's tensor models take one tensor of ids, so the attention mask and the token type
 ids travel inside it: positions the batch pads are ``PADDED`` (-1), never a token, and the
@@ -27,8 +28,9 @@ from torch import nn
 
 #: the id at positions a batch pads (never a token id)
 PADDED = -1
-#: the Auto class the directory is loaded with
+#: the Auto classes the directory is loaded with: a label per text, or per token
 AUTO_CLASS = "AutoModelForSequenceClassification"
+TOKEN_AUTO_CLASS = "AutoModelForTokenClassification"
 
 Text = str | tuple[str, str]
 
@@ -46,14 +48,14 @@ def labels(doc: dict[str, Any]) -> tuple[str, ...]:
     return tuple(names.get(i, f"LABEL_{i}") for i in range(n))
 
 
-def embedding_path(directory: Path) -> str:
+def embedding_path(directory: Path, auto: str = AUTO_CLASS) -> str:
     """The dotted path (inside ``TextClassifier``) of the model's input embedding, found on a
     copy built on the meta device from the config alone."""
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
     with torch.device("meta"):
-        model = getattr(transformers, AUTO_CLASS).from_config(cfg)
+        model = getattr(transformers, auto).from_config(cfg)
     emb = model.get_input_embeddings()
     name = next(n for n, m in model.named_modules() if m is emb)
     return f"model.{name}"

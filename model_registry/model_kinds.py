@@ -68,21 +68,21 @@ def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
     labels = table.labels() if "labels" in table or base is None else base.output.labels
     if "output_shape" in table:
         shape = table.output_shape()
+    elif base is not None and "labels" not in table:
+        shape = base.output.shape  # a source's own (a token classifier's: [positions, labels])
     elif labels:
         shape = (len(labels),)
-    elif base is not None and "labels" not in table:
-        shape = base.output.shape
     else:
         table.fail(
             "output_shape",
             "required when there are no labels (per example, no batch "
             "dim; e.g. [] for one scalar per example)",
         )
-    if labels and shape != (len(labels),):
+    if labels and shape[-1:] != (len(labels),):  # labels name the last dim's entries
         table.fail(
             "output_shape",
-            f"with {len(labels)} labels the output must be [{len(labels)}] per example, "
-            f"got {list(shape)}",
+            f"with {len(labels)} labels the output must be [{len(labels)}] per example (or end "
+            f"in {len(labels)}: a label per position), got {list(shape)}",
         )
     return ModelSpec(
         **table.common(description=base.description if base else ""),

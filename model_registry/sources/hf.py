@@ -29,14 +29,29 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
     {
         "ForCausalLM": "causal_lm",
         "LMHeadModel": "causal_lm",
-        # a text classifier (texts and text pairs) is a tensor model of token ids
+        # text classifiers (texts and text pairs; per text or per token) are tensor models of
+        # token ids
         "ForSequenceClassification": "tensor",
+        "ForTokenClassification": "tensor",
     }
 )
 #: the ``transformers`` Auto class that loads each kind
 AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
     {"causal_lm": "AutoModelForCausalLM", "tensor": hf_text.AUTO_CLASS}
 )
+#: architectures a kind serves with another Auto class than the kind's
+AUTO_BY_ENDING: Mapping[str, str] = MappingProxyType(
+    {"ForTokenClassification": hf_text.TOKEN_AUTO_CLASS}
+)
+
+
+def auto_class(kind: str, names: list[str]) -> str:
+    """The Auto class for the directory's architectures ``names`` served as ``kind``."""
+    for name in names:
+        for end, auto in AUTO_BY_ENDING.items():
+            if name.endswith(end) and architecture_kind(name) == kind:
+                return auto
+    return AUTO_CLASSES[kind]
 
 
 def architecture_kind(name: str) -> str | None:
@@ -138,12 +153,14 @@ class HFSource(ModelSource):
                 table.fail(key, "a Hugging Face classifier declares its own; remove this")
         try:
             doc = hf_text.config(directory)
-            layer = hf_text.embedding_path(directory)
+            auto = auto_class("tensor", architectures(directory))
+            layer = hf_text.embedding_path(directory, auto)
         except ImportError:
             table.fail("source", "hf: sources need transformers: pip install 'attrserve[hf]'")
         except Exception as e:  # an architecture transformers does not know, a broken config
             table.fail("source", f"cannot read the directory's config: {' '.join(str(e).split())}")
         labels = hf_text.labels(doc)
+        per_token = auto == hf_text.TOKEN_AUTO_CLASS  # logits per position and label
         return ModelSpec(
             id="",
             version="",
@@ -152,7 +169,9 @@ class HFSource(ModelSource):
             dtype="float32",
             description=f"{', '.join(doc.get('architectures', []))} from {source.target}",
             inputs=(InputSpec("input_ids", "int64", (None, None)),),
-            output=OutputSpec(shape=(len(labels),), labels=labels),
+            output=OutputSpec(
+                shape=(None, len(labels)) if per_token else (len(labels),), labels=labels
+            ),
             layers=(layer,),
             embedding_layer=layer,
         )
@@ -167,7 +186,7 @@ class HFSource(ModelSource):
                 model=spec.id,
                 field="source",
             ) from None
-        auto = getattr(transformers, AUTO_CLASSES[spec.kind])
+        auto = getattr(transformers, auto_class(spec.kind, architectures(path)))
         try:
             # local_files_only: a directory on disk, never the network
             model = auto.from_pretrained(

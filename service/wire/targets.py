@@ -29,14 +29,24 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _label(v: str, out: OutputSpec, loc: Loc) -> int:
+    if not out.labels:
+        raise InvalidRequest(f"this model has no labels; {v!r} is not a target", loc=loc)
+    if v not in out.labels:
+        raise InvalidRequest(f"unknown label {v!r}; the labels are {list(out.labels)}", loc=loc)
+    return out.labels.index(v)
+
+
 def _class(v: object, out: OutputSpec, loc: Loc) -> int:
     """One class index (an int or a label name) on a 1-D-per-example output, range-checked."""
     if isinstance(v, str):
-        if not out.labels:
-            raise InvalidRequest(f"this model has no labels; {v!r} is not a target", loc=loc)
-        if v not in out.labels:
-            raise InvalidRequest(f"unknown label {v!r}; the labels are {list(out.labels)}", loc=loc)
-        return out.labels.index(v)
+        if len(out.shape) > 1:
+            raise InvalidRequest(
+                f"the model gives a label per position ({list(out.shape)} per example): a "
+                'target is [position, label] per example, e.g. [[3, "PER"]]',
+                loc=loc,
+            )
+        return _label(v, out, loc)
     if not _is_int(v):
         raise InvalidRequest(f"a target must be an int or a label, got {v!r}", loc=loc)
     _check_index([v], out, loc)
@@ -92,6 +102,10 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
                 f"a list target needs one entry per example: got {len(raw)} for {n} examples",
                 loc=LOC,
             )
+        if len(out.shape) == 2 and out.labels and all(isinstance(t, list) for t in raw):
+            # a label per position (token classifiers): [position, label] per example
+            return {"kind": "per_example_tuple",
+                    "rows": [_position(t, out, (*LOC, i)) for i, t in enumerate(raw)]}  # fmt: skip
         if all(isinstance(t, dict) for t in raw):
             rows = [_index_obj(t, out, (*LOC, i)) for i, t in enumerate(raw)]
             if len({len(r) for r in rows}) != 1:
@@ -100,6 +114,17 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
         classes = [_class(t, out, (*LOC, i)) for i, t in enumerate(raw)]
         return {"kind": "per_example", "rows": classes}
     raise InvalidRequest(f"unsupported target {raw!r}", loc=LOC)
+
+
+def _position(raw: list[Any], out: OutputSpec, loc: Loc) -> list[int]:
+    """``[position, label]`` (an int or a label name) of a model with a label per position."""
+    if len(raw) != 2 or not _is_int(raw[0]) or not (_is_int(raw[1]) or isinstance(raw[1], str)):
+        raise InvalidRequest(
+            f'a target per example is [position, label], e.g. [3, "PER"]; got {raw!r}', loc=loc
+        )
+    label = _label(raw[1], out, loc) if isinstance(raw[1], str) else int(raw[1])
+    _check_index([int(raw[0]), label], out, loc)
+    return [int(raw[0]), label]
 
 
 def _index_obj(raw: dict[str, Any], out: OutputSpec, loc: Loc) -> list[int]:

@@ -45,27 +45,56 @@ def bert_dir(path: Path, *, tokenizer: bool = True, positions: int = 16) -> Path
     return path
 
 
-def captum_lig(path: Path, text: Any, target: int) -> tuple[np.ndarray, list[str]]:
+NER_LABELS = {0: "O", 1: "PER", 2: "LOC"}
+
+
+def ner_dir(path: Path) -> Path:
+    """A tiny random DistilBERT token classifier (no token type ids) with its tokenizer."""
+    from transformers import (
+        DistilBertConfig,
+        DistilBertForTokenClassification,
+        DistilBertTokenizerFast,
+    )
+
+    torch.manual_seed(1)
+    cfg = DistilBertConfig(
+        vocab_size=len(WORDS), dim=16, n_layers=1, n_heads=2, hidden_dim=32,
+        max_position_embeddings=16, num_labels=3, id2label=NER_LABELS,
+        label2id={v: k for k, v in NER_LABELS.items()}, initializer_range=0.5,
+    )  # fmt: skip
+    DistilBertForTokenClassification(cfg).save_pretrained(path)
+    DistilBertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
+    return path
+
+
+def captum_lig(path: Path, text: Any, target: Any) -> tuple[np.ndarray, list[str]]:
     """Captum's LayerIntegratedGradients on the word embeddings (float64), one example: the
     tokenizer's mask and token types as additional arguments, the baseline the special tokens
     kept and [PAD] elsewhere; per token, summed over the embedding."""
     from captum.attr import LayerIntegratedGradients
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
 
-    model = AutoModelForSequenceClassification.from_pretrained(path).double().eval()
+    per_token = isinstance(target, tuple)
+    auto = AutoModelForTokenClassification if per_token else AutoModelForSequenceClassification
+    model = auto.from_pretrained(path).double().eval()
     tok = AutoTokenizer.from_pretrained(path)
     enc = tok(*([text] if isinstance(text, str) else text), return_tensors="pt",
               return_special_tokens_mask=True)  # fmt: skip
     ids = enc["input_ids"]
     base = torch.where(enc["special_tokens_mask"].bool(), ids, torch.full_like(ids, 0))
 
-    def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    def forward(ids: torch.Tensor, mask: torch.Tensor, *types: torch.Tensor) -> torch.Tensor:
+        kw = {"token_type_ids": types[0]} if types else {}
+        return model(input_ids=ids, attention_mask=mask, **kw).logits
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        lig = LayerIntegratedGradients(forward, model.bert.embeddings.word_embeddings)
-        args = (enc["attention_mask"], enc["token_type_ids"])
+        lig = LayerIntegratedGradients(forward, model.get_input_embeddings())
+        args = (enc["attention_mask"], *([enc["token_type_ids"]] if not per_token else []))
         attr = lig.attribute(
             ids, baselines=base, target=target, n_steps=50, additional_forward_args=args
         )
@@ -76,8 +105,10 @@ def captum_lig(path: Path, text: Any, target: int) -> tuple[np.ndarray, list[str
 def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
     tmp = tmp_path_factory.mktemp("hf")
     path = bert_dir(tmp / "bert")
+    ner_dir(tmp / "ner")
     (tmp / "models.toml").write_text(
         '[[models]]\nid = "bert"\nsource = "hf:bert"\ndtype = "float64"\n\n'
+        '[[models]]\nid = "ner"\nsource = "hf:ner"\ndtype = "float64"\n\n'
         '[[models]]\nid = "text-classifier"\nsource = "builtin:text-classifier"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
@@ -254,3 +285,39 @@ def test_the_offline_cli_over_a_jsonl_of_pairs(tmp_path: Path) -> None:
     with np.load(out, allow_pickle=False) as z:
         assert z["attributions"].shape[0] == 2
         assert [t for t in z["tokens"][0].tolist() if t][:1] == ["[CLS]"]
+
+
+def test_token_classification_targets_a_position_and_label(
+    hf_server: tuple[Server, Path],
+) -> None:
+    """[[position, label], ...] one per example (positions count the tokens the model sees,
+    [CLS] at 0): Captum's LayerIntegratedGradients at that logit."""
+    server, path = hf_server
+    texts = ["the film was great", "a dull story"]
+    targets = [[1, "PER"], [3, 2]]
+    info = httpx.get(f"{server.url}/v1/models/ner").json()
+    assert info["output"]["labels"] == list(NER_LABELS.values())
+    r = post(server, {"method": "integrated_gradients", "inputs": texts, "target": targets,
+                      "params": {"n_steps": 50}}, "ner")  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = r.json()
+    for i, (text, want_target) in enumerate(zip(texts, [(1, 1), (3, 2)], strict=True)):
+        want, tokens = captum_lig(path.parent / "ner", text, want_target)
+        assert body["tokens"][i] == tokens
+        np.testing.assert_allclose(body["attributions"][i][: len(tokens)], want, rtol=1e-6,
+                                   atol=1e-9)  # fmt: skip
+        assert np.abs(want).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("target", "match"),
+    [([[99, "PER"], [0, "O"]], "out of range"), ("PER", "[position, label]"),
+     ([[1, "DATE"], [0, "O"]], "unknown label"), ([[1], [0, "O"]], "[position, label]")],
+)  # fmt: skip
+def test_token_classification_bad_targets(
+    hf_server: tuple[Server, Path], target: Any, match: str
+) -> None:
+    server, _ = hf_server
+    r = post(server, {"method": "saliency", "inputs": TEXTS, "target": target}, "ner")
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["loc"][:2] == ["body", "target"] and match in r.json()["detail"]
