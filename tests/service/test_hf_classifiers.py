@@ -20,51 +20,11 @@ import torch
 
 import model_registry
 from model_registry.errors import RegistryError
+from tests.hf_dirs import LABELS, NER_LABELS, WORDS, bert_dir, ner_dir
 from tests.service.conftest import REPO, Server, free_port, stop_server
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "great", "dull",
-         "a", "plot", "good", "bad", "not", "very", "acting", "story"]  # fmt: skip
-LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TEXTS = ["the film was great", "a dull plot and bad acting"]
 PAIRS = [["the film was great", "not very good"], ["a dull story", "the acting was bad"]]
-
-
-def bert_dir(path: Path, *, tokenizer: bool = True, positions: int = 16) -> Path:
-    """A tiny random BERT classifier saved as a team would (weights, config, tokenizer)."""
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
-
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=len(WORDS), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=positions, num_labels=3,
-        id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, initializer_range=0.5,
-    )  # fmt: skip
-    BertForSequenceClassification(cfg).save_pretrained(path)
-    if tokenizer:  # transformers 5: a vocab dict (vocab_file may be ignored silently)
-        BertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
-    return path
-
-
-NER_LABELS = {0: "O", 1: "PER", 2: "LOC"}
-
-
-def ner_dir(path: Path) -> Path:
-    """A tiny random DistilBERT token classifier (no token type ids) with its tokenizer."""
-    from transformers import (
-        DistilBertConfig,
-        DistilBertForTokenClassification,
-        DistilBertTokenizerFast,
-    )
-
-    torch.manual_seed(1)
-    cfg = DistilBertConfig(
-        vocab_size=len(WORDS), dim=16, n_layers=1, n_heads=2, hidden_dim=32,
-        max_position_embeddings=16, num_labels=3, id2label=NER_LABELS,
-        label2id={v: k for k, v in NER_LABELS.items()}, initializer_range=0.5,
-    )  # fmt: skip
-    DistilBertForTokenClassification(cfg).save_pretrained(path)
-    DistilBertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
-    return path
 
 
 def captum_lig(path: Path, text: Any, target: Any) -> tuple[np.ndarray, list[str]]:
@@ -321,3 +281,13 @@ def test_token_classification_bad_targets(
     r = post(server, {"method": "saliency", "inputs": TEXTS, "target": target}, "ner")
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["loc"][:2] == ["body", "target"] and match in r.json()["detail"]
+
+
+def test_the_readme_walk_through_builds_what_it_serves(tmp_path: Path) -> None:
+    """``python -m tests.hf_dirs DIR`` (the README's first step): a models.toml that loads."""
+    from tests import hf_dirs
+
+    toml = hf_dirs.build(tmp_path / "hf")
+    specs = {s.id: s for s in model_registry.load_specs(toml)}
+    assert specs["reviews"].output.labels == tuple(LABELS.values())
+    assert specs["ner"].output.shape == (None, len(NER_LABELS))

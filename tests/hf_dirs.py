@@ -1,0 +1,79 @@
+"""Tiny Hugging Face classifier directories, built from configs and saved as a team saves its
+own (``save_pretrained``: config, safetensors weights, tokenizer files): what the test suite
+serves with ``source = "hf:DIR"``, and what the README's walk-through serves.
+
+    python -m tests.hf_dirs /tmp/hf     # /tmp/hf/reviews, /tmp/hf/ner and /tmp/hf/models.toml
+
+The weights are random (the point is the path, not the model): replace the directories with
+your own.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "great", "dull",
+         "a", "plot", "good", "bad", "not", "very", "acting", "story"]  # fmt: skip
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+NER_LABELS = {0: "O", 1: "PER", 2: "LOC"}
+
+MODELS_TOML = """\
+[[models]]
+id = "reviews"
+source = "hf:reviews"   # BertForSequenceClassification: a label per text (or text pair)
+
+[[models]]
+id = "ner"
+source = "hf:ner"       # DistilBertForTokenClassification: a label per token
+"""
+
+
+def bert_dir(path: Path, *, tokenizer: bool = True, positions: int = 16) -> Path:
+    """A tiny random BERT text classifier with its tokenizer (``tokenizer=False``: without)."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=len(WORDS), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=positions, num_labels=3,
+        id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, initializer_range=0.5,
+    )  # fmt: skip
+    BertForSequenceClassification(cfg).save_pretrained(path)
+    if tokenizer:  # transformers 5: a vocab dict (vocab_file may be ignored silently)
+        BertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
+    return path
+
+
+def ner_dir(path: Path) -> Path:
+    """A tiny random DistilBERT token classifier (no token type ids) with its tokenizer."""
+    from transformers import (
+        DistilBertConfig,
+        DistilBertForTokenClassification,
+        DistilBertTokenizerFast,
+    )
+
+    torch.manual_seed(1)
+    cfg = DistilBertConfig(
+        vocab_size=len(WORDS), dim=16, n_layers=1, n_heads=2, hidden_dim=32,
+        max_position_embeddings=16, num_labels=3, id2label=NER_LABELS,
+        label2id={v: k for k, v in NER_LABELS.items()}, initializer_range=0.5,
+    )  # fmt: skip
+    DistilBertForTokenClassification(cfg).save_pretrained(path)
+    DistilBertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
+    return path
+
+
+def build(root: Path) -> Path:
+    """Both directories under ``root`` and a models.toml serving them; the models.toml."""
+    root.mkdir(parents=True, exist_ok=True)
+    bert_dir(root / "reviews")
+    ner_dir(root / "ner")
+    (root / "models.toml").write_text(MODELS_TOML)
+    return root / "models.toml"
+
+
+if __name__ == "__main__":
+    print(build(Path(sys.argv[1] if len(sys.argv) > 1 else "hf-demo")))
