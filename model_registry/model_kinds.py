@@ -93,6 +93,7 @@ def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
         embedding_layer=table.embedding_layer(base),
         weights=table.weights(),
         explain=explain(table),
+        texts_batch=base.texts_batch if base is not None else False,
         **runtime(table),
     )
 

@@ -128,6 +128,10 @@ class ModelSpec:
     #: models.toml ``workers``: worker processes of the model's group (None: the server's
     #: ``ATTRSERVE_WORKERS``)
     workers: int | None = None
+    #: texts of different lengths batch together without changing each other's numbers (the
+    #: tokenizer marks padding and the model masks it: Hugging Face classifiers), so requests
+    #: of texts merge
+    texts_batch: bool = False
 
     @property
     def group_name(self) -> str:

@@ -174,6 +174,7 @@ class HFSource(ModelSource):
             ),
             layers=(layer,),
             embedding_layer=layer,
+            texts_batch=True,  # padding marked in the ids and masked by the wrapper
         )
 
     def build(self, spec: ModelSpec, source: Source, device: torch.device) -> Built:

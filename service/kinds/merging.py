@@ -55,9 +55,17 @@ def predict_key(job: Job) -> tuple[Any, ...] | None:
     return (job.model_id, PREDICT, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
 
 
-def key(job: Job, ms: MethodSpec, p: MethodParams) -> tuple[Any, ...] | None:
-    """Jobs with equal keys give the same numbers merged as one by one; None: never merge."""
-    if job.texts or job.verify or not ms.merges(p):  # verify: figures of the job's own rows
+def key(
+    job: Job, ms: MethodSpec, p: MethodParams, texts_batch: bool = False
+) -> tuple[Any, ...] | None:
+    """Jobs with equal keys give the same numbers merged as one by one; None: never merge.
+    Texts merge only where the model batches them unchanged (``ModelSpec.texts_batch``)."""
+    if job.verify or not ms.merges(p):  # verify: figures of the job's own rows
+        return None
+    # texts: where the model batches them unchanged, and the answer is per token (dim 1 the
+    # tokens, cut back to each job's own width)
+    per_token = job.attributed_layer is not None or ms.kind == "perturbation"
+    if job.texts and not (texts_batch and per_token):
         return None
     if (ms.stochastic or job.noise_tunnel is not None) and job.seed is not None:
         return None
@@ -84,4 +92,5 @@ def key(job: Job, ms: MethodSpec, p: MethodParams) -> tuple[Any, ...] | None:
         job.return_delta,
         job.attributed_layer,
         job.post_abs,
+        bool(job.texts),
     )

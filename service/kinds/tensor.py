@@ -168,7 +168,7 @@ class TensorKind(ModelKind):
             max_tokens=settings.max_text_tokens,
             verify=req.verify,
         )
-        job.key = merging.key(job, ms, p)
+        job.key = merging.key(job, ms, p, spec.texts_batch)
         return job
 
     def predict_job(

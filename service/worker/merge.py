@@ -22,7 +22,7 @@ def merge(jobs: list[Job]) -> Job:
         model_id=first.model_id,
         method=first.method,
         arrays=arrays,
-        texts=(),
+        texts=tuple(t for j in jobs for t in j.texts),  # texts merge where they batch unchanged
         target=target,
         baselines=first.baselines,
         params=first.params,
@@ -57,21 +57,39 @@ def split(reply: Reply, jobs: list[Job]) -> list[Reply]:
     total = sum(j.n for j in jobs)
     out: list[Reply] = []
     start = 0
+    width = None if reply.tokens is None else max((len(t) for t in reply.tokens), default=0)
     for j in jobs:
+        tokens = None if reply.tokens is None else reply.tokens[start : start + j.n]
         out.append(
             Reply(
                 job_id=j.id,
-                attributions=[_cut(a, total, start, j.n) for a in reply.attributions],  # type: ignore[misc]
+                attributions=[
+                    _own_width(_cut(a, total, start, j.n), tokens, width)  # type: ignore[misc]
+                    for a in reply.attributions
+                ],
+                tokens=tokens,
                 as_tuple=reply.as_tuple,
                 layers=reply.layers,
                 delta=_cut(reply.delta, total, start, j.n),
                 outputs=_cut(reply.outputs, total, start, j.n),
                 target=None if reply.target is None else reply.target[start : start + j.n],
                 params=reply.params,
-                predictions=_cut(reply.predictions, total, start, j.n),
+                predictions=_own_width(
+                    _cut(reply.predictions, total, start, j.n), tokens, width
+                ),
                 compute_ms=reply.compute_ms,
                 merged=len(jobs),
             )
         )
         start += j.n
     return out
+
+
+def _own_width(
+    a: np.ndarray | None, tokens: list[list[str]] | None, width: int | None
+) -> np.ndarray | None:
+    """Per-token values of merged texts (dim 1 as wide as the merged batch's longest text)
+    cut to the job's own longest text: the width they have computed alone."""
+    if a is None or tokens is None or a.ndim < 2 or a.shape[1] != width:
+        return a
+    return a[:, : max((len(t) for t in tokens), default=0)]

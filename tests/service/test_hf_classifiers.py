@@ -291,3 +291,22 @@ def test_the_readme_walk_through_builds_what_it_serves(tmp_path: Path) -> None:
     specs = {s.id: s for s in model_registry.load_specs(toml)}
     assert specs["reviews"].output.labels == tuple(LABELS.values())
     assert specs["ner"].output.shape == (None, len(NER_LABELS))
+
+
+def test_concurrent_texts_merge_and_equal_one_by_one(hf_server: tuple[Server, Path]) -> None:
+    """Texts of different lengths batch together (the padding is masked): merged answers
+    equal the ones computed alone, at each request's own width."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, _ = hf_server
+    words = ["the", "film", "was", "great", "a", "dull", "plot", "not", "very", "good"]
+    texts = [" ".join(words[: 2 + i % 8]) for i in range(12)]
+    body = {"method": "integrated_gradients", "target": "positive", "params": {"n_steps": 64}}
+    alone = [post(server, {**body, "inputs": [t]}).json() for t in texts]
+    with ThreadPoolExecutor(12) as pool:
+        together = list(pool.map(lambda t: post(server, {**body, "inputs": [t]}).json(), texts))
+    assert max(r["merged_requests"] for r in together) > 1
+    for a, b in zip(alone, together, strict=True):
+        assert b["tokens"] == a["tokens"]
+        assert np.shape(b["attributions"]) == np.shape(a["attributions"])
+        np.testing.assert_allclose(b["attributions"], a["attributions"], rtol=1e-6, atol=1e-9)

@@ -1,0 +1,122 @@
+"""A Hugging Face text classifier over HTTP against the way transformers-interpret runs.
+
+    python -m benchmarks.hf_text [--clients 16] [--texts 96] [--n-steps 50]
+
+A small BERT-style classifier (2 layers, hidden 64, random weights, saved with
+``save_pretrained`` and served with ``source = "hf:DIR"``): layer integrated gradients on the
+word embeddings for ``--texts`` texts of 16 to 40 words. attrserve gets them from ``--clients``
+concurrent clients, one text per request; the baseline is a loop of Captum's
+``LayerIntegratedGradients`` calls, one text at a time in one process. Texts per second, and
+the ratio. Not a timed test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from benchmarks.load import start, stop
+
+WORDS = [f"w{i}" for i in range(1000)]
+
+
+def build(root: Path) -> Path:
+    """The classifier's directory and a models.toml serving it."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
+                     num_labels=2)  # fmt: skip
+    BertForSequenceClassification(cfg).save_pretrained(root / "bert")
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    BertTokenizerFast(vocab=vocab).save_pretrained(root / "bert")
+    (root / "models.toml").write_text('[[models]]\nid = "bert"\nsource = "hf:bert"\n')
+    return root / "models.toml"
+
+
+def texts(n: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(16, 41)))) for _ in range(n)]
+
+
+def captum_loop(path: Path, batch: list[str], n_steps: int) -> float:
+    """Texts per second: Captum's LayerIntegratedGradients, one text per call."""
+    from captum.attr import LayerIntegratedGradients
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+
+    lig = LayerIntegratedGradients(forward, model.get_input_embeddings())
+
+    def one(text: str) -> None:
+        enc = tok(text, return_tensors="pt", return_special_tokens_mask=True)
+        ids = enc["input_ids"]
+        base = torch.where(enc["special_tokens_mask"].bool(), ids, torch.zeros_like(ids))
+        args = (enc["attention_mask"], enc["token_type_ids"])
+        lig.attribute(ids, baselines=base, target=1, n_steps=n_steps, additional_forward_args=args)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one(batch[0])  # warm up
+        t0 = time.perf_counter()
+        for text in batch:
+            one(text)
+    return len(batch) / (time.perf_counter() - t0)
+
+
+async def over_http(url: str, batch: list[str], clients: int, n_steps: int) -> float:
+    """Texts per second: one text per request from ``clients`` concurrent clients."""
+    queue = list(batch)
+    body = {"method": "integrated_gradients", "target": 1, "params": {"n_steps": n_steps}}
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await client.post("/v1/models/bert/attributions", json={**body, "inputs": batch[:1]})
+
+        async def worker() -> None:
+            while queue:
+                text = queue.pop()
+                r = await client.post("/v1/models/bert/attributions",
+                                      json={**body, "inputs": [text]})  # fmt: skip
+                r.raise_for_status()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return len(batch) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="benchmarks.hf_text", description=__doc__)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--texts", type=int, default=96)
+    p.add_argument("--n-steps", type=int, default=50)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    batch = texts(args.texts)
+    with tempfile.TemporaryDirectory() as tmp:
+        toml = build(Path(tmp))
+        captum = captum_loop(Path(tmp) / "bert", batch, args.n_steps)
+        proc, url = start("attrserve", models=toml, workers=1, torch_threads=1)
+        try:
+            ours = asyncio.run(over_http(url, batch, args.clients, args.n_steps))
+        finally:
+            stop(proc)
+    print("| case | attrserve texts/s | Captum loop texts/s | ratio |")
+    print("|---|---|---|---|")
+    print(f"| BERT 2x64, {args.texts} texts of 16-40 words, layer IG n_steps={args.n_steps}, "
+          f"{args.clients} clients | {ours:.1f} | {captum:.1f} | {ours / captum:.2f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
