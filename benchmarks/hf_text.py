@@ -101,21 +101,31 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--texts", type=int, default=96)
     p.add_argument("--n-steps", type=int, default=50)
+    p.add_argument(
+        "--threads", type=int, default=1,
+        help="torch threads of the Captum loop and of each attrserve worker (0: each's own "
+        "default: torch's for Captum, the server's rule for attrserve)",
+    )  # fmt: skip
+    p.add_argument("--workers", type=int, default=1, help="attrserve workers")
     args = p.parse_args()
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     batch = texts(args.texts)
     with tempfile.TemporaryDirectory() as tmp:
         toml = build(Path(tmp))
         captum = captum_loop(Path(tmp) / "bert", batch, args.n_steps)
-        proc, url = start("attrserve", models=toml, workers=1, torch_threads=1)
+        settings = {"torch_threads": args.threads} if args.threads else {}
+        proc, url = start("attrserve", models=toml, workers=args.workers, **settings)
         try:
             ours = asyncio.run(over_http(url, batch, args.clients, args.n_steps))
         finally:
             stop(proc)
     print("| case | attrserve texts/s | Captum loop texts/s | ratio |")
     print("|---|---|---|---|")
+    threads = args.threads or "default"
     print(f"| BERT 2x64, {args.texts} texts of 16-40 words, layer IG n_steps={args.n_steps}, "
-          f"{args.clients} clients | {ours:.1f} | {captum:.1f} | {ours / captum:.2f} |")  # fmt: skip
+          f"{args.clients} clients, {args.workers} worker(s), {threads} thread(s) | {ours:.1f} | "
+          f"{captum:.1f} | {ours / captum:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
