@@ -5,9 +5,6 @@ directories that cannot be served refused with the model, the field and the prob
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +18,7 @@ import torch
 import model_registry
 from model_registry.errors import RegistryError
 from tests.hf_dirs import LABELS, NER_LABELS, WORDS, bert_dir, ner_dir
-from tests.service.conftest import REPO, Server, free_port, stop_server
+from tests.service.conftest import Server, start_server, stop_server
 
 TEXTS = ["the film was great", "a dull plot and bad acting"]
 PAIRS = [["the film was great", "not very good"], ["a dull story", "the acting was bad"]]
@@ -66,26 +63,12 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server
     tmp = tmp_path_factory.mktemp("hf")
     path = bert_dir(tmp / "bert")
     ner_dir(tmp / "ner")
-    (tmp / "models.toml").write_text(
+    toml = (
         '[[models]]\nid = "bert"\nsource = "hf:bert"\ndtype = "float64"\n\n'
         '[[models]]\nid = "ner"\nsource = "hf:ner"\ndtype = "float64"\n\n'
         '[[models]]\nid = "text-classifier"\nsource = "builtin:text-classifier"\n'
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
-    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env |= {"ATTRSERVE_DATA_DIR": str(tmp / "data")}
-    port = free_port()
-    log = tmp / "server.log"
-    cmd = [sys.executable, "-m", "service.cli.main", "serve", "--host", "127.0.0.1", "--port",
-           str(port), "--models", str(tmp / "models.toml")]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
-    try:
-        server.wait_ready()
-    except Exception:
-        proc.kill()
-        raise
+    server = start_server(tmp, toml=toml, workers=1)  # HF_HUB_OFFLINE unset: never needed
     yield server, path
     stop_server(server)
 
