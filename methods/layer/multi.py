@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
+from typing import Any
 
 import torch
 
@@ -28,37 +29,48 @@ from methods.errors import InvalidArgumentError
 from methods.layer._common import LayerParams, layer_output
 
 
+def _tapped(
+    stack: ExitStack,
+    call: Call,
+    forward: Forward,
+    paths: list[str],
+    to_input: bool,
+    mode: layers.TapMode,
+) -> tuple[list[layers.Tap], Any]:
+    """Every layer tapped (``mode``) for one forward of ``call``'s inputs; the taps and the
+    output (each layer checked to have run once, as ``layers.run`` checks one)."""
+    xs = call.inputs
+    taps = [
+        stack.enter_context(
+            layers.tap(layers.resolve(call.model, p), p, to_input=to_input, mode=mode)
+        )
+        for p in paths
+    ]
+    for t in taps:
+        t.reset()
+        t.rows = xs[0].shape[0] if xs and xs[0].dim() else None
+    out = forward(xs)
+    for t in taps:
+        t.check_ran()
+    return taps, out
+
+
 def _gradients(
     call: Call, forward: Forward, target: Target, paths: list[str], to_input: bool
 ) -> tuple[list[Tensors], list[Tensors], torch.Tensor]:
     """d(targeted output)/d(each layer), each layer's values, and the targeted outputs, from
     one forward and one backward."""
-    xs = call.inputs
     with torch.enable_grad(), ExitStack() as stack:
-        taps = [
-            stack.enter_context(
-                layers.tap(layers.resolve(call.model, path), path, to_input=to_input,
-                           mode="graft")
-            )
-            for path in paths
-        ]  # fmt: skip
-        for t in taps:
-            t.reset()
-            t.rows = xs[0].shape[0] if xs and xs[0].dim() else None
-        out = forward(xs)
-        for t in taps:
-            t.check_ran()
+        # "graft": each layer's leaf, with the gradient flowing on to the layers before it
+        taps, out = _tapped(stack, call, forward, paths, to_input, "graft")
         selected = target.select(out)
         wanted = [leaf for t in taps for leaf in t.leaves if leaf.requires_grad]
-        if wanted and not selected.requires_grad:
-            raise InvalidArgumentError(
-                f"the targeted output does not depend on the layers {paths}' "
-                f"{'inputs' if to_input else 'outputs'}; pick layers on the path to the output",
-                argument="layer",
-            )
-        grads = iter(
-            torch.autograd.grad(selected.sum(), wanted, allow_unused=True) if wanted else ()
+        found = (
+            torch.autograd.grad(selected.sum(), wanted, allow_unused=True)
+            if wanted and selected.requires_grad
+            else (None,) * len(wanted)
         )
+    grads = iter(found)
     per_layer: list[Tensors] = []
     for t in taps:
         full = [next(grads) if leaf.requires_grad else None for leaf in t.leaves]
@@ -77,23 +89,10 @@ def _gradients(
 
 
 def _activations(call: Call, p: LayerParams, paths: list[str]) -> list[Output]:
-    xs = call.inputs
-    to_input = p.attribute_to_layer_input
     with torch.no_grad(), ExitStack() as stack:
         # "cut": the rest of the forward gets clones, so an in-place op after a layer (a
         # ReLU(inplace=True), a residual +=) cannot change the values kept here
-        taps = [
-            stack.enter_context(
-                layers.tap(layers.resolve(call.model, path), path, to_input=to_input, mode="cut")
-            )
-            for path in paths
-        ]
-        for t in taps:
-            t.reset()
-            t.rows = xs[0].shape[0] if xs and xs[0].dim() else None
-        call.forward(xs)
-        for t in taps:
-            t.check_ran()
+        taps, _ = _tapped(stack, call, call.forward, paths, p.attribute_to_layer_input, "cut")
     return [layer_output(tuple(leaf.detach() for leaf in t.leaves)) for t in taps]
 
 

@@ -60,8 +60,9 @@ class ModelSource:
     def validate(self, table: Table, source: Source) -> None:
         """Check what the target names (a file or directory that must be there)."""
 
-    def defaults(self, source: Source) -> ModelSpec | None:
-        """A spec filling in what models.toml does not give; None: nothing to fill in."""
+    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
+        """A spec filling in what models.toml does not give for a model of ``kind``; None:
+        nothing to fill in."""
         return None
 
     def kind(self, table: Table, source: Source) -> str:
@@ -76,7 +77,7 @@ class ModelSource:
         self.validate(table, source)
         table.refuse(self.refused)
         kind = self.kind(table, source)
-        return MODEL_KINDS[kind].spec(table, self.defaults(source))
+        return MODEL_KINDS[kind].spec(table, self.defaults(table, source, kind))
 
     def not_serving(self, kind: str) -> str:
         serving = [s.syntax for s in SOURCES.values() if kind in s.kinds]

@@ -28,7 +28,7 @@ class BuiltinSource(ModelSource):
                 f"{[f'builtin:{n}' for n in builtin.BUILTINS]}"
             )
 
-    def defaults(self, source: Source) -> ModelSpec:
+    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec:
         return builtin.BUILTINS[source.target].spec()
 
     def kind(self, table: Table, source: Source) -> str:

@@ -138,13 +138,9 @@ class HFSource(ModelSource):
             f"the directory's config.json names {found}; hf: sources serve {served()}",
         )
 
-    def spec(self, table: Table, source: Source) -> ModelSpec:
+    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
         """A text classifier's inputs, labels and embedding layer come from the directory."""
-        self.validate(table, source)
-        table.refuse(self.refused)
-        kind = self.kind(table, source)
-        base = self._classifier(table, source) if kind == "tensor" else None
-        return MODEL_KINDS[kind].spec(table, base)
+        return self._classifier(table, source) if kind == "tensor" else None
 
     def _classifier(self, table: Table, source: Source) -> ModelSpec:
         directory = source.path(table.base_dir)

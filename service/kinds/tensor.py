@@ -254,7 +254,11 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
     # token models whose tokenizer says how: special tokens and padding kept, the pad token
     # elsewhere (not for a distribution of baselines, which mixes the examples' rows)
     default = getattr(lm.tokenizer, "baseline", None)
-    if baselines is None and default is not None and plan_ms(job).merge != "shared_baselines":
+    if (
+        baselines is None
+        and default is not None
+        and registry.get(job.method).merge != "shared_baselines"
+    ):
         baselines = default(xs[0])
     kwargs: dict[str, Any] = {
         "target": target,
@@ -301,8 +305,3 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
         compute_ms=(time.perf_counter() - t0) * 1e3,
         verification=None if verification is None else verification.as_dict(),
     )
-
-
-def plan_ms(job: Job) -> MethodSpec:
-    """The method the job runs (after any rewrite for token models)."""
-    return registry.get(job.method)

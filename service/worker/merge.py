@@ -74,9 +74,7 @@ def split(reply: Reply, jobs: list[Job]) -> list[Reply]:
                 outputs=_cut(reply.outputs, total, start, j.n),
                 target=None if reply.target is None else reply.target[start : start + j.n],
                 params=reply.params,
-                predictions=_own_width(
-                    _cut(reply.predictions, total, start, j.n), tokens, width
-                ),
+                predictions=_own_width(_cut(reply.predictions, total, start, j.n), tokens, width),
                 compute_ms=reply.compute_ms,
                 merged=len(jobs),
             )
