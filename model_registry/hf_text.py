@@ -10,17 +10,13 @@ that stay attended, as Captum's LayerIntegratedGradients does with the tokenizer
 the baseline ids: the default baseline keeps the tokens the tokenizer adds (``[CLS]``,
 ``[SEP]``) and the batch's padding, and puts the pad token everywhere else.
 
-What is read from the directory: ``config.json`` (plain JSON: labels from ``id2label``, the
-positions from ``max_position_embeddings``), the input embedding's path (the model built on
-the meta device, no weights), and the tokenizer, which must be a real one: ``AutoTokenizer``
-on a directory without tokenizer files gives one that knows only its special tokens.
+The tokenizer must be a real one: ``AutoTokenizer`` on a directory without tokenizer files
+gives one that knows only its special tokens (``real_tokenizer``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,32 +29,6 @@ AUTO_CLASS = "AutoModelForSequenceClassification"
 TOKEN_AUTO_CLASS = "AutoModelForTokenClassification"
 
 Text = str | tuple[str, str]
-
-
-def config(directory: Path) -> dict[str, Any]:
-    doc = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    return doc if isinstance(doc, dict) else {}
-
-
-def labels(doc: dict[str, Any]) -> tuple[str, ...]:
-    """The class names in id order (``id2label``; ``LABEL_i`` where a config has none)."""
-    raw = doc.get("id2label") or {}
-    n = int(doc.get("num_labels") or len(raw) or 2)
-    names = {int(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-    return tuple(names.get(i, f"LABEL_{i}") for i in range(n))
-
-
-def embedding_path(directory: Path, auto: str = AUTO_CLASS) -> str:
-    """The dotted path (inside ``TextClassifier``) of the model's input embedding, found on a
-    copy built on the meta device from the config alone."""
-    import transformers
-
-    cfg = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    with torch.device("meta"):
-        model = getattr(transformers, auto).from_config(cfg)
-    emb = model.get_input_embeddings()
-    name = next(n for n, m in model.named_modules() if m is emb)
-    return f"model.{name}"
 
 
 class TextClassifier(nn.Module):

@@ -94,6 +94,7 @@ def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
         weights=table.weights(),
         explain=explain(table),
         texts_batch=base.texts_batch if base is not None else False,
+        images=base.images if base is not None else None,
         **runtime(table),
     )
 

@@ -132,6 +132,9 @@ class ModelSpec:
     #: tokenizer marks padding and the model masks it: Hugging Face classifiers), so requests
     #: of texts merge
     texts_batch: bool = False
+    #: Hugging Face image classifiers: the directory whose image processor makes images sent
+    #: as ``{"image": "<base64>"}`` into the ``pixel_values`` input (``hf_image.images``)
+    images: str | None = None
 
     @property
     def group_name(self) -> str:

@@ -2,7 +2,7 @@
 own (``save_pretrained``: config, safetensors weights, tokenizer files): what the test suite
 serves with ``source = "hf:DIR"``, and what the README's walk-through serves.
 
-    python -m tests.hf_dirs /tmp/hf     # /tmp/hf/reviews, /tmp/hf/ner and /tmp/hf/models.toml
+    python -m tests.hf_dirs /tmp/hf     # /tmp/hf/{reviews,ner,flowers} and /tmp/hf/models.toml
 
 The weights are random (the point is the path, not the model): replace the directories with
 your own.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,6 +20,7 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "gr
          "a", "plot", "good", "bad", "not", "very", "acting", "story"]  # fmt: skip
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 NER_LABELS = {0: "O", 1: "PER", 2: "LOC"}
+FLOWERS = {0: "tulip", 1: "rose", 2: "daisy"}
 
 MODELS_TOML = """\
 [[models]]
@@ -28,6 +30,10 @@ source = "hf:reviews"   # BertForSequenceClassification: a label per text (or te
 [[models]]
 id = "ner"
 source = "hf:ner"       # DistilBertForTokenClassification: a label per token
+
+[[models]]
+id = "flowers"
+source = "hf:flowers"   # ViTForImageClassification: a label per image
 """
 
 
@@ -66,11 +72,40 @@ def ner_dir(path: Path) -> Path:
     return path
 
 
+def vit_dir(path: Path, *, processor: Any = "vit", size: int = 32) -> Path:
+    """A tiny random ViT image classifier with its image processor saved beside it
+    (``processor``: "vit" resizes to ``size``, "crop" resizes larger and crops the centre,
+    None: no processor, or one to save)."""
+    from transformers import (
+        DeiTImageProcessor,
+        ViTConfig,
+        ViTForImageClassification,
+        ViTImageProcessor,
+    )
+
+    torch.manual_seed(2)
+    cfg = ViTConfig(
+        image_size=size, patch_size=8, hidden_size=16, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=32, num_labels=3, id2label=FLOWERS,
+        label2id={v: k for k, v in FLOWERS.items()}, initializer_range=0.5,
+    )  # fmt: skip
+    ViTForImageClassification(cfg).save_pretrained(path)
+    if processor == "vit":
+        processor = ViTImageProcessor(size={"height": size, "width": size})
+    elif processor == "crop":
+        big = {"height": size + size // 4, "width": size + size // 4}
+        processor = DeiTImageProcessor(size=big, crop_size={"height": size, "width": size})
+    if processor is not None:
+        processor.save_pretrained(path)
+    return path
+
+
 def build(root: Path) -> Path:
-    """Both directories under ``root`` and a models.toml serving them; the models.toml."""
+    """The three directories under ``root`` and a models.toml serving them; the models.toml."""
     root.mkdir(parents=True, exist_ok=True)
     bert_dir(root / "reviews")
     ner_dir(root / "ner")
+    vit_dir(root / "flowers")
     (root / "models.toml").write_text(MODELS_TOML)
     return root / "models.toml"
 

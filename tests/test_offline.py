@@ -513,7 +513,7 @@ def test_library_pieces_compose(tmp_path: Path, models: dict[str, Any]) -> None:
     """What Ray Data calls: read, attribute chunk by chunk, write."""
     spec = SPECS["tabular-mlp"]
     ex = offline.read_examples(write_inputs(tmp_path / "x.parquet", targets=[0, 1] * 5), spec)
-    assert ex.n == 10 and ex.targets == [0, 1] * 5 and ex.texts is None
+    assert ex.n == 10 and ex.targets == [0, 1] * 5 and ex.raw is None
     request = {"method": "saliency", "target": None}
     cols = [
         offline.attribute_batch(

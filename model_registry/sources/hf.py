@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from model_registry import hf_text
+from model_registry import hf_config, hf_image, hf_text
 from model_registry.errors import RegistryError
 from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.sources.base import ModelSource, Source, register
@@ -30,9 +30,10 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
         "ForCausalLM": "causal_lm",
         "LMHeadModel": "causal_lm",
         # text classifiers (texts and text pairs; per text or per token) are tensor models of
-        # token ids
+        # token ids, image classifiers of their image processor's pixel_values
         "ForSequenceClassification": "tensor",
         "ForTokenClassification": "tensor",
+        "ForImageClassification": "tensor",
     }
 )
 #: the ``transformers`` Auto class that loads each kind
@@ -41,7 +42,10 @@ AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
 )
 #: architectures a kind serves with another Auto class than the kind's
 AUTO_BY_ENDING: Mapping[str, str] = MappingProxyType(
-    {"ForTokenClassification": hf_text.TOKEN_AUTO_CLASS}
+    {
+        "ForTokenClassification": hf_text.TOKEN_AUTO_CLASS,
+        "ForImageClassification": hf_image.AUTO_CLASS,
+    }
 )
 
 
@@ -139,7 +143,7 @@ class HFSource(ModelSource):
         )
 
     def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
-        """A text classifier's inputs, labels and embedding layer come from the directory."""
+        """A classifier's inputs, labels and layers come from the directory."""
         return self._classifier(table, source) if kind == "tensor" else None
 
     def _classifier(self, table: Table, source: Source) -> ModelSpec:
@@ -148,28 +152,45 @@ class HFSource(ModelSource):
             if key in table:
                 table.fail(key, "a Hugging Face classifier declares its own; remove this")
         try:
-            doc = hf_text.config(directory)
+            doc = hf_config.config(directory)
             auto = auto_class("tensor", architectures(directory))
-            layer = hf_text.embedding_path(directory, auto)
+            embedding, blocks = hf_config.layer_paths(directory, auto)
         except ImportError:
             table.fail("source", "hf: sources need transformers: pip install 'attrserve[hf]'")
         except Exception as e:  # an architecture transformers does not know, a broken config
             table.fail("source", f"cannot read the directory's config: {' '.join(str(e).split())}")
-        labels = hf_text.labels(doc)
+        images = None
+        if auto == hf_image.AUTO_CLASS:
+            try:
+                images = hf_image.images(str(directory))
+            except ValueError as e:
+                table.fail("source", str(e))
+        labels = hf_config.labels(doc)
+        common: dict[str, Any] = {
+            "id": "",
+            "version": "",
+            "source": "",
+            "device": "auto",
+            "dtype": "float32",
+            "description": f"{', '.join(doc.get('architectures', []))} from {source.target}",
+        }
+        if images is not None:  # pixel_values in, attributions on them
+            return ModelSpec(
+                **common,
+                inputs=(InputSpec("pixel_values", "float32", (None, *images.shape)),),
+                output=OutputSpec(shape=(len(labels),), labels=labels),
+                layers=(embedding, *blocks),
+                images=str(directory),
+            )
         per_token = auto == hf_text.TOKEN_AUTO_CLASS  # logits per position and label
         return ModelSpec(
-            id="",
-            version="",
-            source="",
-            device="auto",
-            dtype="float32",
-            description=f"{', '.join(doc.get('architectures', []))} from {source.target}",
+            **common,
             inputs=(InputSpec("input_ids", "int64", (None, None)),),
             output=OutputSpec(
                 shape=(None, len(labels)) if per_token else (len(labels),), labels=labels
             ),
-            layers=(layer,),
-            embedding_layer=layer,
+            layers=(embedding, *blocks),
+            embedding_layer=embedding,
             texts_batch=True,  # padding marked in the ids and masked by the wrapper
         )
 
@@ -189,15 +210,21 @@ class HFSource(ModelSource):
             model = auto.from_pretrained(
                 str(path), local_files_only=True, dtype=getattr(torch, spec.dtype)
             )
-            tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            tokenizer = None
+            if spec.images is None:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(
+                    str(path), local_files_only=True
+                )
         except Exception as e:  # OSError, ValueError, KeyError for unknown architectures ...
             flat = " ".join(str(e).split())
             raise RegistryError(
                 f"{str(path)!r} is not a loadable Hugging Face {spec.kind} directory (config, "
-                f"weights and tokenizer files): {flat}",
+                f"weights and {'image processor' if spec.images else 'tokenizer'} files): {flat}",
                 model=spec.id,
                 field="source",
             ) from e
+        if spec.images is not None:
+            return Built(hf_image.ImageClassifier(model))
         if spec.kind == "tensor":
             return _classifier(spec, model, tokenizer)
         return Built(model, tokenizer)

@@ -57,6 +57,12 @@ class Job:
     generation: dict[str, Any] | None = None
     #: also compare with the model's float64 CPU copy (never merged)
     verify: bool = False
+    #: images sent encoded: each file's bytes, which pictures draw over (``arrays`` holds their
+    #: ``pixel_values``); kept by the server, never sent to a worker or stored with a job
+    images: tuple[bytes, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "images": ()}
 
 
 @dataclass

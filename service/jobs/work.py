@@ -22,8 +22,9 @@ from model_registry.spec import ModelSpec
 from service.core.work import Job
 
 _ARRAY, _TUPLE, _DICT = "__array__", "__tuple__", "__dict__"
-#: fields a stored job does not keep (set again for each chunk as it runs)
-_TRANSIENT = ("id", "deadline", "key", "request_id", "background")
+#: fields a stored job does not keep (set again for each chunk as it runs; a job's results
+#: draw no pictures, so not the encoded images either)
+_TRANSIENT = ("id", "deadline", "key", "request_id", "background", "images")
 
 
 def _pack(value: Any, arrays: list[np.ndarray]) -> Any:

@@ -167,6 +167,7 @@ class TensorKind(ModelKind):
             request_id=request_id,
             max_tokens=settings.max_text_tokens,
             verify=req.verify,
+            images=inputs.images,
         )
         job.key = merging.key(job, ms, p, spec.texts_batch)
         return job

@@ -115,7 +115,8 @@ async def attribute(
     if predictions and not kind.predicts:
         raise kind.no_predictions(spec)
     build = partial(build_job, settings, spec, req, deadline, request_id)
-    job = await in_thread(build) if offload else build()
+    # large bodies, and images (decoded and resized: milliseconds each), off the event loop
+    job = await in_thread(build) if offload or spec.images else build()
     job.predictions = predictions
     reply, queue_ms = await run(pool, job, budget, started, disconnected)
     body = kind.response(spec, req, job, reply, timing(queue_ms, reply.compute_ms, started))

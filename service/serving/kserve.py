@@ -14,7 +14,7 @@ from service import kinds
 from service.core.errors import WHERE, InvalidRequest, Loc, ServiceError
 from service.core.settings import Settings
 from service.core.work import Reply
-from service.wire import codec
+from service.wire import codec, images
 from service.wire.attributions import REQUEST_FIELDS, AttributionRequest
 from service.wire.oip import V1Request
 
@@ -94,8 +94,8 @@ def inputs_of(body: V1Request, spec: ModelSpec) -> Any:
     inst = body.instances
     if not inst:
         raise InvalidRequest("instances hold no examples", loc=("body", "instances"))
-    if all(isinstance(i, str) for i in inst):
-        return inst
+    if all(codec.is_text(i) for i in inst) or all(images.is_image(i) for i in inst):
+        return inst  # texts (or pairs of them), encoded images
     names = [i.name for i in spec.inputs]
     if all(isinstance(i, dict) and not codec.is_tensor_object(i) for i in inst):
         by_name: dict[str, list[Any]] = {n: [] for n in names}

@@ -7,7 +7,9 @@ import base64
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
+from model_registry import hf_image
 from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest
 from service.core.work import Job, Reply
@@ -18,6 +20,8 @@ from service.wire.attributions import RenderSpec
 MAX_RENDERS = 32
 LOC = ("body", "render")
 MEDIA = {"png": "image/png", "html": "text/html"}
+#: the longest side an original image is drawn at (larger ones are scaled down to it)
+MAX_ORIGINAL = render.MAX_SIDE - 64
 
 
 def accepted(accept: str | None) -> str | None:
@@ -85,6 +89,8 @@ def draw(
             if reply.tokens is not None:
                 tokens = reply.tokens[i]
                 attr = attr[: len(tokens)]
+            elif job.images and (placed := on_original(model, job.images[i], attr)) is not None:
+                attr, image = placed
             elif (src := 0 if reply.layers is not None else k) < len(job.arrays):
                 x = job.arrays[src][i]  # a list of layers maps onto the first input each
                 # the input under the map: only where the map has its (spatial) shape
@@ -113,6 +119,35 @@ def draw(
                 entry["input"] = names[k] if k < len(names) else str(k)
             out.append(entry)
     return out
+
+
+def on_original(
+    model: ModelSpec, data: bytes, attr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """An image sent encoded: the attribution map (channels summed) placed where the model's
+    ``pixel_values`` lie on the original image, and that image ([3, H, W] in 0..1), scaled
+    down only where it would not fit a picture; None where the map is not at the
+    ``pixel_values``' size (a layer's own map: drawn as it is)."""
+    if model.images is None or attr.shape[-2:] != tuple(model.inputs[0].shape[-2:]):
+        return None
+    heat = attr.sum(axis=0) if attr.ndim == 3 else attr
+    original = hf_image.decode(data).convert("RGB")
+    left, top, right, bottom = hf_image.images(model.images).box(*original.size)
+    fit = min(1.0, MAX_ORIGINAL / max(original.size))
+    if fit < 1.0:
+        original = original.resize(
+            (max(1, round(original.width * fit)), max(1, round(original.height * fit))),
+            Image.Resampling.BILINEAR,
+        )
+    box = [round(edge * fit) for edge in (left, top, right, bottom)]
+    width, height = max(1, box[2] - box[0]), max(1, box[3] - box[1])
+    placed = np.zeros((original.height, original.width))
+    stretched = Image.fromarray(heat.astype(np.float32), mode="F").resize(
+        (width, height), Image.Resampling.BILINEAR
+    )
+    region = placed[box[1] : box[1] + height, box[0] : box[0] + width]
+    region[...] = np.asarray(stretched, dtype=np.float64)[: region.shape[0], : region.shape[1]]
+    return placed, np.asarray(original, dtype=np.float64).transpose(2, 0, 1) / 255.0
 
 
 def _layer_of(reply: Reply, part: int) -> str:

@@ -32,6 +32,6 @@ async def predict(
     budget = budget_ms(settings, deadline_ms)
     deadline = time.time() + budget / 1e3
     build = partial(kinds.of(spec).predict_job, settings, spec, inputs, deadline, request_id)
-    job = await in_thread(build) if offload else build()
+    job = await in_thread(build) if offload or spec.images else build()  # as attributions
     reply, _ = await run(pool, job, budget, started, disconnected)
     return reply

@@ -17,6 +17,7 @@ import numpy as np
 
 from model_registry.spec import InputSpec, ModelSpec
 from service.core.errors import WHERE, InvalidRequest, LimitExceeded, Loc
+from service.wire import images
 
 DTYPES = {
     "float16": np.float16,
@@ -199,13 +200,16 @@ class DecodedInputs:
     arrays: tuple[np.ndarray, ...] = ()
     #: texts, or pairs of texts (a tokenizer's pair encoding)
     texts: tuple[str | tuple[str, str], ...] = ()
+    #: images sent encoded (``arrays`` holds their ``pixel_values``): each file's bytes, which
+    #: pictures draw over
+    images: tuple[bytes, ...] = ()
 
     @property
     def n(self) -> int:
         return len(self.texts) if self.texts else int(self.arrays[0].shape[0])
 
 
-def _is_text(item: Any) -> bool:
+def is_text(item: Any) -> bool:
     """A text, or a pair of texts (``["premise", "hypothesis"]``)."""
     if isinstance(item, str):
         return True
@@ -213,10 +217,20 @@ def _is_text(item: Any) -> bool:
 
 
 def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) -> DecodedInputs:
-    """``inputs`` in any accepted form: one tensor, a list per input, an object by name, texts."""
+    """``inputs`` in any accepted form: one tensor, a list per input, an object by name, texts,
+    encoded images."""
     loc: Loc = ("body", "inputs")
     names = [i.name for i in spec.inputs]
-    if isinstance(raw, list) and raw and all(_is_text(t) for t in raw):
+    if isinstance(raw, list) and raw and images.is_image(raw[0]):
+        values, files = images.decode(raw, spec, max_elements, max_batch)
+        return DecodedInputs(arrays=(values,), images=files)
+    if isinstance(raw, list) and raw and all(is_text(t) for t in raw):
+        if spec.images is not None:
+            raise InvalidRequest(
+                f'model {spec.id!r} takes images: send [{{"image": "<base64 PNG or JPEG>"}}, '
+                "...] or pixel_values as a tensor",
+                loc=loc,
+            )
         if spec.embedding_layer is None:
             raise InvalidRequest(
                 f"model {spec.id!r} has no tokenizer; send tensors, not text", loc=loc

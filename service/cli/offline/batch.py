@@ -40,9 +40,9 @@ def chunk_target(examples: Examples, default: Any, predicted: list[int] | None =
 
 def _inputs(examples: Examples) -> Any:
     """The examples as the request's ``inputs``."""
-    if examples.texts is not None:
-        return list(examples.texts)
-    if examples.arrays is None:  # read_examples gives arrays or texts; say so if neither
+    if examples.raw is not None:
+        return list(examples.raw)
+    if examples.arrays is None:  # read_examples gives arrays or raw examples; say so if neither
         raise InvalidRequest("the input file holds no examples", loc=("body", "inputs"))
     arrays = examples.arrays
     # one input: the bare array, so shape errors read as for a nested list on the wire
@@ -116,8 +116,8 @@ def attribute_batch(
 
     Columns: ``attributions`` (``attributions_<input>`` per input where the attributions
     mirror several inputs), ``outputs``, ``convergence_delta`` and ``target`` where present,
-    and for raw texts ``tokens``; texts' columns are lists (one item per example), per-token
-    scores cut to each text's tokens.
+    for raw texts ``tokens`` and for a folder of images ``file_name``; texts' columns are lists
+    (one item per example), per-token scores cut to each text's tokens.
     """
     import methods.registry
 
@@ -149,4 +149,6 @@ def attribute_batch(
         cols["target"] = np.asarray(reply.target)
     if reply.tokens is not None:
         cols["tokens"] = [list(t) for t in reply.tokens]
+    if examples.files is not None:
+        cols["file_name"] = np.asarray(examples.files)
     return cols

@@ -7,7 +7,7 @@ import argparse
 import hashlib
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
             )
         own = examples.targets or [None] * examples.n
         targets = [t if t is not None else d for t, d in zip(own, target, strict=True)]
-        examples = Examples(examples.arrays, examples.texts, targets, examples.n)
+        examples = replace(examples, targets=targets)
     chunk_target(examples, request["target"])  # the targets' form, before any work
     sliced = _per_example(baselines, examples.n, spec, request)
     if not sliced:

@@ -1,14 +1,14 @@
 """Everything ``attrserve attribute`` takes from the service's own layers, imported here and
 nowhere else in this package: the route's request model and its validation, ``build_job`` (the
-route's checks and limits), the model's kind (its method plan), the wire codec, the worker's
-engine call (``run_job``), the engine errors' mapping and the workers' torch thread rule
-(``limit_threads``)."""
+route's checks and limits), the model's kind (its method plan), the wire codec and its images,
+the worker's engine call (``run_job``), the engine errors' mapping and the workers' torch
+thread rule (``limit_threads``)."""
 
 from service.kinds import of as kind_of
 from service.kinds import run as run_job
 from service.serving.attributions import build_job
 from service.serving.kserve import validated
-from service.wire import codec
+from service.wire import codec, images
 from service.wire.attributions import AttributionRequest
 from service.wire.engine_errors import from_engine
 from service.worker.threads import limit as limit_threads
@@ -18,6 +18,7 @@ __all__ = [
     "build_job",
     "codec",
     "from_engine",
+    "images",
     "kind_of",
     "limit_threads",
     "run_job",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,12 @@ import numpy as np
 import orjson
 
 from model_registry.spec import ModelSpec
-from service.cli.offline.engine import codec
+from service.cli.offline.engine import codec, images
 from service.cli.offline.formats import INPUT_SUFFIXES, TARGET, _bad, _pyarrow
 from service.core.errors import InvalidRequest, ServiceError
 
+#: a folder's files that are read as images
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 #: a cap that never binds while reading: each chunk is checked against the real one
 _NO_CAP = 1 << 62
 
@@ -22,12 +25,17 @@ _NO_CAP = 1 << 62
 @dataclass(frozen=True)
 class Examples:
     """Examples read from a file: arrays by model input name (dim 0 the examples) or raw
-    texts, and optional per-example targets (None items: the command's ``--target``)."""
+    texts or images, and optional per-example targets (None items: the command's
+    ``--target``)."""
 
     arrays: dict[str, np.ndarray] | None
-    texts: list[Any] | None  # texts, or pairs of texts as two-item lists
+    #: texts, pairs of texts as two-item lists, or encoded images (``{"image": "<base64>"}``):
+    #: each example in its HTTP form
+    raw: list[Any] | None
     targets: list[Any] | None
     n: int
+    #: a folder of images: each example's file name
+    files: list[str] | None = None
 
     def slice(self, start: int, stop: int) -> Examples:
         """Examples ``start`` to ``stop`` (views, no copies)."""
@@ -36,9 +44,10 @@ class Examples:
             arrays=None
             if self.arrays is None
             else {k: a[start:stop] for k, a in self.arrays.items()},
-            texts=None if self.texts is None else self.texts[start:stop],
+            raw=None if self.raw is None else self.raw[start:stop],
             targets=None if self.targets is None else self.targets[start:stop],
             n=max(0, stop - start),
+            files=None if self.files is None else self.files[start:stop],
         )
 
 
@@ -56,6 +65,8 @@ def read_examples(path: str | Path, spec: ModelSpec) -> Examples:
     ``target`` entry with one target per example.
     """
     p = Path(path)
+    if p.is_dir():
+        return _read_images(p, spec)
     suffix = p.suffix.lower()
     if suffix not in INPUT_SUFFIXES:
         raise _bad(p, f"unknown input format {suffix or '(none)'!r}; use one of {INPUT_SUFFIXES}")
@@ -72,6 +83,17 @@ def read_examples(path: str | Path, spec: ModelSpec) -> Examples:
     if examples.n == 0:
         raise _bad(p, "holds no examples")
     return examples
+
+
+def _read_images(folder: Path, spec: ModelSpec) -> Examples:
+    """A folder's image files, in name order, as encoded images (their file names kept)."""
+    if spec.images is None:
+        raise _bad(folder, f"is a folder; model {spec.id!r} takes no images (give a file)")
+    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise _bad(folder, f"holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+    raw = [{"image": base64.b64encode(f.read_bytes()).decode("ascii")} for f in files]
+    return Examples(arrays=None, raw=raw, targets=None, n=len(raw), files=[f.name for f in files])
 
 
 def _numbers(a: np.ndarray, path: Path, name: str) -> np.ndarray:
@@ -118,18 +140,18 @@ def _from_entries(entries: dict[str, Any], spec: ModelSpec, path: Path) -> Examp
         (isinstance(first, list) and all(isinstance(v, str) for v in first))
         or (isinstance(first, np.ndarray) and first.dtype.kind in "US")
     ):
-        examples = Examples(arrays=None, texts=[str(t) for t in first], targets=None, n=len(first))
+        examples = Examples(arrays=None, raw=[str(t) for t in first], targets=None, n=len(first))
     else:
         arrays = {k: _numbers(np.asarray(v), path, k) for k, v in chosen.items()}
         sizes = {k: int(a.shape[0]) for k, a in arrays.items()}
         if len(set(sizes.values())) > 1:
             raise _bad(path, f"every input needs the same number of examples, got {sizes}")
-        examples = Examples(arrays=arrays, texts=None, targets=None, n=next(iter(sizes.values())))
+        examples = Examples(arrays=arrays, raw=None, targets=None, n=next(iter(sizes.values())))
     if raw_targets is not None:
         targets = _file_targets(raw_targets)
         if len(targets) != examples.n:
             raise _bad(path, f"{TARGET} has {len(targets)} entries for {examples.n} examples")
-        examples = Examples(examples.arrays, examples.texts, targets, examples.n)
+        examples = replace(examples, targets=targets)
     return examples
 
 
@@ -243,7 +265,7 @@ def _parquet_column(col: Any, column: str, spec: ModelSpec, name: str, path: Pat
 
 def _read_jsonl(path: Path, spec: ModelSpec) -> Examples:
     names = [i.name for i in spec.inputs]
-    texts: list[Any] = []  # texts, or text pairs as two-item lists (the HTTP form)
+    texts: list[Any] = []  # texts, text pairs as two-item lists, or images (HTTP forms)
     rows: list[list[np.ndarray]] = []
     targets: list[Any] = []
     with path.open("rb") as f:
@@ -261,11 +283,10 @@ def _read_jsonl(path: Path, spec: ModelSpec) -> Examples:
             if unknown:
                 raise InvalidRequest(f"{where}: unknown keys {unknown} (inputs, target)")
             raw = obj["inputs"]
-            text = isinstance(raw, str) or (
-                isinstance(raw, list) and len(raw) == 2 and all(isinstance(t, str) for t in raw)
-            )  # a text, or a pair of texts
+            # a text, a pair of texts, or an encoded image: passed on as the HTTP form
+            text = codec.is_text(raw) or images.is_image(raw)
             if text != bool(texts) and (texts or rows):
-                raise InvalidRequest(f"{where}: texts and tensors mixed in one file")
+                raise InvalidRequest(f"{where}: texts or images and tensors mixed in one file")
             if text:
                 texts.append(raw)
             else:
@@ -274,11 +295,11 @@ def _read_jsonl(path: Path, spec: ModelSpec) -> Examples:
                     _same_shapes(rows[0], rows[-1], names, where)
             targets.append(obj.get("target"))
     if texts:
-        return Examples(arrays=None, texts=texts, targets=targets, n=len(texts))
+        return Examples(arrays=None, raw=texts, targets=targets, n=len(texts))
     arrays = {
         n: np.stack([r[i] for r in rows]) if rows else np.zeros(0) for i, n in enumerate(names)
     }
-    return Examples(arrays=arrays, texts=None, targets=targets, n=len(rows))
+    return Examples(arrays=arrays, raw=None, targets=targets, n=len(rows))
 
 
 def _example(raw: Any, spec: ModelSpec, where: str) -> list[np.ndarray]:

@@ -1,0 +1,77 @@
+"""Images sent encoded, ``{"image": "<base64 PNG, JPEG or WebP>"}`` per example, for the
+models that take them (Hugging Face image classifiers, ``ModelSpec.images``): decoded on the
+server and made into the model's ``pixel_values`` by its own image processor
+(``model_registry.hf_image``); each error names the example and what is wrong with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from model_registry import hf_image
+from model_registry.spec import ModelSpec
+from service.core.errors import WHERE, InvalidRequest, LimitExceeded, Loc
+
+
+def is_image(item: Any) -> bool:
+    """An encoded image: ``{"image": "<base64>"}`` (or KServe's ``{"image": {"b64": ...}}``)."""
+    return isinstance(item, dict) and "image" in item
+
+
+def _image_bytes(item: dict[str, Any], loc: Loc) -> bytes:
+    value = item["image"]
+    if isinstance(value, dict) and set(value) == {"b64"}:
+        value = value["b64"]
+    if len(item) != 1 or not isinstance(value, str):
+        raise InvalidRequest(
+            f'{WHERE} must be {{"image": "<base64 PNG, JPEG or WebP>"}}', loc=loc[:-1]
+        )
+    try:
+        return hf_image.payload(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{WHERE} {exc}", loc=loc) from None
+
+
+def decode(
+    raw: list[Any], spec: ModelSpec, max_elements: int, max_batch: int
+) -> tuple[np.ndarray, tuple[bytes, ...]]:
+    """Encoded images as the ``pixel_values`` of the model's image processor, and each
+    image's file."""
+    loc: Loc = ("body", "inputs")
+    if spec.images is None:
+        raise InvalidRequest(
+            f"model {spec.id!r} takes no encoded images; send its inputs as tensors", loc=loc
+        )
+    if len(raw) > max_batch:
+        raise LimitExceeded(
+            f"inputs hold {len(raw)} images; the limit is {max_batch} per request", loc=loc
+        )
+    files, pictures = [], []
+    for k, item in enumerate(raw):
+        where: Loc = (*loc, k, "image")
+        if not is_image(item):
+            raise InvalidRequest(
+                f'{WHERE} must be {{"image": "<base64>"}} as the first example is', loc=where[:-1]
+            )
+        data = _image_bytes(item, where)
+        try:
+            pictures.append(hf_image.decode(data))
+        except ValueError as exc:
+            raise InvalidRequest(f"{WHERE} {exc}", loc=where) from None
+        files.append(data)
+    processor = hf_image.images(spec.images)
+    per_image = int(np.prod(processor.shape))
+    if per_image * len(pictures) > max_elements:
+        raise LimitExceeded(
+            f"{len(pictures)} images make {per_image * len(pictures)} pixel values; the limit "
+            f"is {max_elements} per request",
+            loc=loc,
+        )
+    try:
+        values = processor(pictures)
+    except Exception as exc:  # an image its processor cannot take (an odd mode or size)
+        raise InvalidRequest(
+            f"the model's image processor cannot take these images: {exc}", loc=loc
+        ) from None
+    return values, tuple(files)
