@@ -5,7 +5,8 @@ encoded as OIP outputs (JSON, or the binary tensor data extension).
 ``attributions.<input>`` tensor per model input, ``outputs`` (the model's output at the target,
 one per example), ``convergence_delta`` where the method has one, and ``tokens`` (BYTES) for raw
 texts. Its request ``parameters`` carry the attribution options; inputs named
-``baselines.<input>`` are the baselines.
+``baselines.<input>`` are the baselines. Models that take encoded images take them as BYTES
+(base64 in JSON, the files themselves as binary data) besides their ``pixel_values``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ OUTPUT = "output"
 @dataclass
 class Decoded:
     request: InferenceRequest
-    inputs: Any  # {name: array} or a list of texts: the attributions route's ``inputs``
+    inputs: Any  # {name: array}, texts or encoded images: the attributions route's ``inputs``
     baselines: dict[str, np.ndarray]
 
 
@@ -76,7 +77,9 @@ def decode(
     offset = 0
     for k, t in enumerate(req.inputs):
         loc: Loc = ("body", "inputs", k)
-        value, offset = oip_tensors.decode(t, binary, offset, loc, settings.max_tensor_elements)
+        value, offset = oip_tensors.decode(
+            t, binary, offset, loc, settings.max_tensor_elements, files=spec.images is not None
+        )
         if explain and t.name.startswith(BASELINE) and t.name[len(BASELINE) :] in names:
             if isinstance(value, list):
                 raise InvalidRequest(f"{t.name} must be numbers, not BYTES", loc=loc)
@@ -100,6 +103,8 @@ def decode(
     if texts:
         if len(arrays) != 1:
             raise InvalidRequest("a BYTES (text) input must be the only input", loc=("body",))
+        if spec.images is not None:  # encoded images: base64 in JSON, the files in binary
+            return Decoded(req, [{"image": v} for v in texts[0]], baselines)
         return Decoded(req, texts[0], baselines)
     return Decoded(req, arrays, baselines)
 

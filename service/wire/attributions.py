@@ -76,6 +76,33 @@ TEXTS: dict[str, Any] = {
         ]
     },
 }
+IMAGES: dict[str, Any] = {
+    "title": "Images",
+    "description": "Encoded images, one per example (models that take them: Hugging Face image "
+    "classifiers), made into the model's pixel_values by its image processor.",
+    "type": "array",
+    "items": {
+        "title": "EncodedImage",
+        "type": "object",
+        "properties": {
+            "image": {
+                "description": 'a PNG, JPEG or WebP file as base64 (a "data:image/...;base64," '
+                'URL too), or KServe\'s {"b64": "..."}',
+                "anyOf": [
+                    {"type": "string"},
+                    {
+                        "type": "object",
+                        "properties": {"b64": {"type": "string"}},
+                        "required": ["b64"],
+                        "additionalProperties": False,
+                    },
+                ],
+            }
+        },
+        "required": ["image"],
+        "additionalProperties": False,
+    },
+}
 INDEX_TARGET: dict[str, Any] = {
     "title": "IndexTarget",
     "description": "An index into the output of one example (outputs of more than one dim).",
@@ -94,11 +121,12 @@ RESULT_NUMBERS: dict[str, Any] = {
 INPUTS: dict[str, Any] = {
     "title": "Inputs",
     "description": "One tensor, one tensor per model input (a list in order, or an object "
-    "keyed by input name), or (token models) raw texts. Causal language models take an object "
+    "keyed by input name), (token models) raw texts, or (image classifiers) encoded images "
+    '[{"image": "<base64>"}, ...]. Causal language models take an object '
     '{"prompt": "... {} ...", "features": ["slot value", ...], "baselines": [...], '
     '"skip_tokens": [...]} (features null: every prompt token is a feature).',
     # a list of nested lists is itself nested lists: the model's input count tells them apart
-    "oneOf": [TENSOR_LIST, NESTED_NUMBERS, TENSOR_B64, BY_NAME, TEXTS],
+    "oneOf": [TENSOR_LIST, NESTED_NUMBERS, TENSOR_B64, BY_NAME, TEXTS, IMAGES],
 }
 TARGET: dict[str, Any] = {
     "title": "Target",

@@ -21,6 +21,8 @@ def is_image(item: Any) -> bool:
 
 def _image_bytes(item: dict[str, Any], loc: Loc) -> bytes:
     value = item["image"]
+    if isinstance(value, bytes):  # OIP BYTES in binary: the file itself
+        return value
     if isinstance(value, dict) and set(value) == {"b64"}:
         value = value["b64"]
     if len(item) != 1 or not isinstance(value, str):

@@ -93,10 +93,11 @@ class ModelReadyResponse(BaseModel):
 
 
 class V1Request(BaseModel):
-    """KServe V1: ``instances`` (one entry per example: a nested list, a text, or an object keyed
-    by input name) or ``inputs`` (as the attributions route takes them). ``:explain`` also takes
-    ``parameters``: the attributions request's fields (method, target, baselines, params, ...);
-    without them the model's default explanation is used."""
+    """KServe V1: ``instances`` (one entry per example: a nested list, a text or a pair, an
+    encoded image ``{"image": "<base64>"}``, or an object keyed by input name) or ``inputs``
+    (as the attributions route takes them). ``:explain`` also takes ``parameters``: the
+    attributions request's fields (method, target, baselines, params, ...); without them the
+    model's default explanation is used."""
 
     model_config = ConfigDict(extra="forbid")
 

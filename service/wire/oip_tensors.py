@@ -123,8 +123,9 @@ def _count(shape: Sequence[int], loc: Loc, max_elements: int) -> int:
     return count
 
 
-def _texts_binary(raw: memoryview, count: int, loc: Loc) -> list[str]:
-    texts, at = [], 0
+def _texts_binary(raw: memoryview, count: int, loc: Loc, as_bytes: bool = False) -> list[Any]:
+    texts: list[Any] = []
+    at = 0
     for _ in range(count):
         if at + 4 > len(raw):
             raise InvalidRequest(f"{_where(loc)}: the BYTES data ends early", loc=loc)
@@ -132,7 +133,7 @@ def _texts_binary(raw: memoryview, count: int, loc: Loc) -> list[str]:
         item = bytes(raw[at + 4 : at + 4 + size])
         if len(item) != size:
             raise InvalidRequest(f"{_where(loc)}: the BYTES data ends early", loc=loc)
-        texts.append(_utf8(item, loc))
+        texts.append(item if as_bytes else _utf8(item, loc))
         at += 4 + size
     if at != len(raw):
         raise InvalidRequest(
@@ -153,10 +154,11 @@ def _utf8(item: bytes | str, loc: Loc) -> str:
 
 
 def decode(
-    t: Any, binary: memoryview, offset: int, loc: Loc, max_elements: int
-) -> tuple[np.ndarray | list[str], int]:
-    """One request input (a ``RequestInput``) as an array, or texts for BYTES; the offset of
-    the next binary tensor."""
+    t: Any, binary: memoryview, offset: int, loc: Loc, max_elements: int, files: bool = False
+) -> tuple[np.ndarray | list[Any], int]:
+    """One request input (a ``RequestInput``) as an array, or texts for BYTES (``files``: in
+    binary, each element's bytes as they are: encoded images); the offset of the next binary
+    tensor."""
     shape, datatype = list(t.shape), t.datatype
     if datatype not in DATATYPES:
         raise InvalidRequest(
@@ -179,7 +181,7 @@ def decode(
             )
         raw = binary[offset : offset + size]
         if datatype == "BYTES":
-            return _texts_binary(raw, count, loc), offset + size
+            return _texts_binary(raw, count, loc, files), offset + size
         wire = np.dtype("<u2") if datatype == "BF16" else NUMPY[datatype].newbyteorder("<")
         if size != count * wire.itemsize:
             raise InvalidRequest(

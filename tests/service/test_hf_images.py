@@ -288,3 +288,39 @@ def test_the_offline_cli_over_a_folder_of_images(tmp_path: Path) -> None:
                      "--method", "saliency", "-q", "--inputs", str(lines),
                      "--output", str(tmp_path / "one.npz")])  # fmt: skip
     assert code == 0
+
+
+def test_oip_takes_images_as_bytes_and_pixel_values(vit_server: tuple[Server, Path]) -> None:
+    """tritonclient: BYTES elements are the image files (binary) or base64 (JSON), or the
+    pixel_values as FP32; infer gives the logits, explain the attributions route's numbers."""
+    http = pytest.importorskip("tritonclient.http")
+    server, path = vit_server
+    _, logits = captum_ig(path, FILES, [0, 0], n_steps=2)
+    c = http.InferenceServerClient(server.url.removeprefix("http://"))
+    for binary, items in ((True, FILES), (False, [b64(f).encode() for f in FILES])):
+        inp = http.InferInput("pixel_values", [2], "BYTES")
+        inp.set_data_from_numpy(np.array(items, dtype=object), binary_data=binary)
+        res = c.infer("flowers", [inp])
+        np.testing.assert_allclose(res.as_numpy("output"), logits, rtol=1e-9)
+    sync = post(server, {"method": "saliency", "target": "rose",
+                         "inputs": [{"image": b64(f)} for f in FILES]}).json()  # fmt: skip
+    inp = http.InferInput("pixel_values", [2], "BYTES")
+    inp.set_data_from_numpy(np.array(FILES, dtype=object))
+    headers = {"content-type": "application/json"}
+    body, length = http.InferenceServerClient.generate_request_body(
+        [inp], parameters={"method": "saliency", "target": "rose"}
+    )
+    if length is not None:
+        headers["Inference-Header-Content-Length"] = str(length)
+    r = httpx.post(f"{server.url}/v2/models/flowers/explain", content=body, headers=headers)
+    assert r.status_code == 200, r.text[:300]
+    size = r.headers.get("inference-header-content-length")
+    res = http.InferResult.from_response_body(r.content, header_length=size and int(size))
+    np.testing.assert_allclose(res.as_numpy("attributions.pixel_values"), sync["attributions"])
+    c.close()
+    bad = http.InferInput("pixel_values", [1], "BYTES")
+    bad.set_data_from_numpy(np.array([b"not an image"], dtype=object))
+    c = http.InferenceServerClient(server.url.removeprefix("http://"))
+    with pytest.raises(http.InferenceServerException, match="not an image"):
+        c.infer("flowers", [bad])
+    c.close()
