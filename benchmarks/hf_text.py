@@ -18,6 +18,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -77,18 +78,21 @@ def captum_loop(path: Path, batch: list[str], n_steps: int) -> float:
     return len(batch) / (time.perf_counter() - t0)
 
 
-async def over_http(url: str, batch: list[str], clients: int, n_steps: int) -> float:
-    """Texts per second: one text per request from ``clients`` concurrent clients."""
+async def over_http(
+    url: str, batch: list[Any], clients: int, n_steps: int, model: str = "bert"
+) -> float:
+    """Examples per second: one example per request (integrated gradients, target 1) from
+    ``clients`` concurrent clients."""
     queue = list(batch)
     body = {"method": "integrated_gradients", "target": 1, "params": {"n_steps": n_steps}}
+    route = f"/v1/models/{model}/attributions"
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        await client.post("/v1/models/bert/attributions", json={**body, "inputs": batch[:1]})
+        await client.post(route, json={**body, "inputs": batch[:1]})
 
         async def worker() -> None:
             while queue:
-                text = queue.pop()
-                r = await client.post("/v1/models/bert/attributions",
-                                      json={**body, "inputs": [text]})  # fmt: skip
+                example = queue.pop()
+                r = await client.post(route, json={**body, "inputs": [example]})
                 r.raise_for_status()
 
         t0 = time.perf_counter()
