@@ -2,7 +2,7 @@
 own (``save_pretrained``: config, safetensors weights, tokenizer files): what the test suite
 serves with ``source = "hf:DIR"``, and what the README's walk-through serves.
 
-    python -m tests.hf_dirs /tmp/hf     # /tmp/hf/{reviews,ner,flowers} and /tmp/hf/models.toml
+    python -m tests.hf_dirs /tmp/hf     # /tmp/hf/{reviews,ner,flowers}, models.toml, photos/
 
 The weights are random (the point is the path, not the model): replace the directories with
 your own.
@@ -100,12 +100,27 @@ def vit_dir(path: Path, *, processor: Any = "vit", size: int = 32) -> Path:
     return path
 
 
+def sample_photo() -> Any:
+    """A 120×90 picture: a green field under a blue sky, a red flower left of the centre."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (120, 90), (110, 170, 235))
+    pen = ImageDraw.Draw(image)
+    pen.rectangle((0, 55, 119, 89), fill=(70, 150, 60))
+    pen.line((40, 40, 40, 75), fill=(40, 110, 40), width=3)
+    pen.ellipse((30, 28, 50, 48), fill=(220, 40, 60))
+    return image
+
+
 def build(root: Path) -> Path:
     """The three directories under ``root`` and a models.toml serving them; the models.toml."""
     root.mkdir(parents=True, exist_ok=True)
     bert_dir(root / "reviews")
     ner_dir(root / "ner")
     vit_dir(root / "flowers")
+    photos = root / "photos"  # a photo to send the image classifier
+    photos.mkdir(exist_ok=True)
+    sample_photo().save(photos / "photo.png")
     (root / "models.toml").write_text(MODELS_TOML)
     return root / "models.toml"
 

@@ -274,6 +274,8 @@ def test_the_readme_walk_through_builds_what_it_serves(tmp_path: Path) -> None:
     specs = {s.id: s for s in model_registry.load_specs(toml)}
     assert specs["reviews"].output.labels == tuple(LABELS.values())
     assert specs["ner"].output.shape == (None, len(NER_LABELS))
+    assert specs["flowers"].inputs[0].shape == (None, 3, 32, 32)
+    assert (tmp_path / "hf" / "photos" / "photo.png").is_file()
 
 
 def test_concurrent_texts_merge_and_equal_one_by_one(hf_server: tuple[Server, Path]) -> None:
