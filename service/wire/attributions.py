@@ -87,16 +87,8 @@ IMAGES: dict[str, Any] = {
         "properties": {
             "image": {
                 "description": 'a PNG, JPEG or WebP file as base64 (a "data:image/...;base64," '
-                'URL too), or KServe\'s {"b64": "..."}',
-                "anyOf": [
-                    {"type": "string"},
-                    {
-                        "type": "object",
-                        "properties": {"b64": {"type": "string"}},
-                        "required": ["b64"],
-                        "additionalProperties": False,
-                    },
-                ],
+                "URL too)",
+                "type": "string",
             }
         },
         "required": ["image"],

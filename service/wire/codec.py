@@ -221,7 +221,7 @@ def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) 
     encoded images."""
     loc: Loc = ("body", "inputs")
     names = [i.name for i in spec.inputs]
-    if isinstance(raw, list) and raw and images.is_image(raw[0]):
+    if images.sent(raw, spec):
         values, files = images.decode(raw, spec, max_elements, max_batch)
         return DecodedInputs(arrays=(values,), images=files)
     if isinstance(raw, list) and raw and all(is_text(t) for t in raw):

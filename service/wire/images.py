@@ -15,8 +15,20 @@ from service.core.errors import WHERE, InvalidRequest, LimitExceeded, Loc
 
 
 def is_image(item: Any) -> bool:
-    """An encoded image: ``{"image": "<base64>"}`` (or KServe's ``{"image": {"b64": ...}}``)."""
-    return isinstance(item, dict) and "image" in item
+    """An encoded image: ``{"image": "<base64>"}`` (or KServe's ``{"image": {"b64": ...}}``),
+    not a tensor keyed by an input named ``image``."""
+    if not isinstance(item, dict) or "image" not in item:
+        return False
+    value = item["image"]
+    return isinstance(value, (str, bytes)) or (isinstance(value, dict) and set(value) == {"b64"})
+
+
+def sent(raw: Any, spec: ModelSpec) -> bool:
+    """Whether ``inputs`` are encoded images (then checked one by one): on a model that takes
+    them, a list of objects with an ``image``; on any model, a list of encoded images."""
+    if not isinstance(raw, list) or not raw or not isinstance(raw[0], dict):
+        return False
+    return is_image(raw[0]) or (spec.images is not None and "image" in raw[0])
 
 
 def _image_bytes(item: dict[str, Any], loc: Loc) -> bytes:
@@ -52,7 +64,7 @@ def decode(
     files, pictures = [], []
     for k, item in enumerate(raw):
         where: Loc = (*loc, k, "image")
-        if not is_image(item):
+        if not isinstance(item, dict) or "image" not in item:
             raise InvalidRequest(
                 f'{WHERE} must be {{"image": "<base64>"}} as the first example is', loc=where[:-1]
             )

@@ -74,7 +74,8 @@ def vit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
     toml = (
         '[[models]]\nid = "flowers"\nsource = "hf:flowers"\ndtype = "float64"\n\n'
         '[[models]]\nid = "cropped"\nsource = "hf:cropped"\n\n'
-        '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n'
+        '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n\n'
+        '[[models]]\nid = "image-cnn"\nsource = "builtin:image-cnn"\n'
     )
     server = start_server(tmp, toml=toml, workers=1)
     yield server, path
@@ -324,3 +325,17 @@ def test_oip_takes_images_as_bytes_and_pixel_values(vit_server: tuple[Server, Pa
     with pytest.raises(http.InferenceServerException, match="not an image"):
         c.infer("flowers", [bad])
     c.close()
+
+
+def test_a_tensor_keyed_by_an_input_named_image_is_a_tensor(
+    vit_server: tuple[Server, Path],
+) -> None:
+    """The built-in image-cnn's input is named ``image``: KServe instances keyed by it stay
+    tensors, and only a base64 string there is an encoded image (refused by that model)."""
+    server, _ = vit_server
+    x = np.zeros((3, 32, 32)).tolist()
+    r = httpx.post(f"{server.url}/v1/models/image-cnn:predict", json={"instances": [{"image": x}]})
+    assert r.status_code == 200, r.text
+    r = post(server, {"method": "saliency", "inputs": [{"image": b64(FILES[0])}], "target": 0},
+             "image-cnn")  # fmt: skip
+    assert r.status_code == 422 and "takes no encoded images" in r.json()["detail"], r.text
