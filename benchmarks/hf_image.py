@@ -13,11 +13,8 @@ depend on the machine.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import base64
 import io
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -26,8 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.hf_text import over_http
-from benchmarks.load import start, stop
+from benchmarks import hf_text
 
 
 def build(root: Path) -> Path:
@@ -78,36 +74,14 @@ def captum_loop(path: Path, files: list[bytes], n_steps: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="benchmarks.hf_image", description=__doc__)
-    p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--images", type=int, default=64)
-    p.add_argument("--n-steps", type=int, default=50)
-    p.add_argument(
-        "--threads", type=int, default=1,
-        help="torch threads of the Captum loop and of each attrserve worker (0: each's own "
-        "default: torch's for Captum, the server's rule for attrserve)",
-    )  # fmt: skip
-    p.add_argument("--workers", type=int, default=1, help="attrserve workers")
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    files = photos(args.images)
+    args = hf_text.arguments("benchmarks.hf_image", __doc__, "images", 64)
+    files = photos(args.count)
     images = [{"image": base64.b64encode(f).decode("ascii")} for f in files]
-    with tempfile.TemporaryDirectory() as tmp:
-        toml = build(Path(tmp))
-        captum = captum_loop(Path(tmp) / "vit", files, args.n_steps)
-        settings = {"torch_threads": args.threads} if args.threads else {}
-        proc, url = start("attrserve", models=toml, workers=args.workers, **settings)
-        try:
-            ours = asyncio.run(over_http(url, images, args.clients, args.n_steps, "vit"))
-        finally:
-            stop(proc)
-    print("| case | attrserve images/s | Captum loop images/s | ratio |")
-    print("|---|---|---|---|")
-    threads = args.threads or "default"
-    print(f"| ViT 64px/8, 2x64, {args.images} PNGs of 200x150, IG n_steps={args.n_steps}, "
-          f"{args.clients} clients, {args.workers} worker(s), {threads} thread(s) | {ours:.1f} | "
-          f"{captum:.1f} | {ours / captum:.2f} |")  # fmt: skip
+    ours, captum = hf_text.compare(
+        args, build, lambda path, n: captum_loop(path, files, n), images, "vit"
+    )
+    hf_text.table(args, "images", f"ViT 64px/8, 2x64, {args.count} PNGs of 200x150, IG "
+                  f"n_steps={args.n_steps}", ours, captum)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import asyncio
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,11 @@ async def over_http(
         return len(batch) / (time.perf_counter() - t0)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(prog="benchmarks.hf_text", description=__doc__)
+def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.Namespace:
+    """The command line both Hugging Face benchmarks take (``count``: how many examples)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc)
     p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--texts", type=int, default=96)
+    p.add_argument(f"--{count}", type=int, default=default, dest="count")
     p.add_argument("--n-steps", type=int, default=50)
     p.add_argument(
         "--threads", type=int, default=1,
@@ -114,22 +116,44 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    batch = texts(args.texts)
+    return args
+
+
+def compare(
+    args: argparse.Namespace,
+    build: Callable[[Path], Path],
+    captum: Callable[[Path, int], float],
+    batch: list[Any],
+    model: str,
+) -> tuple[float, float]:
+    """Examples/s of attrserve serving ``build``'s directory (``model``) over HTTP, and of
+    ``captum(directory, n_steps)``, run first, alone."""
     with tempfile.TemporaryDirectory() as tmp:
         toml = build(Path(tmp))
-        captum = captum_loop(Path(tmp) / "bert", batch, args.n_steps)
+        theirs = captum(Path(tmp) / model, args.n_steps)
         settings = {"torch_threads": args.threads} if args.threads else {}
         proc, url = start("attrserve", models=toml, workers=args.workers, **settings)
         try:
-            ours = asyncio.run(over_http(url, batch, args.clients, args.n_steps))
+            ours = asyncio.run(over_http(url, batch, args.clients, args.n_steps, model))
         finally:
             stop(proc)
-    print("| case | attrserve texts/s | Captum loop texts/s | ratio |")
+    return ours, theirs
+
+
+def table(args: argparse.Namespace, unit: str, case: str, ours: float, captum: float) -> None:
+    print(f"| case | attrserve {unit}/s | Captum loop {unit}/s | ratio |")
     print("|---|---|---|---|")
     threads = args.threads or "default"
-    print(f"| BERT 2x64, {args.texts} texts of 16-40 words, layer IG n_steps={args.n_steps}, "
-          f"{args.clients} clients, {args.workers} worker(s), {threads} thread(s) | {ours:.1f} | "
-          f"{captum:.1f} | {ours / captum:.2f} |")  # fmt: skip
+    print(f"| {case}, {args.clients} clients, {args.workers} worker(s), {threads} thread(s) | "
+          f"{ours:.1f} | {captum:.1f} | {ours / captum:.2f} |")  # fmt: skip
+
+
+def main() -> None:
+    args = arguments("benchmarks.hf_text", __doc__, "texts", 96)
+    batch = texts(args.count)
+    ours, captum = compare(args, build, lambda path, n: captum_loop(path, batch, n), batch, "bert")
+    table(args, "texts", f"BERT 2x64, {args.count} texts of 16-40 words, layer IG "
+          f"n_steps={args.n_steps}", ours, captum)  # fmt: skip
 
 
 if __name__ == "__main__":
