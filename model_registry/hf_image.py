@@ -33,7 +33,8 @@ from model_registry.hf_config import config
 AUTO_CLASS = "AutoModelForImageClassification"
 #: the encodings an image may arrive in (PIL tries only these decoders)
 FORMATS = ("PNG", "JPEG", "WEBP")
-#: the most pixels an image may have (checked from its header, before decoding)
+#: the most pixels an image (or a request's images in all) may have, checked from each
+#: image's header before it is decoded
 MAX_PIXELS = 50_000_000
 
 
@@ -61,16 +62,20 @@ def payload(text: str) -> bytes:
         raise ValueError("is not base64 text") from None
 
 
-def decode(data: bytes) -> Image.Image:
+def decode(data: bytes, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """An encoded image, decoded (EXIF orientation applied); ValueError saying why it cannot
-    be."""
+    be (``max_pixels``: the most it may have)."""
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)
     except (UnidentifiedImageError, OSError, ValueError):
         raise ValueError(f"is not an image in any of {', '.join(FORMATS)}") from None
     width, height = image.size
-    if width * height > MAX_PIXELS:
-        raise ValueError(f"is {width}×{height} pixels; the limit is {MAX_PIXELS:,} pixels")
+    if width * height > max_pixels:
+        left = "" if max_pixels == MAX_PIXELS else f", {max_pixels:,} left for this one"
+        raise ValueError(
+            f"is {width}×{height} pixels; a request's images may hold {MAX_PIXELS:,} pixels in "
+            f"all{left}"
+        )
     try:
         image.load()
         return ImageOps.exif_transpose(image)

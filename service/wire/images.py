@@ -61,7 +61,16 @@ def decode(
         raise LimitExceeded(
             f"inputs hold {len(raw)} images; the limit is {max_batch} per request", loc=loc
         )
-    files, pictures = [], []
+    processor = hf_image.images(spec.images)
+    per_image = int(np.prod(processor.shape))
+    if per_image * len(raw) > max_elements:
+        raise LimitExceeded(
+            f"{len(raw)} images make {per_image * len(raw)} pixel values; the limit is "
+            f"{max_elements} per request",
+            loc=loc,
+        )
+    # one image decoded at a time, its pixels counted against the request's budget
+    files, values, budget = [], [], hf_image.MAX_PIXELS
     for k, item in enumerate(raw):
         where: Loc = (*loc, k, "image")
         if not isinstance(item, dict) or "image" not in item:
@@ -70,22 +79,15 @@ def decode(
             )
         data = _image_bytes(item, where)
         try:
-            pictures.append(hf_image.decode(data))
+            picture = hf_image.decode(data, budget)
         except ValueError as exc:
             raise InvalidRequest(f"{WHERE} {exc}", loc=where) from None
+        budget -= picture.width * picture.height
+        try:
+            values.append(processor([picture])[0])
+        except Exception as exc:  # an image its processor cannot take (an odd mode or size)
+            raise InvalidRequest(
+                f"{WHERE}: the model's image processor cannot take it: {exc}", loc=where
+            ) from None
         files.append(data)
-    processor = hf_image.images(spec.images)
-    per_image = int(np.prod(processor.shape))
-    if per_image * len(pictures) > max_elements:
-        raise LimitExceeded(
-            f"{len(pictures)} images make {per_image * len(pictures)} pixel values; the limit "
-            f"is {max_elements} per request",
-            loc=loc,
-        )
-    try:
-        values = processor(pictures)
-    except Exception as exc:  # an image its processor cannot take (an odd mode or size)
-        raise InvalidRequest(
-            f"the model's image processor cannot take these images: {exc}", loc=loc
-        ) from None
-    return values, tuple(files)
+    return np.stack(values), tuple(files)

@@ -231,7 +231,13 @@ def test_an_image_too_large_is_refused_before_it_is_decoded(
     huge = io.BytesIO()
     Image.new("1", (7200, 7200)).save(huge, format="PNG")  # 51.8 megapixels, a small file
     r = post(server, {"method": "saliency", "inputs": [{"image": b64(huge.getvalue())}]})
-    assert r.status_code == 422 and "limit is 50,000,000 pixels" in r.json()["detail"], r.text
+    assert r.status_code == 422 and "50,000,000 pixels in all" in r.json()["detail"], r.text
+    # and a request's images in all: the second of two 30-megapixel images is over
+    half = io.BytesIO()
+    Image.new("1", (6000, 5000)).save(half, format="PNG")
+    r = post(server, {"method": "saliency", "inputs": [{"image": b64(half.getvalue())}] * 2})
+    assert r.status_code == 422 and "20,000,000 left" in r.json()["detail"], r.text
+    assert r.json()["errors"][0]["loc"] == ["body", "inputs", 1, "image"]
 
 
 @pytest.mark.parametrize(
