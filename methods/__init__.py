@@ -7,6 +7,7 @@ res.attributions, res.convergence_delta
 
 from methods.api import attribute, available
 from methods.cancel import cancel_scope
+from methods.concepts import TCAVResult, tcav
 from methods.engine.batching import memory_budget, set_memory_budget
 from methods.engine.call import Result
 from methods.errors import (
@@ -36,6 +37,7 @@ __all__ = [
     "ModelError",
     "NotExportableError",
     "Result",
+    "TCAVResult",
     "TargetError",
     "UnknownMethodError",
     "UnknownParameterError",
@@ -49,6 +51,7 @@ __all__ = [
     "memory_budget",
     "sensitivity_max",
     "set_memory_budget",
+    "tcav",
 ]
 
 
