@@ -25,7 +25,15 @@ from service.http.fastpath import FastAttributions, takes
 from service.http.limits import BodyLimit
 from service.http.middleware import ApiKeys, RequestContext
 from service.http.responses import OrjsonResponse
-from service.http.routes import attributions, catalog, compat, health, jobs, repository
+from service.http.routes import (
+    attributions,
+    catalog,
+    compat,
+    concepts,
+    health,
+    jobs,
+    repository,
+)
 from service.http.state import AppState
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
@@ -163,6 +171,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(compat.router)
     app.include_router(jobs.router)
     app.include_router(repository.router)
+    app.include_router(concepts.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
     inner: ASGIApp = BodyLimit(
         ApiKeys(app.dispatch, settings),

@@ -14,6 +14,8 @@ WireTarget = dict[str, Any] | None
 new_id = itertools.count(1).__next__
 #: ``Job.method`` of a prediction: the model's outputs for the inputs, no attribution
 PREDICT = "predict"
+#: ``Job.method`` of a TCAV query (``Job.study`` says which concepts, layers, caches)
+TCAV = "tcav"
 
 
 @dataclass
@@ -60,6 +62,9 @@ class Job:
     #: images sent encoded: each file's bytes, which pictures draw over (``arrays`` holds their
     #: ``pixel_values``); kept by the server, never sent to a worker or stored with a job
     images: tuple[bytes, ...] = ()
+    #: concept and influence queries: what the worker studies beyond the inputs (plain data:
+    #: the sets' files and digests, layers, settings, the cache directory)
+    study: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "images": ()}
@@ -97,3 +102,5 @@ class Reply:
     generation: dict[str, Any] | None = None
     #: ``Job.verify``: ``methods.verify``'s figures (``Verification.as_dict``)
     verification: dict[str, Any] | None = None
+    #: a study's answer as plain data (TCAV's score rows, influence's indices and scores)
+    study: dict[str, Any] | None = None

@@ -25,8 +25,8 @@ from methods.verify import verify
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import PREDICT, Job, Reply, WireTarget, new_id
-from service.kinds import checks, merging, plan, prepare, tensors
+from service.core.work import PREDICT, TCAV, Job, Reply, WireTarget, new_id
+from service.kinds import checks, concepts, merging, plan, prepare, tensors
 from service.kinds.base import ModelKind
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
 from service.wire import codec, targets
@@ -211,6 +211,8 @@ class TensorKind(ModelKind):
     def run(self, lm: LoadedModel, job: Job) -> Reply:
         if job.method == PREDICT:
             return predict(lm, job)
+        if job.method == TCAV:
+            return concepts.run(lm, job)
         return attribute(lm, job)
 
 
