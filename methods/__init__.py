@@ -8,6 +8,7 @@ res.attributions, res.convergence_delta
 from methods.api import attribute, available
 from methods.cancel import cancel_scope
 from methods.concepts import TCAVResult, tcav
+from methods.data_influence import InfluenceResult, influence, self_influence
 from methods.engine.batching import memory_budget, set_memory_budget
 from methods.engine.call import Result
 from methods.errors import (
@@ -31,6 +32,7 @@ __all__ = [
     "AttributionError",
     "BaselineError",
     "GenerationResult",
+    "InfluenceResult",
     "InvalidArgumentError",
     "InvalidTypeError",
     "MethodInfo",
@@ -48,7 +50,9 @@ __all__ = [
     "cancel_scope",
     "export",
     "infidelity",
+    "influence",
     "memory_budget",
+    "self_influence",
     "sensitivity_max",
     "set_memory_budget",
     "tcav",

@@ -105,8 +105,9 @@ def test_sign_counts_equal_captums_for_our_cavs(tmp_path) -> None:
                 float(ref[key][row["layer"]]["sign_count"][0]), abs=1e-6
             )  # Captum counts in float32; a count differing by one is 1/40 off
         # magnitude: the original library's bounded form, by hand from Captum's gradients
-        attr = LayerGradientXActivation(model, model.get_submodule(row["layer"]),
-                                        multiply_by_inputs=False)  # fmt: skip
+        attr = LayerGradientXActivation(
+            model, model.get_submodule(row["layer"]), multiply_by_inputs=False
+        )
         g = attr.attribute(inputs, target=1).reshape(len(inputs), -1)
         mags = []
         for cav in ours.cavs[row["concept"]][row["layer"]]:
