@@ -95,6 +95,7 @@ def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
         explain=explain(table),
         texts_batch=base.texts_batch if base is not None else False,
         images=base.images if base is not None else None,
+        influence=base.influence if base is not None else None,
         **runtime(table),
     )
 

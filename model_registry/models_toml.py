@@ -23,10 +23,12 @@ the table's source (``sources.SOURCES``) builds its spec, reading the keys throu
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from model_registry import influence
 from model_registry.errors import RegistryError
 from model_registry.sources import SOURCES, parse_source
 from model_registry.spec import ModelSpec
@@ -55,6 +57,7 @@ MODEL_KEYS = (
     "verify_device",
     "group",
     "workers",
+    "influence",
 )
 
 
@@ -149,4 +152,10 @@ def parse_model(data: object, file: str, index: int, base_dir: str | None) -> Mo
         if owners and found not in owners:
             takers = ", ".join(f"{s.name}:" for s in owners)
             table.fail(key, f"only {takers} sources take {key!r}")
-    return found.spec(table, source)
+    spec = found.spec(table, source)
+    found_influence = influence.parse(table)
+    if found_influence is None:
+        return spec
+    if spec.kind != "tensor":
+        table.fail("influence", f"influence is served for models of tensors, not {spec.kind}")
+    return dataclasses.replace(spec, influence=found_influence)

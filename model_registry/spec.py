@@ -135,6 +135,9 @@ class ModelSpec:
     #: Hugging Face image classifiers: the directory whose image processor makes images sent
     #: as ``{"image": "<base64>"}`` into the ``pixel_values`` input (``hf_image.images``)
     images: str | None = None
+    #: models.toml ``[models.influence]``: the training data and checkpoints of the model's
+    #: influence index (``model_registry.influence.InfluenceSpec``); None: not served
+    influence: Any = None
 
     @property
     def group_name(self) -> str:

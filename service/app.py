@@ -31,10 +31,12 @@ from service.http.routes import (
     compat,
     concepts,
     health,
+    influence,
     jobs,
     repository,
 )
 from service.http.state import AppState
+from service.jobs.influence import InfluenceIndexes
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 from service.serving import kserve
@@ -117,6 +119,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     if start_workers:
         try:
             state.jobs = JobRunner(settings, state.specs, pool, telemetry)
+            state.influence = InfluenceIndexes(settings, state.specs, state.jobs)
         except (OSError, sqlite3.Error) as exc:
             raise SystemExit(
                 f"attrserve: cannot use ATTRSERVE_DATA_DIR={settings.data_dir!r} for attribution "
@@ -139,6 +142,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
                 )
         if state.jobs is not None:
             await state.jobs.start()
+        if state.influence is not None:
+            await state.influence.start()
         if pool.workers:
             # torch and the app leave a large heap of long-lived objects: keep them out of the
             # cyclic collector's way, so full collections stay cheap on the request path
@@ -147,6 +152,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         try:
             yield
         finally:
+            if state.influence is not None:
+                await state.influence.stop()
             if state.jobs is not None:
                 await state.jobs.stop()
             await pool.stop()
@@ -172,6 +179,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(jobs.router)
     app.include_router(repository.router)
     app.include_router(concepts.router)
+    app.include_router(influence.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
     inner: ASGIApp = BodyLimit(
         ApiKeys(app.dispatch, settings),

@@ -75,16 +75,15 @@ def _output(out: Any, n: int) -> Tensor:
 
 
 def parameter_names(model: nn.Module, paths: list[str] | None) -> list[str]:
-    """The parameters TracInCP differentiates: every trainable one, or every one of the
-    modules at ``paths`` (in their order, as Captum's ``layers``), by their state-dict name."""
+    """The parameters TracInCP differentiates: every trainable one (every one, as Captum's,
+    when none is trainable: a model frozen for serving), or every one of the modules at
+    ``paths`` (in their order, as Captum's ``layers``), by their state-dict name."""
     canonical = {id(p): name for name, p in model.named_parameters()}
     if paths is None:
-        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        named = list(model.named_parameters())
+        names = [name for name, p in named if p.requires_grad] or [name for name, _ in named]
         if not names:
-            raise InvalidArgumentError(
-                "the model has no trainable parameters; name the layers to use in layers",
-                argument="layers",
-            )
+            raise InvalidArgumentError("the model has no parameters", argument="model")
         return names
     names = []
     for path in paths:

@@ -16,8 +16,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from model_registry.builtin import image, lm, tabular, text
+from model_registry.builtin import image, lm, noisy, tabular, text
 from model_registry.errors import RegistryError
+from model_registry.influence import InfluenceSpec
 from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -36,6 +37,8 @@ class Builtin:
     embedding_layer: str | None = None
     tokenizer: Callable[[], Any] | None = None
     kind: str = "tensor"
+    #: its ``[models.influence]``: the shipped training data and checkpoints
+    influence: InfluenceSpec | None = None
 
     def spec(self) -> ModelSpec:
         output = OutputSpec(shape=(len(self.labels),), labels=self.labels)
@@ -53,6 +56,7 @@ class Builtin:
             layers=self.layers,
             embedding_layer=self.embedding_layer,
             kind=self.kind,
+            influence=self.influence,
         )
 
 
@@ -67,6 +71,24 @@ BUILTINS: dict[str, Builtin] = {
             inputs=(InputSpec("x", "float32", (None, tabular.N_FEATURES)),),
             labels=tabular.LABELS,
             layers=tabular.LAYERS,
+        ),
+        Builtin(
+            name="tabular-noisy",
+            description="tabular-mlp's task trained by SGD on 512 rows, 12 of them with a "
+            "deliberately wrong label; serves influence (TracInCP over its shipped training "
+            "data and 3 checkpoints): GET /v1/models/tabular-noisy/influence/self lists the "
+            "wrong labels first.",
+            build=tabular.TabularMLP,
+            inputs=(InputSpec("x", "float32", (None, tabular.N_FEATURES)),),
+            labels=tabular.LABELS,
+            layers=tabular.LAYERS,
+            influence=InfluenceSpec(
+                train_data=str(noisy.FILES / "train.npz"),
+                checkpoints=tuple(
+                    (str(noisy.FILES / f"checkpoint-{i}.pt"), lr)
+                    for i, lr in enumerate(noisy.LRS, 1)
+                ),
+            ),
         ),
         Builtin(
             name="image-cnn",

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from model_registry.builtin import image, lm, tabular, text
+from model_registry.builtin import image, lm, noisy, tabular, text
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -118,6 +118,8 @@ def metadata(name: str) -> dict[str, str]:
     return {"attrserve": json.dumps(meta, sort_keys=True)}
 
 
+#: trained by SGD on labels of which some are wrong, its data and checkpoints kept
+NOISY_NAME = "tabular-noisy"
 #: the causal language model is trained on next tokens, not classes (``lm.train``)
 LM_NAME = "tiny-lm"
 
@@ -135,7 +137,7 @@ def train_lm() -> tuple[dict[str, torch.Tensor], float, dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    every = [*RECIPES, LM_NAME]
+    every = [*RECIPES, LM_NAME, NOISY_NAME]
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {every}; default: all")
     parser.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output directory")
     args = parser.parse_args(argv)
@@ -147,6 +149,18 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         if name == LM_NAME:
             state, acc, meta = train_lm()
+        elif name == NOISY_NAME:
+            with deterministic():
+                state, _ = noisy.train()
+                noisy.write()
+            mlp = tabular.TabularMLP()
+            mlp.load_state_dict(state)
+            acc = accuracy("tabular-mlp", mlp.eval())
+            meta = {
+                "attrserve": json.dumps(
+                    {"model": name, "recipe": "model_registry.builtin.noisy.train"}, sort_keys=True
+                )
+            }
         else:
             state = train(name)
             model = RECIPES[name].build()

@@ -16,6 +16,11 @@ new_id = itertools.count(1).__next__
 PREDICT = "predict"
 #: ``Job.method`` of a TCAV query (``Job.study`` says which concepts, layers, caches)
 TCAV = "tcav"
+#: ``Job.method`` of a chunk of an influence index build, and of an influence query
+INFLUENCE_INDEX = "influence_index"
+INFLUENCE = "influence"
+#: the methods that are not the engine's attribution methods
+STUDIES = (TCAV, INFLUENCE_INDEX, INFLUENCE)
 
 
 @dataclass

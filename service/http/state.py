@@ -10,6 +10,7 @@ from model_registry.spec import ModelSpec
 from service.core.errors import UnknownModel
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
+from service.jobs.influence import InfluenceIndexes
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 
@@ -23,6 +24,8 @@ class AppState:
     method_names: frozenset[str]
     #: attribution jobs (None: a server without workers)
     jobs: JobRunner | None = None
+    #: influence indexes of the models that serve influence (None: a server without workers)
+    influence: InfluenceIndexes | None = None
 
     def spec(self, model_id: str) -> ModelSpec:
         """The spec of a served model; 404 for one unknown or unloaded."""

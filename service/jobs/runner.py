@@ -36,7 +36,7 @@ from service.core.errors import (
 from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Job, Reply, new_id
+from service.core.work import INFLUENCE_INDEX, Job, Reply, new_id
 from service.jobs.store import JobRow, JobStore
 from service.jobs.work import dumps, fingerprint, loads
 from service.kinds.base import envelope
@@ -155,6 +155,16 @@ class JobRunner:
         work = await offload(dumps, checked, fingerprint(spec))
         self._budget(len(work))  # decoded, the job may take more than its body did
         row = self.store.create(owner, spec.id, checked.method, checked.n, chunk, work)
+        self._wake.set()
+        self._gauges()
+        return row
+
+    def submit_work(self, owner: str, spec: ModelSpec, job: Job, chunk: int) -> JobRow:
+        """Queue work the server made itself (an influence index build): ``job`` checked
+        already, run in chunks of at most ``chunk`` examples."""
+        work = dumps(job, fingerprint(spec))
+        self._budget(len(work))
+        row = self.store.create(owner, spec.id, job.method, job.n, chunk, work)
         self._wake.set()
         self._gauges()
         return row
@@ -344,7 +354,16 @@ class JobRunner:
 
     # -- results ---------------------------------------------------------------------------
     def result(self, row: JobRow) -> dict[str, Any]:
-        """The whole job as the attributions route answers (chunks concatenated)."""
+        """The whole job as the attributions route answers (chunks concatenated); an index
+        build's, what it built (the index itself serves its model's influence routes)."""
+        if row.method == INFLUENCE_INDEX:
+            return {
+                "job_id": row.id,
+                "model_id": row.model_id,
+                "method": row.method,
+                "n_train": row.total,
+                "served_by": f"/v1/models/{row.model_id}/influence",
+            }
         chunks = self.store.read_chunks(row.id)
         metas = [json.loads(str(c["meta"])) for c in chunks]
         first = metas[0] if metas else {}
@@ -412,6 +431,7 @@ def _chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
         "params": reply.params,
         "compute_ms": reply.compute_ms,
         "attributed_layer": job.attributed_layer,
+        "study": reply.study,
     }
     out["meta"] = np.array(json.dumps(meta, default=_jsonable))
     return out

@@ -25,8 +25,17 @@ from methods.verify import verify
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import PREDICT, TCAV, Job, Reply, WireTarget, new_id
-from service.kinds import checks, concepts, merging, plan, prepare, tensors
+from service.core.work import (
+    INFLUENCE,
+    INFLUENCE_INDEX,
+    PREDICT,
+    TCAV,
+    Job,
+    Reply,
+    WireTarget,
+    new_id,
+)
+from service.kinds import checks, concepts, influence, merging, plan, prepare, tensors
 from service.kinds.base import ModelKind
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
 from service.wire import codec, targets
@@ -213,6 +222,8 @@ class TensorKind(ModelKind):
             return predict(lm, job)
         if job.method == TCAV:
             return concepts.run(lm, job)
+        if job.method in (INFLUENCE, INFLUENCE_INDEX):
+            return influence.run(lm, job)
         return attribute(lm, job)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from methods import registry
-from service.core.work import PREDICT, Job, Reply, new_id
+from service.core.work import PREDICT, STUDIES, Job, Reply, new_id
 from service.pool.records import Entry
 
 
@@ -49,7 +49,10 @@ def chunk(job: Job, start: int, stop: int) -> Job:
     # each input's dims with the batch dim (token ids from texts: [N, L])
     ndim = tuple(a.ndim for a in job.arrays) or (2,)
     baselines = job.baselines
-    shared = job.method != PREDICT and registry.get(job.method).merge == "shared_baselines"
+    shared = (
+        job.method not in (PREDICT, *STUDIES)
+        and registry.get(job.method).merge == "shared_baselines"
+    )
     if not shared:  # else a distribution, sampled
         baselines = _rows(baselines, n, ndim, start, stop)
     return dataclasses.replace(

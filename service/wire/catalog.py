@@ -80,6 +80,12 @@ class ModelInfo(BaseModel):
         description='"tensor" (tensors or texts in, one output) or "causal_lm" (a generative '
         "language model: inputs {prompt, features, baselines}, target the answer text)",
     )
+    influence: dict[str, Any] | None = Field(
+        default=None,
+        description="models with a models.toml [models.influence] table: their index's status "
+        '("building" with progress {done, total} and its job_id, "ready" with method, n_train, '
+        'bytes and built_at, or "failed" with the error); null: influence not served',
+    )
 
 
 class ModelList(BaseModel):

@@ -22,11 +22,18 @@ async def list_models(state: State, request: Request) -> ModelList:
     admin = state.settings.is_admin(key)
     states, loaded = state.pool.states(), state.pool.model_info
     infos = [
-        catalog.model_info(s, loaded.get(s.id), states[s.id])
+        _with_influence(state, catalog.model_info(s, loaded.get(s.id), states[s.id]))
         for s in state.specs.values()
         if key is None or admin or key.allows(s.id)
     ]
     return ModelList(models=infos)
+
+
+def _with_influence(state: AppState, info: ModelInfo) -> ModelInfo:
+    found = state.influence.states.get(info.id) if state.influence is not None else None
+    if found is not None:
+        info.influence = found.public()
+    return info
 
 
 @router.get("/v1/models/{model_id}", response_model=ModelInfo, operation_id="getModel")
@@ -34,9 +41,10 @@ async def get_model(model_id: str, state: State, request: Request) -> ModelInfo:
     """One model: its state, inputs, output, layers and the methods it serves (an unloaded
     one too, with ``state`` "unloaded")."""
     spec = state.known(model_id)
-    return catalog.model_info(
+    info = catalog.model_info(
         spec, state.pool.model_info.get(spec.id), state.pool.states()[spec.id]
     )
+    return _with_influence(state, info)
 
 
 @router.get("/v1/methods", response_model=MethodList, operation_id="listMethods")
