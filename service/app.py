@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import re
@@ -40,6 +41,7 @@ from service.jobs.influence import InfluenceIndexes
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 from service.serving import kserve
+from service.serving.concepts import store_builtin
 
 log = logging.getLogger("attrserve")
 #: the job submission route takes bodies up to ``max_job_body_bytes``
@@ -140,6 +142,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
                     "attrserve: ATTRSERVE_STRICT_START=1 and model(s) "
                     f"{', '.join(map(repr, failed))} did not load; see above"
                 )
+        if start_workers:  # the built-in demo models' TCAV concept sets
+            await asyncio.to_thread(store_builtin, settings, list(state.specs.values()))
         if state.jobs is not None:
             await state.jobs.start()
         if state.influence is not None:

@@ -60,3 +60,32 @@ def make_data(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.T
         c0 = int(u[i, 1] * (half - s + 1)) + (int(y[i]) % 2) * half
         x[i, :, r0 : r0 + s, c0 : c0 + s] = colour[i].view(3, 1, 1)
     return x, y
+
+
+def squares_in(quadrant: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` images of the data set whose square lies in ``quadrant``."""
+    found: list[torch.Tensor] = []
+    while len(found) < n:
+        x, y = make_data(64, generator)
+        found += [xi for xi, yi in zip(x, y, strict=True) if int(yi) == quadrant]
+    return torch.stack(found[:n])
+
+
+def dim_noise(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` images of the background alone: dim noise, no square."""
+    return torch.rand(n, 3, SIZE, SIZE, generator=generator) * NOISE
+
+
+#: random sets the TCAV demo compares against
+N_RANDOM = 6
+
+
+def concept_sets() -> dict[str, torch.Tensor]:
+    """The TCAV demo's example sets (30 images each), stored for ``image-cnn`` when a server
+    starts: ``bright-top-left`` (a concept the top-left class leans on), ``dim-noise`` (drawn
+    as the random sets are: a concept it cannot lean on), and ``random-0`` ...
+    ``random-5``."""
+    g = torch.Generator().manual_seed(100)
+    sets = {"bright-top-left": squares_in(0, 30, g), "dim-noise": dim_noise(30, g)}
+    sets.update({f"random-{i}": dim_noise(30, g) for i in range(N_RANDOM)})
+    return sets

@@ -185,7 +185,10 @@ def _run(lm: LoadedModel, job: Job) -> Reply:
                 pos,
                 grads[layer].shape[1],
             ),
-            lambda c: {"vector": c.vector.cpu(), "accuracy": torch.tensor(c.accuracy).double()},
+            lambda c: {
+                "vector": c.vector.cpu(),
+                "accuracy": torch.tensor([c.accuracy], dtype=torch.float64),
+            },
             lambda d: Cav(d["vector"].to(grads[layer].device), float(d["accuracy"])),
         )
 

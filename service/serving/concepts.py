@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import time
+from base64 import b64encode
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -93,6 +94,30 @@ def put(settings: Settings, spec: ModelSpec, name: str, raw: Any) -> tuple[dict[
         Path(tmp).unlink(missing_ok=True)
         raise
     return meta, created
+
+
+def store_builtin(settings: Settings, specs: list[ModelSpec]) -> list[str]:
+    """The built-in demo models' concept sets, stored where a model has none of that name
+    (a set the user replaced stays theirs); the names stored."""
+    from model_registry import builtin
+
+    stored = []
+    for spec in specs:
+        kind, _, name = spec.source.partition(":")
+        found = builtin.BUILTINS.get(name) if kind == "builtin" else None
+        if found is None or found.concepts is None:
+            continue
+        for set_name, examples in found.concepts().items():
+            if not _path(settings, spec, set_name).exists():
+                a = np.ascontiguousarray(examples.numpy())
+                raw = {
+                    "dtype": str(a.dtype),
+                    "shape": list(a.shape),
+                    "b64": b64encode(a.tobytes()).decode(),
+                }
+                put(settings, spec, set_name, raw)
+                stored.append(f"{spec.id}/{set_name}")
+    return stored
 
 
 def _unknown(spec: ModelSpec, name: str) -> NotFound:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -14,8 +15,9 @@ import model_registry
 from model_registry import RegistryError, builtin
 from model_registry.builtin import text, train
 
-#: the classifiers (tiny-lm, the causal language model, has its own tests in test_tiny_lm.py)
-NAMES = [n for n, b in builtin.BUILTINS.items() if b.kind == "tensor"]
+#: the classifiers of a recipe (tiny-lm, the causal language model, has its own tests in
+#: test_tiny_lm.py; tabular-noisy, trained on wrong labels on purpose, its own below)
+NAMES = [n for n in builtin.BUILTINS if n in train.RECIPES]
 
 
 def loaded(name: str) -> model_registry.LoadedModel:
@@ -44,6 +46,37 @@ def test_retraining_reproduces_the_committed_model(name: str) -> None:
     with torch.no_grad():
         agree = (fresh(x).argmax(1) == committed(x).argmax(1)).double().mean()
     assert agree >= 0.99
+
+
+def test_tabular_noisy_retrains_to_its_files_and_its_wrong_labels_stand_out(
+    tmp_path: Path,
+) -> None:
+    """Retraining gives the committed checkpoints' answers; self-influence over the shipped
+    data and checkpoints (TracInCP) ranks all 12 wrong labels among the top 20."""
+    import methods
+    from model_registry.builtin import noisy, tabular
+
+    with train.deterministic():
+        final, checkpoints = noisy.train()
+    x, y, flipped = noisy.data()
+    saved = np.load(noisy.FILES / "train.npz")
+    np.testing.assert_array_equal(saved["x"], x.numpy())
+    np.testing.assert_array_equal(saved["labels"], y.numpy())
+    committed = loaded("tabular-noisy").model
+    fresh = tabular.TabularMLP()
+    fresh.load_state_dict(final)
+    probe = tabular.make_data(1000, torch.Generator().manual_seed(99))[0]
+    with torch.no_grad():
+        assert (fresh(probe).argmax(1) == committed(probe).argmax(1)).double().mean() >= 0.99
+    assert train.accuracy("tabular-mlp", committed) >= 0.9
+    for i, state in enumerate(checkpoints, 1):
+        shipped = torch.load(noisy.FILES / f"checkpoint-{i}.pt")
+        for k, v in state.items():
+            torch.testing.assert_close(shipped[k], v, rtol=1e-4, atol=1e-5)
+    spec = next(s for s in model_registry.builtin_specs() if s.id == "tabular-noisy")
+    ckpts = [{"weights": p, "lr": lr} for p, lr in spec.influence.checkpoints]
+    scores = methods.self_influence(committed, x, y, checkpoints=ckpts)
+    assert set(flipped.tolist()) <= set(torch.topk(scores, 20).indices.tolist())
 
 
 def test_weights_stay_small() -> None:

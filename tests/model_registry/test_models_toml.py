@@ -83,7 +83,7 @@ def test_builtin_dtype_override_follows_into_float_inputs(tmp_path: Path) -> Non
 
 def test_none_means_the_builtin_registry() -> None:
     ids = [s.id for s in model_registry.load_specs(None)]
-    assert ids == ["tabular-mlp", "image-cnn", "text-classifier", "tiny-lm"]
+    assert ids == ["tabular-mlp", "tabular-noisy", "image-cnn", "text-classifier", "tiny-lm"]
 
 
 MINIMAL = '[[models]]\nid = "m"\nsource = "builtin:tabular-mlp"\n'

@@ -40,8 +40,10 @@ def noise(n: int, seed: int) -> torch.Tensor:
 SETS = {
     "square": squares(20, 1, 0),
     "noise": noise(20, 2),
-    **{f"random-{i}": noise(20, 10 + i) for i in range(4)},
+    **{f"rand{i}": noise(20, 10 + i) for i in range(4)},
 }
+#: the sets a server stores for the built-in image-cnn (its TCAV demo)
+DEMO = sorted(image.concept_sets())
 INPUTS = squares(12, 3, 0)
 
 
@@ -62,7 +64,7 @@ def _query(**over: object) -> dict[str, object]:
         "inputs": INPUTS.tolist(),
         "target": "top-left",
         "concepts": ["square", "noise"],
-        "random_concepts": [f"random-{i}" for i in range(4)],
+        "random_concepts": [f"rand{i}" for i in range(4)],
         "layers": LAYERS,
         **over,
     }
@@ -79,7 +81,7 @@ def test_concept_sets_are_resources(server: Server) -> None:
         assert again.status_code == 200
         assert again.json()["name"] == "noise"
         listed = c.get("/v1/models/image-cnn/concepts").json()["concepts"]
-        assert sorted(x["name"] for x in listed) == sorted(SETS)
+        assert sorted(x["name"] for x in listed) == sorted([*SETS, *DEMO])
         assert {"name", "n", "shape", "updated", "digest"} <= set(listed[0])
         one = c.get("/v1/models/image-cnn/concepts/square").json()
         np.testing.assert_array_equal(np.asarray(one["inputs"], np.float32), SETS["square"])
@@ -124,7 +126,7 @@ def test_tcav_equals_the_engine_and_caches(server: Server) -> None:
         {k: SETS[k] for k in ("square", "noise")},
         LAYERS,
         target=0,
-        random_concepts={f"random-{i}": SETS[f"random-{i}"] for i in range(4)},
+        random_concepts={f"rand{i}": SETS[f"rand{i}"] for i in range(4)},
     )
     for ours, theirs in zip(body["scores"], ref.scores, strict=True):
         assert ours["concept"] == theirs["concept"] and ours["layer"] == theirs["layer"]
@@ -141,7 +143,7 @@ def test_tcav_errors(server: Server) -> None:
         assert unknown.status_code == 404 and unknown.json()["errors"][0]["loc"] == ["path", "name"]
         layer = c.post("/v1/models/image-cnn/tcav", json=_query(layers=["features.9"]))
         assert layer.status_code == 422 and layer.json()["errors"][0]["loc"] == ["body", "layers"]
-        one = c.post("/v1/models/image-cnn/tcav", json=_query(random_concepts=["random-0"]))
+        one = c.post("/v1/models/image-cnn/tcav", json=_query(random_concepts=["rand0"]))
         assert one.status_code == 422
         both = c.post("/v1/models/image-cnn/tcav", json=_query(random_concepts=["square", "x"]))
         assert both.status_code == 422
@@ -149,6 +151,29 @@ def test_tcav_errors(server: Server) -> None:
         target = c.post("/v1/models/image-cnn/tcav", json=_query(target="middle"))
         assert target.status_code == 422
         assert target.json()["errors"][0]["loc"][:2] == ["body", "target"]
+
+
+def test_the_built_in_demo_shows_a_significant_concept_and_an_insignificant_one(
+    server: Server,
+) -> None:
+    """image-cnn's stored sets, queried as the README does: the bright top-left square is
+    significant for the top-left class at every layer, the dim noise at none."""
+    inputs = image.squares_in(0, 20, torch.Generator().manual_seed(1))
+    body = {
+        "inputs": inputs.tolist(),
+        "target": "top-left",
+        "concepts": ["bright-top-left", "dim-noise"],
+        "random_concepts": [f"random-{i}" for i in range(image.N_RANDOM)],
+        "layers": ["features.3", "classifier.1"],
+    }
+    with server.client() as c:
+        r = c.post("/v1/models/image-cnn/tcav", json=body)
+    assert r.status_code == 200, r.text
+    rows = {(x["concept"], x["layer"]): x for x in r.json()["scores"]}
+    for layer in body["layers"]:
+        assert rows["bright-top-left", layer]["significant"]
+        assert rows["bright-top-left", layer]["sign_count"] == 1.0
+        assert not rows["dim-noise", layer]["significant"]
 
 
 def test_sets_and_cavs_survive_a_restart(server: Server, data: Path) -> None:
@@ -159,7 +184,7 @@ def test_sets_and_cavs_survive_a_restart(server: Server, data: Path) -> None:
     try:
         with fresh.client() as c:
             listed = c.get("/v1/models/image-cnn/concepts").json()["concepts"]
-            assert sorted(x["name"] for x in listed) == sorted(SETS)
+            assert sorted(x["name"] for x in listed) == sorted([*SETS, *DEMO])
             body = c.post("/v1/models/image-cnn/tcav", json=_query()).json()
             assert body["computed"] == 0 and body["scores"] == first["scores"]
     finally:
