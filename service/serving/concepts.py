@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -25,7 +26,7 @@ import numpy as np
 
 from model_registry.spec import ModelSpec
 from service import kinds
-from service.core.errors import InvalidRequest, NotFound, UnsupportedMethod
+from service.core.errors import InvalidRequest, NotFound, ServiceError, UnsupportedMethod
 from service.core.offload import offload as in_thread
 from service.core.settings import Settings
 from service.core.work import TCAV, Job, new_id
@@ -34,6 +35,8 @@ from service.pool.pool import WorkerPool
 from service.serving.attributions import budget_ms, run
 from service.wire import codec, targets
 from service.wire.concepts import NAME_RULE, TCAVRequest, valid_name
+
+log = logging.getLogger("attrserve.concepts")
 
 
 def model_dir(data_dir: str, model_id: str, part: str) -> Path:
@@ -98,9 +101,11 @@ def put(settings: Settings, spec: ModelSpec, name: str, raw: Any) -> tuple[dict[
 
 def store_builtin(settings: Settings, specs: list[ModelSpec]) -> list[str]:
     """The built-in demo models' concept sets, stored where a model has none of that name
-    (a set the user replaced stays theirs); the names stored."""
+    (a set the user replaced stays theirs); the names stored. The server's own data: the
+    per-request limits do not apply, and a set that cannot be stored is logged, not fatal."""
     from model_registry import builtin
 
+    own = settings.model_copy(update={"max_tensor_elements": 2**62, "max_batch_size": 2**31})
     stored = []
     for spec in specs:
         kind, _, name = spec.source.partition(":")
@@ -108,15 +113,16 @@ def store_builtin(settings: Settings, specs: list[ModelSpec]) -> list[str]:
         if found is None or found.concepts is None:
             continue
         for set_name, examples in found.concepts().items():
-            if not _path(settings, spec, set_name).exists():
-                a = np.ascontiguousarray(examples.numpy())
-                raw = {
-                    "dtype": str(a.dtype),
-                    "shape": list(a.shape),
-                    "b64": b64encode(a.tobytes()).decode(),
-                }
-                put(settings, spec, set_name, raw)
-                stored.append(f"{spec.id}/{set_name}")
+            if _path(own, spec, set_name).exists():
+                continue
+            a = np.ascontiguousarray(examples.numpy())
+            raw = {"dtype": str(a.dtype), "shape": list(a.shape)}
+            try:
+                put(own, spec, set_name, {**raw, "b64": b64encode(a.tobytes()).decode("ascii")})
+            except (ServiceError, OSError) as exc:
+                log.warning("attrserve: %s: concept set %s not stored: %s", spec.id, set_name, exc)
+                continue
+            stored.append(f"{spec.id}/{set_name}")
     return stored
 
 

@@ -53,7 +53,17 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClie
     monkeypatch.setattr(store, "atomic_write", atomic_write)
     monkeypatch.setattr(store.JobStore, "_exec", _exec)
     Disk.full = frozenset()
-    settings = Settings(workers=1, data_dir=str(tmp_path / "data"), job_chunk_cost=64)
+    # the built-ins without tabular-noisy, whose influence index would be a job of its own
+    toml = "".join(
+        f'[[models]]\nid = "{m}"\nsource = "builtin:{m}"\n\n' for m in ("tabular-mlp", "tiny-lm")
+    )
+    (tmp_path / "models.toml").write_text(toml)
+    settings = Settings(
+        workers=1,
+        data_dir=str(tmp_path / "data"),
+        job_chunk_cost=64,
+        models=str(tmp_path / "models.toml"),
+    )
     with TestClient(create_app(settings)) as c:
         deadline = time.monotonic() + 120
         while c.get("/v1/health/ready").status_code != 200 and time.monotonic() < deadline:
