@@ -75,6 +75,43 @@ class Job:
         return {**self.__dict__, "images": ()}
 
 
+def study_job(
+    model_id: str,
+    method: str,
+    arrays: tuple[np.ndarray, ...],
+    study: dict[str, Any],
+    *,
+    texts: tuple[str | tuple[str, str], ...] = (),
+    deadline: float = 0.0,
+    cost: int = 1,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+) -> Job:
+    """A job of one of the ``STUDIES`` (no attribution parameters): its inputs, and what the
+    worker studies beyond them."""
+    n = len(texts) if texts else int(arrays[0].shape[0])
+    return Job(
+        id=new_id(),
+        model_id=model_id,
+        method=method,
+        arrays=arrays,
+        texts=texts,
+        target=None,
+        baselines=None,
+        params={},
+        internal_batch_size=None,
+        perturbations_per_eval=None,
+        noise_tunnel=None,
+        seed=seed,
+        return_delta=False,
+        deadline=deadline,
+        n=n,
+        cost=cost,
+        max_tokens=max_tokens,
+        study=study,
+    )
+
+
 @dataclass
 class Batch:
     id: int

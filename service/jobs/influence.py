@@ -32,7 +32,7 @@ from model_registry.spec import ModelSpec
 from service.core.errors import Conflict, NotFound
 from service.core.offload import offload
 from service.core.settings import Settings
-from service.core.work import INFLUENCE_INDEX, Job, new_id
+from service.core.work import INFLUENCE_INDEX, Job, study_job
 from service.jobs.runner import JobRunner
 
 log = logging.getLogger("attrserve.influence")
@@ -137,24 +137,11 @@ class InfluenceIndexes:
 
     def _work(self, spec: ModelSpec, inf: InfluenceSpec) -> Job:
         inputs, labels = read_train_data(spec, inf.train_data)
-        return Job(
-            id=new_id(),
-            model_id=spec.id,
-            method=INFLUENCE_INDEX,
-            arrays=(*inputs, labels),
-            texts=(),
-            target=None,
-            baselines=None,
-            params={},
-            internal_batch_size=None,
-            perturbations_per_eval=None,
-            noise_tunnel=None,
-            seed=inf.seed,
-            return_delta=False,
-            deadline=0.0,
-            n=len(labels),
-            cost=len(labels),
-            study={
+        return study_job(
+            spec.id,
+            INFLUENCE_INDEX,
+            (*inputs, labels),
+            {
                 "labels": True,
                 "checkpoints": [list(c) for c in inf.checkpoints],
                 "method": inf.method,
@@ -165,6 +152,8 @@ class InfluenceIndexes:
                 "seed": inf.seed,
                 "similarity": inf.similarity,
             },
+            cost=len(labels),
+            seed=inf.seed,
         )
 
     # -- following builds ------------------------------------------------------------------

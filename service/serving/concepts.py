@@ -29,7 +29,7 @@ from service import kinds
 from service.core.errors import InvalidRequest, NotFound, ServiceError, UnsupportedMethod
 from service.core.offload import offload as in_thread
 from service.core.settings import Settings
-from service.core.work import TCAV, Job, new_id
+from service.core.work import TCAV, Job, study_job
 from service.kinds.base import timing
 from service.pool.pool import WorkerPool
 from service.serving.attributions import budget_ms, run
@@ -208,25 +208,11 @@ def tcav_job(settings: Settings, spec: ModelSpec, req: TCAVRequest, deadline: fl
         req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
     )
     target = targets.resolve(req.target, spec.output, inputs.n)
-    return Job(
-        id=new_id(),
-        model_id=spec.id,
-        method=TCAV,
-        arrays=inputs.arrays,
-        texts=inputs.texts,
-        target=target,
-        baselines=None,
-        params={},
-        internal_batch_size=None,
-        perturbations_per_eval=None,
-        noise_tunnel=None,
-        seed=req.params.seed,
-        return_delta=False,
-        deadline=deadline,
-        n=inputs.n,
-        cost=inputs.n * (1 + len(layers)),
-        max_tokens=settings.max_text_tokens,
-        study={
+    job = study_job(
+        spec.id,
+        TCAV,
+        inputs.arrays,
+        {
             "concepts": concepts,
             "random_concepts": randoms,
             "layers": list(layers),
@@ -235,7 +221,14 @@ def tcav_job(settings: Settings, spec: ModelSpec, req: TCAVRequest, deadline: fl
             "cache": str(model_dir(settings.data_dir, spec.id, "cache")),
             "version": spec.version,
         },
+        texts=inputs.texts,
+        deadline=deadline,
+        cost=inputs.n * (1 + len(layers)),
+        seed=req.params.seed,
+        max_tokens=settings.max_text_tokens,
     )
+    job.target = target
+    return job
 
 
 async def tcav(

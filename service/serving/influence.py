@@ -13,7 +13,7 @@ from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest
 from service.core.offload import offload as in_thread
 from service.core.settings import Settings
-from service.core.work import INFLUENCE, Job, new_id
+from service.core.work import INFLUENCE, Job, study_job
 from service.kinds.base import timing
 from service.pool.pool import WorkerPool
 from service.serving.attributions import budget_ms, run
@@ -65,25 +65,11 @@ def query_job(
     field = "labels" if req.labels is not None else "target"
     labels = _labels(spec, req.labels if req.labels is not None else req.target, inputs.n, field)
     inf = spec.influence
-    return Job(
-        id=new_id(),
-        model_id=spec.id,
-        method=INFLUENCE,
-        arrays=inputs.arrays if labels is None else (*inputs.arrays, labels),
-        texts=inputs.texts,
-        target=None,
-        baselines=None,
-        params={},
-        internal_batch_size=None,
-        perturbations_per_eval=None,
-        noise_tunnel=None,
-        seed=None,
-        return_delta=False,
-        deadline=deadline,
-        n=inputs.n,
-        cost=inputs.n * (2 if req.opponents else 1) * max(1, len(inf.checkpoints)),
-        max_tokens=settings.max_text_tokens,
-        study={
+    return study_job(
+        spec.id,
+        INFLUENCE,
+        inputs.arrays if labels is None else (*inputs.arrays, labels),
+        {
             "labels": labels is not None,
             "index": index,
             "checkpoints": [list(c) for c in inf.checkpoints],
@@ -91,6 +77,10 @@ def query_job(
             "k": req.k,
             "opponents": req.opponents,
         },
+        texts=inputs.texts,
+        deadline=deadline,
+        cost=inputs.n * (2 if req.opponents else 1) * max(1, len(inf.checkpoints)),
+        max_tokens=settings.max_text_tokens,
     )
 
 
