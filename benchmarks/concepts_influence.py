@@ -4,12 +4,13 @@ per-call library code, on the same model, data and settings.
     python -m benchmarks.concepts_influence [--train 5000] [--queries 20]
 
 (1) TCAV on image-cnn (its built-in concept sets: 2 concepts, 6 random sets, 2 layers, 20
-    input images): time per query over HTTP once the CAVs are cached, and the first (cold)
-    query, against Captum's ``TCAV.interpret`` with the same experimental sets (each concept
-    against each random set, and every ordered pair of random sets, which the significance
-    test needs), warm (its CAVs saved on disk by the call before) and cold.
-(2) TracIn on a tabular MLP trained by SGD on ``--train`` rows, 3 checkpoints: the time of
-    one influence query (8 test rows, top 5) over HTTP from the built index, against Captum's
+    input images, sent base64): time per query over HTTP once the CAVs are cached, and the
+    first (cold) query, against Captum's ``TCAV.interpret`` with the same experimental sets
+    (each concept against each random set, and every ordered pair of random sets, which the
+    significance test needs), warm (its CAVs saved on disk by the call before) and cold.
+(2) TracIn on tabular-mlp's and image-cnn's architectures trained by SGD on ``--train`` rows
+    of their data, 3 checkpoints: the time of one influence query (8 test examples, top 5)
+    over HTTP from the built index, against Captum's
     ``TracInCP.influence`` per call (it recomputes the training gradients each time); and the
     index's build time (the job, from submission to ready) and size on disk, with and without
     random projection (``tracin_cp`` vs ``tracin_cp_fast_rand_proj``, projection_dim 32).
@@ -19,6 +20,7 @@ Not a timed test: numbers depend on the machine.
 from __future__ import annotations
 
 import argparse
+import base64
 import statistics
 import tempfile
 import time
@@ -56,7 +58,7 @@ def tcav(queries: int) -> list[list[Any]]:
     sets = image.concept_sets()
     concepts, randoms = ["bright-top-left", "dim-noise"], [f"random-{i}" for i in range(6)]
     body = {
-        "inputs": inputs.tolist(),
+        "inputs": b64(inputs),
         "target": 0,
         "concepts": concepts,
         "random_concepts": randoms,
@@ -102,12 +104,20 @@ def tcav(queries: int) -> list[list[Any]]:
     ]
 
 
-def trained(n: int, out: Path) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, float]]]:
-    """A TabularMLP trained by SGD on ``n`` rows, 3 checkpoints saved (path, lr)."""
-    g = torch.Generator().manual_seed(0)
-    x, y = tabular.make_data(n, g)
+#: the influence cases: a built-in's architecture, its data, and its input's name
+CASES = {
+    "tabular-mlp": (tabular.TabularMLP, tabular.make_data, "x"),
+    "image-cnn": (image.ImageCNN, image.make_data, "image"),
+}
+
+
+def trained(case: str, n: int, out: Path) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
+    """The case's model trained by SGD on ``n`` rows of its data, a checkpoint saved after
+    each of 3 epochs (path, lr), the data saved as ``train.npz``."""
+    make, data, name = CASES[case]
+    x, y = data(n, torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    model = tabular.TabularMLP()
+    model = make()
     loss_fn = nn.CrossEntropyLoss()
     saved = []
     for i, lr in enumerate((0.2, 0.1, 0.05), 1):
@@ -119,20 +129,20 @@ def trained(n: int, out: Path) -> tuple[torch.Tensor, torch.Tensor, list[tuple[s
         path = out / f"checkpoint-{i}.pt"
         torch.save(model.state_dict(), path)
         saved.append((str(path), lr))
-    np.savez(out / "train.npz", x=x.numpy(), labels=y.numpy())
+    np.savez(out / "train.npz", **{name: x.numpy(), "labels": y.numpy()})
     return x, y, saved
 
 
-def influence(n_train: int, queries: int) -> tuple[list[list[Any]], list[list[Any]]]:
+def influence(case: str, n_train: int, queries: int) -> tuple[list[list[Any]], list[list[Any]]]:
     from captum.influence import TracInCP
     from torch.utils.data import TensorDataset
 
     rows, builds = [], []
-    test_x = torch.randn(8, tabular.N_FEATURES, generator=torch.Generator().manual_seed(9))
-    test_y = tabular.label(test_x)
+    make, data, _ = CASES[case]
+    test_x, test_y = data(8, torch.Generator().manual_seed(9))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        x, y, checkpoints = trained(n_train, root)
+        x, y, checkpoints = trained(case, n_train, root)
         cps = ", ".join(f'{{ path = "{p}", lr = {lr} }}' for p, lr in checkpoints)
         toml = ""
         for name, extra in (
@@ -140,12 +150,11 @@ def influence(n_train: int, queries: int) -> tuple[list[list[Any]], list[list[An
             ("projected", 'method = "tracin_cp_fast_rand_proj"\nprojection_dim = 32'),
         ):
             toml += (
-                f'[[models]]\nid = "{name}"\nsource = "builtin:tabular-mlp"\n\n'
+                f'[[models]]\nid = "{name}"\nsource = "builtin:{case}"\n\n'
                 f'[models.influence]\ntrain_data = "{root / "train.npz"}"\n'
                 f"checkpoints = [{cps}]\n{extra}\n\n"
             )
         (root / "models.toml").write_text(toml)
-        t0 = time.perf_counter()
         proc, url = start(
             "attrserve",
             data_dir=root / "data",
@@ -155,24 +164,16 @@ def influence(n_train: int, queries: int) -> tuple[list[list[Any]], list[list[An
         )
         try:
             with httpx.Client(base_url=url, timeout=600) as c:
-                built: dict[str, float] = {}
-                while len(built) < 2:
-                    for name in ("full", "projected"):
-                        state = c.get(f"/v1/models/{name}").json()["influence"]
-                        if state["status"] == "ready" and name not in built:
-                            built[name] = time.perf_counter() - t0
-                            builds.append(
-                                [
-                                    name,
-                                    state["method"],
-                                    state["n_train"],
-                                    round(built[name], 2),
-                                    state["bytes"],
-                                ]
-                            )
+                for name in ("full", "projected"):
+                    while (state := c.get(f"/v1/models/{name}").json()["influence"])[
+                        "status"
+                    ] != "ready":
                         assert state["status"] != "failed", state
-                    time.sleep(0.05)
-                body = {"inputs": test_x.tolist(), "labels": test_y.tolist(), "k": 5}
+                        time.sleep(0.05)
+                    job = c.get(f"/v1/jobs/{state['job_id']}").json()
+                    took = _seconds(job["finished_at"]) - _seconds(job["started_at"])
+                    builds.append([case, state["method"], state["n_train"], took, state["bytes"]])
+                body = {"inputs": b64(test_x), "labels": test_y.tolist(), "k": 5}
                 served = {
                     name: median_ms(
                         lambda n=name: c.post(f"/v1/models/{n}/influence", json=body), queries
@@ -181,7 +182,7 @@ def influence(n_train: int, queries: int) -> tuple[list[list[Any]], list[list[An
                 }
         finally:
             stop(proc)
-        model = tabular.TabularMLP()
+        model = make()
         lrs = dict(checkpoints)
 
         def load(m: nn.Module, path: str) -> float:
@@ -198,10 +199,28 @@ def influence(n_train: int, queries: int) -> tuple[list[list[Any]], list[list[An
             batch_size=256,
             sample_wise_grads_per_batch=True,
         )
-        ref = median_ms(lambda: captum.influence((test_x, test_y), k=5), max(3, queries // 4))
+        ref = median_ms(lambda: captum.influence((test_x, test_y), k=5), 3)
     for name in ("full", "projected"):
-        rows.append([f"influence query, index {name}", served[name], ref, ref / served[name]])
+        rows.append(
+            [f"{case}: influence query, index {name}", served[name], ref, ref / served[name]]
+        )
     return rows, builds
+
+
+def _seconds(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def b64(x: torch.Tensor) -> dict[str, Any]:
+    """A tensor in the wire's base64 form (what a client sending images sends)."""
+    a = np.ascontiguousarray(x.numpy(), dtype="<f4")
+    return {
+        "dtype": "float32",
+        "shape": list(a.shape),
+        "b64": base64.b64encode(a.tobytes()).decode(),
+    }
 
 
 def main() -> None:
@@ -210,11 +229,17 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=20)
     args = parser.parse_args()
     rows = tcav(args.queries)
-    more, builds = influence(args.train, args.queries)
+    builds: list[list[Any]] = []
+    for case in CASES:
+        more, built = influence(case, args.train, args.queries)
+        rows += more
+        builds += built
     heads = ["case", "attrserve ms (HTTP)", "Captum ms", "Captum / attrserve"]
-    print(table(heads, rows + more))
+    print(table(heads, rows))
     print()
-    print(table(["index", "method", "n_train", "build s (job, incl. start)", "bytes"], builds))
+    print(
+        table(["model", "method", "n_train", "build s (its job, started to done)", "bytes"], builds)
+    )
 
 
 if __name__ == "__main__":

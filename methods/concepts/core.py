@@ -143,12 +143,14 @@ def layer_gradients(
     return {p: torch.cat(v) for p, v in out.items()}
 
 
-def sign_and_magnitude(grads: Tensor, cav: Tensor) -> tuple[float, float]:
-    """Captum's sign count, and the original library's bounded magnitude, of one CAV."""
-    s = grads.to(torch.float64) @ cav.to(torch.float64)
-    total = s.abs().sum()
-    magnitude = float(s.clamp_min(0).sum() / total) if total > 0 else 0.0
-    return float((s > 0).to(torch.float64).mean()), magnitude
+def signs_and_magnitudes(grads: Tensor, cavs: Sequence[Cav]) -> tuple[list[float], list[float]]:
+    """Captum's sign count and the original library's bounded magnitude of each CAV, from
+    one product of the gradients (N, D) with the CAVs stacked (D, K)."""
+    s = grads.to(torch.float64) @ torch.stack([c.vector for c in cavs], 1).to(torch.float64)
+    total = s.abs().sum(0)
+    positive = s.clamp_min(0).sum(0)
+    magnitude = torch.where(total > 0, positive / total.clamp_min(1e-300), 0.0)
+    return (s > 0).to(torch.float64).mean(0).tolist(), magnitude.tolist()
 
 
 def score_rows(
@@ -159,20 +161,19 @@ def score_rows(
 ) -> list[dict[str, Any]]:
     """One row per (concept, layer): ``cavs[concept][layer]`` one per random set,
     ``null_cavs[layer]`` the random-vs-random ones."""
+    null = {p: signs_and_magnitudes(grads[p], found)[0] for p, found in null_cavs.items()}
     rows = []
     for concept, per_layer in cavs.items():
         for layer, found in per_layer.items():
-            g = grads[layer]
-            signs, mags = zip(*(sign_and_magnitude(g, c.vector) for c in found), strict=True)
-            null = [sign_and_magnitude(g, c.vector)[0] for c in null_cavs[layer]]
-            _, p = ttest_ind(list(signs), null)
+            signs, mags = signs_and_magnitudes(grads[layer], found)
+            _, p = ttest_ind(signs, null[layer])
             rows.append(
                 {
                     "concept": concept,
                     "layer": layer,
                     "sign_count": sum(signs) / len(signs),
                     "magnitude": sum(mags) / len(mags),
-                    "sign_counts": list(signs),
+                    "sign_counts": signs,
                     "p_value": None if math.isnan(p) else p,
                     "significant": not math.isnan(p) and p < alpha,
                     "cav_accuracy": sum(c.accuracy for c in found) / len(found),

@@ -62,10 +62,19 @@ def digest(arrays: tuple[np.ndarray, ...], texts: tuple[Any, ...]) -> str:
     return h.hexdigest()
 
 
+#: sets' descriptions by (file, size, mtime): a query names its sets without reopening them
+_METAS: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
 def _meta(path: Path) -> dict[str, Any]:
-    with np.load(path, allow_pickle=False) as f:
-        found: dict[str, Any] = json.loads(str(f["meta"]))
-    return found
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _METAS:
+        with np.load(path, allow_pickle=False) as f:
+            if len(_METAS) > 4096:
+                _METAS.clear()
+            _METAS[key] = json.loads(str(f["meta"]))
+    return dict(_METAS[key])
 
 
 def put(settings: Settings, spec: ModelSpec, name: str, raw: Any) -> tuple[dict[str, Any], bool]:
