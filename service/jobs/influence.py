@@ -106,7 +106,7 @@ class InfluenceIndexes:
             state = self.states[spec.id] = IndexState("failed", error=f"{exc}")
             return state
         root = self.root(spec, digest)
-        if (root / "index.pt").is_file():
+        if (root / "meta.json").is_file():  # written last: the index and self.pt are whole
             info = json.loads((root / "meta.json").read_text())
             state = self.states[spec.id] = IndexState(
                 "ready", digest, info.pop("job_id", None), info=info

@@ -31,6 +31,7 @@ from methods.concepts import core as engine
 from methods.concepts.cav import Cav, train_cav
 from methods.errors import AttributionError, InvalidArgumentError
 from model_registry.spec import LoadedModel
+from service.core.errors import Conflict
 from service.core.work import Job, Reply
 from service.kinds import tensors
 from service.wire import targets
@@ -44,8 +45,8 @@ WHERE: dict[str, tuple[str | int, ...]] = {
     "inputs": ("body", "inputs"),
     "target": ("body", "target"),
 }
-#: entries kept in a worker's memory (activations and CAVs together), least recent dropped
-MEMORY_ENTRIES = 256
+#: bytes of activations and CAVs kept in a worker's memory, the least recent dropped past it
+MEMORY_BYTES = 512 << 20
 T = TypeVar("T")
 
 
@@ -108,14 +109,26 @@ class Cache:
             Path(tmp).unlink(missing_ok=True)
             raise
         self.memory[key] = value
-        while len(self.memory) > MEMORY_ENTRIES:
-            self.memory.popitem(last=False)
+        total = sum(_nbytes(v) for v in self.memory.values())
+        while total > MEMORY_BYTES and len(self.memory) > 1:
+            total -= _nbytes(self.memory.popitem(last=False)[1])
 
 
-def _examples(lm: LoadedModel, job: Job, path: str) -> Any:
-    """A concept set's inputs as tensors for the model, from its file."""
+def _nbytes(value: Any) -> int:
+    t = value.vector if isinstance(value, Cav) else value
+    return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
+
+
+def _examples(lm: LoadedModel, job: Job, path: str, digest: str) -> Any:
+    """A concept set's inputs as tensors for the model, from its file (the contents the
+    query named: a set replaced meanwhile is a 409, never cached under the old digest)."""
     with np.load(path, allow_pickle=False) as f:
         meta = json.loads(str(f["meta"]))
+        if meta["digest"] != digest:
+            raise Conflict(
+                f"concept set {meta['name']!r} was replaced while the query ran; send it again",
+                loc=("body", "concepts"),
+            )
         texts = json.loads(str(f["texts"]))
         arrays = tuple(f[f"x{i}"] for i in range(len(meta["shape"] or [])))
     texts = tuple(t if isinstance(t, str) else (t[0], t[1]) for t in texts)
@@ -158,7 +171,8 @@ def _run(lm: LoadedModel, job: Job) -> Reply:
             return {"acts": t.cpu()}
 
         def make() -> torch.Tensor:
-            found = engine.layer_activations(model, _examples(lm, job, sets[name]["path"]), layers)
+            examples = _examples(lm, job, sets[name]["path"], digest)
+            found = engine.layer_activations(model, examples, layers)
             for other, values in found.items():  # every layer from the one forward
                 if other != layer:
                     cache.computed += 1
