@@ -26,8 +26,10 @@ from methods.errors import (
 from methods.export import NotExportableError, export
 from methods.generation import GenerationResult, attribute_generation
 from methods.registry import MethodInfo
+from methods.robustness import AttackResult, attack
 
 __all__ = [
+    "AttackResult",
     "AttributionCancelled",
     "AttributionError",
     "BaselineError",
@@ -44,6 +46,7 @@ __all__ = [
     "UnknownMethodError",
     "UnknownParameterError",
     "UnsupportedModelError",
+    "attack",
     "attribute",
     "attribute_generation",
     "available",

@@ -1,0 +1,259 @@
+"""Adversarial attacks with Captum's semantics: FGSM (Goodfellow et al., 2015) and PGD (Madry
+et al., 2018), ``methods.attack``.
+
+The loss is Captum's default per example, ``-log(output[target])`` (``loss="nll"``, for models
+that return probabilities), or the same after a log-softmax over dim 1 (``"cross_entropy"``,
+for logits); the batch's losses are summed, never averaged, so an example's attack never
+depends on its batch. A gradient element at most 1e-6 in size leaves its input element as it is
+(Captum's zero threshold). PGD takes FGSM sign steps for both norms and projects back onto the
+ball around the inputs: clamped for ``Linf``, ``torch.renorm`` per example for ``L2``. With
+``random_start`` PGD starts at a uniform point of that ball, drawn from a generator seeded with
+``seed`` (Captum draws from the global RNG). ``targeted`` attacks descend the loss of
+``target`` instead of ascending it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from methods.cancel import checkpoint
+from methods.engine.guard import model_guard
+from methods.engine.inputs import Forward, Tensors, format_args, format_inputs, restore_form
+from methods.engine.targets import Target, make_target
+from methods.errors import InvalidArgumentError, InvalidTypeError, UnknownParameterError
+
+#: gradient elements at most this large leave their input element unchanged (Captum's)
+ZERO_THRESHOLD = 1e-6
+LOSSES = ("nll", "cross_entropy")
+#: a parameter without a default
+REQUIRED: Any = object()
+#: each method's parameters and defaults
+PARAMS: dict[str, dict[str, Any]] = {
+    "fgsm": {
+        "epsilon": REQUIRED,
+        "targeted": False,
+        "lower_bound": -math.inf,
+        "upper_bound": math.inf,
+        "mask": None,
+    },
+    "pgd": {
+        "radius": REQUIRED,
+        "step_size": REQUIRED,
+        "step_num": REQUIRED,
+        "norm": "Linf",
+        "targeted": False,
+        "random_start": False,
+        "seed": None,
+        "lower_bound": -math.inf,
+        "upper_bound": math.inf,
+        "mask": None,
+    },
+}
+
+
+@dataclass
+class AttackResult:
+    """``perturbed``: the inputs' form; ``predictions``: the model's output on them;
+    ``flipped``: per example, whether the top class changed from the unperturbed input's."""
+
+    perturbed: Tensor | tuple[Tensor, ...]
+    predictions: Tensor
+    flipped: Tensor
+
+
+def check_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The method's parameters with their defaults, each checked."""
+    if method not in PARAMS:
+        raise InvalidArgumentError(
+            f"method must be one of {list(PARAMS)}, got {method!r}", argument="method"
+        )
+    known = PARAMS[method]
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise UnknownParameterError(
+            f"{method} takes no parameter {unknown[0]!r}; it takes {list(known)}",
+            argument=unknown[0],
+        )
+    p = {**known, **params}
+    missing = [k for k, v in p.items() if v is REQUIRED]
+    if missing:
+        raise InvalidArgumentError(f"{method} needs {missing[0]}", argument=missing[0])
+    for name in ("epsilon", "radius", "step_size", "lower_bound", "upper_bound"):
+        if name in p and (isinstance(p[name], bool) or not isinstance(p[name], (int, float))):
+            raise InvalidTypeError(f"{name} must be a number, got {p[name]!r}", argument=name)
+    for name in ("radius", "step_size"):
+        if name in p and not p[name] >= 0:
+            raise InvalidArgumentError(f"{name} must be >= 0, got {p[name]}", argument=name)
+    if p["lower_bound"] > p["upper_bound"]:
+        raise InvalidArgumentError(
+            f"lower_bound {p['lower_bound']} is above upper_bound {p['upper_bound']}",
+            argument="lower_bound",
+        )
+    if method == "pgd":
+        n = p["step_num"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidArgumentError(
+                f"step_num must be an integer >= 1, got {n!r}", argument="step_num"
+            )
+        if p["norm"] not in ("Linf", "L2"):
+            raise InvalidArgumentError(
+                f"norm must be 'Linf' or 'L2', got {p['norm']!r}", argument="norm"
+            )
+    for name in ("targeted", "random_start"):
+        if name in p and not isinstance(p[name], bool):
+            raise InvalidTypeError(f"{name} must be true or false", argument=name)
+    return p
+
+
+def _masks(mask: Any, xs: Tensors) -> tuple[Tensor | float, ...]:
+    if mask is None:
+        return (1.0,) * len(xs)
+    found = mask if isinstance(mask, (tuple, list)) else (mask,)
+    if len(found) != len(xs) or not all(isinstance(m, Tensor) for m in found):
+        raise InvalidArgumentError(
+            f"mask must be one tensor per input ({len(xs)}), of the input's shape",
+            argument="mask",
+        )
+    for m, x in zip(found, xs, strict=True):
+        try:
+            torch.broadcast_shapes(m.shape, x.shape)
+        except RuntimeError:
+            raise InvalidArgumentError(
+                f"a mask of shape {tuple(m.shape)} does not fit an input of shape {tuple(x.shape)}",
+                argument="mask",
+            ) from None
+    return tuple(m.to(x.dtype) for m, x in zip(found, xs, strict=True))
+
+
+def _loss(out: Tensor, target: Target, loss: str) -> Tensor:
+    """Each example's loss, summed over the batch."""
+    if loss == "cross_entropy":
+        if out.dim() < 2:
+            raise InvalidArgumentError(
+                "cross_entropy takes logits of shape (N, C, ...)", argument="loss"
+            )
+        out = F.log_softmax(out, dim=1)
+        return -target.select(out).sum()
+    return target.select(-torch.log(out)).sum()
+
+
+def loss_gradients(forward: Forward, xs: Tensors, target: Target, loss: str) -> Tensors:
+    """d(summed per-example loss)/d(inputs)."""
+    with torch.enable_grad():
+        leaves = tuple(x.detach().requires_grad_() for x in xs)
+        total = _loss(forward(leaves), target, loss)
+        return torch.autograd.grad(total, leaves)
+
+
+def fgsm_step(
+    forward: Forward,
+    xs: Tensors,
+    target: Target,
+    loss: str,
+    epsilon: float,
+    targeted: bool,
+    masks: tuple[Tensor | float, ...],
+) -> Tensors:
+    grads = loss_gradients(forward, xs, target, loss)
+    sign = -1.0 if targeted else 1.0
+    return tuple(
+        torch.where(g.abs() > ZERO_THRESHOLD, x + sign * epsilon * torch.sign(g) * m, x)
+        for x, g, m in zip(xs, grads, masks, strict=True)
+    )
+
+
+def _random_point(
+    center: Tensor, radius: float, norm: str, mask: Tensor | float, generator: torch.Generator
+) -> Tensor:
+    """A uniform point of the ball of ``radius`` around each example (as Captum draws it)."""
+    if norm == "L2":
+        u = torch.randn(center.shape, generator=generator, dtype=center.dtype).to(center.device)
+        unit = F.normalize(u.view(u.size(0), -1)).view(u.size())
+        d = center[0].numel()
+        r = torch.rand(u.size(0), generator=generator, dtype=center.dtype).to(center.device)
+        r = (r ** (1.0 / d) * radius)[(...,) + (None,) * (center.dim() - 1)]
+        return center + r * unit * mask
+    x = torch.rand(center.shape, generator=generator, dtype=center.dtype).to(center.device)
+    return center + (x * radius * 2 - radius) * mask
+
+
+def _top(out: Tensor) -> Tensor:
+    return out.reshape(out.shape[0], -1).argmax(dim=1)
+
+
+def attack(
+    model: Any,
+    inputs: Any,
+    method: str,
+    *,
+    target: Any,
+    additional_forward_args: Any = None,
+    loss: str = "nll",
+    **params: Any,
+) -> AttackResult:
+    """Perturb ``inputs`` against ``model``'s ``target`` (the true labels; with
+    ``targeted=True``, the class to reach) by ``method`` ("fgsm" or "pgd")."""
+    if not callable(model):
+        raise InvalidTypeError("model must be a torch.nn.Module or a callable", argument="model")
+    if loss not in LOSSES:
+        raise InvalidArgumentError(
+            f"loss must be one of {list(LOSSES)}, got {loss!r}", argument="loss"
+        )
+    p = check_params(method, params)
+    xs, as_tuple = format_inputs(inputs)
+    n = int(xs[0].shape[0])
+    masks = _masks(p["mask"], xs)
+    tgt = make_target(target, n)
+    forward = Forward(model, format_args(additional_forward_args))
+    low, high = p["lower_bound"], p["upper_bound"]
+
+    def bound(t: Tensor) -> Tensor:
+        return torch.clamp(t, min=low, max=high)
+
+    with model_guard(model):
+        with torch.no_grad():
+            before = forward(xs)
+        if method == "fgsm":
+            out = fgsm_step(forward, xs, tgt, loss, p["epsilon"], p["targeted"], masks)
+            perturbed = tuple(bound(t).detach() for t in out)
+        else:
+            perturbed = xs
+            if p["random_start"]:
+                g = torch.Generator()
+                if p["seed"] is not None:
+                    g.manual_seed(int(p["seed"]))
+                else:
+                    g.seed()
+                perturbed = tuple(
+                    bound(_random_point(x, p["radius"], p["norm"], m, g))
+                    for x, m in zip(xs, masks, strict=True)
+                )
+            for _ in range(p["step_num"]):
+                checkpoint()
+                stepped = fgsm_step(
+                    forward, perturbed, tgt, loss, p["step_size"], p["targeted"], masks
+                )
+                perturbed = tuple(
+                    bound(_project(x, s, p["radius"], p["norm"])).detach()
+                    for x, s in zip(xs, stepped, strict=True)
+                )
+        with torch.no_grad():
+            after = forward(perturbed)
+    return AttackResult(
+        perturbed=restore_form(perturbed, as_tuple),
+        predictions=after.detach(),
+        flipped=_top(after) != _top(before),
+    )
+
+
+def _project(center: Tensor, moved: Tensor, radius: float, norm: str) -> Tensor:
+    diff = moved - center
+    if norm == "Linf":
+        return center + torch.clamp(diff, -radius, radius)
+    return center + torch.renorm(diff, 2, 0, radius)

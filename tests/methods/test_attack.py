@@ -1,0 +1,155 @@
+"""methods.attack: FGSM and PGD equal to Captum's (float64, 1e-10) for both losses, targeted
+or not, with masks, bounds and both norms; an example's attack does not depend on its batch;
+random starts are seeded; typed errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from captum.robust import FGSM, PGD
+from torch import nn
+
+import methods
+from methods.errors import InvalidArgumentError, UnknownParameterError
+
+F64 = torch.float64
+
+
+def _models() -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    logits = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 4)).double().eval()
+    probs = nn.Sequential(logits, nn.Softmax(dim=1)).eval()
+    return logits, probs
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 4)
+        self.b = nn.Linear(2, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.a(x) + torch.tanh(self.b(y)), dim=1)
+
+
+X = torch.randn(5, 6, generator=torch.Generator().manual_seed(1), dtype=F64)
+Y = torch.tensor([0, 1, 2, 3, 1])
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("targeted", [False, True])
+@pytest.mark.parametrize("loss", ["nll", "cross_entropy"])
+def test_fgsm_equals_captums(loss: str, targeted: bool) -> None:
+    logits, probs = _models()
+    model = probs if loss == "nll" else logits
+    captum_loss = None if loss == "nll" else nn.CrossEntropyLoss(reduction="none")
+    mask = (torch.arange(6) % 2 == 0).to(F64).expand(5, 6)
+    for kw in ({}, {"lower_bound": -0.5, "upper_bound": 0.7}):
+        ours = methods.attack(
+            model, X, "fgsm", target=Y, epsilon=0.1, targeted=targeted, loss=loss, mask=mask, **kw
+        )
+        ref = FGSM(model, captum_loss, **kw).perturb(X, 0.1, Y, targeted=targeted, mask=mask)
+        close(ours.perturbed, ref)
+        with torch.no_grad():
+            close(ours.predictions, model(ref))
+            flipped = model(ref).argmax(1) != model(X).argmax(1)
+        assert torch.equal(ours.flipped, flipped)
+
+
+@pytest.mark.parametrize("norm", ["Linf", "L2"])
+@pytest.mark.parametrize("loss", ["nll", "cross_entropy"])
+def test_pgd_equals_captums(loss: str, norm: str) -> None:
+    logits, probs = _models()
+    model = probs if loss == "nll" else logits
+    captum_loss = None if loss == "nll" else nn.CrossEntropyLoss(reduction="none")
+    for targeted in (False, True):
+        kw = dict(radius=0.3, step_size=0.05, step_num=7, norm=norm, targeted=targeted)
+        ours = methods.attack(
+            model, X, "pgd", target=Y, loss=loss, lower_bound=-4.0, upper_bound=4.0, **kw
+        )
+        ref = PGD(model, captum_loss, lower_bound=-4.0, upper_bound=4.0).perturb(X, target=Y, **kw)
+        close(ours.perturbed, ref)
+        diff = (ours.perturbed - X).reshape(5, -1)
+        if norm == "Linf":
+            assert diff.abs().max() <= 0.3 + 1e-12
+        else:
+            assert (diff.norm(dim=1) <= 0.3 + 1e-9).all()
+
+
+def test_two_inputs_and_a_per_example_target() -> None:
+    torch.manual_seed(3)
+    model = TwoInputs().double().eval()
+    a = torch.randn(4, 3, dtype=F64)
+    b = torch.randn(4, 2, dtype=F64)
+    y = [0, 3, 2, 1]
+    ours = methods.attack(model, (a, b), "pgd", target=y, radius=0.2, step_size=0.05, step_num=5)
+    ref = PGD(model).perturb((a, b), radius=0.2, step_size=0.05, step_num=5, target=y)
+    assert isinstance(ours.perturbed, tuple)
+    for o, r in zip(ours.perturbed, ref, strict=True):
+        close(o, r)
+
+
+def test_an_examples_attack_does_not_depend_on_its_batch() -> None:
+    logits, _ = _models()
+    whole = methods.attack(
+        logits, X, "pgd", target=Y, loss="cross_entropy", radius=0.3, step_size=0.05, step_num=5
+    )
+    for i in range(len(X)):
+        alone = methods.attack(
+            logits,
+            X[i : i + 1],
+            "pgd",
+            target=Y[i : i + 1],
+            loss="cross_entropy",
+            radius=0.3,
+            step_size=0.05,
+            step_num=5,
+        )
+        close(alone.perturbed[0], whole.perturbed[i])
+
+
+def test_random_starts_are_seeded_and_stay_in_the_ball() -> None:
+    logits, _ = _models()
+    kw = dict(
+        target=Y, loss="cross_entropy", radius=0.2, step_size=0.01, step_num=2, random_start=True
+    )
+    for norm in ("Linf", "L2"):
+        a = methods.attack(logits, X, "pgd", norm=norm, seed=5, **kw)
+        b = methods.attack(logits, X, "pgd", norm=norm, seed=5, **kw)
+        c = methods.attack(logits, X, "pgd", norm=norm, seed=6, **kw)
+        assert torch.equal(a.perturbed, b.perturbed) and not torch.equal(a.perturbed, c.perturbed)
+        d = (a.perturbed - X).reshape(5, -1)
+        size = d.abs().amax(1) if norm == "Linf" else d.norm(dim=1)
+        assert (size <= 0.2 + 1e-9).all()
+
+
+def test_the_model_is_left_as_it_was() -> None:
+    logits, _ = _models()
+    flags = [p.requires_grad for p in logits.parameters()]
+    methods.attack(logits, X, "fgsm", target=Y, loss="cross_entropy", epsilon=0.1)
+    assert [p.requires_grad for p in logits.parameters()] == flags
+    assert all(p.grad is None for p in logits.parameters())
+
+
+def test_typed_errors() -> None:
+    logits, _ = _models()
+    with pytest.raises(InvalidArgumentError, match="method must be one of"):
+        methods.attack(logits, X, "cw", target=Y)
+    with pytest.raises(UnknownParameterError) as e:
+        methods.attack(logits, X, "fgsm", target=Y, epsilon=0.1, radius=1.0)
+    assert e.value.argument == "radius"
+    with pytest.raises(InvalidArgumentError, match="needs epsilon"):
+        methods.attack(logits, X, "fgsm", target=Y)
+    with pytest.raises(InvalidArgumentError, match="norm"):
+        methods.attack(logits, X, "pgd", target=Y, radius=1, step_size=0.1, step_num=2, norm="L1")
+    with pytest.raises(InvalidArgumentError, match="step_num"):
+        methods.attack(logits, X, "pgd", target=Y, radius=1, step_size=0.1, step_num=0)
+    with pytest.raises(InvalidArgumentError, match="loss"):
+        methods.attack(logits, X, "fgsm", target=Y, epsilon=0.1, loss="hinge")
+    with pytest.raises(InvalidArgumentError, match="mask"):
+        methods.attack(logits, X, "fgsm", target=Y, epsilon=0.1, mask=torch.ones(3))
+    with pytest.raises(InvalidArgumentError, match="lower_bound"):
+        methods.attack(logits, X, "fgsm", target=Y, epsilon=0.1, lower_bound=1, upper_bound=0)
