@@ -156,15 +156,29 @@ def fgsm_step(
     xs: Tensors,
     target: Target,
     loss: str,
-    epsilon: float,
+    epsilon: float | Tensors,
     targeted: bool,
     masks: tuple[Tensor | float, ...],
 ) -> Tensors:
+    """One FGSM step; ``epsilon`` a number, or per input a tensor broadcasting against it."""
     grads = loss_gradients(forward, xs, target, loss)
+    return sign_step(xs, grads, epsilon, targeted, masks)
+
+
+def sign_step(
+    xs: Tensors,
+    grads: Tensors,
+    epsilon: float | Tensors,
+    targeted: bool,
+    masks: tuple[Tensor | float, ...],
+) -> Tensors:
     sign = -1.0 if targeted else 1.0
+    eps: tuple[float | Tensor, ...] = (
+        epsilon if isinstance(epsilon, tuple) else (epsilon,) * len(xs)
+    )
     return tuple(
-        torch.where(g.abs() > ZERO_THRESHOLD, x + sign * epsilon * torch.sign(g) * m, x)
-        for x, g, m in zip(xs, grads, masks, strict=True)
+        torch.where(g.abs() > ZERO_THRESHOLD, x + sign * e * torch.sign(g) * m, x)
+        for x, g, e, m in zip(xs, grads, eps, masks, strict=True)
     )
 
 
@@ -252,8 +266,45 @@ def attack(
     )
 
 
-def _project(center: Tensor, moved: Tensor, radius: float, norm: str) -> Tensor:
+def per_example(value: float | Tensor, x: Tensor) -> Tensor:
+    """A scalar, or one value per example, shaped to broadcast against ``x``'s examples."""
+    t = torch.as_tensor(value, dtype=x.dtype, device=x.device)
+    return t.reshape(-1, *([1] * (x.dim() - 1))) if t.dim() else t
+
+
+def _project(center: Tensor, moved: Tensor, radius: float | Tensor, norm: str) -> Tensor:
+    """Back onto the ball of ``radius`` (per example when a tensor) around ``center``: clamped
+    (Linf), or scaled as ``torch.renorm(diff, 2, 0, radius)`` scales (L2)."""
     diff = moved - center
+    r = per_example(radius, center)
     if norm == "Linf":
-        return center + torch.clamp(diff, -radius, radius)
-    return center + torch.renorm(diff, 2, 0, radius)
+        return center + torch.maximum(torch.minimum(diff, r), -r)
+    norms = per_example(diff.reshape(diff.shape[0], -1).norm(dim=1), diff)
+    return center + torch.where(norms > r, diff * (r / (norms + 1e-7)), diff)
+
+
+def pgd(
+    forward: Forward,
+    xs: Tensors,
+    target: Target,
+    loss: str,
+    radius: float | Tensor,
+    step_size: float | Tensor,
+    step_num: int,
+    norm: str,
+    targeted: bool,
+    masks: tuple[Tensor | float, ...],
+    bound: Any,
+    start: Tensors | None = None,
+) -> Tensors:
+    """PGD's steps from ``start`` (default: the inputs); ``radius`` and ``step_size`` may be
+    one value per example."""
+    perturbed = xs if start is None else start
+    for _ in range(step_num):
+        checkpoint()
+        steps = tuple(per_example(step_size, x) for x in xs)
+        stepped = fgsm_step(forward, perturbed, target, loss, steps, targeted, masks)
+        perturbed = tuple(
+            bound(_project(x, s, radius, norm)).detach() for x, s in zip(xs, stepped, strict=True)
+        )
+    return perturbed
