@@ -26,7 +26,7 @@ from methods.errors import (
 from methods.export import NotExportableError, export
 from methods.generation import GenerationResult, attribute_generation
 from methods.registry import MethodInfo
-from methods.robustness import AttackResult, attack
+from methods.robustness import AttackResult, MinPerturbationResult, attack, min_perturbation
 
 __all__ = [
     "AttackResult",
@@ -38,6 +38,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "MethodInfo",
+    "MinPerturbationResult",
     "ModelError",
     "NotExportableError",
     "Result",
@@ -55,6 +56,7 @@ __all__ = [
     "infidelity",
     "influence",
     "memory_budget",
+    "min_perturbation",
     "self_influence",
     "sensitivity_max",
     "set_memory_budget",

@@ -2,5 +2,6 @@
 perturbations (``methods.min_perturbation``)."""
 
 from methods.robustness.attack import AttackResult, attack
+from methods.robustness.minimal import MinPerturbationResult, min_perturbation
 
-__all__ = ["AttackResult", "attack"]
+__all__ = ["AttackResult", "MinPerturbationResult", "attack", "min_perturbation"]

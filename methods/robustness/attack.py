@@ -111,7 +111,7 @@ def check_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-def _masks(mask: Any, xs: Tensors) -> tuple[Tensor | float, ...]:
+def check_masks(mask: Any, xs: Tensors) -> tuple[Tensor | float, ...]:
     if mask is None:
         return (1.0,) * len(xs)
     found = mask if isinstance(mask, (tuple, list)) else (mask,)
@@ -222,7 +222,7 @@ def attack(
     p = check_params(method, params)
     xs, as_tuple = format_inputs(inputs)
     n = int(xs[0].shape[0])
-    masks = _masks(p["mask"], xs)
+    masks = check_masks(p["mask"], xs)
     tgt = make_target(target, n)
     forward = Forward(model, format_args(additional_forward_args))
     low, high = p["lower_bound"], p["upper_bound"]
