@@ -23,6 +23,7 @@ from methods.errors import (
     UnknownParameterError,
     UnsupportedModelError,
 )
+from methods.evaluation import evaluate
 from methods.export import NotExportableError, export
 from methods.generation import GenerationResult, attribute_generation
 from methods.registry import MethodInfo
@@ -52,6 +53,7 @@ __all__ = [
     "attribute_generation",
     "available",
     "cancel_scope",
+    "evaluate",
     "export",
     "infidelity",
     "influence",

@@ -143,12 +143,14 @@ def _loss(out: Tensor, target: Target, loss: str) -> Tensor:
     return target.select(-torch.log(out)).sum()
 
 
-def loss_gradients(forward: Forward, xs: Tensors, target: Target, loss: str) -> Tensors:
-    """d(summed per-example loss)/d(inputs)."""
+def loss_gradients(
+    forward: Forward, xs: Tensors, target: Target, loss: str
+) -> tuple[Tensors, Tensor]:
+    """d(summed per-example loss)/d(inputs), and the model's output on ``xs``."""
     with torch.enable_grad():
         leaves = tuple(x.detach().requires_grad_() for x in xs)
-        total = _loss(forward(leaves), target, loss)
-        return torch.autograd.grad(total, leaves)
+        out = forward(leaves)
+        return torch.autograd.grad(_loss(out, target, loss), leaves), out.detach()
 
 
 def fgsm_step(
@@ -159,10 +161,11 @@ def fgsm_step(
     epsilon: float | Tensors,
     targeted: bool,
     masks: tuple[Tensor | float, ...],
-) -> Tensors:
-    """One FGSM step; ``epsilon`` a number, or per input a tensor broadcasting against it."""
-    grads = loss_gradients(forward, xs, target, loss)
-    return sign_step(xs, grads, epsilon, targeted, masks)
+) -> tuple[Tensors, Tensor]:
+    """One FGSM step (``epsilon`` a number, or per input a tensor broadcasting against it),
+    and the model's output before it."""
+    grads, out = loss_gradients(forward, xs, target, loss)
+    return sign_step(xs, grads, epsilon, targeted, masks), out
 
 
 def sign_step(
@@ -231,32 +234,40 @@ def attack(
         return torch.clamp(t, min=low, max=high)
 
     with model_guard(model):
-        with torch.no_grad():
-            before = forward(xs)
         if method == "fgsm":
-            out = fgsm_step(forward, xs, tgt, loss, p["epsilon"], p["targeted"], masks)
+            out, before = fgsm_step(forward, xs, tgt, loss, p["epsilon"], p["targeted"], masks)
             perturbed = tuple(bound(t).detach() for t in out)
         else:
-            perturbed = xs
+            start = None
             if p["random_start"]:
                 g = torch.Generator()
                 if p["seed"] is not None:
                     g.manual_seed(int(p["seed"]))
                 else:
                     g.seed()
-                perturbed = tuple(
+                start = tuple(
                     bound(_random_point(x, p["radius"], p["norm"], m, g))
                     for x, m in zip(xs, masks, strict=True)
                 )
-            for _ in range(p["step_num"]):
-                checkpoint()
-                stepped = fgsm_step(
-                    forward, perturbed, tgt, loss, p["step_size"], p["targeted"], masks
-                )
-                perturbed = tuple(
-                    bound(_project(x, s, p["radius"], p["norm"])).detach()
-                    for x, s in zip(xs, stepped, strict=True)
-                )
+            perturbed, first = pgd(
+                forward,
+                xs,
+                tgt,
+                loss,
+                p["radius"],
+                p["step_size"],
+                p["step_num"],
+                p["norm"],
+                p["targeted"],
+                masks,
+                bound,
+                start,
+            )
+            if start is None:  # the first step's forward ran on the inputs themselves
+                before = first
+            else:
+                with torch.no_grad():
+                    before = forward(xs)
         with torch.no_grad():
             after = forward(perturbed)
     return AttackResult(
@@ -296,15 +307,19 @@ def pgd(
     masks: tuple[Tensor | float, ...],
     bound: Any,
     start: Tensors | None = None,
-) -> Tensors:
-    """PGD's steps from ``start`` (default: the inputs); ``radius`` and ``step_size`` may be
-    one value per example."""
+) -> tuple[Tensors, Tensor]:
+    """PGD's steps from ``start`` (default: the inputs), and the model's output at the start;
+    ``radius`` and ``step_size`` may be one value per example."""
     perturbed = xs if start is None else start
+    first: Tensor | None = None
     for _ in range(step_num):
         checkpoint()
         steps = tuple(per_example(step_size, x) for x in xs)
-        stepped = fgsm_step(forward, perturbed, target, loss, steps, targeted, masks)
+        stepped, out = fgsm_step(forward, perturbed, target, loss, steps, targeted, masks)
+        first = out if first is None else first
         perturbed = tuple(
             bound(_project(x, s, radius, norm)).detach() for x, s in zip(xs, stepped, strict=True)
         )
-    return perturbed
+    if first is None:
+        raise InvalidArgumentError("step_num must be an integer >= 1", argument="step_num")
+    return perturbed, first

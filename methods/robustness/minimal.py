@@ -143,7 +143,7 @@ def _perturbation(
         return m[rows] if isinstance(m, Tensor) and m.dim() and m.shape[0] == n else m
 
     if name == "fgsm":
-        grads = loss_gradients(forward, xs, tgt, p["loss"])  # the same for every epsilon
+        grads, _ = loss_gradients(forward, xs, tgt, p["loss"])  # the same for every epsilon
 
         def fgsm(v: Tensor, rows: Tensor) -> Tensors:
             sub = tuple(x[rows] for x in xs)
@@ -164,7 +164,7 @@ def _perturbation(
         step = v * 2.5 / p["step_num"] if p["step_size"] is None else p["step_size"]
         sub_target = make_target(_rows_target(target, rows, n), len(rows))
         fwd = Forward(forward.fn, _rows_args(forward.args, rows, n))
-        return pgd(
+        perturbed, _ = pgd(
             fwd,
             sub,
             sub_target,
@@ -177,6 +177,7 @@ def _perturbation(
             tuple(rows_of(m, rows) for m in masks),
             bound,
         )
+        return perturbed
 
     return run_pgd
 
