@@ -29,7 +29,7 @@ import torch
 from methods.data_influence import InfluenceIndex, index_self_influence
 from model_registry.influence import InfluenceSpec, read_train_data
 from model_registry.spec import ModelSpec
-from service.core.errors import Conflict, NotFound
+from service.core.errors import Conflict, NotFound, ServiceError
 from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.work import INFLUENCE_INDEX, Job, study_job
@@ -82,9 +82,19 @@ class InfluenceIndexes:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
+        """Every served index found, followed or queued; one that cannot be is "failed" with
+        the reason (the server starts regardless: its other routes do not need it)."""
         for spec in self.specs.values():
-            if spec.influence is not None:
+            if spec.influence is None:
+                continue
+            try:
                 await self.ensure(spec)
+            except Exception as exc:  # a full disk, a damaged job.json, the job queue full
+                log.exception("attrserve: model %s: influence index", spec.id)
+                why = (
+                    exc.detail if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
+                )
+                self.states[spec.id] = IndexState("failed", error=why)
         self._task = asyncio.create_task(self._watch())
 
     async def stop(self) -> None:

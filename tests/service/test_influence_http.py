@@ -186,3 +186,26 @@ def test_the_index_is_reused_after_a_restart(server: Server, data: Path) -> None
             assert c.get("/v1/models/tabular-noisy/influence/self").status_code == 200
     finally:
         stop_server(fresh)
+
+
+def test_an_index_that_cannot_be_followed_fails_alone(tmp_path: Path) -> None:
+    """A damaged job.json marks that model's index failed; the server starts and serves."""
+    from fastapi.testclient import TestClient
+
+    import model_registry
+    from service.app import create_app
+    from service.core.settings import Settings
+
+    toml = tmp_path / "models.toml"
+    toml.write_text('[[models]]\nid = "tabular-noisy"\nsource = "builtin:tabular-noisy"\n')
+    (spec,) = model_registry.load_specs(str(toml))
+    root = tmp_path / "data" / "influence" / "tabular-noisy" / spec.influence.digest(spec.version)
+    root.mkdir(parents=True)
+    (root / "job.json").write_text("{not json")
+    settings = Settings(workers=1, data_dir=str(tmp_path / "data"), models=str(toml))
+    with TestClient(create_app(settings)) as c:
+        state = c.get("/v1/models/tabular-noisy").json()["influence"]
+        assert state["status"] == "failed" and "JSONDecodeError" in state["error"]
+        r = c.get("/v1/models/tabular-noisy/influence/self")
+        assert r.status_code == 409 and "failed" in r.json()["detail"]
+        assert c.get("/v1/health/live").status_code == 200
