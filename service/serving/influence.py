@@ -23,7 +23,7 @@ from service.wire.influence import InfluenceRequest, per_example
 CLASS_LOSSES = ("cross_entropy", "nll")
 
 
-def _labels(spec: ModelSpec, raw: Any, n: int, field: str) -> np.ndarray | None:
+def _labels(settings: Settings, spec: ModelSpec, raw: Any, n: int, field: str) -> np.ndarray | None:
     """Class indices (for cross_entropy / nll) or a float tensor, one per example."""
     loc = ("body", field)
     if raw is None:
@@ -39,7 +39,7 @@ def _labels(spec: ModelSpec, raw: Any, n: int, field: str) -> np.ndarray | None:
                 "labels must be a class index or label name, or one per example", loc=loc
             )
         return np.asarray(rows, dtype=np.int64)
-    values = codec.decode_tensor(raw, loc, 1 << 24, "float32")
+    values = codec.decode_tensor(raw, loc, settings.max_tensor_elements, "float32")
     if values.ndim == 0 or values.shape[0] != n:
         raise InvalidRequest(f"labels must have one row per example ({n})", loc=loc)
     return values
@@ -63,7 +63,8 @@ def query_job(
         req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
     )
     field = "labels" if req.labels is not None else "target"
-    labels = _labels(spec, req.labels if req.labels is not None else req.target, inputs.n, field)
+    raw = req.labels if req.labels is not None else req.target
+    labels = _labels(settings, spec, raw, inputs.n, field)
     inf = spec.influence
     return study_job(
         spec.id,

@@ -209,3 +209,27 @@ def test_an_index_that_cannot_be_followed_fails_alone(tmp_path: Path) -> None:
         r = c.get("/v1/models/tabular-noisy/influence/self")
         assert r.status_code == 409 and "failed" in r.json()["detail"]
         assert c.get("/v1/health/live").status_code == 200
+
+
+def test_labels_take_the_losss_form() -> None:
+    """Class indices or label names for cross_entropy/nll; a float tensor, one row per
+    example, for mse and bce_with_logits; else a 422 naming the field."""
+    import dataclasses
+
+    import model_registry
+    from service.core.errors import InvalidRequest
+    from service.core.settings import Settings
+    from service.serving.influence import _labels
+
+    (spec,) = [s for s in model_registry.builtin_specs() if s.id == "tabular-noisy"]
+    settings = Settings()
+    assert _labels(settings, spec, ["low", 2], 2, "labels").tolist() == [0, 2]
+    assert _labels(settings, spec, "mid", 3, "target").tolist() == [1, 1, 1]
+    with pytest.raises(InvalidRequest) as e:
+        _labels(settings, spec, [0.5, 1.5], 2, "labels")
+    assert e.value.errors[0]["loc"][:2] == ["body", "labels"]
+    mse = dataclasses.replace(spec, influence=dataclasses.replace(spec.influence, loss="mse"))
+    got = _labels(settings, mse, [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], 2, "labels")
+    assert got.dtype == np.float32 and got.shape == (2, 3)
+    with pytest.raises(InvalidRequest, match="one row per example"):
+        _labels(settings, mse, [[0.0, 1.0, 0.0]], 2, "labels")
