@@ -216,11 +216,23 @@ def _ablation(p: dict[str, Any], model: Any, xs: Tensors, target: Any) -> Pertur
             g = torch.arange(x[0].numel(), device=x.device).reshape(x.shape[1:]) + offset
             offset += x[0].numel()
         else:
-            g = (
-                masks[i].to(torch.long).expand(x.shape)[0]
-                if masks[i].dim() == x.dim()
-                else (masks[i].to(torch.long).expand(x.shape[1:]))
-            )
+            m = masks[i].to(torch.long)
+            if m.dim() == x.dim():  # a batch dim: one mask for every example
+                if m.shape[0] != 1:
+                    raise InvalidArgumentError(
+                        "feature_mask must be one mask for all examples (batch dim 1, or "
+                        "none): the features are ranked once per example over the same groups",
+                        argument="feature_mask",
+                    )
+                m = m[0]
+            try:
+                g = m.expand(x.shape[1:])
+            except RuntimeError:
+                raise InvalidArgumentError(
+                    f"a feature_mask of shape {tuple(masks[i].shape)} does not fit an input of "
+                    f"shape {tuple(x.shape)}",
+                    argument="feature_mask",
+                ) from None
         ids.append(g.reshape(-1))
     flat_ids = torch.cat(ids)
     n_groups = int(flat_ids.max()) + 1

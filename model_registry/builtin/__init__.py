@@ -39,8 +39,9 @@ class Builtin:
     kind: str = "tensor"
     #: its ``[models.influence]``: the shipped training data and checkpoints
     influence: InfluenceSpec | None = None
-    #: TCAV demo concept sets, stored for the model when a server starts (name -> examples)
-    concepts: Callable[[], dict[str, Any]] | None = None
+    #: TCAV demo concept sets, stored for the model when a server starts: their names, and
+    #: what makes them (name -> examples), called only when one of them is missing
+    concepts: tuple[tuple[str, ...], Callable[[], dict[str, Any]]] | None = None
 
     def spec(self) -> ModelSpec:
         output = OutputSpec(shape=(len(self.labels),), labels=self.labels)
@@ -100,7 +101,7 @@ BUILTINS: dict[str, Builtin] = {
             inputs=(InputSpec("image", "float32", (None, 3, image.SIZE, image.SIZE)),),
             labels=image.LABELS,
             layers=image.LAYERS,
-            concepts=image.concept_sets,
+            concepts=(image.CONCEPT_NAMES, image.concept_sets),
         ),
         Builtin(
             name="text-classifier",

@@ -78,6 +78,8 @@ def dim_noise(n: int, generator: torch.Generator) -> torch.Tensor:
 
 #: random sets the TCAV demo compares against
 N_RANDOM = 6
+#: the TCAV demo's set names (``concept_sets``' keys)
+CONCEPT_NAMES = ("bright-top-left", "dim-noise", *(f"random-{i}" for i in range(N_RANDOM)))
 
 
 def concept_sets() -> dict[str, torch.Tensor]:
@@ -86,6 +88,7 @@ def concept_sets() -> dict[str, torch.Tensor]:
     as the random sets are: a concept it cannot lean on), and ``random-0`` ...
     ``random-5``."""
     g = torch.Generator().manual_seed(100)
-    sets = {"bright-top-left": squares_in(0, 30, g), "dim-noise": dim_noise(30, g)}
-    sets.update({f"random-{i}": dim_noise(30, g) for i in range(N_RANDOM)})
-    return sets
+    first = [squares_in(0, 30, g), dim_noise(30, g)]
+    return dict(
+        zip(CONCEPT_NAMES, first + [dim_noise(30, g) for _ in range(N_RANDOM)], strict=True)
+    )

@@ -12,7 +12,6 @@ model whose file changed under the same version never gets another's CAVs.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 import time
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import numpy as np
 import torch
 
 from methods.cancel import checkpoint
@@ -35,6 +33,7 @@ from service.core.errors import Conflict
 from service.core.work import Job, Reply
 from service.kinds import tensors
 from service.wire import targets
+from service.wire.concepts import read_set
 from service.wire.engine_errors import from_engine
 
 #: where an engine error's argument sits in a TCAV body
@@ -122,16 +121,12 @@ def _nbytes(value: Any) -> int:
 def _examples(lm: LoadedModel, job: Job, path: str, digest: str) -> Any:
     """A concept set's inputs as tensors for the model, from its file (the contents the
     query named: a set replaced meanwhile is a 409, never cached under the old digest)."""
-    with np.load(path, allow_pickle=False) as f:
-        meta = json.loads(str(f["meta"]))
-        if meta["digest"] != digest:
-            raise Conflict(
-                f"concept set {meta['name']!r} was replaced while the query ran; send it again",
-                loc=("body", "concepts"),
-            )
-        texts = json.loads(str(f["texts"]))
-        arrays = tuple(f[f"x{i}"] for i in range(len(meta["shape"] or [])))
-    texts = tuple(t if isinstance(t, str) else (t[0], t[1]) for t in texts)
+    meta, arrays, texts = read_set(path)
+    if meta["digest"] != digest:
+        raise Conflict(
+            f"concept set {meta['name']!r} was replaced while the query ran; send it again",
+            loc=("body", "concepts"),
+        )
     xs, _ = tensors.inputs(lm, replace(job, arrays=arrays, texts=texts, n=meta["n"]))
     return xs if len(xs) > 1 else xs[0]
 

@@ -34,7 +34,7 @@ from service.kinds.base import timing
 from service.pool.pool import WorkerPool
 from service.serving.attributions import budget_ms, run
 from service.wire import codec, targets
-from service.wire.concepts import NAME_RULE, TCAVRequest, valid_name
+from service.wire.concepts import NAME_RULE, TCAVRequest, read_set, valid_name
 
 log = logging.getLogger("attrserve.concepts")
 
@@ -121,7 +121,10 @@ def store_builtin(settings: Settings, specs: list[ModelSpec]) -> list[str]:
         found = builtin.BUILTINS.get(name) if kind == "builtin" else None
         if found is None or found.concepts is None:
             continue
-        for set_name, examples in found.concepts().items():
+        names, make = found.concepts
+        if all(_path(own, spec, n).exists() for n in names):
+            continue  # the usual start: nothing to generate
+        for set_name, examples in make().items():
             if _path(own, spec, set_name).exists():
                 continue
             a = np.ascontiguousarray(examples.numpy())
@@ -159,11 +162,13 @@ def read(settings: Settings, spec: ModelSpec, name: str) -> dict[str, Any]:
     path = _path(settings, spec, name)
     if not path.is_file():
         raise _unknown(spec, name)
-    with np.load(path, allow_pickle=False) as f:
-        meta: dict[str, Any] = json.loads(str(f["meta"]))
-        texts = json.loads(str(f["texts"]))
-        arrays = [f[f"x{i}"].tolist() for i in range(len(meta["shape"] or []))]
-    meta["inputs"] = texts if texts else (arrays[0] if len(arrays) == 1 else arrays)
+    meta, arrays, texts = read_set(str(path))
+    shown = [a.tolist() for a in arrays]
+    meta["inputs"] = (
+        [list(t) if isinstance(t, tuple) else t for t in texts]
+        if texts
+        else (shown[0] if len(shown) == 1 else shown)
+    )
     return meta
 
 

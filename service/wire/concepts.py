@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.wire.attributions import Inputs, Target
@@ -17,6 +19,16 @@ NAME_RULE = "1-64 characters of A-Z a-z 0-9 _ . -, starting with a letter or dig
 
 def valid_name(name: str) -> bool:
     return NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
+def read_set(path: str) -> tuple[dict[str, Any], tuple[np.ndarray, ...], tuple[Any, ...]]:
+    """A stored set's file (``service.serving.concepts``): its description, its arrays (one
+    per model input) and its texts (pairs as tuples)."""
+    with np.load(path, allow_pickle=False) as f:
+        meta: dict[str, Any] = json.loads(str(f["meta"]))
+        texts = json.loads(str(f["texts"]))
+        arrays = tuple(f[f"x{i}"] for i in range(len(meta["shape"] or [])))
+    return meta, arrays, tuple(t if isinstance(t, str) else (t[0], t[1]) for t in texts)
 
 
 class ConceptPut(BaseModel):

@@ -117,3 +117,18 @@ def test_typed_errors() -> None:
         methods.min_perturbation(MODEL, X, "fgsm", target=Y, arg_min=0, arg_max=0.1, arg_step=0.1)
     with pytest.raises(InvalidArgumentError, match="arg_step"):
         methods.min_perturbation(MODEL, X, "fgsm", target=Y, arg_min=0, arg_max=1, arg_step=0)
+
+
+def test_a_mask_per_example_is_refused() -> None:
+    per_example = torch.arange(6).repeat(len(X), 1)
+    with pytest.raises(InvalidArgumentError, match="one mask for all examples"):
+        methods.min_perturbation(
+            MODEL,
+            X,
+            "feature_ablation",
+            target=Y,
+            arg_min=0,
+            arg_max=4,
+            arg_step=1,
+            feature_mask=per_example,
+        )
