@@ -56,7 +56,7 @@ from methods.errors import (
 )
 from methods.evaluation import curves
 
-__all__ = ["METRICS", "evaluate"]
+__all__ = ["METRICS", "evaluate", "parse_metrics"]
 
 Check = Callable[[Any], bool]
 
@@ -125,7 +125,7 @@ def evaluate(
     ``infidelity`` and ``sensitivity_max`` a Tensor[N], ``deletion`` and ``insertion``
     ``{"auc": Tensor[N], "curve": Tensor[N, steps + 1]}``.
     """
-    chosen = _parse_metrics(metrics, method is not None)
+    chosen = parse_metrics(metrics, method is not None)
     xs, as_tuple = format_inputs(inputs)
     attrs = _attributions(attributions, xs)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -185,9 +185,11 @@ def evaluate(
 # ----------------------------------------------------------------------------- validation
 
 
-def _parse_metrics(
+def parse_metrics(
     metrics: Mapping[str, Mapping[str, Any]] | None, has_method: bool
 ) -> dict[str, dict[str, Any]]:
+    """``metrics`` checked, each with every parameter (defaults filled in); ``None``: the
+    defaults of every metric (sensitivity_max only ``has_method``)."""
     if metrics is None:
         names = ["infidelity", "sensitivity_max", "deletion", "insertion"]
         metrics = {m: {} for m in names if has_method or m != "sensitivity_max"}

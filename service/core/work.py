@@ -70,6 +70,9 @@ class Job:
     #: concept and influence queries: what the worker studies beyond the inputs (plain data:
     #: the sets' files and digests, layers, settings, the cache directory)
     study: dict[str, Any] | None = None
+    #: explanation metrics to compute after the attributions (``methods.evaluation.
+    #: parse_metrics``' form: every metric asked for with all its parameters); None: none
+    metrics: dict[str, dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "images": ()}
@@ -146,3 +149,7 @@ class Reply:
     verification: dict[str, Any] | None = None
     #: a study's answer as plain data (TCAV's score rows, influence's indices and scores)
     study: dict[str, Any] | None = None
+    #: the metrics asked for (``Job.metrics``): numpy arrays, curves as {"auc", "curve"}
+    metrics: dict[str, Any] | None = None
+    #: of ``compute_ms``, the metrics' part
+    metrics_ms: float = 0.0

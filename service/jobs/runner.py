@@ -123,6 +123,13 @@ class JobRunner:
                 "render draws pictures in synchronous answers; jobs return tensors",
                 loc=("body", "render"),
             )
+        if req.metrics is not None and req.metrics.asked():
+            raise InvalidRequest(
+                "metrics are computed with synchronous answers (their noise is drawn for the "
+                "request's batch, which a job cuts into chunks); POST the examples to "
+                f"/v1/models/{spec.id}/attributions",
+                loc=("body", "metrics"),
+            )
         if req.verify:
             raise InvalidRequest(
                 "verify compares one synchronous answer with a float64 CPU reference; "

@@ -34,6 +34,8 @@ class ModelKind:
     predicts: ClassVar[bool] = False
     #: whether attribution jobs take the model (its work cut into chunks of examples)
     jobs: ClassVar[bool] = True
+    #: whether its attributions can be scored (an attributions request's ``metrics``)
+    metrics: ClassVar[bool] = False
 
     # -- the catalogue ------------------------------------------------------------------------
     def methods(self, spec: ModelSpec) -> list[str]:
@@ -176,4 +178,7 @@ def envelope(
         body["tokens"] = reply.tokens
     if reply.verification is not None:
         body["verification"] = reply.verification
+    if reply.metrics is not None:
+        body["metrics"] = reply.metrics
+        timing_ms["metrics"] = round(reply.metrics_ms, 3)
     return body

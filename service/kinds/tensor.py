@@ -35,7 +35,7 @@ from service.core.work import (
     WireTarget,
     new_id,
 )
-from service.kinds import checks, concepts, influence, merging, plan, prepare, tensors
+from service.kinds import checks, concepts, influence, merging, metrics, plan, prepare, tensors
 from service.kinds.base import ModelKind
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
 from service.wire import codec, targets
@@ -45,6 +45,7 @@ from service.wire.attributions import AttributionRequest
 class TensorKind(ModelKind):
     name = "tensor"
     predicts = True
+    metrics = True
 
     # -- the catalogue ------------------------------------------------------------------------
     def methods(self, spec: ModelSpec) -> list[str]:
@@ -151,6 +152,14 @@ class TensorKind(ModelKind):
         rows = ms.cost(p, CostShape(shapes, n_base, req.return_convergence_delta))
         if nt is not None:
             rows *= int(nt.get("nt_samples", 5))
+        chosen, metric_rows = metrics.plan(
+            None if req.metrics is None else req.metrics.asked(),
+            ms,
+            token_layer=planned.attributed_layer is not None,
+            floats=all(a.dtype.kind == "f" for a in inputs.arrays),
+            method_rows=rows,
+        )
+        rows += metric_rows
         est = rows * inputs.n
         checks.check_cost(est, inputs.n, rows, settings, ms, p)
         ibs, ppe = self.batch_sizes(settings, spec, req)
@@ -177,8 +186,10 @@ class TensorKind(ModelKind):
             max_tokens=settings.max_text_tokens,
             verify=req.verify,
             images=inputs.images,
+            metrics=chosen,
         )
-        job.key = merging.key(job, ms, p, spec.texts_batch)
+        # the metrics' noise is drawn for the request's batch: never merged, never split
+        job.key = None if chosen else merging.key(job, ms, p, spec.texts_batch)
         return job
 
     def predict_job(
@@ -301,6 +312,11 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
         delta = torch.stack(delta, dim=1)
     if job.attributed_layer is not None:  # one score per token: sum over the embedding dim
         parts = [(p.abs() if job.post_abs else p).sum(dim=-1) for p in parts]
+    scores, metrics_ms = None, 0.0
+    if job.metrics:  # the token models' scores are per token, as the inputs' ids
+        scored = parts[0] if job.attributed_layer is not None else attrs
+        token_layer = job.attributed_layer is not None
+        scores, metrics_ms = metrics.compute(model, xs, scored, job, kwargs, token_layer)
     if res.outputs is not None and res.outputs.numel() == n:
         selected = res.outputs.reshape(n)
     else:
@@ -318,4 +334,6 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
         predictions=None if not job.predictions or out is None else tensors.numpy(out),
         compute_ms=(time.perf_counter() - t0) * 1e3,
         verification=None if verification is None else verification.as_dict(),
+        metrics=scores,
+        metrics_ms=metrics_ms,
     )

@@ -12,7 +12,12 @@ from typing import Any
 
 from model_registry.spec import ModelSpec
 from service import kinds
-from service.core.errors import DeadlineExceeded, RequestCancelled, ServiceError
+from service.core.errors import (
+    DeadlineExceeded,
+    RequestCancelled,
+    ServiceError,
+    UnsupportedMethod,
+)
 from service.core.offload import offload as in_thread
 from service.core.settings import Settings
 from service.core.tracing import record_work
@@ -33,6 +38,12 @@ def build_job(
     """Every check that needs no model (the model's kind decides): the request as a job, or a
     4xx ServiceError."""
     kind = kinds.of(spec)
+    if req.metrics is not None and req.metrics.asked() and not kind.metrics:
+        raise UnsupportedMethod(
+            f"model {spec.id!r} is a {kind.name} model: its attributions cannot be scored "
+            "with metrics (they need a tensor model's forward)",
+            loc=("body", "metrics"),
+        )
     job = kind.build_job(settings, spec, req, deadline, request_id)
     if req.render is not None:  # before the work: examples in range, a known colormap
         pictures.examples(req.render, job.n, kind.pictures(spec))

@@ -170,6 +170,11 @@ def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
             entry["convergence_delta"] = _rows(reply.delta, n, i, enc)
         if reply.tokens is not None:
             entry["tokens"] = reply.tokens[i]
+        if reply.metrics is not None:  # this example's scores
+            entry["metrics"] = {
+                name: {k: v[i] for k, v in value.items()} if isinstance(value, dict) else value[i]
+                for name, value in reply.metrics.items()
+            }
         out.append(entry)
     return out
 

@@ -200,6 +200,10 @@ def explain_outputs(spec: ModelSpec, reply: Reply) -> dict[str, Any]:
         out["convergence_delta"] = reply.delta
     if reply.tokens is not None:
         out["tokens"] = reply.tokens
+    for name, value in (reply.metrics or {}).items():  # metrics.infidelity, metrics.deletion.auc
+        parts = value if isinstance(value, dict) else {"": value}
+        for key, arr in parts.items():
+            out[f"metrics.{name}" + (f".{key}" if key else "")] = arr
     return out
 
 

@@ -225,6 +225,71 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+class InfidelityParams(BaseModel):
+    """Infidelity (Yeh et al., 2019; Captum's): Gaussian noise I, inputs x - I."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    noise_std: float = Field(default=0.003, ge=0, description="the noise's standard deviation")
+    n_perturb_samples: int = Field(default=10, ge=1, description="noisy copies per example")
+    normalize: bool = Field(default=False, description="scale the attributions as Captum does")
+    max_examples_per_batch: int | None = Field(
+        default=None, ge=1, description="examples per forward (null: all at once)"
+    )
+
+
+class SensitivityParams(BaseModel):
+    """Max-sensitivity (Captum's): the method re-run on inputs with uniform noise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    perturb_radius: float = Field(default=0.02, ge=0, description="the noise's half-width")
+    n_perturb_samples: int = Field(
+        default=10, ge=1, description="re-runs of the method per example (each costs its rows)"
+    )
+    norm_ord: Literal["fro"] | float = Field(
+        default="fro", description="'fro' or a vector norm's order"
+    )
+    max_examples_per_batch: int | None = Field(
+        default=None, ge=1, description="examples per re-run (null: all at once)"
+    )
+
+
+class CurveParams(BaseModel):
+    """Deletion or insertion (Petsiuk et al., 2018): features replaced by the baselines (or
+    taken from the input), most important first, in ``steps`` steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=20, ge=1, description="steps: the curve has steps + 1 points")
+    max_examples_per_batch: int | None = Field(
+        default=None, ge=1, description="rows per forward (null: every step at once)"
+    )
+
+
+class MetricsRequest(BaseModel):
+    """Scores of the attributions, computed in the same call, their cost counted in the
+    request's ({} takes a metric's defaults). The noise is seeded by the request's seed (0
+    when none): the same request gives the same numbers. deletion and insertion fill with the
+    request's baselines (0 when none; a distribution's mean row) and group features by
+    params.feature_mask when the method has one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    infidelity: InfidelityParams | None = None
+    sensitivity_max: SensitivityParams | None = None
+    deletion: CurveParams | None = None
+    insertion: CurveParams | None = None
+
+    def asked(self) -> dict[str, dict[str, Any]]:
+        """The metrics asked for, with every parameter."""
+        return {
+            name: value.model_dump()
+            for name in type(self).model_fields
+            if (value := getattr(self, name)) is not None
+        }
+
+
 class RenderSpec(BaseModel):
     """A picture of the attributions: images as a heatmap or an overlay on the input, texts as
     highlighted tokens, tabular rows as a bar chart of the features."""
@@ -288,6 +353,9 @@ class AttributionRequest(BaseModel):
         description="also compute the attribution on a float64 CPU copy of the model and "
         "return how far the served one is from it (verification); deterministic methods only",
     )
+    metrics: MetricsRequest | None = Field(
+        default=None, description="also score the attributions (the response gains metrics)"
+    )
 
 
 #: the request's fields other than the method and its params: where a Captum user's engine
@@ -300,6 +368,9 @@ class TimingMs(BaseModel):
     queue: float
     compute: float
     total: float
+    metrics: float | None = Field(
+        default=None, description="of compute: the metrics' part, when they were asked for"
+    )
 
 
 class Render(BaseModel):
@@ -320,6 +391,22 @@ class VerificationOut(BaseModel):
     tolerance: float = Field(description="the served dtype's tolerance on max_rel_diff")
     reference: str = Field(description='"cpu-float64"')
     ok: bool = Field(description="max_rel_diff within the tolerance")
+
+
+class Curve(BaseModel):
+    """A deletion or insertion curve per example: the targeted output after each step."""
+
+    auc: list[float | None] = Field(description="the area under the curve, per example")
+    curve: list[list[float | None]] = Field(description="steps + 1 values per example")
+
+
+class MetricsOut(BaseModel):
+    """The metrics asked for, per example (null stands for NaN)."""
+
+    infidelity: list[float | None] | None = None
+    sensitivity_max: list[float | None] | None = None
+    deletion: Curve | None = None
+    insertion: Curve | None = None
 
 
 class AttributionResponse(BaseModel):
@@ -372,6 +459,9 @@ class AttributionResponse(BaseModel):
     )
     verification: VerificationOut | None = Field(
         default=None, description='when "verify" was set: the distance from cpu-float64'
+    )
+    metrics: MetricsOut | None = Field(
+        default=None, description='when "metrics" was asked for: the scores'
     )
     merged_requests: int = Field(default=1, description="requests merged into the engine call")
     timing_ms: TimingMs

@@ -479,3 +479,39 @@ def test_a_list_of_layers_through_kserve_and_oip(server: Server) -> None:
         np.testing.assert_allclose(
             res.as_numpy(f"attributions.{layer}"), want["attributions"][k], rtol=1e-6
         )
+
+
+def test_explain_metrics_on_both_protocols(server: Server) -> None:
+    """``metrics`` as an explain parameter: KServe gives each explanation its scores, OIP
+    outputs ``metrics.<name>`` (``.auc``, ``.curve`` for the curves), as the attributions
+    route computes them."""
+    params = {
+        "method": "integrated_gradients",
+        "target": 1,
+        "params": {"n_steps": 16},
+        "metrics": {"infidelity": {}, "deletion": {"steps": 5}},
+    }
+    want = attributions(server, "tabular-mlp", {**params, "inputs": TAB.tolist()})["metrics"]
+
+    async def go() -> Any:
+        client = kserve_client("v1")
+        try:
+            body = {"instances": TAB.tolist(), "parameters": params}
+            return await client.explain(server.url, "tabular-mlp", body)
+        finally:
+            await client.close()
+
+    got = run(go())
+    for i, e in enumerate(got["explanations"]):
+        assert e["metrics"]["infidelity"] == pytest.approx(want["infidelity"][i], rel=1e-6)
+        assert e["metrics"]["deletion"]["auc"] == pytest.approx(want["deletion"]["auc"][i])
+        assert e["metrics"]["deletion"]["curve"] == pytest.approx(want["deletion"]["curve"][i])
+    # OIP: parameters are scalars (tritonclient's rule), so the metrics go as JSON text
+    text = orjson.dumps(params["metrics"]).decode()
+    body, headers = oip_body([("x", TAB)], {**params, "metrics": text})
+    res = oip_result(
+        httpx.post(f"{server.url}/v2/models/tabular-mlp/explain", content=body, headers=headers)
+    )
+    np.testing.assert_allclose(res.as_numpy("metrics.infidelity"), want["infidelity"], rtol=1e-6)
+    np.testing.assert_allclose(res.as_numpy("metrics.deletion.auc"), want["deletion"]["auc"])
+    np.testing.assert_allclose(res.as_numpy("metrics.deletion.curve"), want["deletion"]["curve"])
