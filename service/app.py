@@ -35,6 +35,7 @@ from service.http.routes import (
     influence,
     jobs,
     repository,
+    robustness,
 )
 from service.http.state import AppState
 from service.jobs.influence import InfluenceIndexes
@@ -184,6 +185,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(repository.router)
     app.include_router(concepts.router)
     app.include_router(influence.router)
+    app.include_router(robustness.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
     inner: ASGIApp = BodyLimit(
         ApiKeys(app.dispatch, settings),

@@ -106,6 +106,30 @@ def _check(perturbation: str, params: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
+#: the search's own keyword arguments (``mode`` has a default)
+SEARCH = ("arg_min", "arg_max", "arg_step", "mode")
+
+
+def check_params(perturbation: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``min_perturbation``'s keyword arguments (the search's and the perturbation's), checked,
+    with every default filled in: what a caller that holds no model yet can check."""
+    given = {**{"mode": "linear"}, **params}
+    for name in SEARCH[:3]:
+        if name not in given:
+            raise InvalidArgumentError(
+                f"{perturbation} needs {name} (the search runs over arg_min, arg_min + "
+                "arg_step, ... below arg_max)",
+                argument=name,
+            )
+    if given["mode"] not in ("linear", "binary"):
+        raise InvalidArgumentError(
+            f"mode must be 'linear' or 'binary', got {given['mode']!r}", argument="mode"
+        )
+    _range(given["arg_min"], given["arg_max"], given["arg_step"])
+    own = _check(perturbation, {k: v for k, v in given.items() if k not in SEARCH})
+    return {**{k: given[k] for k in SEARCH}, **own}
+
+
 def _range(arg_min: Any, arg_max: Any, arg_step: Any) -> None:
     for name, v in (("arg_min", arg_min), ("arg_max", arg_max), ("arg_step", arg_step)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):

@@ -19,8 +19,11 @@ TCAV = "tcav"
 #: ``Job.method`` of a chunk of an influence index build, and of an influence query
 INFLUENCE_INDEX = "influence_index"
 INFLUENCE = "influence"
+#: ``Job.method`` of an attack and of a counterfactual search (``Job.study``: which, params)
+ATTACK = "attack"
+COUNTERFACTUAL = "counterfactual"
 #: the methods that are not the engine's attribution methods
-STUDIES = (TCAV, INFLUENCE_INDEX, INFLUENCE)
+STUDIES = (TCAV, INFLUENCE_INDEX, INFLUENCE, ATTACK, COUNTERFACTUAL)
 
 
 @dataclass

@@ -30,12 +30,11 @@ class ModelKind:
 
     #: the kind's name: ``ModelSpec.kind`` / ``ModelInfo.kind``
     name: ClassVar[str]
-    #: whether the model gives predictions (``:predict``, OIP infer, ``:explain``'s)
+    #: whether the model gives predictions (``:predict``, OIP infer, ``:explain``'s): its own
+    #: forward runs in the worker, so metrics, attacks and counterfactuals can use it
     predicts: ClassVar[bool] = False
     #: whether attribution jobs take the model (its work cut into chunks of examples)
     jobs: ClassVar[bool] = True
-    #: whether its attributions can be scored (an attributions request's ``metrics``)
-    metrics: ClassVar[bool] = False
 
     # -- the catalogue ------------------------------------------------------------------------
     def methods(self, spec: ModelSpec) -> list[str]:

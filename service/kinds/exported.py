@@ -156,7 +156,6 @@ class ExportedKind(TensorKind):
 
     name = "exported"
     predicts = False
-    metrics = False  # the file computes the attribution; the model's forward is not in it
 
     def methods(self, spec: ModelSpec) -> list[str]:
         return [_step(spec).method]

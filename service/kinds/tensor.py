@@ -26,6 +26,8 @@ from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import (
+    ATTACK,
+    COUNTERFACTUAL,
     INFLUENCE,
     INFLUENCE_INDEX,
     PREDICT,
@@ -35,7 +37,17 @@ from service.core.work import (
     WireTarget,
     new_id,
 )
-from service.kinds import checks, concepts, influence, merging, metrics, plan, prepare, tensors
+from service.kinds import (
+    checks,
+    concepts,
+    influence,
+    merging,
+    metrics,
+    plan,
+    prepare,
+    robustness,
+    tensors,
+)
 from service.kinds.base import ModelKind
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
 from service.wire import codec, targets
@@ -45,7 +57,6 @@ from service.wire.attributions import AttributionRequest
 class TensorKind(ModelKind):
     name = "tensor"
     predicts = True
-    metrics = True
 
     # -- the catalogue ------------------------------------------------------------------------
     def methods(self, spec: ModelSpec) -> list[str]:
@@ -235,6 +246,8 @@ class TensorKind(ModelKind):
             return concepts.run(lm, job)
         if job.method in (INFLUENCE, INFLUENCE_INDEX):
             return influence.run(lm, job)
+        if job.method in (ATTACK, COUNTERFACTUAL):
+            return robustness.run(lm, job)
         return attribute(lm, job)
 
 

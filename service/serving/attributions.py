@@ -38,7 +38,7 @@ def build_job(
     """Every check that needs no model (the model's kind decides): the request as a job, or a
     4xx ServiceError."""
     kind = kinds.of(spec)
-    if req.metrics is not None and req.metrics.asked() and not kind.metrics:
+    if req.metrics is not None and req.metrics.asked() and not kind.predicts:
         raise UnsupportedMethod(
             f"model {spec.id!r} is a {kind.name} model: its attributions cannot be scored "
             "with metrics (they need a tensor model's forward)",

@@ -227,6 +227,21 @@ def _image(attr: Floats, inputs: NDArray[np.floating] | None, style: _Style) -> 
     return _framed(picture, style, scale)
 
 
+def image(pixels: NDArray[np.floating], title: str | None = None) -> Rendered:
+    """An input image itself ([C, H, W] with 1 or 3 channels, or [H, W]; within [0, 1] as it
+    is, else min-max rescaled), framed with its title, as PNG."""
+    arr = np.asarray(pixels, dtype=np.float64)
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[0] not in (1, 3)):
+        raise RenderError(f"an image is [1|3, H, W] or [H, W]; got {list(arr.shape)}")
+    h, w = arr.shape[-2:]
+    factor = max(1, -(-MIN_SIDE // max(h, w)))
+    _check_size(w * factor + 2 * PAD, h * factor + _frame_height(title))
+    picture = Image.fromarray(np.rint(_as_rgb(arr, (h, w))).astype(np.uint8))
+    picture = picture.resize((w * factor, h * factor), Image.Resampling.NEAREST)
+    style = _Style("png", "heatmap", "all", colormap(DEFAULT_COLORMAP["all"]), -1.0, title)
+    return Rendered("image/png", _encode(_framed(picture, style, None)))
+
+
 def _as_rgb(inputs: NDArray[np.floating] | None, hw: tuple[int, int]) -> Floats:
     """The input image as [H, W, 3] in 0..255: kept (×255) if within [0, 1], else min-max
     rescaled."""

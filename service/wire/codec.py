@@ -302,24 +302,29 @@ def _number(value: int | float, inputs: DecodedInputs, loc: Loc) -> int | float:
 
 
 def decode_baselines(
-    raw: Any, spec: ModelSpec, inputs: DecodedInputs, max_elements: int
+    raw: Any,
+    spec: ModelSpec,
+    inputs: DecodedInputs,
+    max_elements: int,
+    loc: Loc = ("body", "baselines"),
 ) -> int | float | tuple[np.ndarray | int | float, ...] | None:
-    """``baselines``: null, a number, one tensor, or one number/tensor per input (or by name)."""
-    loc: Loc = ("body", "baselines")
+    """``baselines`` (or another tensor per input, at ``loc``: an attack's mask): null, a
+    number, one tensor, or one number/tensor per input (or by name)."""
+    field = str(loc[-1])
     if raw is None:
         return None
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         if not np.isfinite(raw):
-            raise InvalidRequest("baselines must be finite", loc=loc)
+            raise InvalidRequest(f"{field} must be finite", loc=loc)
         return _number(raw, inputs, loc)
     names = [i.name for i in spec.inputs]
     if isinstance(raw, dict) and not is_tensor_object(raw):
         if set(raw) != set(names):
-            raise InvalidRequest(f"baselines by name must give exactly {names}", loc=loc)
+            raise InvalidRequest(f"{field} by name must give exactly {names}", loc=loc)
         parts = [(raw[n], (*loc, n)) for n in names]
     elif len(names) > 1:
         if not isinstance(raw, list) or len(raw) != len(names):
-            raise InvalidRequest(f"give one baseline per input {names}", loc=loc)
+            raise InvalidRequest(f"{field}: give one per input {names}", loc=loc)
         parts = [(b, (*loc, i)) for i, b in enumerate(raw)]
     else:
         parts = [(raw, loc)]

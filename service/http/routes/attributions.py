@@ -11,7 +11,7 @@ from starlette.types import Receive, Scope
 
 from service.core.context import request_id
 from service.core.offload import OFFLOAD_BYTES
-from service.core.work import PREDICT
+from service.core.work import PREDICT, STUDIES
 from service.http.middleware import route_info
 from service.http.problems import to_service_error
 from service.http.responses import OrjsonResponse
@@ -141,7 +141,7 @@ class Observed:
         self.tel = state.telemetry
         self.started = time.perf_counter()
         info = route_info(scope)
-        known = method in state.method_names or method == PREDICT
+        known = method in state.method_names or method in (PREDICT, *STUDIES)
         self.model = info["model"] = model_id if model_id in state.specs else "_unknown"
         self.method = info["method"] = method if known else "_unknown"
 

@@ -1,0 +1,84 @@
+"""Attacks and counterfactuals (CONTRACT 7.2): ``POST /v1/models/{model_id}/attacks`` and
+``POST /v1/models/{model_id}/counterfactuals``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Header, Request
+
+from service.core.work import ATTACK, COUNTERFACTUAL
+from service.http.responses import OrjsonResponse
+from service.http.routes.attributions import ERRORS, Observed
+from service.http.routing import OrjsonRoute
+from service.http.state import AppState, get_state
+from service.serving import robustness
+from service.wire.robustness import (
+    ATTACK_EXAMPLES,
+    COUNTERFACTUAL_EXAMPLES,
+    AttackRequest,
+    AttackResponse,
+    CounterfactualRequest,
+    CounterfactualResponse,
+)
+
+router = APIRouter(tags=["robustness"], route_class=OrjsonRoute)
+State = Annotated[AppState, Depends(get_state)]
+Deadline = Annotated[
+    float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
+]
+
+
+async def _serve(
+    state: AppState,
+    request: Request,
+    model_id: str,
+    body: AttackRequest | CounterfactualRequest,
+    x_deadline_ms: float | None,
+) -> OrjsonResponse:
+    method = ATTACK if isinstance(body, AttackRequest) else COUNTERFACTUAL
+    with Observed(state, request.scope, model_id, method) as seen:
+        spec = state.serving(model_id)
+        out = await robustness.perturb(
+            state.settings, state.pool, spec, body, x_deadline_ms, seen.started
+        )
+        seen.computed(out["timing_ms"]["compute"])
+        return OrjsonResponse(out)
+
+
+@router.post(
+    "/v1/models/{model_id}/attacks",
+    operation_id="attack",
+    response_model=AttackResponse,
+    responses=ERRORS,
+)
+async def attack(
+    model_id: str,
+    state: State,
+    request: Request,
+    body: Annotated[AttackRequest, Body(openapi_examples=ATTACK_EXAMPLES)],
+    x_deadline_ms: Deadline = None,
+) -> OrjsonResponse:
+    """FGSM or PGD on a batch: the perturbed inputs, the model's output on them and whether
+    each example's top class changed (pictures of the perturbation with ``render``)."""
+    return await _serve(state, request, model_id, body, x_deadline_ms)
+
+
+@router.post(
+    "/v1/models/{model_id}/counterfactuals",
+    operation_id="counterfactual",
+    response_model=CounterfactualResponse,
+    responses=ERRORS,
+)
+async def counterfactual(
+    model_id: str,
+    state: State,
+    request: Request,
+    body: Annotated[CounterfactualRequest, Body(openapi_examples=COUNTERFACTUAL_EXAMPLES)],
+    x_deadline_ms: Deadline = None,
+) -> OrjsonResponse:
+    """Per example, the least perturbation (noise, an FGSM or PGD budget, features removed
+    most important first) that changes the model's answer, found by a linear or binary
+    search: ``min_param`` (null where nothing in range does), the perturbed inputs, the
+    model's output on them."""
+    return await _serve(state, request, model_id, body, x_deadline_ms)

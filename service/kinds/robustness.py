@@ -1,0 +1,44 @@
+"""The worker's side of attacks and counterfactuals (``service.serving.robustness``):
+``methods.attack`` or ``methods.min_perturbation`` on the model, at the job's target (each
+example's predicted class resolved first by one forward)."""
+
+from __future__ import annotations
+
+import time
+
+import methods
+from model_registry.spec import LoadedModel
+from service.core.work import ATTACK, Job, Reply
+from service.kinds import tensors
+from service.wire import targets
+
+
+def run(lm: LoadedModel, job: Job) -> Reply:
+    t0 = time.perf_counter()
+    study = job.study or {}
+    xs, _ = tensors.inputs(lm, job)
+    n = int(xs[0].shape[0])
+    wire = job.target
+    if targets.predicted(wire):
+        wire = targets.of_predictions(tensors.forward(lm, xs))
+    target = targets.to_engine(wire)
+    params = {k: tensors.convert(v, lm.device) for k, v in study["params"].items()}
+    inputs = xs if len(xs) > 1 else xs[0]
+    if job.method == ATTACK:
+        res = methods.attack(
+            lm.model, inputs, study["name"], target=target, loss=study["loss"], **params
+        )
+        found: dict[str, list[bool] | list[float | None]] = {"flipped": res.flipped.tolist()}
+    else:
+        cf = methods.min_perturbation(lm.model, inputs, study["name"], target=target, **params)
+        res, found = cf, {"min_param": cf.min_param}  # type: ignore[assignment]
+    perturbed = tensors.flat(res.perturbed)
+    return Reply(
+        job_id=job.id,
+        attributions=[tensors.numpy(p) for p in perturbed],
+        as_tuple=isinstance(res.perturbed, tuple),
+        predictions=tensors.numpy(res.predictions),
+        target=targets.rows(wire, n),
+        study=dict(found),
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )

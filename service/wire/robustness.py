@@ -1,0 +1,180 @@
+"""Request and response schemas of ``POST /v1/models/{model_id}/attacks`` and
+``.../counterfactuals`` (CONTRACT 7.2): the attributions body's shape, with ``method`` (an
+attack) or ``perturbation`` (a counterfactual search) and that one's ``params`` (Python's
+keyword arguments, Captum's names)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.wire.attributions import (
+    RESULT_NUMBERS,
+    TENSOR_B64,
+    TENSOR_LIST,
+    Inputs,
+    Target,
+    TimingMs,
+    _result,
+)
+
+ATTACK_EXAMPLES: dict[str, dict[str, Any]] = {
+    "tabular_fgsm": {
+        "summary": "FGSM on tabular-mlp, at each example's predicted class",
+        "value": {
+            "method": "fgsm",
+            "inputs": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]],
+            "params": {"epsilon": 0.3, "loss": "cross_entropy"},
+        },
+    },
+    "image_pgd": {
+        "summary": "PGD (Linf) on image-cnn within [0, 1], with the pictures",
+        "value": {
+            "method": "pgd",
+            "inputs": {"dtype": "float32", "shape": [1, 3, 32, 32], "b64": "<12288 bytes>"},
+            "target": 0,
+            "params": {
+                "radius": 0.05,
+                "step_size": 0.01,
+                "step_num": 10,
+                "lower_bound": 0,
+                "upper_bound": 1,
+                "loss": "cross_entropy",
+            },
+            "render": {},
+        },
+    },
+}
+COUNTERFACTUAL_EXAMPLES: dict[str, dict[str, Any]] = {
+    "tabular_ablation": {
+        "summary": "How many of tabular-mlp's features, most important first, must go",
+        "value": {
+            "perturbation": "feature_ablation",
+            "inputs": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]],
+            "params": {"arg_min": 0, "arg_max": 9, "arg_step": 1},
+        },
+    },
+    "tabular_noise": {
+        "summary": "The least Gaussian noise that changes tabular-mlp's answer (binary search)",
+        "value": {
+            "perturbation": "gaussian_noise",
+            "inputs": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]],
+            "params": {"arg_min": 0, "arg_max": 4, "arg_step": 0.05, "mode": "binary"},
+            "seed": 1,
+        },
+    },
+}
+TARGET_NOTE = (
+    ' Default "predicted": each example\'s class now, the decision to change (or, with '
+    "params.targeted, the class to reach)."
+)
+
+
+class PerturbationRender(BaseModel):
+    """Pictures of the perturbation, per example and input: the perturbed image (image
+    inputs), and the difference from the input (a diverging heat map, or bars for tabular
+    rows)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    colormap: str | None = Field(default=None, description="the difference's colormap")
+    examples: list[int] | None = Field(
+        default=None, description="which examples to draw (indices); default all"
+    )
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: Inputs
+    target: Target = Field(default="predicted", description=TARGET_NOTE)
+    seed: int | None = Field(
+        default=None, description="seeds the random draws (params.seed where they have one)"
+    )
+    output_encoding: Literal["json", "base64"] = Field(
+        default="json", description="tensor encoding"
+    )
+    deadline_ms: float | None = Field(
+        default=None, gt=0, description="abandon the request after this long (504)"
+    )
+    render: PerturbationRender | None = Field(
+        default=None, description="also draw the perturbations (the response gains renders)"
+    )
+
+
+class AttackRequest(_Common):
+    """Perturb the inputs, within a budget, to change the model's answer."""
+
+    method: Literal["fgsm", "pgd"] = Field(description="fgsm or pgd")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fgsm: epsilon (required), targeted, lower_bound, upper_bound, mask, loss. "
+        "pgd: radius, step_size, step_num (required), norm (Linf | L2), targeted, "
+        "random_start, seed, lower_bound, upper_bound, mask, loss. loss: nll (default: "
+        "-log output[target], for models that return probabilities) or cross_entropy "
+        "(for logits); per example, summed over the batch",
+    )
+
+
+class CounterfactualRequest(_Common):
+    """Per example, the least perturbation that changes the model's answer."""
+
+    perturbation: Literal["gaussian_noise", "fgsm", "pgd", "feature_ablation"] = Field(
+        description="what is varied: gaussian_noise (std), fgsm (epsilon), pgd (radius), "
+        "feature_ablation (features removed, most important first)"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="arg_min, arg_max, arg_step (required), mode (linear | binary), and the "
+        "perturbation's own: gaussian_noise: seed; fgsm: targeted, lower_bound, upper_bound, "
+        "mask, loss; pgd: step_size, step_num, norm, and fgsm's; feature_ablation: "
+        "attribution_method (default saliency), attribution_params, feature_mask, baselines",
+    )
+
+
+class PerturbationPicture(BaseModel):
+    example: int = Field(description="the example drawn (index into the batch)")
+    input: str | None = Field(default=None, description="multi-input models: the input drawn")
+    picture: Literal["perturbed", "difference"]
+    media_type: Literal["image/png"]
+    b64: str = Field(description="the file's bytes, base64")
+
+
+class _Result(BaseModel):
+    model_id: str
+    model_version: str
+    perturbed: Annotated[
+        Any,
+        _result(
+            "the perturbed inputs, in the inputs' form (one tensor per input on multi-input "
+            "models)",
+            TENSOR_LIST,
+            RESULT_NUMBERS,
+            TENSOR_B64,
+        ),
+    ]
+    predictions: Annotated[
+        Any,
+        _result("the model's whole output on the perturbed inputs", RESULT_NUMBERS, TENSOR_B64),
+    ]
+    predicted: list[int] = Field(description="the top class on the perturbed inputs")
+    target: list[Any] | None = Field(description="the resolved target, one per example")
+    params: dict[str, Any] = Field(description="every effective parameter")
+    renders: list[PerturbationPicture] | None = None
+    timing_ms: TimingMs
+
+
+class AttackResponse(_Result):
+    method: str
+    flipped: list[bool] = Field(
+        description="per example: the top class differs from the unperturbed input's"
+    )
+
+
+class CounterfactualResponse(_Result):
+    perturbation: str
+    min_param: list[float | None] = Field(
+        description="per example: the least parameter that flips it; null where none in range "
+        "does (its perturbed input is then the input itself)"
+    )

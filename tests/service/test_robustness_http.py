@@ -1,0 +1,248 @@
+"""Attacks and counterfactuals over HTTP (CONTRACT 7.2): the answers equal ``methods.attack`` and
+``methods.min_perturbation`` on the same model; pictures of the perturbation; bad requests
+refused with a 422 at the field, before any work."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import methods
+from model_registry.builtin import build, image
+from tests.service.conftest import Server
+
+TAB = np.array(
+    [[1.0, 0.3, -0.2, 0.9, 0.1, -0.5, 0.4, 0.0], [-1.2, 0.5, 0.3, -0.8, 0.2, 0.1, -0.3, 0.6]],
+    dtype=np.float32,
+)
+
+
+def post(server: Server, model: str, route: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/models/{model}/{route}", json=body, timeout=60)
+
+
+def ok(server: Server, model: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = post(server, model, route, body)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def predicted(model: str, x: torch.Tensor) -> torch.Tensor:
+    net, _ = build(model)
+    with torch.no_grad():
+        return net(x).argmax(dim=1)
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("fgsm", {"epsilon": 0.5, "loss": "cross_entropy"}),
+        ("pgd", {"radius": 0.6, "step_size": 0.2, "step_num": 5, "norm": "L2"}),
+    ],
+)
+def test_attack_equals_methods_attack(server: Server, method: str, params: dict[str, Any]) -> None:
+    got = ok(
+        server,
+        "tabular-mlp",
+        "attacks",
+        {"method": method, "inputs": TAB.tolist(), "params": params},
+    )
+    x = torch.from_numpy(TAB)
+    net, _ = build("tabular-mlp")
+    target = predicted("tabular-mlp", x)
+    want = methods.attack(net, x, method, target=target, **params)
+    np.testing.assert_allclose(got["perturbed"], want.perturbed.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["predictions"], want.predictions.numpy(), rtol=1e-5, atol=1e-6)
+    assert got["flipped"] == want.flipped.tolist()
+    assert got["target"] == target.tolist()
+    assert got["predicted"] == want.predictions.argmax(1).tolist()
+    assert got["method"] == method
+    assert got["params"]["loss"] == params.get("loss", "nll")
+
+
+def test_image_pgd_within_its_ball_with_pictures(server: Server) -> None:
+    x, _ = image.make_data(2, torch.Generator().manual_seed(3))
+    params = {
+        "radius": 0.05,
+        "step_size": 0.02,
+        "step_num": 4,
+        "lower_bound": 0.0,
+        "upper_bound": 1.0,
+        "loss": "cross_entropy",
+    }
+    body = {"method": "pgd", "inputs": x.tolist(), "target": 1, "params": params}
+    got = ok(server, "image-cnn", "attacks", {**body, "render": {"examples": [1]}})
+    moved = np.array(got["perturbed"])
+    assert moved.shape == (2, 3, 32, 32)
+    assert np.abs(moved - x.numpy()).max() <= 0.05 + 1e-6
+    assert moved.min() >= 0.0 and moved.max() <= 1.0
+    net, _ = build("image-cnn")
+    want = methods.attack(net, x, "pgd", target=1, **params)
+    np.testing.assert_allclose(moved, want.perturbed.numpy(), atol=1e-5)
+    shown = [(r["example"], r["picture"]) for r in got["renders"]]
+    assert shown == [(1, "perturbed"), (1, "difference")]
+    for r in got["renders"]:
+        assert r["media_type"] == "image/png"
+        pic = Image.open(io.BytesIO(base64.b64decode(r["b64"])))
+        assert pic.format == "PNG" and pic.width >= 32
+
+
+def test_two_inputs_and_a_mask_per_input(server: Server) -> None:
+    a = [[1.0, -2.0, 0.5], [0.2, 0.1, -0.3]]
+    b = [[0.3, 0.1], [-0.5, 0.4]]
+    body = {
+        "method": "fgsm",
+        "inputs": {"a": a, "b": b},
+        "target": "second",
+        "params": {"epsilon": 0.1, "mask": [[[1, 0, 1]], [[0, 0]]], "loss": "cross_entropy"},
+        "render": {},
+    }
+    got = ok(server, "two-input", "attacks", body)
+    moved_a, moved_b = (np.array(p) for p in got["perturbed"])
+    np.testing.assert_array_equal(moved_b, b)  # masked out
+    np.testing.assert_array_equal(moved_a[:, 1], np.array(a)[:, 1])
+    assert not np.allclose(moved_a[:, 2], np.array(a)[:, 2])  # a0: a zero gradient
+    assert got["target"] == [1, 1]
+    assert {r["input"] for r in got["renders"]} == {"a", "b"}
+    assert {r["picture"] for r in got["renders"]} == {"difference"}  # tabular rows: bars
+
+
+def test_counterfactual_feature_ablation_equals_methods(server: Server) -> None:
+    params = {"arg_min": 0, "arg_max": 9, "arg_step": 1}
+    body = {"perturbation": "feature_ablation", "inputs": TAB.tolist(), "params": params}
+    got = ok(server, "tabular-mlp", "counterfactuals", body)
+    x = torch.from_numpy(TAB)
+    net, _ = build("tabular-mlp")
+    want = methods.min_perturbation(
+        net, x, "feature_ablation", target=predicted("tabular-mlp", x), **params
+    )
+    assert got["min_param"] == want.min_param
+    np.testing.assert_allclose(got["perturbed"], want.perturbed.numpy(), atol=1e-6)
+    np.testing.assert_allclose(got["predictions"], want.predictions.numpy(), rtol=1e-5, atol=1e-6)
+    assert got["perturbation"] == "feature_ablation"
+    assert got["params"]["attribution_method"] == "saliency"
+
+
+def test_counterfactual_noise_is_seeded_and_none_when_nothing_flips(server: Server) -> None:
+    body = {
+        "perturbation": "gaussian_noise",
+        "inputs": TAB.tolist(),
+        "params": {"arg_min": 0.0, "arg_max": 6.0, "arg_step": 0.1, "mode": "binary"},
+        "seed": 4,
+    }
+    first = ok(server, "tabular-mlp", "counterfactuals", body)
+    assert ok(server, "tabular-mlp", "counterfactuals", body)["min_param"] == first["min_param"]
+    x = torch.from_numpy(TAB)
+    net, _ = build("tabular-mlp")
+    want = methods.min_perturbation(
+        net, x, "gaussian_noise", target=predicted("tabular-mlp", x), seed=4, **body["params"]
+    )
+    assert first["min_param"] == pytest.approx(want.min_param)
+    tiny = {**body, "params": {"arg_min": 0.0, "arg_max": 1e-6, "arg_step": 1e-7}}
+    none = ok(server, "tabular-mlp", "counterfactuals", {**tiny, "render": {}})
+    assert none["min_param"] == [None, None]
+    np.testing.assert_array_equal(
+        np.array(none["perturbed"], dtype=np.float32), TAB
+    )  # unchanged where nothing flips
+
+
+FGSM = {"method": "fgsm", "params": {"epsilon": 0.1}}
+PGD = {"method": "pgd", "params": {"radius": 1, "step_size": 0.1, "step_num": 4}}
+SEARCH = {"arg_min": 0, "arg_max": 4, "arg_step": 1}
+REFUSED: list[tuple[str, str, dict[str, Any], int, list[Any]]] = [
+    ("attacks", "fgsm needs epsilon", {"method": "fgsm"}, 422, ["params", "epsilon"]),
+    (
+        "attacks",
+        "unknown param",
+        {**FGSM, "params": {"epsilon": 1, "steps": 3}},
+        422,
+        ["params", "steps"],
+    ),
+    (
+        "attacks",
+        "bad loss",
+        {**FGSM, "params": {"epsilon": 1, "loss": "mse"}},
+        422,
+        ["params", "loss"],
+    ),
+    ("attacks", "unknown attack", {"method": "cw"}, 422, ["method"]),
+    (
+        "attacks",
+        "no steps",
+        {**PGD, "params": {**PGD["params"], "step_num": 0}},
+        422,
+        ["params", "step_num"],
+    ),
+    (
+        "attacks",
+        "steps over the limit",
+        {**PGD, "params": {**PGD["params"], "step_num": 10**5}},
+        422,
+        ["params", "step_num"],
+    ),
+    (
+        "attacks",
+        "a mask of another shape",
+        {**FGSM, "params": {"epsilon": 1, "mask": [[1, 0]]}},
+        422,
+        ["params", "mask"],
+    ),
+    (
+        "attacks",
+        "no such example",
+        {**FGSM, "render": {"examples": [5]}},
+        422,
+        ["render", "examples", 0],
+    ),
+    (
+        "counterfactuals",
+        "no arg_step",
+        {"perturbation": "fgsm", "params": {"arg_min": 0, "arg_max": 1}},
+        422,
+        ["params", "arg_step"],
+    ),
+    (
+        "counterfactuals",
+        "an empty range",
+        {"perturbation": "fgsm", "params": {**SEARCH, "arg_step": 5}},
+        422,
+        ["params", "arg_max"],
+    ),
+    (
+        "counterfactuals",
+        "unknown method",
+        {"perturbation": "feature_ablation", "params": {**SEARCH, "attribution_method": "salency"}},
+        404,
+        ["params", "attribution_method"],
+    ),
+    (
+        "counterfactuals",
+        "over the cost limit",
+        {"perturbation": "gaussian_noise", "params": {**SEARCH, "arg_step": 1e-6}},
+        422,
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("route", "why", "body", "status", "loc"), REFUSED)
+def test_refusals_name_the_field(
+    server: Server, route: str, why: str, body: dict[str, Any], status: int, loc: list[Any]
+) -> None:
+    r = post(server, "tabular-mlp", route, {"inputs": TAB.tolist(), **body})
+    assert r.status_code == status, (why, r.text)
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["errors"][0]["loc"] == ["body", *loc], why
+
+
+def test_token_models_are_refused(server: Server) -> None:
+    r = post(server, "text-classifier", "attacks", {"inputs": ["a fine film"], **FGSM})
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["loc"] == ["path", "model_id"]
