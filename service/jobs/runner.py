@@ -36,14 +36,17 @@ from service.core.errors import (
 from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import INFLUENCE_INDEX, Job, Reply, new_id
+from service.core.work import ATTACK, COUNTERFACTUAL, INFLUENCE_INDEX, Job, Reply, new_id
+from service.jobs.results import chunk_arrays, concat, merged, studies
 from service.jobs.store import JobRow, JobStore
 from service.jobs.work import dumps, fingerprint, loads
 from service.kinds.base import envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
 from service.pool.split import chunk
+from service.serving import robustness
 from service.serving.attributions import build_job
 from service.wire.attributions import AttributionRequest
+from service.wire.robustness import AttackRequest, CounterfactualRequest
 
 log = logging.getLogger("attrserve.jobs")
 #: times a chunk is tried again after its worker was lost
@@ -136,6 +139,28 @@ class JobRunner:
                 "jobs return tensors only",
                 loc=("body", "verify"),
             )
+        self._admit(spec)
+        self._budget(size)
+        checked = await offload(build_job, job_settings(self.settings), spec, req, math.inf, "")
+        return await self._queue(owner, spec, checked)
+
+    async def submit_perturbation(
+        self, owner: str, spec: ModelSpec, req: AttackRequest | CounterfactualRequest, size: int
+    ) -> JobRow:
+        """An attack or counterfactual request as a job (``submit``'s rules)."""
+        if req.render is not None:
+            raise InvalidRequest(
+                "render draws pictures in synchronous answers; jobs return tensors",
+                loc=("body", "render"),
+            )
+        self._admit(spec)
+        self._budget(size)
+        settings = job_settings(self.settings)
+        checked = await offload(robustness.build_job, settings, spec, req, math.inf)
+        return await self._queue(owner, spec, checked)
+
+    def _admit(self, spec: ModelSpec) -> None:
+        """The model takes jobs, and the queue has room."""
         if not kinds.of(spec).jobs:
             raise UnsupportedMethod(
                 f"model {spec.id!r} is a {kinds.name_of(spec)} model: attribution jobs run "
@@ -149,8 +174,9 @@ class JobRunner:
                 "when one has finished",
                 headers={"Retry-After": "30"},
             )
-        self._budget(size)
-        checked = await offload(build_job, job_settings(self.settings), spec, req, math.inf, "")
+
+    async def _queue(self, owner: str, spec: ModelSpec, checked: Job) -> JobRow:
+        """A checked job stored and queued, in chunks of about ``job_chunk_cost`` rows."""
         per_example = max(1, checked.cost // max(1, checked.n))
         chunk = max(1, self.settings.job_chunk_cost // per_example)
         if per_example > self.settings.max_cost:
@@ -274,7 +300,7 @@ class JobRunner:
             if reply.error is not None:
                 self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
                 return
-            unwritten.append(_chunk_arrays(reply, job))
+            unwritten.append(chunk_arrays(reply, job))
             held += sum(a.nbytes for a in unwritten[-1].values())
             # the next chunk sized to take about job_chunk_ms: short chunks keep synchronous
             # requests waiting little when a chunk runs while they wait (jobs owed their share)
@@ -283,7 +309,7 @@ class JobRunner:
             done = stop
             due = time.monotonic() - last_write >= WRITE_EVERY_S or held >= WRITE_BYTES
             if due or done == row.total:
-                arrays = _merged(unwritten)
+                arrays = merged(unwritten)
                 nbytes = await asyncio.to_thread(self.store.write_chunk, row.id, written, arrays)
                 self.store.progress(row.id, done, nbytes)
                 unwritten, held, written, last_write = [], 0, done, time.monotonic()
@@ -377,11 +403,11 @@ class JobRunner:
         n_attr = sum(1 for k in chunks[0] if k.startswith("attributions_")) if chunks else 0
 
         def joined(key: str) -> np.ndarray | None:
-            return _concat([c[key] for c in chunks]) if chunks and key in chunks[0] else None
+            return concat([c[key] for c in chunks]) if chunks and key in chunks[0] else None
 
         whole = Reply(
             job_id=0,
-            attributions=[_concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)],
+            attributions=[concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)],
             as_tuple=bool(first.get("as_tuple")),
             layers=first.get("layers"),
             delta=joined("convergence_delta"),
@@ -389,6 +415,8 @@ class JobRunner:
             target=[t for m in metas for t in (m.get("target") or [])] or None,
             tokens=[t for m in metas for t in (m.get("tokens") or [])] or None,
             params=first.get("params", {}),
+            predictions=joined("predictions"),
+            study=studies(metas),
         )
         spec = self.specs.get(row.model_id)
         started = row.started_at if row.started_at is not None else row.created_at
@@ -399,6 +427,10 @@ class JobRunner:
             "total": round((finished - row.created_at) * 1e3, 3),
         }
         model = (row.model_id, spec.version if spec else "")
+        if row.method in (ATTACK, COUNTERFACTUAL):
+            name = str(first.get("name"))
+            perturbed = robustness.envelope(model, row.method, name, whole, "json", timing_ms)
+            return {"job_id": row.id, **perturbed}
         body = {"job_id": row.id, **envelope(model, row.method, whole, "json", timing_ms)}
         del body["merged_requests"]  # chunks run alone
         if first.get("attributed_layer"):
@@ -409,61 +441,6 @@ class JobRunner:
 def _examples_in(target_s: float, per_example_s: float, cap: int) -> int:
     """Examples that take about ``target_s`` at ``per_example_s`` each: 1 to ``cap``."""
     return max(1, min(int(target_s / max(per_example_s, 1e-6)), cap))
-
-
-def _concat(parts: list[np.ndarray]) -> np.ndarray:
-    """Chunks along dim 0; token scores padded with zeros to the longest chunk's length."""
-    if parts and parts[0].ndim >= 2:
-        width = max(p.shape[-1] for p in parts)
-        parts = [
-            np.pad(p, [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])])
-            if p.shape[-1] != width
-            else p
-            for p in parts
-        ]
-    return np.concatenate(parts, axis=0) if parts else np.zeros(0)
-
-
-def _chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
-    out = {f"attributions_{i}": a for i, a in enumerate(reply.attributions)}
-    if reply.outputs is not None:
-        out["outputs"] = reply.outputs
-    if reply.delta is not None:
-        out["convergence_delta"] = reply.delta
-    meta = {
-        "as_tuple": reply.as_tuple,
-        "layers": reply.layers,
-        "target": reply.target,
-        "tokens": reply.tokens,
-        "params": reply.params,
-        "compute_ms": reply.compute_ms,
-        "attributed_layer": job.attributed_layer,
-        "study": reply.study,
-    }
-    out["meta"] = np.array(json.dumps(meta, default=_jsonable))
-    return out
-
-
-def _merged(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Several chunks' arrays as one chunk's (examples concatenated, metadata joined)."""
-    if len(parts) == 1:
-        return parts[0]
-    metas = [json.loads(str(p["meta"])) for p in parts]
-    out = {k: _concat([p[k] for p in parts]) for k in parts[0] if k != "meta"}
-    meta = dict(metas[0])
-    meta["target"] = [t for m in metas for t in (m.get("target") or [])] or None
-    meta["tokens"] = [t for m in metas for t in (m.get("tokens") or [])] or None
-    meta["compute_ms"] = sum(m.get("compute_ms", 0.0) for m in metas)
-    out["meta"] = np.array(json.dumps(meta, default=_jsonable))
-    return out
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
 
 
 def _error(exc: Exception) -> dict[str, Any]:

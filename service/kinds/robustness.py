@@ -5,6 +5,9 @@ example's predicted class resolved first by one forward)."""
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import numpy as np
 
 import methods
 from model_registry.spec import LoadedModel
@@ -33,12 +36,27 @@ def run(lm: LoadedModel, job: Job) -> Reply:
         cf = methods.min_perturbation(lm.model, inputs, study["name"], target=target, **params)
         res, found = cf, {"min_param": cf.min_param}  # type: ignore[assignment]
     perturbed = tensors.flat(res.perturbed)
+    shown = shown_params(study["params"])
+    if job.method == ATTACK:
+        shown["loss"] = study["loss"]
     return Reply(
         job_id=job.id,
         attributions=[tensors.numpy(p) for p in perturbed],
         as_tuple=isinstance(res.perturbed, tuple),
         predictions=tensors.numpy(res.predictions),
         target=targets.rows(wire, n),
+        params=shown,
         study=dict(found),
         compute_ms=(time.perf_counter() - t0) * 1e3,
     )
+
+
+def shown_params(p: dict[str, Any]) -> dict[str, Any]:
+    """The effective params for the response: a tensor by its shape, not its values."""
+    shown: dict[str, Any] = {}
+    for k, v in p.items():
+        if isinstance(v, tuple):
+            v = [{"shape": list(a.shape)} if isinstance(a, np.ndarray) else a for a in v]
+            v = v[0] if len(v) == 1 else v
+        shown[k] = v
+    return shown

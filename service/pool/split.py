@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from methods import registry
-from service.core.work import PREDICT, STUDIES, Job, Reply, new_id
+from service.core.work import ATTACK, COUNTERFACTUAL, PREDICT, STUDIES, Job, Reply, new_id
 from service.pool.records import Entry
 
 
@@ -55,6 +55,9 @@ def chunk(job: Job, start: int, stop: int) -> Job:
     )
     if not shared:  # else a distribution, sampled
         baselines = _rows(baselines, n, ndim, start, stop)
+    study = job.study
+    if study is not None and job.method in (ATTACK, COUNTERFACTUAL):  # masks, baselines
+        study = {**study, "params": _rows(study["params"], n, ndim, start, stop)}
     return dataclasses.replace(
         job,
         arrays=tuple(a[start:stop] for a in job.arrays),
@@ -63,6 +66,7 @@ def chunk(job: Job, start: int, stop: int) -> Job:
         baselines=baselines,
         params=_rows(job.params, n, ndim, start, stop),
         n=size,
+        study=study,
         cost=max(1, job.cost * size // max(1, n)),
         key=None,  # a job's chunks are never merged with other work
     )

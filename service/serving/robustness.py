@@ -235,41 +235,33 @@ def draw(
     return out
 
 
-def _shown(p: dict[str, Any]) -> dict[str, Any]:
-    """The effective params for the response: tensors named by their shapes, not repeated."""
-    shown: dict[str, Any] = {}
-    for k, v in p.items():
-        if isinstance(v, tuple):
-            v = [{"shape": list(a.shape)} if isinstance(a, np.ndarray) else a for a in v]
-            v = v[0] if len(v) == 1 else v
-        shown[k] = v
-    return shown
-
-
-def response(
-    spec: ModelSpec, req: Request, job: Job, reply: Reply, timing_ms: dict[str, float]
+def envelope(
+    model: tuple[str, str],
+    method: str,
+    name: str,
+    reply: Reply,
+    encoding: str,
+    timing_ms: dict[str, float],
 ) -> dict[str, Any]:
-    enc = [codec.encode_tensor(a, req.output_encoding) for a in reply.attributions]
-    predictions = reply.predictions if reply.predictions is not None else np.zeros((job.n, 0))
-    study = job.study or {}
-    body: dict[str, Any] = {
-        "model_id": spec.id,
-        "model_version": spec.version,
-        "method" if isinstance(req, AttackRequest) else "perturbation": _name(req),
+    """The attacks or counterfactuals response body (synchronous answers and a job's result);
+    ``method``: ATTACK or COUNTERFACTUAL, ``name``: which attack or perturbation."""
+    enc = [codec.encode_tensor(a, encoding) for a in reply.attributions]
+    predictions = reply.predictions
+    n = 0 if predictions is None else int(predictions.shape[0])
+    if predictions is None:
+        predictions = np.zeros((0, 0))
+    return {
+        "model_id": model[0],
+        "model_version": model[1],
+        "method" if method == ATTACK else "perturbation": name,
         "perturbed": enc if reply.as_tuple else enc[0],
-        "predictions": codec.encode_tensor(predictions, req.output_encoding),
-        "predicted": predictions.reshape(job.n, -1).argmax(axis=1).tolist(),
+        "predictions": codec.encode_tensor(predictions, encoding),
+        "predicted": predictions.reshape(n, -1).argmax(axis=1).tolist() if n else [],
         "target": reply.target,
         **(reply.study or {}),
-        "params": _shown(
-            {
-                **study.get("params", {}),
-                **({"loss": study["loss"]} if isinstance(req, AttackRequest) else {}),
-            }
-        ),
+        "params": reply.params,
         "timing_ms": timing_ms,
     }
-    return body
 
 
 async def perturb(
@@ -284,7 +276,14 @@ async def perturb(
     budget = budget_ms(settings, deadline_ms, req.deadline_ms)
     job = await in_thread(partial(build_job, settings, spec, req, time.time() + budget / 1e3))
     reply, queue_ms = await run(pool, job, budget, started, None)
-    body = response(spec, req, job, reply, timing(queue_ms, reply.compute_ms, started))
+    body = envelope(
+        (spec.id, spec.version),
+        job.method,
+        _name(req),
+        reply,
+        req.output_encoding,
+        timing(queue_ms, reply.compute_ms, started),
+    )
     if req.render is not None:
         title = f"{spec.id} · {_name(req)}"
         body["renders"] = await asyncio.to_thread(draw, req.render, spec, job, reply, title)

@@ -315,3 +315,48 @@ def test_a_job_over_a_list_of_layers_answers_per_layer(jobs_server: Server) -> N
     assert np.asarray(result["attributions"][1]).shape == (40, 3)
     with np.load(io.BytesIO(npz.content)) as z:
         np.testing.assert_allclose(z["attributions_0"], result["attributions"][0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("route", "sync", "body"),
+    [
+        (
+            "attack-jobs",
+            "attacks",
+            {"method": "fgsm", "params": {"epsilon": 0.4, "loss": "cross_entropy"}},
+        ),
+        ("counterfactual-jobs", "counterfactuals", {"perturbation": "feature_ablation"}),
+    ],
+)
+def test_attack_and_counterfactual_jobs_equal_their_routes(
+    jobs_server: Server, route: str, sync: str, body: dict[str, Any]
+) -> None:
+    """Per-example tensors in params (a mask, baselines) are cut with their chunk's examples."""
+    rng = np.random.default_rng(1)
+    x = rng.random((120, 8), dtype=np.float32) * 2 - 1
+    per_example = (rng.random((120, 8)) > 0.3).astype(np.float32).tolist()
+    params = dict(body["params"]) if "params" in body else {}
+    if route == "attack-jobs":
+        params["mask"] = per_example
+    else:
+        params.update(arg_min=0, arg_max=9, arg_step=1, baselines=(x[::-1] * 0.5).tolist())
+    body = {**body, "inputs": x.tolist(), "params": params}
+    with jobs_server.client() as c:
+        before = chunks_run(c)
+        r = c.post(f"/v1/models/tabular-mlp/{route}", json=body, headers=A)
+        assert r.status_code == 202, r.text
+        info = wait(c, r.json()["id"], A)
+        assert info["status"] == "succeeded", info
+        result = c.get(f"/v1/jobs/{info['id']}/result", headers=A).json()
+        want = c.post(f"/v1/models/tabular-mlp/{sync}", json=body, headers=A).json()
+        assert result["job_id"] == info["id"]
+        np.testing.assert_allclose(result["perturbed"], want["perturbed"], rtol=1e-6)
+        np.testing.assert_allclose(result["predictions"], want["predictions"], rtol=1e-5)
+        for key in ("target", "predicted", "flipped", "min_param"):
+            assert result.get(key) == want.get(key), key
+        assert chunks_run(c) >= before + 2  # a first chunk of a few examples, then the rest
+        npz = c.get(f"/v1/jobs/{info['id']}/result?format=npz", headers=A)
+        with np.load(io.BytesIO(npz.content)) as z:
+            np.testing.assert_allclose(z["perturbed"], want["perturbed"], rtol=1e-6)
+        bad = c.post(f"/v1/models/tabular-mlp/{route}", json={**body, "render": {}}, headers=A)
+        assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body", "render"]

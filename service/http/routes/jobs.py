@@ -30,19 +30,27 @@ JOB_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _runner(state: AppState) -> JobRunner:
+JOB_SUBMIT_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    413: {"model": Problem, "description": "body over the job limit"},
+    429: {"model": Problem, "description": "too many jobs queued (Retry-After)"},
+    507: {"model": Problem, "description": "the jobs' disk budget is full"},
+}
+
+
+def runner(state: AppState) -> JobRunner:
     if state.jobs is None:
         raise NotFound("this server runs no attribution jobs")
     return state.jobs
 
 
-def _owner(request: Request) -> str:
+def owner(request: Request) -> str:
     key = route_info(request.scope).get("api_key")
     return "" if key is None else str(key.owner)
 
 
 def _job(state: AppState, request: Request, job_id: str) -> JobRow:
-    row = _runner(state).get(_owner(request), job_id)
+    row = runner(state).get(owner(request), job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}", loc=("path", "job_id"))
     return row
@@ -53,19 +61,14 @@ def _job(state: AppState, request: Request, job_id: str) -> JobRow:
     operation_id="submitJob",
     status_code=202,
     response_model=JobInfo,
-    responses={
-        **ERRORS,
-        413: {"model": Problem, "description": "body over the job limit"},
-        429: {"model": Problem, "description": "too many jobs queued (Retry-After)"},
-        507: {"model": Problem, "description": "the jobs' disk budget is full"},
-    },
+    responses=JOB_SUBMIT_ERRORS,
 )
 async def submit_job(
     model_id: str, state: State, request: Request, body: Annotated[AttributionRequest, Body()]
 ) -> OrjsonResponse:
     """Queue the attributions request as a job (validated now, run in chunks, persisted)."""
     spec = state.serving(model_id)
-    row = await _runner(state).submit(_owner(request), spec, body, len(await request.body()))
+    row = await runner(state).submit(owner(request), spec, body, len(await request.body()))
     return OrjsonResponse(row.public(), status_code=202, headers={"Location": f"/v1/jobs/{row.id}"})
 
 
@@ -93,7 +96,8 @@ async def get_job_result(
     request: Request,
     format: Annotated[Literal["json", "npz"], Query(description="json or npz")] = "json",
 ) -> Response:
-    """The whole job's attributions response (JSON), or a .npz of its arrays."""
+    """The whole job's response (JSON: the attributions route's; an attack or counterfactual
+    job's, its route's), or a .npz of its arrays."""
     row = _job(state, request, job_id)
     if row.status != "succeeded":
         raise Conflict(
@@ -102,7 +106,7 @@ async def get_job_result(
         )
     import asyncio
 
-    body = await asyncio.to_thread(_runner(state).result, row)
+    body = await asyncio.to_thread(runner(state).result, row)
     if format == "json":
         return OrjsonResponse(body)
     return Response(
@@ -113,14 +117,17 @@ async def get_job_result(
 
 
 def _npz(body: dict[str, Any]) -> bytes:
+    """The result's arrays: attributions (``_<i>`` per input), outputs, convergence_delta;
+    attacks and counterfactuals: perturbed, predictions."""
     arrays: dict[str, np.ndarray] = {}
-    attrs = body["attributions"]
+    main = "perturbed" if "perturbed" in body else "attributions"
+    attrs = body[main]
     if isinstance(attrs, list):
         for i, a in enumerate(attrs):
-            arrays[f"attributions_{i}"] = a
+            arrays[f"{main}_{i}"] = a
     else:
-        arrays["attributions"] = attrs
-    for name in ("outputs", "convergence_delta"):
+        arrays[main] = attrs
+    for name in ("outputs", "convergence_delta", "predictions"):
         if body.get(name) is not None:
             arrays[name] = body[name]
     buf = io.BytesIO()
@@ -133,7 +140,7 @@ def _npz(body: dict[str, Any]) -> bytes:
 )
 async def cancel_job(job_id: str, state: State, request: Request) -> OrjsonResponse:
     """Cancel a queued or running job (running work stops within a second)."""
-    row = _runner(state).cancel(_job(state, request, job_id))
+    row = runner(state).cancel(_job(state, request, job_id))
     return OrjsonResponse(row.public())
 
 
@@ -151,13 +158,13 @@ async def list_jobs(
             f"status must be one of {', '.join(STATUSES)}", loc=("query", "status")
         )
     before = _cursor(cursor) if cursor else None
-    rows = _runner(state).store.page(_owner(request), status, limit + 1, before)
+    rows = runner(state).store.page(owner(request), status, limit + 1, before)
     page, more = rows[:limit], len(rows) > limit
     next_cursor = None
     if more and page:
         last = page[-1]
         next_cursor = base64.urlsafe_b64encode(f"{last.created_at!r}|{last.id}".encode()).decode()
-    shown = [_runner(state).shown(r).public() for r in page]
+    shown = [runner(state).shown(r).public() for r in page]
     return OrjsonResponse({"jobs": shown, "next_cursor": next_cursor})
 
 

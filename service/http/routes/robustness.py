@@ -10,9 +10,11 @@ from fastapi import APIRouter, Body, Depends, Header, Request
 from service.core.work import ATTACK, COUNTERFACTUAL
 from service.http.responses import OrjsonResponse
 from service.http.routes.attributions import ERRORS, Observed
+from service.http.routes.jobs import JOB_SUBMIT_ERRORS, owner, runner
 from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
 from service.serving import robustness
+from service.wire.jobs import JobInfo
 from service.wire.robustness import (
     ATTACK_EXAMPLES,
     COUNTERFACTUAL_EXAMPLES,
@@ -82,3 +84,41 @@ async def counterfactual(
     search: ``min_param`` (null where nothing in range does), the perturbed inputs, the
     model's output on them."""
     return await _serve(state, request, model_id, body, x_deadline_ms)
+
+
+async def _submit(
+    state: AppState, request: Request, model_id: str, body: AttackRequest | CounterfactualRequest
+) -> OrjsonResponse:
+    spec = state.serving(model_id)
+    size = len(await request.body())
+    row = await runner(state).submit_perturbation(owner(request), spec, body, size)
+    return OrjsonResponse(row.public(), status_code=202, headers={"Location": f"/v1/jobs/{row.id}"})
+
+
+@router.post(
+    "/v1/models/{model_id}/attack-jobs",
+    operation_id="submitAttackJob",
+    status_code=202,
+    response_model=JobInfo,
+    responses=JOB_SUBMIT_ERRORS,
+)
+async def submit_attack_job(
+    model_id: str, state: State, request: Request, body: Annotated[AttackRequest, Body()]
+) -> OrjsonResponse:
+    """Queue an attack on many examples as a job (checked now, run in chunks, persisted;
+    ``GET /v1/jobs/{job_id}/result`` answers as the attacks route does)."""
+    return await _submit(state, request, model_id, body)
+
+
+@router.post(
+    "/v1/models/{model_id}/counterfactual-jobs",
+    operation_id="submitCounterfactualJob",
+    status_code=202,
+    response_model=JobInfo,
+    responses=JOB_SUBMIT_ERRORS,
+)
+async def submit_counterfactual_job(
+    model_id: str, state: State, request: Request, body: Annotated[CounterfactualRequest, Body()]
+) -> OrjsonResponse:
+    """Queue a counterfactual search on many examples as a job (as attack-jobs)."""
+    return await _submit(state, request, model_id, body)
