@@ -16,7 +16,10 @@ do not (the inputs are token ids).
 
 Noise is drawn from a generator seeded with the request's ``seed``, 0 when it has none: a
 request asked again gets the same numbers (``methods.evaluate`` leaves an unseeded call to
-torch's global generator; a service has no such state to offer).
+torch's global generator; a service has no such state to offer). A metric's
+``max_examples_per_batch`` left unset is the request's ``internal_batch_size`` (rows per
+forward), so its memory is bounded as the method's is; Captum draws the noise chunk by chunk,
+and so do we, so its numbers are Captum's with that ``max_examples_per_batch``.
 """
 
 from __future__ import annotations
@@ -106,7 +109,11 @@ def compute(
     """The job's metrics of ``attributions`` (the engine's, or per token on token models), as
     numpy; and the time they took (ms). ``kwargs``: the attribution call's own."""
     t0 = time.perf_counter()
-    metrics = job.metrics or {}
+    rows = job.internal_batch_size if isinstance(job.internal_batch_size, int) else None
+    metrics = {  # memory bounded as the method's own forwards are
+        name: {**p, "max_examples_per_batch": p["max_examples_per_batch"] or rows}
+        for name, p in (job.metrics or {}).items()
+    }
     n = int(xs[0].shape[0])
     seed = job.seed if job.seed is not None else DEFAULT_SEED
     params = {k: v for k, v in kwargs.items() if k not in ("target", "return_convergence_delta")}

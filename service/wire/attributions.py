@@ -272,7 +272,8 @@ class MetricsRequest(BaseModel):
     request's ({} takes a metric's defaults). The noise is seeded by the request's seed (0
     when none): the same request gives the same numbers. deletion and insertion fill with the
     request's baselines (0 when none; a distribution's mean row) and group features by
-    params.feature_mask when the method has one."""
+    params.feature_mask when the method has one. A max_examples_per_batch left unset is the
+    request's internal_batch_size (rows per forward)."""
 
     model_config = ConfigDict(extra="forbid")
 
