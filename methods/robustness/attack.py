@@ -140,7 +140,15 @@ def _loss(out: Tensor, target: Target, loss: str) -> Tensor:
             )
         out = F.log_softmax(out, dim=1)
         return -target.select(out).sum()
-    return target.select(-torch.log(out)).sum()
+    chosen = target.select(out)
+    if bool((chosen.detach() <= 0).any()):  # -log is NaN or inf: every gradient lost
+        raise InvalidArgumentError(
+            "loss 'nll' is -log(output[target]), for a model that returns probabilities; "
+            "this model's output at the target is not positive (logits?): use "
+            "loss='cross_entropy'",
+            argument="loss",
+        )
+    return -torch.log(chosen).sum()
 
 
 def loss_gradients(

@@ -153,3 +153,16 @@ def test_typed_errors() -> None:
         methods.attack(logits, X, "fgsm", target=Y, epsilon=0.1, mask=torch.ones(3))
     with pytest.raises(InvalidArgumentError, match="lower_bound"):
         methods.attack(logits, X, "fgsm", target=Y, epsilon=0.1, lower_bound=1, upper_bound=0)
+
+
+def test_nll_on_logits_is_refused_not_silently_nan() -> None:
+    """Captum's default loss on a model that returns logits gives NaN gradients, so nothing
+    moves; the engine says why instead."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4) * 3
+    with pytest.raises(InvalidArgumentError, match="cross_entropy") as err:
+        methods.attack(model, x, "fgsm", target=0, epsilon=0.1)
+    assert err.value.argument == "loss"
+    moved = methods.attack(model, x, "fgsm", target=0, epsilon=0.1, loss="cross_entropy")
+    assert not torch.equal(moved.perturbed, x)
