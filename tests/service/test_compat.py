@@ -53,6 +53,19 @@ def kserve_client(protocol: str) -> Any:
     return kserve.InferenceRESTClient(kserve.RESTConfig(protocol=protocol, retries=0))
 
 
+def kserve_explain(server: Server, model: str, body: dict[str, Any]) -> Any:
+    """``:explain`` through KServe's own V1 client."""
+
+    async def go() -> Any:
+        client = kserve_client("v1")
+        try:
+            return await client.explain(server.url, model, body)
+        finally:
+            await client.close()
+
+    return run(go())
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
@@ -104,15 +117,7 @@ def test_v1_explain_equals_the_attributions_route(server: Server) -> None:
     params = {"method": "integrated_gradients", "target": 1, "params": {"n_steps": 32}}
     params["return_convergence_delta"] = True
 
-    async def go() -> Any:
-        client = kserve_client("v1")
-        try:
-            body = {"instances": TAB.tolist(), "parameters": params}
-            return await client.explain(server.url, "tabular-mlp", body)
-        finally:
-            await client.close()
-
-    got = run(go())
+    got = kserve_explain(server, "tabular-mlp", {"instances": TAB.tolist(), "parameters": params})
     want = attributions(server, "tabular-mlp", {**params, "inputs": TAB.tolist()})
     assert got["method"] == want["method"] and got["params"] == want["params"]
     for i, e in enumerate(got["explanations"]):
@@ -458,15 +463,7 @@ def test_a_list_of_layers_through_kserve_and_oip(server: Server) -> None:
               "params": {"layer": ["fc1", "fc3"]}}  # fmt: skip
     want = attributions(server, "tabular-mlp", {**params, "inputs": TAB.tolist()})
 
-    async def go() -> Any:
-        client = kserve_client("v1")
-        try:
-            body = {"instances": TAB.tolist(), "parameters": params}
-            return await client.explain(server.url, "tabular-mlp", body)
-        finally:
-            await client.close()
-
-    got = run(go())
+    got = kserve_explain(server, "tabular-mlp", {"instances": TAB.tolist(), "parameters": params})
     for i, e in enumerate(got["explanations"]):
         assert len(e["attributions"]) == 2
         for k in range(2):
@@ -493,15 +490,7 @@ def test_explain_metrics_on_both_protocols(server: Server) -> None:
     }
     want = attributions(server, "tabular-mlp", {**params, "inputs": TAB.tolist()})["metrics"]
 
-    async def go() -> Any:
-        client = kserve_client("v1")
-        try:
-            body = {"instances": TAB.tolist(), "parameters": params}
-            return await client.explain(server.url, "tabular-mlp", body)
-        finally:
-            await client.close()
-
-    got = run(go())
+    got = kserve_explain(server, "tabular-mlp", {"instances": TAB.tolist(), "parameters": params})
     for i, e in enumerate(got["explanations"]):
         assert e["metrics"]["infidelity"] == pytest.approx(want["infidelity"][i], rel=1e-6)
         assert e["metrics"]["deletion"]["auc"] == pytest.approx(want["deletion"]["auc"][i])
