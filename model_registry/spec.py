@@ -37,6 +37,8 @@ class InputSpec:
     name: str
     dtype: str  # torch dtype name without the prefix: "float32", "int64", ...
     shape: tuple[int | None, ...]
+    #: a row of features ([N, F]): each feature's name, shown by pictures and the explorer
+    features: tuple[str, ...] | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -17,6 +17,8 @@ from model_registry.errors import RegistryError
 from model_registry.spec import DEVICE, INPUT_DTYPES, InputSpec, ModelSpec, resolve_path
 
 INPUT_KEYS = ("name", "dtype", "shape")
+#: an input table's optional keys
+INPUT_OPTIONAL = ("features",)
 ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # safe in a URL path segment
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LAYER = re.compile(r"^[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*$")
@@ -210,12 +212,15 @@ class Table:
             at = f"inputs[{j}]"
             if not isinstance(it, dict):
                 self.fail(at, f"expected a table {{name, dtype, shape}}, got {describe_value(it)}")
-            unknown = sorted(set(it) - set(INPUT_KEYS))
+            unknown = sorted(set(it) - set(INPUT_KEYS) - set(INPUT_OPTIONAL))
             missing = [k for k in INPUT_KEYS if k not in it]
             if unknown or missing:
                 bad = unknown[0] if unknown else missing[0]
                 what = f"unknown key(s) {unknown}" if unknown else f"missing key(s) {missing}"
-                self.fail(f"{at}.{bad}", f"{what}; an input has exactly {list(INPUT_KEYS)}")
+                self.fail(
+                    f"{at}.{bad}",
+                    f"{what}; an input has {list(INPUT_KEYS)}, optionally {list(INPUT_OPTIONAL)}",
+                )
             name = it["name"]
             if not isinstance(name, str) or not _NAME.match(name):
                 self.fail(
@@ -226,10 +231,24 @@ class Table:
             if it["dtype"] not in INPUT_DTYPES:
                 got = describe_value(it["dtype"])
                 self.fail(f"{at}.dtype", f"expected one of {list(INPUT_DTYPES)}, got {got}")
-            out.append(
-                InputSpec(name, it["dtype"], self.dims(it["shape"], f"{at}.shape", batch=True))
-            )
+            shape = self.dims(it["shape"], f"{at}.shape", batch=True)
+            out.append(InputSpec(name, it["dtype"], shape, self.features(it, shape, at)))
         return tuple(out)
+
+    def features(
+        self, it: Mapping[str, Any], shape: tuple[int | None, ...], at: str
+    ) -> tuple[str, ...] | None:
+        """An input's optional ``features``: one unique name per feature of an [N, F] row."""
+        v = it.get("features")
+        if v is None:
+            return None
+        if len(shape) != 2 or shape[1] is None:
+            self.fail(f"{at}.features", "features names the columns of an [N, F] input")
+        if not isinstance(v, list) or not all(isinstance(f, str) and f for f in v):
+            self.fail(f"{at}.features", f"expected an array of names, got {describe_value(v)}")
+        if len(v) != shape[1] or len(set(v)) != len(v):
+            self.fail(f"{at}.features", f"expected {shape[1]} distinct names, got {len(v)}")
+        return tuple(v)
 
     def names(self, key: str, check: Callable[[str], bool], hint: str) -> tuple[str, ...]:
         v = self.data.get(key, [])

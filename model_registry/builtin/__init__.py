@@ -71,7 +71,7 @@ BUILTINS: dict[str, Builtin] = {
             description="Demo MLP on 8 features, 3 classes (low/mid/high); only features 0 and 3 "
             "decide the class: x0 + x3 below -0.6 is low, above 0.6 high, else mid.",
             build=tabular.TabularMLP,
-            inputs=(InputSpec("x", "float32", (None, tabular.N_FEATURES)),),
+            inputs=(InputSpec("x", "float32", (None, tabular.N_FEATURES), tabular.FEATURES),),
             labels=tabular.LABELS,
             layers=tabular.LAYERS,
         ),
@@ -82,7 +82,7 @@ BUILTINS: dict[str, Builtin] = {
             "data and 3 checkpoints): GET /v1/models/tabular-noisy/influence/self lists the "
             "wrong labels first.",
             build=tabular.TabularMLP,
-            inputs=(InputSpec("x", "float32", (None, tabular.N_FEATURES)),),
+            inputs=(InputSpec("x", "float32", (None, tabular.N_FEATURES), tabular.FEATURES),),
             labels=tabular.LABELS,
             layers=tabular.LAYERS,
             influence=InfluenceSpec(

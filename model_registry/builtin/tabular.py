@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 N_FEATURES = 8
+#: the features' names: 0 and 3 decide, the rest are noise
+FEATURES = tuple(f"signal_{i}" if i in (0, 3) else f"noise_{i}" for i in range(N_FEATURES))
 LABELS = ("low", "mid", "high")
 RELEVANT = (0, 3)
 THRESHOLD = 0.6

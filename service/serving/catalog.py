@@ -33,7 +33,15 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         version=spec.version,
         description=spec.description,
         device=str((loaded or {}).get("device", spec.device)),
-        inputs=[InputInfo(name=i.name, dtype=i.dtype, shape=list(i.shape)) for i in spec.inputs],
+        inputs=[
+            InputInfo(
+                name=i.name,
+                dtype=i.dtype,
+                shape=list(i.shape),
+                features=None if i.features is None else list(i.features),
+            )
+            for i in spec.inputs
+        ],
         output=OutputInfo(shape=list(spec.output.shape), labels=list(spec.output.labels)),
         layers=list(spec.layers),
         embedding_layer=spec.embedding_layer,

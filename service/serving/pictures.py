@@ -105,7 +105,15 @@ def draw(
                 )
             target = "" if reply.target is None else f" · target {reply.target[i]}"
             try:
-                pic = render.draw(spec, attr, inputs=image, tokens=tokens, title=title + target)
+                columns = model.inputs[k].features if k < len(model.inputs) else None
+                pic = render.draw(
+                    spec,
+                    attr,
+                    inputs=image,
+                    tokens=tokens,
+                    feature_names=list(columns) if columns and attr.ndim == 1 else None,
+                    title=title + target,
+                )
             except render.RenderError as exc:
                 raise InvalidRequest(f"render: {exc}", loc=LOC) from None
             entry: dict[str, Any] = {

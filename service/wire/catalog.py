@@ -11,6 +11,9 @@ class InputInfo(BaseModel):
     name: str
     dtype: str
     shape: list[int | None] = Field(description="null marks a free dim (dim 0: examples)")
+    features: list[str] | None = Field(
+        default=None, description="[N, F] inputs: the features' names, when the model gives them"
+    )
 
 
 class OutputInfo(BaseModel):

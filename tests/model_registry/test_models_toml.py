@@ -72,6 +72,16 @@ def test_good_file(tmp_path: Path) -> None:
     assert reg.output.shape == () and reg.output.labels == () and reg.dtype == "float32"
 
 
+def test_feature_names(tmp_path: Path) -> None:
+    names = '["age", "income", "tenure", "plan"]'
+    (m,) = model_registry.load_specs(
+        write(tmp_path, PY.replace('name = "x"', f'name = "x", features = {names}'))
+    )
+    assert m.inputs[0].features == ("age", "income", "tenure", "plan")
+    builtin = {s.id: s for s in model_registry.builtin_specs()}["tabular-mlp"]
+    assert builtin.inputs[0].features is not None and len(builtin.inputs[0].features) == 8
+
+
 def test_builtin_dtype_override_follows_into_float_inputs(tmp_path: Path) -> None:
     text = '[[models]]\nid = "t"\nsource = "builtin:text-classifier"\ndtype = "float64"\n'
     img = '[[models]]\nid = "i"\nsource = "builtin:image-cnn"\ndtype = "float64"\n'
@@ -129,6 +139,14 @@ PY = (
         (PY.replace(', shape = ["N", 4]', ""), "inputs[0].shape", "missing key(s) ['shape']"),
         (PY.replace('name = "x"', 'name = "x", size = 4'), "inputs[0].size", "unknown key"),
         (PY.replace('name = "x"', 'name = "my x"'), "inputs[0].name", "identifier"),
+        (PY.replace('name = "x"', 'name = "x", features = ["a", "b"]'), "inputs[0].features",
+         "expected 4 distinct names, got 2"),
+        (PY.replace('name = "x"', 'name = "x", features = ["a", "a", "b", "c"]'),
+         "inputs[0].features", "distinct"),
+        (PY.replace('name = "x"', 'name = "x", features = "abcd"'), "inputs[0].features",
+         "array of names"),
+        (PY.replace('["N", 4]', '["N", 2, 2]').replace('name = "x"', 'name = "x", features = []'),
+         "inputs[0].features", "[N, F] input"),
     ],
 )  # fmt: skip
 def test_errors_name_file_model_and_field(

@@ -38,7 +38,10 @@ def test_health_and_catalogue(client: TestClient) -> None:
     models = {m["id"]: m for m in client.get("/v1/models").json()["models"]}
     assert {"tabular-mlp", "image-cnn", "text-classifier"} <= set(models)
     tab = client.get("/v1/models/tabular-mlp").json()
-    assert tab["inputs"] == [{"name": "x", "dtype": "float32", "shape": [None, 8]}]
+    names = ["signal_0", "noise_1", "noise_2", "signal_3"] + [f"noise_{i}" for i in (4, 5, 6, 7)]
+    assert tab["inputs"] == [
+        {"name": "x", "dtype": "float32", "shape": [None, 8], "features": names}
+    ]
     assert tab["output"]["labels"] and "integrated_gradients" in tab["methods"]
     text = models["text-classifier"]
     assert text["embedding_layer"] == "embedding" and text["tokenizer"] is True

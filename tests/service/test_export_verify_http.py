@@ -158,7 +158,9 @@ def test_model_info_names_the_one_method(served: Server) -> None:
     assert info["exported"]["method"] == "integrated_gradients"
     assert info["exported"]["target"] == "input"
     assert info["exported"]["params"]["n_steps"] == 16
-    assert info["inputs"] == [{"name": "x", "dtype": "float32", "shape": [None, 8]}]
+    assert info["inputs"] == [
+        {"name": "x", "dtype": "float32", "shape": [None, 8], "features": None}
+    ]
     plain = httpx.get(f"{served.url}/v1/models/plain").json()
     assert plain["methods"] == ["saliency"] and plain["exported"]["params"] is None
 

@@ -91,7 +91,12 @@ def test_the_directory_describes_the_model(vit_server: tuple[Server, Path]) -> N
     info = httpx.get(f"{server.url}/v1/models/flowers").json()
     assert info["kind"] == "tensor"
     assert info["output"]["labels"] == list(FLOWERS.values())
-    pixels = {"name": "pixel_values", "dtype": "float64", "shape": [None, 3, 32, 32]}
+    pixels = {
+        "name": "pixel_values",
+        "dtype": "float64",
+        "shape": [None, 3, 32, 32],
+        "features": None,
+    }
     assert info["inputs"] == [pixels]
     assert info["layers"][0] == "model.vit.embeddings.patch_embeddings"
     assert info["layers"][1:] == ["model.vit.layers.0", "model.vit.layers.1"]
