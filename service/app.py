@@ -36,6 +36,7 @@ from service.http.routes import (
     jobs,
     repository,
     robustness,
+    ui,
 )
 from service.http.state import AppState
 from service.jobs.influence import InfluenceIndexes
@@ -186,6 +187,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(concepts.router)
     app.include_router(influence.router)
     app.include_router(robustness.router)
+    app.include_router(ui.router)
     app.fast_path = FastAttributions(app.fastapi_call, state)
     inner: ASGIApp = BodyLimit(
         ApiKeys(app.dispatch, settings),

@@ -22,9 +22,9 @@ from service.http.problems import problem
 
 #: a caller's X-Request-ID is kept if it is this (printable ASCII, at most 128 characters)
 CALLER_ID = re.compile(r"[\x21-\x7e]{1,128}")
-#: routes open without a key: health (ours and OIP's), OIP server metadata, metrics, and the
-#: API's own documentation
-OPEN_PATHS = re.compile(r"/(|v[12]/health/.*|v2/?|metrics|docs.*|redoc|openapi\.json)")
+#: routes open without a key: health (ours and OIP's), OIP server metadata, metrics, the
+#: API's own documentation, and the explorer's page and files (it asks for the key itself)
+OPEN_PATHS = re.compile(r"/(|v[12]/health/.*|v2/?|metrics|docs.*|redoc|openapi\.json|ui(/.*)?)")
 #: routes about one model (ours, KServe V1's ``:predict``, OIP's): the key must allow it
 MODEL_PATH = re.compile(r"/v[12]/models/(?P<model_id>[^/:]+)(?:[/:].*)?")
 

@@ -46,6 +46,8 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         layers=list(spec.layers),
         embedding_layer=spec.embedding_layer,
         tokenizer=bool((loaded or {}).get("tokenizer", kinds.of(spec).tokenizer(spec))),
+        images=spec.images is not None,
+        predicts=kinds.of(spec).predicts,
         methods=kinds.of(spec).methods(spec),
         exported=None
         if step is None

@@ -61,6 +61,16 @@ class ModelInfo(BaseModel):
     layers: list[str]
     embedding_layer: str | None = None
     tokenizer: bool = Field(default=False, description="accepts raw text inputs")
+    images: bool = Field(
+        default=False,
+        description='accepts encoded images as inputs ([{"image": "<base64>"}]): its image '
+        "processor makes them pixel_values",
+    )
+    predicts: bool = Field(
+        default=True,
+        description="gives predictions (KServe :predict, OIP infer), so attacks, "
+        "counterfactuals and metrics can run on it",
+    )
     methods: list[str] = Field(description="methods this model can serve")
     exported: ExportedInfo | None = Field(
         default=None,

@@ -1,0 +1,578 @@
+// The explorer: pick a model, give it an input, pick methods, see why. Everything comes from the
+// public HTTP API (GET /v1/models, GET /v1/methods, POST .../attributions, :predict,
+// POST /v1/uploads); the page's state lives in its URL, so a link reproduces a result.
+
+import { Problem, apiKey, call, setApiKey, tensorB64 } from "./api.js";
+import { drawBars, drawGrid, drawImage, drawMetrics, drawTokens, el, flat, fmt, shapeOf } from "./draw.js";
+
+const $ = (id) => document.getElementById(id);
+const PREFERRED = ["integrated_gradients", "saliency", "occlusion", "feature_ablation"];
+const SAMPLES = { text: "a wonderful film", prompt: "The capital of France is" };
+/** inputs longer than this stay out of the URL (an image goes by its upload id) */
+const URL_INPUT_MAX = 6000;
+
+const state = {
+  models: [],
+  methods: new Map(),
+  model: null,
+  image: null, // {id, blob, pixels, shape, b64, width, height}
+  running: null,
+  drawn: [], // [{name, region, response}] of the last explain
+  explained: 0,
+};
+
+// -- errors ---------------------------------------------------------------------------------
+
+function showError(err) {
+  const box = $("alert");
+  box.hidden = false;
+  box.textContent = err instanceof Problem ? err.describe() : String(err.message || err);
+}
+
+function clearError() {
+  const box = $("alert");
+  box.hidden = true;
+  box.textContent = "";
+}
+
+// -- the catalogue --------------------------------------------------------------------------
+
+async function loadCatalog() {
+  const [models, methods] = await Promise.all([call("/v1/models"), call("/v1/methods")]);
+  state.models = models.models;
+  state.methods = new Map(methods.methods.map((m) => [m.name, m]));
+  $("model").replaceChildren(
+    ...state.models.map((m) => el("option", { value: m.id }, m.ready ? m.id : `${m.id} (${m.state})`)),
+  );
+}
+
+/** What form a model's input takes in the page. */
+function formOf(m) {
+  if (m.kind === "causal_lm") return "prompt";
+  if (m.tokenizer) return "text";
+  if (m.images) return "encoded-image";
+  if (m.inputs.length === 1) {
+    const shape = m.inputs[0].shape;
+    if (shape.length === 4 && [1, 3].includes(shape[1]) && shape[2] && shape[3]) return "image";
+    if (shape.length === 2 && shape[1]) return "row";
+  }
+  return "json";
+}
+
+function chooseModel(id, preset = {}) {
+  const m = state.models.find((x) => x.id === id) || state.models[0];
+  if (!m) return;
+  state.model = m;
+  $("model").value = m.id;
+  const form = formOf(m);
+  const labels = m.output.labels.length ? ` Labels: ${m.output.labels.join(", ")}.` : "";
+  $("model-about").textContent = `${m.description || m.kind}${labels}`;
+  const wanted = preset.methods || PREFERRED.filter((x) => m.methods.includes(x)).slice(0, 2);
+  if (!wanted.length && m.methods.length) wanted.push(m.methods[0]);
+  $("method-list").replaceChildren(
+    ...m.methods.map((name) => {
+      const box = el("input", { type: "checkbox", name: "method", value: name });
+      box.checked = wanted.includes(name);
+      box.addEventListener("change", () => renderParams());
+      const label = el("label");
+      label.append(box, ` ${name}`);
+      return label;
+    }),
+  );
+  renderParams(preset.params || {});
+  $("image-field").hidden = !(form === "image" || form === "encoded-image");
+  if (!preset.keepImage) state.image = null;
+  $("input").value = preset.input ?? (SAMPLES[form] || (form === "row" ? JSON.stringify([startRow(m)]) : ""));
+  $("input-hint").textContent = {
+    text: "One text per line; a pair as: premise ||| hypothesis. JSON works too.",
+    prompt: 'A prompt (every token a feature), or JSON {"prompt": "... {} ...", "features": [...]}.',
+    image: "Choose an image, or paste the inputs as JSON.",
+    "encoded-image": "Choose an image, or paste the inputs as JSON.",
+    row: "Edit the row below, or paste JSON (one list per example).",
+    json: "The attributions route's inputs, as JSON.",
+  }[form];
+  $("target-hint").textContent =
+    form === "prompt" ? "The answer to attribute; empty: the model generates one." : "Empty: each example's predicted class.";
+  renderRowEditor();
+}
+
+/** A starting row: ones (all zeros would sit on the usual baseline, and explain nothing). */
+function startRow(m) {
+  return new Array(m.inputs[0].shape[1]).fill(1);
+}
+
+/** A form of each chosen method's parameters, from its JSON schema (GET /v1/methods). */
+function renderParams(preset) {
+  const given = preset || collectParams(true);
+  const box = $("params");
+  box.replaceChildren();
+  for (const name of chosenMethods()) {
+    const info = state.methods.get(name);
+    const props = info ? info.params.properties || {} : {};
+    const required = new Set(info ? info.params.required || [] : []);
+    if (!Object.keys(props).length) continue;
+    const set = el("fieldset", { "data-method": name });
+    set.append(el("legend", {}, `${name} parameters`));
+    const grid = el("div", { class: "params" });
+    for (const [param, schema] of Object.entries(props)) {
+      const id = `p-${name}-${param}`;
+      const label = el("label", { for: id }, required.has(param) ? `${param} *` : param);
+      const control = paramControl(param, schema, id, `${name} ${param}`);
+      const value = (given[name] || {})[param];
+      if (value !== undefined) setControl(control, value);
+      grid.append(label, control);
+    }
+    set.append(grid);
+    box.append(set);
+  }
+}
+
+function paramControl(param, schema, id, name) {
+  const attrs = { id, "aria-label": name, "data-param": param };
+  if (param === "layer" && state.model && state.model.layers.length) {
+    const select = el("select", attrs);
+    select.append(el("option", { value: "" }, "(default)"), ...state.model.layers.map((l) => el("option", { value: l }, l)));
+    return select;
+  }
+  if (schema.type === "boolean") {
+    const select = el("select", attrs);
+    const d = schema.default === undefined ? "" : String(schema.default);
+    select.append(el("option", { value: "" }, `(default${d ? `: ${d}` : ""})`), el("option", { value: "true" }, "true"), el("option", { value: "false" }, "false"));
+    return select;
+  }
+  if (Array.isArray(schema.enum)) {
+    const select = el("select", attrs);
+    select.append(el("option", { value: "" }, `(default: ${schema.default ?? "none"})`), ...schema.enum.map((v) => el("option", { value: String(v) }, String(v))));
+    return select;
+  }
+  const input = el("input", { ...attrs, type: "text", placeholder: schema.default === undefined || schema.default === null ? "" : JSON.stringify(schema.default) });
+  if (schema.description) input.title = schema.description;
+  return input;
+}
+
+function setControl(control, value) {
+  control.value = typeof value === "string" ? value : JSON.stringify(value);
+}
+
+/** Each chosen method's params that were given (values as JSON where they parse). */
+function collectParams(lenient = false) {
+  const out = {};
+  for (const set of $("params").querySelectorAll("fieldset[data-method]")) {
+    const method = set.dataset.method;
+    for (const control of set.querySelectorAll("[data-param]")) {
+      const raw = control.value.trim();
+      if (!raw) continue;
+      let value = raw;
+      if (control.tagName === "INPUT" || raw === "true" || raw === "false") {
+        try {
+          value = JSON.parse(raw);
+        } catch (err) {
+          if (!lenient && /^[[{]/.test(raw)) throw new Error(`${method} ${control.dataset.param} is not valid JSON: ${err.message}`);
+        }
+      }
+      (out[method] ||= {})[control.dataset.param] = value;
+    }
+  }
+  return out;
+}
+
+function chosenMethods() {
+  return [...document.querySelectorAll('input[name="method"]:checked')].map((x) => x.value);
+}
+
+function chosenMetrics() {
+  return [...document.querySelectorAll('input[name="metric"]:checked')].map((x) => x.value);
+}
+
+// -- inputs ---------------------------------------------------------------------------------
+
+function renderRowEditor() {
+  const box = $("row-editor");
+  const m = state.model;
+  const form = m ? formOf(m) : "json";
+  box.hidden = form !== "row";
+  box.replaceChildren();
+  if (box.hidden) return;
+  let row;
+  try {
+    row = JSON.parse($("input").value)[0];
+  } catch {
+    row = startRow(m);
+  }
+  const names = m.inputs[0].features || row.map((_, i) => `${m.inputs[0].name}[${i}]`);
+  names.forEach((name, i) => {
+    const id = `feature-${i}`;
+    const input = el("input", { id, type: "number", step: "any", value: String(row[i] ?? 0) });
+    input.addEventListener("input", () => {
+      const rows = safeRows(m);
+      rows[0][i] = Number(input.value);
+      $("input").value = JSON.stringify(rows);
+    });
+    box.append(el("label", { for: id }, name), input);
+  });
+}
+
+function safeRows(m) {
+  try {
+    const rows = JSON.parse($("input").value);
+    if (Array.isArray(rows) && Array.isArray(rows[0])) return rows;
+  } catch {
+    /* the editor starts a fresh row */
+  }
+  return [startRow(m)];
+}
+
+function parseJSON(text, what = "Input") {
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new Error(`${what} is not valid JSON: ${err.message}`);
+  }
+}
+
+/** The attributions route's inputs for what was given. */
+function buildInputs() {
+  const m = state.model;
+  const form = formOf(m);
+  const text = $("input").value.trim();
+  if ((form === "image" || form === "encoded-image") && state.image && !text) {
+    return form === "image" ? tensorB64(state.image.pixels, state.image.shape) : [{ image: state.image.b64 }];
+  }
+  if (!text) throw new Error(form === "image" || form === "encoded-image" ? "Choose an image or give the inputs as JSON." : "Give an input.");
+  if (form === "text" && !/^[[{]/.test(text)) {
+    return text.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => (l.includes(" ||| ") ? l.split(" ||| ", 2) : l));
+  }
+  if (form === "prompt" && !text.startsWith("{")) return { prompt: text, features: null };
+  return parseJSON(text);
+}
+
+function buildTarget() {
+  const raw = $("target").value.trim();
+  const form = formOf(state.model);
+  if (!raw) {
+    if (form === "prompt") return null;
+    return state.model.output.shape.every((d) => d === 1) ? null : "predicted";
+  }
+  if (/^-?\d+$/.test(raw)) return Number(raw);
+  if (/^[[{]/.test(raw)) return parseJSON(raw, "Target");
+  return raw;
+}
+
+/** KServe V1 instances for the same inputs (the prediction beside the explanations). */
+function instancesOf(inputs) {
+  if (Array.isArray(inputs)) return inputs;
+  if (inputs && inputs.b64 && state.image) return [nested(state.image.pixels, state.image.shape.slice(1))];
+  return null;
+}
+
+function nested(values, shape) {
+  if (shape.length === 1) return Array.from(values.subarray(0, shape[0]));
+  const step = shape.slice(1).reduce((a, b) => a * b, 1);
+  return Array.from({ length: shape[0] }, (_, i) => nested(values.subarray(i * step, (i + 1) * step), shape.slice(1)));
+}
+
+// -- images ---------------------------------------------------------------------------------
+
+async function takeImage(blob, uploadId) {
+  const m = state.model;
+  const id = uploadId || (await call("/v1/uploads", { method: "POST", raw: { data: blob, type: blob.type || "image/png" } })).id;
+  const bitmap = await createImageBitmap(blob);
+  const bytes = new Uint8Array(await blob.arrayBuffer());
+  let b64 = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) b64 += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  const image = { id, blob, b64: btoa(b64), width: bitmap.width, height: bitmap.height };
+  if (formOf(m) === "image") {
+    // a built-in tensor model: scaled to [0, 1] (pixel / 255), resized to the model's input
+    const [, channels, h, w] = m.inputs[0].shape;
+    const canvas = el("canvas", { width: String(w), height: String(h) });
+    const ctx = canvas.getContext("2d");
+    ctx.drawImage(bitmap, 0, 0, w, h);
+    const rgba = ctx.getImageData(0, 0, w, h).data;
+    const pixels = new Float32Array(channels * h * w);
+    for (let p = 0; p < h * w; p++) {
+      if (channels === 1) pixels[p] = (rgba[4 * p] + rgba[4 * p + 1] + rgba[4 * p + 2]) / (3 * 255);
+      else for (let c = 0; c < 3; c++) pixels[c * h * w + p] = rgba[4 * p + c] / 255;
+    }
+    Object.assign(image, { pixels, shape: [1, channels, h, w] });
+  }
+  state.image = image;
+  $("input").value = "";
+}
+
+/** A canvas of the input image at the map's size, to draw the blocks over. */
+function pictureFor(map) {
+  if (!state.image || !state.image.pixels) return null;
+  const [, channels, h, w] = state.image.shape;
+  const shape = shapeOf(map);
+  if (shape[shape.length - 1] !== w || shape[shape.length - 2] !== h) return null;
+  const canvas = el("canvas", { width: String(w), height: String(h), "aria-hidden": "true" });
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(w, h);
+  const px = state.image.pixels;
+  for (let p = 0; p < h * w; p++) {
+    for (let c = 0; c < 3; c++) img.data[4 * p + c] = 255 * px[(channels === 1 ? 0 : c) * h * w + p];
+    img.data[4 * p + 3] = 255;
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+
+// -- results --------------------------------------------------------------------------------
+
+function style() {
+  return { sign: $("sign").value, colormap: $("colormap").value };
+}
+
+function pending(name) {
+  const region = el("section", { class: "result pending", "aria-label": name, "aria-busy": "true" });
+  region.append(el("h2", {}, name), el("p", {}, "computing…"));
+  return region;
+}
+
+function drawResult(region, name, res) {
+  region.classList.remove("pending");
+  region.removeAttribute("aria-busy");
+  region.replaceChildren(el("h2", {}, name));
+  const facts = el("p", { class: "facts" });
+  const add = (text) => facts.append(el("span", {}, text));
+  if (res.requested_method && res.requested_method !== res.method) add(`ran ${res.method}`);
+  if (res.target) add(`target ${JSON.stringify(res.target[0])}`);
+  if (res.outputs !== null && res.outputs !== undefined) add(`output ${fmt(flat(res.outputs)[0])}`);
+  if (res.convergence_delta) add(`delta ${fmt(flat(res.convergence_delta)[0])}`);
+  add(`${fmt(res.timing_ms.compute)} ms compute, ${fmt(res.timing_ms.total)} ms total`);
+  region.append(facts);
+  const look = style();
+  const m = state.model;
+  const n = res.target ? res.target.length : 1;
+  if (n > 1) region.append(el("p", { class: "hint" }, `example 1 of ${n}`));
+  if (res.token_attr) {
+    drawGrid(region, res.token_attr, res.input_tokens, res.output_tokens, look);
+  } else if (res.tokens) {
+    drawTokens(region, res.attributions[0], res.tokens[0], look);
+  } else {
+    const multi = m.inputs.length > 1 && Array.isArray(res.attributions) && res.attributions.length === m.inputs.length && !Array.isArray(params(res).layer);
+    const parts = multi ? res.attributions : [res.attributions];
+    parts.forEach((part, k) => {
+      const one = part[0];
+      const shape = shapeOf(one);
+      if (multi) region.append(el("p", { class: "hint" }, m.inputs[k].name));
+      if (shape.length === 3 || (shape.length === 2 && ["image", "encoded-image"].includes(formOf(m)))) {
+        drawImage(region, one, pictureFor(one), look);
+      } else {
+        const scores = flat(one).slice(0, 512);
+        const features = shape.length === 1 && !res.params.layer ? m.inputs[k].features : null;
+        const names = features || scores.map((_, i) => `${shape.length === 1 && !res.params.layer ? m.inputs[k].name : res.method}[${i}]`);
+        drawBars(region, scores, names, look);
+      }
+    });
+  }
+  if (res.metrics) drawMetrics(region, res.metrics, 0);
+  region.dataset.state = "done";
+}
+
+function params(res) {
+  return res.params || {};
+}
+
+function drawFailure(region, name, err) {
+  region.classList.remove("pending");
+  region.removeAttribute("aria-busy");
+  region.replaceChildren(el("h2", {}, name), el("p", { class: "hint" }, err instanceof Problem ? err.describe() : String(err.message || err)));
+  region.dataset.state = "failed";
+}
+
+function drawPrediction(predictions) {
+  const box = $("prediction");
+  box.replaceChildren();
+  if (!predictions) return;
+  const row = flat(predictions[0]);
+  const labels = state.model.output.labels;
+  const probs = row.every((v) => v >= 0 && v <= 1) && Math.abs(row.reduce((a, b) => a + b, 0) - 1) < 1e-3 ? row : softmax(row);
+  const order = probs.map((p, i) => [p, i]).sort((a, b) => b[0] - a[0]).slice(0, 5);
+  const grid = el("div", { class: "probs" });
+  for (const [p, i] of order) {
+    const track = el("div", { class: "track" });
+    const bar = el("div", { class: "bar" });
+    bar.style.width = `${(100 * p).toFixed(1)}%`;
+    track.append(bar);
+    grid.append(el("span", {}, labels[i] ?? String(i)), track, el("span", {}, `${(100 * p).toFixed(1)}%`));
+  }
+  box.append(el("h2", {}, "Prediction"), grid);
+}
+
+function softmax(row) {
+  const top = Math.max(...row);
+  const e = row.map((v) => Math.exp(v - top));
+  const sum = e.reduce((a, b) => a + b, 0);
+  return e.map((v) => v / sum);
+}
+
+function redraw() {
+  for (const d of state.drawn) if (d.response) drawResult(d.region, d.name, d.response);
+  saveURL();
+}
+
+// -- the URL --------------------------------------------------------------------------------
+
+function saveURL() {
+  const q = new URLSearchParams();
+  if (state.model) q.set("model", state.model.id);
+  q.set("methods", chosenMethods().join(","));
+  const given = collectParams(true);
+  if (Object.keys(given).length) q.set("params", JSON.stringify(given));
+  const text = $("input").value;
+  if (state.image && !text.trim()) q.set("upload", state.image.id);
+  else if (text.length <= URL_INPUT_MAX) q.set("input", text);
+  if ($("target").value.trim()) q.set("target", $("target").value.trim());
+  if (chosenMetrics().length) q.set("metrics", chosenMetrics().join(","));
+  q.set("sign", $("sign").value);
+  q.set("colormap", $("colormap").value);
+  history.replaceState(null, "", `#${q}`);
+}
+
+async function fromURL() {
+  const q = new URLSearchParams(location.hash.slice(1));
+  if (!q.has("model")) return false;
+  const preset = {
+    methods: q.get("methods") ? q.get("methods").split(",").filter(Boolean) : undefined,
+    params: q.get("params") ? parseJSON(q.get("params"), "The link's params") : {},
+    input: q.get("input") ?? undefined,
+  };
+  for (const [id, key] of [["sign", "sign"], ["colormap", "colormap"], ["target", "target"]]) {
+    if (q.has(key)) $(id).value = q.get(key);
+  }
+  const metrics = (q.get("metrics") || "").split(",");
+  for (const box of document.querySelectorAll('input[name="metric"]')) box.checked = metrics.includes(box.value);
+  chooseModel(q.get("model"), preset);
+  if (q.get("upload")) {
+    const blob = await call(`/v1/uploads/${encodeURIComponent(q.get("upload"))}`);
+    await takeImage(blob, q.get("upload"));
+  }
+  return Boolean(q.get("input") || q.get("upload"));
+}
+
+// -- explain --------------------------------------------------------------------------------
+
+async function explain(event) {
+  if (event) event.preventDefault();
+  clearError();
+  const m = state.model;
+  const methods = chosenMethods();
+  let inputs;
+  let target;
+  let given;
+  try {
+    if (!m) throw new Error("Choose a model.");
+    if (!methods.length) throw new Error("Choose at least one method.");
+    inputs = buildInputs();
+    target = buildTarget();
+    given = collectParams();
+  } catch (err) {
+    showError(err);
+    return;
+  }
+  saveURL();
+  const metrics = Object.fromEntries(chosenMetrics().map((x) => [x, {}]));
+  const controller = new AbortController();
+  state.running = controller;
+  $("explain").disabled = true;
+  $("cancel").disabled = false;
+  $("status").textContent = "computing…";
+  const started = performance.now();
+  state.drawn = methods.map((name) => ({ name, region: pending(name), response: null }));
+  $("results").replaceChildren(...state.drawn.map((d) => d.region));
+  let failed = null;
+  const jobs = state.drawn.map(async (d) => {
+    const body = { method: d.name, inputs, target, params: given[d.name] || {} };
+    if (state.methods.get(d.name)?.returns_delta) body.return_convergence_delta = true;
+    if (Object.keys(metrics).length) body.metrics = metrics;
+    try {
+      d.response = await call(`/v1/models/${encodeURIComponent(m.id)}/attributions`, { method: "POST", body, signal: controller.signal });
+      drawResult(d.region, d.name, d.response);
+    } catch (err) {
+      failed ||= err;
+      drawFailure(d.region, d.name, err);
+    }
+  });
+  const instances = m.predicts && formOf(m) !== "prompt" ? instancesOf(inputs) : null;
+  if (instances) {
+    jobs.push(
+      call(`/v1/models/${encodeURIComponent(m.id)}:predict`, { method: "POST", body: { instances }, signal: controller.signal })
+        .then((r) => drawPrediction(r.predictions))
+        .catch(() => drawPrediction(null)),
+    );
+  } else {
+    drawPrediction(null);
+  }
+  await Promise.all(jobs);
+  const ms = performance.now() - started;
+  state.running = null;
+  $("explain").disabled = false;
+  $("cancel").disabled = true;
+  if (controller.signal.aborted) {
+    $("status").textContent = "cancelled";
+  } else {
+    $("status").textContent = `done in ${ms.toFixed(0)} ms`;
+    if (failed) showError(failed);
+  }
+  state.explained += 1;
+  document.body.dataset.explained = String(state.explained);
+  document.body.dataset.explainMs = ms.toFixed(3);
+}
+
+// -- start ----------------------------------------------------------------------------------
+
+async function start() {
+  $("key").value = apiKey();
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    $("key").dispatchEvent(new Event("change"));
+  });
+  $("key").addEventListener("change", async () => {
+    setApiKey($("key").value.trim());
+    clearError();
+    await boot(false);
+  });
+  $("model").addEventListener("change", () => {
+    chooseModel($("model").value);
+    saveURL();
+  });
+  $("input").addEventListener("change", () => renderRowEditor());
+  $("image").addEventListener("change", async () => {
+    const file = $("image").files[0];
+    if (!file) return;
+    clearError();
+    try {
+      await takeImage(file);
+      saveURL();
+    } catch (err) {
+      showError(err);
+    }
+  });
+  $("sign").addEventListener("change", redraw);
+  $("colormap").addEventListener("change", redraw);
+  $("form").addEventListener("submit", explain);
+  $("cancel").addEventListener("click", () => state.running && state.running.abort());
+  await boot(true);
+}
+
+async function boot(first) {
+  try {
+    await loadCatalog();
+  } catch (err) {
+    showError(err);
+    document.body.dataset.ready = "error";
+    return;
+  }
+  let run = false;
+  try {
+    run = first && (await fromURL());
+  } catch (err) {
+    showError(err);
+  }
+  if (!state.model || !state.models.includes(state.model)) chooseModel((state.models.find((m) => m.ready) || state.models[0] || {}).id);
+  document.body.dataset.ready = "true";
+  if (run) await explain();
+}
+
+start();
