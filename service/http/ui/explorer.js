@@ -297,6 +297,7 @@ async function takeImage(blob, uploadId) {
   }
   state.image = image;
   $("input").value = "";
+  document.body.dataset.image = id;
 }
 
 /** A canvas of the input image at the map's size, to draw the blocks over. */

@@ -1,0 +1,268 @@
+"""The explorer (CONTRACT 7.6) in a real browser: Debian's Chromium driven by Playwright.
+
+For the tabular, image and text demo models the page is driven by its accessible names (Model,
+the methods' wire names, Input, Image, Target, Explain), and every drawn ``data-score`` is
+compared with the API's own numbers for the request the page sent. Errors show as the alert
+and the page goes on working; a reloaded link gives the same result; no request leaves the
+origin; with API keys on, the page asks for one. Screenshots of each demo go to
+``ATTRSERVE_ARTIFACTS`` (default ``build/artifacts``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from model_registry.builtin import image
+from tests.service.conftest import REPO, Server, start_server, stop_server
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip("Debian's chromium is missing (apt-get install chromium)", allow_module_level=True)
+
+ARTIFACTS = Path(os.environ.get("ATTRSERVE_ARTIFACTS", REPO / "build" / "artifacts"))
+KEY = "k-explorer"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the explorer, and what it sent: each request's URL and body."""
+
+    def __init__(self, browser: Any, server: Server) -> None:
+        self.server = server
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.page = self.context.new_page()
+        self.sent: list[tuple[str, str, Any]] = []
+        self.errors: list[str] = []
+        self.page.on("request", self._record)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def _record(self, request: Any) -> None:
+        body = request.post_data
+        self.sent.append((request.method, request.url, body))
+
+    def open(self, path: str = "/ui") -> None:
+        self.page.goto(self.server.url + path)
+        self.page.wait_for_selector("body[data-ready]")
+
+    def explain(self) -> None:
+        done = int(self.page.evaluate("document.body.dataset.explained || '0'"))
+        self.page.get_by_role("button", name="Explain").click()
+        self.page.wait_for_selector(f"body[data-explained='{done + 1}']", timeout=60_000)
+
+    def choose(self, model: str, methods: list[str]) -> None:
+        self.page.get_by_label("Model", exact=True).select_option(model)
+        for box in self.page.locator('input[name="method"]').all():
+            box.set_checked(box.get_attribute("value") in methods)
+
+    def scores(self, method: str) -> list[float]:
+        region = self.page.get_by_role("region", name=method, exact=True)
+        return [float(s) for s in region.locator("[data-score]").evaluate_all(
+            "els => els.map(e => e.dataset.score)")]  # fmt: skip
+
+    def requests(self, method: str) -> list[dict[str, Any]]:
+        """The attributions requests the page sent for ``method``."""
+        found = []
+        for verb, url, body in self.sent:
+            if verb == "POST" and url.endswith("/attributions") and body:
+                parsed = json.loads(body)
+                if parsed["method"] == method:
+                    found.append(parsed)
+        return found
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"explorer-{name}.png"), full_page=True)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: Server) -> Iterator[Page]:
+    p = Page(browser, server)
+    yield p
+    assert p.errors == []
+    origin = server.url
+    outside = [url for _, url, _ in p.sent if not url.startswith((origin, "data:", "blob:"))]
+    assert outside == [], "requests left the origin"
+    p.close()
+
+
+def api(server: Server, model: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{server.url}/v1/models/{model}/attributions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def blocks(attr: np.ndarray) -> np.ndarray:
+    """The page's blocks of a [C, H, W] map: sums over square blocks and channels, row-major."""
+    heat = attr.sum(axis=0)
+    h, w = heat.shape
+    size = max(1, -(-max(h, w) // 32))
+    rows, cols = -(-h // size), -(-w // size)
+    padded = np.zeros((rows * size, cols * size))
+    padded[:h, :w] = heat
+    return padded.reshape(rows, size, cols, size).sum(axis=(1, 3)).reshape(-1)
+
+
+def test_tabular_row_two_methods(page: Page) -> None:
+    page.open()
+    page.choose("tabular-mlp", ["integrated_gradients", "saliency"])
+    row = [1.0, 0.3, -0.2, 0.9, 0.1, -0.5, 0.4, 0.0]
+    for i, v in enumerate(row):  # the row editor, labelled by the model's feature names
+        name = "signal_0" if i == 0 else "signal_3" if i == 3 else f"noise_{i}"
+        page.page.get_by_label(name, exact=True).fill(str(v))
+    page.explain()
+    for method in ("integrated_gradients", "saliency"):
+        (sent,) = page.requests(method)
+        assert sent["inputs"] == [row] and sent["target"] == "predicted"
+        want = api(page.server, "tabular-mlp", sent)
+        np.testing.assert_allclose(page.scores(method), want["attributions"][0], rtol=1e-6)
+    probs = page.page.locator("#prediction").inner_text()
+    assert "high" in probs and "%" in probs
+    page.shot("tabular")
+    # a link reproduces it: the reload explains again, with the same numbers
+    before = {m: page.scores(m) for m in ("integrated_gradients", "saliency")}
+    assert "tabular-mlp" in page.page.url and "saliency" in page.page.url
+    page.page.reload()
+    page.page.wait_for_selector("body[data-explained='1']", timeout=60_000)
+    assert {m: page.scores(m) for m in before} == before
+
+
+def test_image_upload_two_methods_with_metrics(page: Page, tmp_path: Path) -> None:
+    x, _ = image.make_data(1, torch.Generator().manual_seed(7))
+    png = tmp_path / "square.png"
+    pixels = (x[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    Image.fromarray(pixels).save(png)
+    page.open()
+    page.choose("image-cnn", ["saliency", "occlusion"])
+    page.page.get_by_label("occlusion sliding_window_shapes").fill("[3, 4, 4]")
+    page.page.get_by_label("occlusion strides").fill("[3, 4, 4]")
+    page.page.get_by_label("deletion", exact=True).check()
+    page.page.get_by_label("Image", exact=True).set_input_files(str(png))
+    page.page.wait_for_selector("body[data-image]")  # uploaded, and drawn at the model's size
+    assert "upload=" in page.page.url
+    page.explain()
+    for method in ("saliency", "occlusion"):
+        (sent,) = page.requests(method)
+        assert sent["inputs"]["shape"] == [1, 3, 32, 32]  # pixel / 255, at the model's size
+        want = api(page.server, "image-cnn", sent)
+        got = page.scores(method)
+        assert len(got) == 32 * 32  # one block per pixel at this size
+        expected = blocks(np.asarray(want["attributions"][0]))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        assert len(want["metrics"]["deletion"]["curve"][0]) == 21
+    region = page.page.get_by_role("region", name="occlusion", exact=True)
+    assert "deletion" in region.inner_text()
+    page.shot("image")
+    # the link names the upload: a new page from it shows the same scores
+    link = page.page.url
+    before = page.scores("saliency")
+    page.page.goto("about:blank")
+    page.page.goto(link)
+    page.page.wait_for_selector("body[data-explained='1']", timeout=60_000)
+    np.testing.assert_allclose(page.scores("saliency"), before)
+
+
+def test_text_tokens_two_methods(page: Page) -> None:
+    page.open()
+    page.choose("text-classifier", ["integrated_gradients", "saliency"])
+    page.page.get_by_label("Input", exact=True).fill("a wonderful film")
+    page.page.get_by_label("Target", exact=True).fill("positive")
+    page.explain()
+    for method in ("integrated_gradients", "saliency"):
+        (sent,) = page.requests(method)
+        assert sent["inputs"] == ["a wonderful film"] and sent["target"] == "positive"
+        want = api(page.server, "text-classifier", sent)
+        tokens = want["tokens"][0]
+        region = page.page.get_by_role("region", name=method, exact=True)
+        assert [s.inner_text() for s in region.locator("[data-score]").all()] == tokens
+        np.testing.assert_allclose(
+            page.scores(method), want["attributions"][0][: len(tokens)], rtol=1e-6
+        )
+    page.shot("text")
+
+
+def test_an_error_is_an_alert_and_the_page_goes_on(page: Page) -> None:
+    page.open()
+    page.choose("tabular-mlp", ["saliency", "integrated_gradients"])
+    page.page.get_by_label("Target", exact=True).fill("nonsense")
+    page.explain()
+    alert = page.page.get_by_role("alert")
+    sent = page.requests("saliency")[0]
+    r = httpx.post(f"{page.server.url}/v1/models/tabular-mlp/attributions", json=sent)
+    assert r.status_code == 422
+    assert r.json()["detail"] in alert.inner_text()
+    page.page.get_by_label("Input", exact=True).fill("not json")
+    page.page.get_by_label("Target", exact=True).fill("")
+    page.page.get_by_role("button", name="Explain").click()
+    assert "not valid JSON" in alert.inner_text()
+    page.page.get_by_label("Input", exact=True).fill("[[1, 0, 0, 1, 0, 0, 0, 0]]")
+    page.explain()
+    assert alert.is_hidden()
+    assert len(page.scores("saliency")) == 8
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    toml = '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n'
+    keys = json.dumps([{"key": KEY, "models": ["tabular-mlp"]}])
+    s = start_server(tmp_path_factory.mktemp("explorer"), toml=toml, workers=1, api_keys=keys)
+    yield s
+    stop_server(s)
+
+
+def test_keys_on(browser: Any, keyed: Server) -> None:
+    p = Page(browser, keyed)
+    try:
+        p.page.goto(keyed.url + "/ui")  # the page and its files need no key
+        p.page.wait_for_selector("body[data-ready]")
+        assert "401" in p.page.get_by_role("alert").inner_text()
+        p.page.get_by_label("API key", exact=True).fill(KEY)
+        p.page.get_by_label("API key", exact=True).press("Enter")
+        p.page.wait_for_selector("#model option", state="attached")
+        p.choose("tabular-mlp", ["saliency"])
+        p.explain()
+        assert len(p.scores("saliency")) == 8
+        assert KEY not in p.page.url
+        assert p.page.evaluate("sessionStorage.length") == 1
+        sent = [b for _, url, b in p.sent if url.endswith("/attributions")]
+        assert sent, "the page sent no request"
+    finally:
+        p.close()
+
+
+def test_uploads_are_images_only(server: Server) -> None:
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), "red").save(buf, format="PNG")
+    r = httpx.post(f"{server.url}/v1/uploads", content=buf.getvalue(),
+                   headers={"content-type": "image/png"})  # fmt: skip
+    assert r.status_code == 201, r.text
+    got = httpx.get(f"{server.url}/v1/uploads/{r.json()['id']}")
+    assert got.content == buf.getvalue() and got.headers["content-type"] == "image/png"
+    bad = httpx.post(f"{server.url}/v1/uploads", content=b"hello")
+    assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body"]
+    assert httpx.get(f"{server.url}/v1/uploads/nope").status_code == 404
+    assert httpx.get(f"{server.url}/v1/uploads/..%2Fx").status_code == 404
+    page = httpx.get(f"{server.url}/ui")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert httpx.get(f"{server.url}/ui/secret.py").status_code == 404
