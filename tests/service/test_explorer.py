@@ -222,6 +222,27 @@ def test_an_error_is_an_alert_and_the_page_goes_on(page: Page) -> None:
     assert len(page.scores("saliency")) == 8
 
 
+def test_many_examples_go_as_a_job_with_progress(page: Page) -> None:
+    rows = np.random.default_rng(0).normal(size=(40, 8)).round(3).tolist()
+    page.open()
+    page.choose("tabular-mlp", ["saliency", "integrated_gradients"])
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(rows))
+    page.explain()
+    submitted = [url for verb, url, _ in page.sent if verb == "POST" and "attribution-jobs" in url]
+    assert len(submitted) == 2
+    jobs = [
+        httpx.get(url).json()
+        for verb, url, _ in page.sent
+        if verb == "GET" and url.endswith("/result")
+    ]
+    by_method = {j["method"]: j for j in jobs}
+    for method in ("saliency", "integrated_gradients"):
+        np.testing.assert_allclose(
+            page.scores(method), by_method[method]["attributions"][0], rtol=1e-6
+        )
+        assert "example 1 of 40" in page.page.get_by_role("region", name=method).inner_text()
+
+
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     toml = '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n'

@@ -10,6 +10,8 @@ const PREFERRED = ["integrated_gradients", "saliency", "occlusion", "feature_abl
 const SAMPLES = { text: "a wonderful film", prompt: "The capital of France is" };
 /** inputs longer than this stay out of the URL (an image goes by its upload id) */
 const URL_INPUT_MAX = 6000;
+/** more examples than this go as attribution jobs: progress shown, cancellable */
+const JOB_EXAMPLES = 32;
 
 const state = {
   models: [],
@@ -483,12 +485,15 @@ async function explain(event) {
   state.drawn = methods.map((name) => ({ name, region: pending(name), response: null }));
   $("results").replaceChildren(...state.drawn.map((d) => d.region));
   let failed = null;
+  const asJob = countOf(inputs) > JOB_EXAMPLES && m.kind !== "causal_lm";
   const jobs = state.drawn.map(async (d) => {
     const body = { method: d.name, inputs, target, params: given[d.name] || {} };
-    if (state.methods.get(d.name)?.returns_delta) body.return_convergence_delta = true;
-    if (Object.keys(metrics).length) body.metrics = metrics;
+    if (state.methods.get(d.name)?.returns_delta && m.kind !== "causal_lm") body.return_convergence_delta = true;
+    if (Object.keys(metrics).length && !asJob) body.metrics = metrics;
     try {
-      d.response = await call(`/v1/models/${encodeURIComponent(m.id)}/attributions`, { method: "POST", body, signal: controller.signal });
+      d.response = asJob
+        ? await runJob(m, body, d.region, controller.signal)
+        : await call(`/v1/models/${encodeURIComponent(m.id)}/attributions`, { method: "POST", body, signal: controller.signal });
       drawResult(d.region, d.name, d.response);
     } catch (err) {
       failed ||= err;
@@ -519,6 +524,40 @@ async function explain(event) {
   state.explained += 1;
   document.body.dataset.explained = String(state.explained);
   document.body.dataset.explainMs = ms.toFixed(3);
+}
+
+/** Examples in the inputs (a list, a base64 tensor, or one tensor per input). */
+function countOf(inputs) {
+  if (Array.isArray(inputs)) {
+    const first = inputs[0];
+    return first && !Array.isArray(first) && typeof first === "object" && first.shape ? first.shape[0] : inputs.length;
+  }
+  if (inputs && Array.isArray(inputs.shape)) return inputs.shape[0];
+  if (inputs && typeof inputs === "object") {
+    const first = Object.values(inputs)[0];
+    return Array.isArray(first) ? first.length : first && first.shape ? first.shape[0] : 1;
+  }
+  return 1;
+}
+
+/** A large request as an attribution job: its progress in the region, cancelled with the page's
+ * Cancel (DELETE /v1/jobs/{id}); the job's result once it has succeeded. */
+async function runJob(m, body, region, signal) {
+  const job = await call(`/v1/models/${encodeURIComponent(m.id)}/attribution-jobs`, { method: "POST", body, signal });
+  const bar = el("progress", { max: String(job.progress.total), value: "0", "aria-label": `${body.method} progress` });
+  const note = el("p", { class: "hint" }, `job ${job.id}: queued`);
+  region.replaceChildren(el("h2", {}, body.method), bar, note);
+  const cancel = () => call(`/v1/jobs/${job.id}`, { method: "DELETE" }).catch(() => {});
+  signal.addEventListener("abort", cancel, { once: true });
+  for (;;) {
+    if (signal.aborted) throw new Error("cancelled");
+    const info = await call(`/v1/jobs/${job.id}`);
+    bar.value = info.progress.done;
+    note.textContent = `job ${job.id}: ${info.status}, ${info.progress.done} of ${info.progress.total} examples`;
+    if (info.status === "succeeded") return call(`/v1/jobs/${job.id}/result`);
+    if (info.status !== "queued" && info.status !== "running") throw new Problem(info.error || { status: 500, title: `job ${info.status}` });
+    await new Promise((done) => setTimeout(done, 250));
+  }
 }
 
 // -- start ----------------------------------------------------------------------------------
