@@ -183,6 +183,31 @@ def test_image_upload_two_methods_with_metrics(page: Page, tmp_path: Path) -> No
     np.testing.assert_allclose(page.scores("saliency"), before)
 
 
+def test_sign_and_colormap_redraw_and_nothing_shifts(page: Page) -> None:
+    """Sign and colormap change the colours only (the scores stay); results arrive into
+    reserved space: no layout shift as they are drawn."""
+    page.open()
+    page.page.evaluate(  # every shift counted, also those right after the click
+        "window.__shift = 0; new PerformanceObserver(l => l.getEntries().forEach("
+        "e => { window.__shift += e.value; })).observe({type: 'layout-shift'})"
+    )
+    page.choose("tabular-mlp", ["saliency", "input_x_gradient"])
+    page.page.wait_for_timeout(200)
+    page.page.evaluate("window.__shift = 0")  # the form is laid out: now the results come
+    page.explain()
+    page.page.wait_for_timeout(200)  # the observer reports after the frame
+    shift = page.page.evaluate("window.__shift")
+    assert shift < 1e-4, shift  # nothing moved (Chrome calls a page good below 0.1)
+    scores = page.scores("input_x_gradient")
+    bars = page.page.get_by_role("region", name="input_x_gradient").locator(".bar")
+    before = bars.evaluate_all("els => els.map(e => e.style.background)")
+    page.page.get_by_label("Sign", exact=True).select_option("absolute")
+    page.page.get_by_label("Colormap", exact=True).select_option("viridis")
+    assert page.scores("input_x_gradient") == scores
+    assert bars.evaluate_all("els => els.map(e => e.style.background)") != before
+    assert "sign=absolute" in page.page.url and "colormap=viridis" in page.page.url
+
+
 def test_text_tokens_two_methods(page: Page) -> None:
     page.open()
     page.choose("text-classifier", ["integrated_gradients", "saliency"])
