@@ -69,6 +69,11 @@ async def submit_job(
     """Queue the attributions request as a job (validated now, run in chunks, persisted)."""
     spec = state.serving(model_id)
     row = await runner(state).submit(owner(request), spec, body, len(await request.body()))
+    return accepted(row)
+
+
+def accepted(row: JobRow) -> OrjsonResponse:
+    """A queued job's answer: 202, the job, and where to follow it."""
     return OrjsonResponse(row.public(), status_code=202, headers={"Location": f"/v1/jobs/{row.id}"})
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Depends, Header, Request
 from service.core.work import ATTACK, COUNTERFACTUAL
 from service.http.responses import OrjsonResponse
 from service.http.routes.attributions import ERRORS, Observed
-from service.http.routes.jobs import JOB_SUBMIT_ERRORS, owner, runner
+from service.http.routes.jobs import JOB_SUBMIT_ERRORS, accepted, owner, runner
 from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
 from service.serving import robustness
@@ -92,7 +92,7 @@ async def _submit(
     spec = state.serving(model_id)
     size = len(await request.body())
     row = await runner(state).submit_perturbation(owner(request), spec, body, size)
-    return OrjsonResponse(row.public(), status_code=202, headers={"Location": f"/v1/jobs/{row.id}"})
+    return accepted(row)
 
 
 @router.post(
