@@ -121,7 +121,7 @@ def build_job(settings: Settings, spec: ModelSpec, req: Request, deadline: float
             )
         params["seed"] = req.seed
     given = {k: params.pop(k) for k in TENSORS if k in params}
-    p = _checked(req, params)
+    p = _checked(req, {**params, **dict.fromkeys(given)})  # names now, tensors decoded below
     if p.get("attribution_method") is not None:
         try:
             registry.get(p["attribution_method"])

@@ -167,6 +167,13 @@ REFUSED: list[tuple[str, str, dict[str, Any], int, list[Any]]] = [
     ),
     (
         "attacks",
+        "a tensor param the attack has not",
+        {**FGSM, "params": {"epsilon": 1, "baselines": 0.5}},
+        422,
+        ["params", "baselines"],
+    ),
+    (
+        "attacks",
         "bad loss",
         {**FGSM, "params": {"epsilon": 1, "loss": "mse"}},
         422,

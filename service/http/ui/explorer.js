@@ -610,7 +610,11 @@ async function boot(first) {
   } catch (err) {
     showError(err);
   }
-  if (!state.model || !state.models.includes(state.model)) chooseModel((state.models.find((m) => m.ready) || state.models[0] || {}).id);
+  if (!state.model || !state.models.includes(state.model)) {
+    // a new catalogue (a key given): keep the model chosen, else the first that is ready
+    const keep = state.model && state.models.find((m) => m.id === state.model.id);
+    chooseModel((keep || state.models.find((m) => m.ready) || state.models[0] || {}).id);
+  }
   document.body.dataset.ready = "true";
   if (run) await explain();
 }
