@@ -67,20 +67,28 @@ class AttackResult:
     flipped: Tensor
 
 
-def check_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The method's parameters with their defaults, each checked."""
-    if method not in PARAMS:
+def with_defaults(
+    argument: str, name: str, table: dict[str, dict[str, Any]], params: dict[str, Any]
+) -> dict[str, Any]:
+    """``params`` of ``name`` (one of ``table``'s, given as ``argument``), each default filled
+    in; an unknown name or parameter is refused, naming what is known."""
+    if name not in table:
         raise InvalidArgumentError(
-            f"method must be one of {list(PARAMS)}, got {method!r}", argument="method"
+            f"{argument} must be one of {list(table)}, got {name!r}", argument=argument
         )
-    known = PARAMS[method]
+    known = table[name]
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise UnknownParameterError(
-            f"{method} takes no parameter {unknown[0]!r}; it takes {list(known)}",
+            f"{name} takes no parameter {unknown[0]!r}; it takes {list(known)}",
             argument=unknown[0],
         )
-    p = {**known, **params}
+    return {**known, **params}
+
+
+def check_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The method's parameters with their defaults, each checked."""
+    p = with_defaults("method", method, PARAMS, params)
     missing = [k for k, v in p.items() if v is REQUIRED]
     if missing:
         raise InvalidArgumentError(f"{method} needs {missing[0]}", argument=missing[0])

@@ -28,7 +28,7 @@ from methods.cancel import checkpoint
 from methods.engine.guard import model_guard
 from methods.engine.inputs import Forward, Tensors, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
-from methods.errors import InvalidArgumentError, InvalidTypeError, UnknownParameterError
+from methods.errors import InvalidArgumentError, InvalidTypeError
 from methods.robustness.attack import (
     LOSSES,
     check_masks,
@@ -36,9 +36,9 @@ from methods.robustness.attack import (
     per_example,
     pgd,
     sign_step,
+    with_defaults,
 )
 
-PERTURBATIONS = ("gaussian_noise", "fgsm", "pgd", "feature_ablation")
 OWN_PARAMS: dict[str, dict[str, Any]] = {
     "gaussian_noise": {"seed": None},
     "fgsm": {
@@ -82,19 +82,7 @@ class MinPerturbationResult:
 
 
 def _check(perturbation: str, params: dict[str, Any]) -> dict[str, Any]:
-    if perturbation not in PERTURBATIONS:
-        raise InvalidArgumentError(
-            f"perturbation must be one of {list(PERTURBATIONS)}, got {perturbation!r}",
-            argument="perturbation",
-        )
-    known = OWN_PARAMS[perturbation]
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise UnknownParameterError(
-            f"{perturbation} takes no parameter {unknown[0]!r}; it takes {list(known)}",
-            argument=unknown[0],
-        )
-    p = {**known, **params}
+    p = with_defaults("perturbation", perturbation, OWN_PARAMS, params)
     if p.get("loss", "nll") not in LOSSES:
         raise InvalidArgumentError(f"loss must be one of {list(LOSSES)}", argument="loss")
     if perturbation == "pgd":
@@ -326,12 +314,8 @@ def min_perturbation(
 ) -> MinPerturbationResult:
     """Per example, the least parameter of ``perturbation`` in ``[arg_min, arg_max)`` (by
     ``arg_step``) whose perturbed input the model no longer gives class ``target``."""
-    if mode not in ("linear", "binary"):
-        raise InvalidArgumentError(
-            f"mode must be 'linear' or 'binary', got {mode!r}", argument="mode"
-        )
-    _range(arg_min, arg_max, arg_step)
-    p = _check(perturbation, params)
+    ranged = {"arg_min": arg_min, "arg_max": arg_max, "arg_step": arg_step, "mode": mode}
+    p = check_params(perturbation, {**ranged, **params})
     xs, as_tuple = format_inputs(inputs)
     n = int(xs[0].shape[0])
     tgt = make_target(target, n)

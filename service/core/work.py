@@ -85,16 +85,17 @@ def study_job(
     model_id: str,
     method: str,
     arrays: tuple[np.ndarray, ...],
-    study: dict[str, Any],
+    study: dict[str, Any] | None = None,
     *,
     texts: tuple[str | tuple[str, str], ...] = (),
     deadline: float = 0.0,
     cost: int = 1,
     seed: int | None = None,
     max_tokens: int | None = None,
+    request_id: str = "",
 ) -> Job:
-    """A job of one of the ``STUDIES`` (no attribution parameters): its inputs, and what the
-    worker studies beyond them."""
+    """A job with no attribution parameters (a prediction, or one of the ``STUDIES``): its
+    inputs, and what the worker studies beyond them."""
     n = len(texts) if texts else int(arrays[0].shape[0])
     return Job(
         id=new_id(),
@@ -114,6 +115,7 @@ def study_job(
         n=n,
         cost=cost,
         max_tokens=max_tokens,
+        request_id=request_id,
         study=study,
     )
 

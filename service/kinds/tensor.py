@@ -36,6 +36,7 @@ from service.core.work import (
     Reply,
     WireTarget,
     new_id,
+    study_job,
 )
 from service.kinds import (
     checks,
@@ -211,27 +212,17 @@ class TensorKind(ModelKind):
         )
         if decoded.texts:
             checks.check_texts(decoded.texts, settings)
-        job = Job(
-            id=new_id(),
-            model_id=spec.id,
-            method=PREDICT,
-            arrays=decoded.arrays,
+        job = study_job(
+            spec.id,
+            PREDICT,
+            decoded.arrays,
             texts=decoded.texts,
-            target=None,
-            baselines=None,
-            params={},
-            internal_batch_size=None,
-            perturbations_per_eval=None,
-            noise_tunnel=None,
-            seed=None,
-            return_delta=False,
             deadline=deadline,
-            n=decoded.n,
             cost=decoded.n,
-            request_id=request_id,
             max_tokens=settings.max_text_tokens,
-            predictions=True,
+            request_id=request_id,
         )
+        job.predictions = True
         job.key = merging.predict_key(job)
         return job
 

@@ -7,6 +7,7 @@ call. Its Content-Security-Policy lets it reach its own origin only."""
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
 from typing import Annotated, Any
 
@@ -38,7 +39,9 @@ HEADERS = {
 }
 
 
+@cache
 def _file(name: str) -> bytes:
+    """One of the page's files, read once (they are package data)."""
     return resources.files("service.http").joinpath("ui", name).read_bytes()
 
 

@@ -83,7 +83,7 @@ function chooseModel(id, preset = {}) {
   );
   renderParams(preset.params || {});
   $("image-field").hidden = !(form === "image" || form === "encoded-image");
-  if (!preset.keepImage) state.image = null;
+  state.image = null;
   $("input").value = preset.input ?? (SAMPLES[form] || (form === "row" ? JSON.stringify([startRow(m)]) : ""));
   $("input-hint").textContent = {
     text: "One text per line; a pair as: premise ||| hypothesis. JSON works too.",
@@ -353,7 +353,7 @@ function drawResult(region, name, res) {
   } else if (res.tokens) {
     drawTokens(region, res.attributions[0], res.tokens[0], look);
   } else {
-    const multi = m.inputs.length > 1 && Array.isArray(res.attributions) && res.attributions.length === m.inputs.length && !Array.isArray(params(res).layer);
+    const multi = m.inputs.length > 1 && Array.isArray(res.attributions) && res.attributions.length === m.inputs.length && !Array.isArray(res.params.layer);
     const parts = multi ? res.attributions : [res.attributions];
     parts.forEach((part, k) => {
       const one = part[0];
@@ -371,10 +371,6 @@ function drawResult(region, name, res) {
   }
   if (res.metrics) drawMetrics(region, res.metrics, 0);
   region.dataset.state = "done";
-}
-
-function params(res) {
-  return res.params || {};
 }
 
 function drawFailure(region, name, err) {
