@@ -10,7 +10,7 @@ your own.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -125,5 +125,17 @@ def build(root: Path) -> Path:
     return root / "models.toml"
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.hf_dirs",
+        description="Build tiny random Hugging Face classifier directories (reviews, ner, "
+        "flowers), a photo and a models.toml serving them; print the models.toml's path.",
+    )
+    parser.add_argument(
+        "root", nargs="?", default="hf-demo", type=Path, help="where to build (default: hf-demo)"
+    )
+    print(build(parser.parse_args(argv).root))
+
+
 if __name__ == "__main__":
-    print(build(Path(sys.argv[1] if len(sys.argv) > 1 else "hf-demo")))
+    main()
