@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import re
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,7 +21,6 @@ from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.http import docs, openapi_doc, problems
-from service.http.fastpath import FastAttributions, takes
 from service.http.limits import BodyLimit
 from service.http.middleware import ApiKeys, RequestContext
 from service.http.responses import OrjsonResponse
@@ -38,6 +36,7 @@ from service.http.routes import (
     robustness,
     ui,
 )
+from service.http.routing import RouteTable, found
 from service.http.state import AppState
 from service.jobs.influence import InfluenceIndexes
 from service.jobs.runner import JobRunner
@@ -46,8 +45,6 @@ from service.serving import kserve
 from service.serving.concepts import store_builtin
 
 log = logging.getLogger("attrserve")
-#: the job submission route takes bodies up to ``max_job_body_bytes``
-JOB_SUBMIT = re.compile(r"/v1/models/[^/]+/attribution-jobs")
 DESCRIPTION = (
     "Attributions for PyTorch models over HTTP: Captum's catalogue, exact and fast. "
     "Errors are application/problem+json (RFC 9457)."
@@ -55,15 +52,18 @@ DESCRIPTION = (
 
 
 class AttrServe(FastAPI):
-    """The FastAPI app inside our own middleware (``outer``: request id and access log,
-    body limit, API keys), which every request passes, the attribution fast path's too.
+    """The FastAPI app inside our own middleware (``outer``: request id and access log, the
+    route found once, body limit, API keys), which every request passes.
 
-    ``fast_path`` (``service.http.fastpath``) takes only the attribution route's requests and hands
-    back to ``fastapi_call`` whatever it does not answer itself.
+    A route that declares a fast handler (``service.http.routing.Policy.fast``: the attribution
+    route, KServe's and OIP's model routes) is served by it in front of FastAPI's machinery,
+    which gets whatever the handler does not answer itself; ``fast_path`` off: FastAPI serves
+    every route (the same answers, the load benchmark's baseline).
     """
 
-    fast_path: ASGIApp | None = None
+    fast_path: bool | None = True
     outer: ASGIApp | None = None
+    table: RouteTable | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.outer is not None and scope["type"] == "http":
@@ -72,8 +72,11 @@ class AttrServe(FastAPI):
             await super().__call__(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.fast_path is not None and takes(scope):
-            await self.fast_path(scope, receive, send)
+        route = found(scope)
+        fast = route.policy.fast
+        if fast is not None and self.fast_path and route.full and not scope.get("root_path"):
+            state = self.state.attrserve
+            await fast(state, self.fastapi_call, route.params, scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 
@@ -86,7 +89,7 @@ class AttrServe(FastAPI):
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in openapi_doc.RAW_SCHEMAS.items():  # the raw routes' request bodies
                 schemas.setdefault(name, schema)
-            self.openapi_schema = openapi_doc.finish(doc)
+            self.openapi_schema = openapi_doc.finish(doc, RouteTable(self.routes).policies())
         return self.openapi_schema
 
 
@@ -188,11 +191,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.include_router(influence.router)
     app.include_router(robustness.router)
     app.include_router(ui.router)
-    app.fast_path = FastAttributions(app.fastapi_call, state)
     inner: ASGIApp = BodyLimit(
         ApiKeys(app.dispatch, settings),
         max_bytes=settings.max_body_bytes,
-        larger={JOB_SUBMIT: settings.max_job_body_bytes},
+        job_bytes=settings.max_job_body_bytes,
     )
     if settings.gzip_min_bytes is not None:
         inner = GZipMiddleware(
@@ -219,7 +221,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
                 "traceresponse",
             ],
         )
-    app.outer = RequestContext(inner, access=settings.access_log)
+    # every route is declared by now: the one table the layers above read each request's from
+    app.outer = RequestContext(inner, access=settings.access_log, routes=RouteTable(app.routes))
     return app
 
 

@@ -47,6 +47,9 @@ class Job:
     deadline: float  # time.time() after which the work is abandoned
     n: int
     cost: int
+    #: the method the request named (``method`` is what the engine runs: a token model's
+    #: gradient method is rewritten onto its embedding layer); None: the same
+    requested: str | None = None
     #: token models: the embedding layer a rewritten gradient method attributes to (summed)
     attributed_layer: str | None = None
     #: saliency rewritten onto a layer: take the absolute value before summing

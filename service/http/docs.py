@@ -11,17 +11,24 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+from service.http.routing import OPEN, declare
 
 ASSETS = Path(fastapi_offline.__file__).parent / "static"
-#: under /docs, so the open-paths rule (no API key) covers the assets too
 PREFIX = "/docs/assets"
 
 
 def install(app: FastAPI) -> None:
-    app.mount(PREFIX, StaticFiles(directory=ASSETS), name="docs-assets")
+    """The documentation routes, all open without a key (FastAPI's own ``/openapi.json`` too)."""
+    app.mount(PREFIX, declare(OPEN)(StaticFiles(directory=ASSETS)), name="docs-assets")
     title = f"{app.title} {app.version}"
+    for route in app.routes:
+        if isinstance(route, Route) and route.path == app.openapi_url:
+            declare(OPEN)(route.endpoint)
 
     @app.get("/docs", include_in_schema=False)
+    @declare(OPEN)
     async def swagger() -> HTMLResponse:
         return get_swagger_ui_html(
             openapi_url=app.openapi_url or "/openapi.json",
@@ -32,6 +39,7 @@ def install(app: FastAPI) -> None:
         )
 
     @app.get("/redoc", include_in_schema=False)
+    @declare(OPEN)
     async def redoc() -> HTMLResponse:
         return get_redoc_html(
             openapi_url=app.openapi_url or "/openapi.json",

@@ -2,36 +2,30 @@
 
 from __future__ import annotations
 
-import re
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core.errors import BodyTooLarge
 from service.http.problems import problem
+from service.http.routing import found
 
 
 class BodyLimit:
-    """``max_bytes`` for every route; routes whose path matches a pattern in ``larger`` get
-    that pattern's limit instead (attribution jobs take larger bodies)."""
+    """``max_bytes`` for every route; ``job_bytes`` for the routes that declare job bodies
+    (``Policy.job_body``: job submissions take larger bodies)."""
 
-    def __init__(
-        self, app: ASGIApp, max_bytes: int, larger: dict[re.Pattern[str], int] | None = None
-    ) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, job_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.larger = larger or {}
+        self.job_bytes = job_bytes
 
-    def limit(self, path: str) -> int:
-        for pattern, limit in self.larger.items():
-            if pattern.fullmatch(path):
-                return limit
-        return self.max_bytes
+    def limit(self, scope: Scope) -> int:
+        return self.job_bytes if found(scope).policy.job_body else self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        max_bytes = self.limit(scope["path"])
+        max_bytes = self.limit(scope)
         err = BodyTooLarge(f"the request body is over the limit of {max_bytes} bytes")
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > max_bytes:

@@ -1,5 +1,7 @@
-"""Pure ASGI middleware every request passes, in this order: request id and access log, body
-limit, API key. They wrap the whole app (every route), and run before any body is read.
+"""Pure ASGI middleware every request passes, in this order: request id, access log and the
+route found once (``service.http.routing.RouteTable``), body limit, API key. They wrap the whole app
+(every route), run before any body is read, and read the route's own declaration (its
+``Policy``), never a pattern of its path.
 """
 
 from __future__ import annotations
@@ -19,34 +21,15 @@ from service.core.context import access_log, error_log, request_id
 from service.core.errors import ServiceError
 from service.http.auth import authenticate, authorize
 from service.http.problems import problem
+from service.http.routing import RouteTable, found, route_info
 
 #: a caller's X-Request-ID is kept if it is this (printable ASCII, at most 128 characters)
 CALLER_ID = re.compile(r"[\x21-\x7e]{1,128}")
-#: routes open without a key: health (ours and OIP's), OIP server metadata, metrics, the
-#: API's own documentation, and the explorer's page and files (it asks for the key itself)
-OPEN_PATHS = re.compile(r"/(|v[12]/health/.*|v2/?|metrics|docs.*|redoc|openapi\.json|ui(/.*)?)")
-#: routes about one model (ours, KServe V1's ``:predict``, OIP's): the key must allow it
-MODEL_PATH = re.compile(r"/v[12]/models/(?P<model_id>[^/:]+)(?:[/:].*)?")
-
-
-def route_info(scope: Scope) -> dict[str, Any]:
-    """Where a route leaves what the access log reports (model, method)."""
-    state: dict[str, Any] = scope.setdefault("state", {})
-    info: dict[str, Any] = state.setdefault("attrserve", {})
-    return info
 
 
 def route_template(scope: Scope) -> str | None:
-    """The request's route as a template (a span's name): the route FastAPI matched, else a model
-    route's path with the model id as ``{model_id}`` (the fast path's), else None."""
-    path = getattr(scope.get("route"), "path", None)
-    if isinstance(path, str):
-        return path
-    path = scope["path"]
-    match = MODEL_PATH.fullmatch(path)
-    if match is None:
-        return None
-    return f"{path[: match.start('model_id')]}{{model_id}}{path[match.end('model_id') :]}"
+    """The request's route as a template (a span's name), e.g. ``/v1/models/{model_id}``."""
+    return found(scope).template
 
 
 class RequestContext:
@@ -56,10 +39,17 @@ class RequestContext:
     anything unexpected."""
 
     def __init__(
-        self, app: ASGIApp, *, access: bool, traces: tracing.Tracing | None = None
+        self,
+        app: ASGIApp,
+        *,
+        access: bool,
+        traces: tracing.Tracing | None = None,
+        routes: RouteTable | None = None,
     ) -> None:
         self.app = app
         self.access = access
+        #: the app's routes: each request's is found once, here, for every layer inside
+        self.routes = routes
         # spans when the OTEL_* variables ask (the SDK's own; read once, here at start)
         self.traces = traces or tracing.Tracing.from_environ(os.environ)
 
@@ -76,6 +66,8 @@ class RequestContext:
         ours = {b"x-request-id": rid.encode(), b"traceresponse": trace.response.encode()}
         info = route_info(scope)
         info["request_id"] = rid
+        if self.routes is not None:
+            info["route"] = self.routes.find(scope)
         status = 0
 
         async def send_with_id(message: Message) -> None:
@@ -131,8 +123,9 @@ class RequestContext:
 
 
 class ApiKeys:
-    """401 without a valid key, 403 for a model the key may not use: from the headers alone,
-    before any body is read or parsed."""
+    """401 without a valid key, 403 for a model the key may not use: from the headers and the
+    route's declaration alone (open routes take no key; a route with a ``model_id`` checks
+    that model), before any body is read or parsed."""
 
     def __init__(self, app: ASGIApp, settings: Any) -> None:
         self.app = app
@@ -142,15 +135,15 @@ class ApiKeys:
         if scope["type"] != "http" or not self.settings.keys:
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        if OPEN_PATHS.fullmatch(path) is None:
+        route = found(scope)
+        if route.policy.keyed:
             try:
                 key = authenticate(self.settings, Headers(scope=scope))
-                match = MODEL_PATH.fullmatch(path)
-                if match is not None:
-                    authorize(key, match["model_id"], self.settings)
+                model_id = route.params.get("model_id")
+                if model_id is not None:
+                    authorize(key, model_id, self.settings)
             except ServiceError as err:
-                await problem(err, path)(scope, receive, send)
+                await problem(err, scope["path"])(scope, receive, send)
                 return
             route_info(scope)["api_key"] = key
         await self.app(scope, receive, send)

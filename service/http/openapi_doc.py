@@ -23,7 +23,7 @@ from typing import Any
 
 from methods import registry
 from methods.params import TENSOR_SCHEMA as PARAM_TENSOR
-from service.http.middleware import MODEL_PATH, OPEN_PATHS
+from service.http.routing import DEFAULT, Policy
 from service.serving.catalog import method_list
 from service.wire.attributions import TENSOR, WIRE_SCHEMAS
 
@@ -66,9 +66,9 @@ def raw_body(
 SIBLINGS = ("title", "description", "default")
 
 
-def finish(doc: dict[str, Any]) -> dict[str, Any]:
+def finish(doc: dict[str, Any], policies: dict[str, Policy]) -> dict[str, Any]:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-    _errors_and_keys(doc)
+    _errors_and_keys(doc, policies)
     for name in FASTAPI_SCHEMAS:
         schemas.pop(name, None)
     if REQUEST in schemas:
@@ -83,21 +83,22 @@ def _declare(responses: dict[str, Any], codes: dict[int, str]) -> None:
         responses.setdefault(str(code), {"description": text})
 
 
-def _errors_and_keys(doc: dict[str, Any]) -> None:
+def _errors_and_keys(doc: dict[str, Any], policies: dict[str, Policy]) -> None:
+    """Each operation's errors, and its security as its route declares it (``policies``: each
+    route's path template and its policy)."""
     schemes = doc["components"].setdefault("securitySchemes", {})
     schemes["bearer"] = {"type": "http", "scheme": "bearer", "description": "an API key"}
     schemes["apiKey"] = {"type": "apiKey", "in": "header", "name": "X-API-Key"}
     for path, operations in doc.get("paths", {}).items():
-        # the path template as a request would have it (model routes)
-        sample = path.replace("{model_id}", "m")
+        policy = policies.get(path, DEFAULT)
         for op in operations.values():
             responses = op.setdefault("responses", {})
             _declare(responses, ALWAYS)
-            if OPEN_PATHS.fullmatch(sample) is None:
+            if policy.keyed:
                 _declare(responses, KEYED)
                 # keys are optional on a server: none, or either scheme
                 op["security"] = [{}, {"bearer": []}, {"apiKey": []}]
-                if MODEL_PATH.fullmatch(sample) is not None:
+                if "{model_id}" in path:
                     _declare(responses, MODEL)
             for code, response in responses.items():
                 if not code.isdigit() or int(code) < 400:

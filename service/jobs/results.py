@@ -40,6 +40,7 @@ def chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
         "tokens": reply.tokens,
         "params": reply.params,
         "compute_ms": reply.compute_ms,
+        "requested": job.requested,
         "attributed_layer": job.attributed_layer,
         "study": reply.study,
         # attacks and counterfactuals: which, and their per-example lists (flipped, min_param)

@@ -40,7 +40,7 @@ from service.core.work import ATTACK, COUNTERFACTUAL, INFLUENCE_INDEX, Job, Repl
 from service.jobs.results import chunk_arrays, concat, merged, studies
 from service.jobs.store import JobRow, JobStore
 from service.jobs.work import dumps, fingerprint, loads
-from service.kinds.base import envelope
+from service.kinds.base import Ran, envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
 from service.pool.split import chunk
 from service.serving import robustness
@@ -431,10 +431,9 @@ class JobRunner:
             name = str(first.get("name"))
             perturbed = robustness.envelope(model, row.method, name, whole, "json", timing_ms)
             return {"job_id": row.id, **perturbed}
-        body = {"job_id": row.id, **envelope(model, row.method, whole, "json", timing_ms)}
+        ran = Ran(row.method, first.get("requested"), first.get("attributed_layer"))
+        body = {"job_id": row.id, **envelope(model, ran, whole, "json", timing_ms)}
         del body["merged_requests"]  # chunks run alone
-        if first.get("attributed_layer"):
-            body["attributed_layer"] = first["attributed_layer"]
         return body
 
 

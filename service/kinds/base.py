@@ -11,7 +11,8 @@ loop (cancellation, errors as data).
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from service.kinds import checks
 from service.kinds.plan import Plan
 from service.wire import codec
 from service.wire.attributions import AttributionRequest
+
+T = TypeVar("T")
 
 
 class ModelKind:
@@ -111,9 +114,7 @@ class ModelKind:
         timing: dict[str, float],
     ) -> dict[str, Any]:
         """The attributions response body."""
-        return envelope(
-            (spec.id, spec.version), job.method, reply, req.output_encoding, timing, req.method, job
-        )
+        return envelope((spec.id, spec.version), Ran.of(job), reply, req.output_encoding, timing)
 
     def pictures(self, spec: ModelSpec) -> int:
         """Pictures drawn per example (one per model input)."""
@@ -133,31 +134,65 @@ def timing(queue_ms: float, compute_ms: float, started: float) -> dict[str, floa
     }
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What ran for a request, as its answer says: the engine's method, the method the
+    request named, and the layer a token model's rewrite attributed to."""
+
+    method: str
+    requested: str | None = None
+    attributed_layer: str | None = None
+
+    @classmethod
+    def of(cls, job: Job) -> Ran:
+        return cls(job.method, job.requested, job.attributed_layer)
+
+    def members(self) -> dict[str, Any]:
+        """``method``, and ``requested_method`` and ``attributed_layer`` where they tell
+        something (always both on a rewritten request)."""
+        out: dict[str, Any] = {"method": self.method}
+        if self.attributed_layer is not None:
+            if self.requested is not None:
+                out["requested_method"] = self.requested
+            out["attributed_layer"] = self.attributed_layer
+        elif self.requested is not None and self.requested != self.method:
+            out["requested_method"] = self.requested
+        return out
+
+
+def grouped(parts: list[T], reply: Reply) -> Any:
+    """The engine's structure of ``parts`` (one per attributed tensor, in order): one, a
+    tuple (a list) per input, or one entry per layer of a list of layers."""
+    if reply.layers is not None:
+        out: list[Any] = []
+        at = 0
+        for count in reply.layers:
+            out.append(parts[at] if count == 1 else parts[at : at + count])
+            at += count
+        return out
+    if reply.as_tuple:
+        return parts
+    return parts[0] if parts else []
+
+
 def envelope(
     model: tuple[str, str],
-    method: str,
+    ran: Ran,
     reply: Reply,
     encoding: str,
     timing_ms: dict[str, float],
-    requested: str | None = None,
-    job: Job | None = None,
 ) -> dict[str, Any]:
-    """The one attributions response body (synchronous answers, a job's result, and with a
-    kind's own members added), from a reply; ``model``: its id and version."""
-    enc = [codec.encode_tensor(a, encoding) for a in reply.attributions]
-    attributions: Any = enc if reply.as_tuple else (enc[0] if enc else [])
+    """The one attributions response body, from a reply: synchronous answers (a kind adds
+    its own members), a job's result (chunks joined into one reply), and what KServe's and
+    OIP's explain reshape; ``model``: its id and version."""
+    attributions = grouped([codec.encode_tensor(a, encoding) for a in reply.attributions], reply)
     delta: Any = None if reply.delta is None else codec.encode_tensor(reply.delta, encoding)
-    if reply.layers is not None:  # a list of layers: one entry per layer, as the engine's
-        attributions, at = [], 0
-        for count in reply.layers:
-            attributions.append(enc[at] if count == 1 else enc[at : at + count])
-            at += count
-        if reply.delta is not None:
-            delta = [codec.encode_tensor(np.ascontiguousarray(d), encoding) for d in reply.delta.T]
+    if reply.layers is not None and reply.delta is not None:  # (N, layers): one per layer
+        delta = [codec.encode_tensor(np.ascontiguousarray(d), encoding) for d in reply.delta.T]
     body: dict[str, Any] = {
         "model_id": model[0],
         "model_version": model[1],
-        "method": method,
+        "method": ran.method,
         "attributions": attributions,
         "convergence_delta": delta,
         "target": reply.target,
@@ -165,14 +200,8 @@ def envelope(
         "params": reply.params,
         "merged_requests": reply.merged,
         "timing_ms": timing_ms,
+        **ran.members(),
     }
-    layer = job.attributed_layer if job is not None else None
-    if layer is not None:
-        if requested is not None:
-            body["requested_method"] = requested
-        body["attributed_layer"] = layer
-    elif requested is not None and requested != method:
-        body["requested_method"] = requested
     if reply.tokens is not None:
         body["tokens"] = reply.tokens
     if reply.verification is not None:

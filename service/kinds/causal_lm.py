@@ -29,7 +29,7 @@ from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedM
 from service.core.settings import Settings
 from service.core.work import Job, Reply, new_id
 from service.kinds import checks
-from service.kinds.base import ModelKind, envelope
+from service.kinds.base import ModelKind, Ran, envelope
 from service.wire.attributions import AttributionRequest
 from service.wire.engine_errors import from_engine
 
@@ -472,7 +472,7 @@ class CausalLMKind(ModelKind):
             outputs=reply.outputs,
             params={k: v for k, v in reply.params.items() if k != "method"},
         )
-        body = envelope((spec.id, spec.version), method, shown, "json", timing, req.method)
+        body = envelope((spec.id, spec.version), Ran(method, req.method), shown, "json", timing)
         body["attributions"] = [g.get("seq_attr", [])]
         if body["outputs"] is not None:
             body["outputs"] = [float(x) for x in np.asarray(body["outputs"]).reshape(-1)]

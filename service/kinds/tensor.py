@@ -192,6 +192,7 @@ class TensorKind(ModelKind):
             deadline=deadline,
             n=inputs.n,
             cost=est,
+            requested=req.method,
             attributed_layer=planned.attributed_layer,
             post_abs=planned.post_abs,
             request_id=request_id,

@@ -14,6 +14,7 @@ from service import kinds
 from service.core.errors import WHERE, InvalidRequest, Loc, ServiceError
 from service.core.settings import Settings
 from service.core.work import Reply
+from service.kinds.base import grouped
 from service.wire import codec, images
 from service.wire.attributions import REQUEST_FIELDS, AttributionRequest
 from service.wire.oip import V1Request
@@ -146,7 +147,8 @@ def _rows(value: np.ndarray | None, n: int, i: int, enc: str) -> Any:
 
 
 def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
-    """The attributions response, one entry per example."""
+    """The attributions response, one entry per example (each example's rows of the reply,
+    in the answer's structure: ``kinds.base.grouped``)."""
     n = (
         int(reply.predictions.shape[0])
         if reply.predictions is not None
@@ -154,15 +156,8 @@ def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
     )
     out = []
     for i in range(n):
-        parts = [_rows(a, n, i, enc) for a in reply.attributions]
-        shown: Any = parts if reply.as_tuple else parts[0]
-        if reply.layers is not None:  # a list of layers: one entry per layer
-            shown, at = [], 0
-            for count in reply.layers:
-                shown.append(parts[at] if count == 1 else parts[at : at + count])
-                at += count
         entry: dict[str, Any] = {
-            "attributions": shown,
+            "attributions": grouped([_rows(a, n, i, enc) for a in reply.attributions], reply),
             "target": None if reply.target is None else reply.target[i],
             "output": None if reply.outputs is None else float(reply.outputs.reshape(n, -1)[i, 0]),
         }
@@ -180,6 +175,8 @@ def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
 
 
 def explain_response(result: dict[str, Any], reply: Reply, enc: str) -> dict[str, Any]:
+    """KServe's explain body: the attributions answer (``result``, built once by the model's
+    kind) reshaped per instance, with the predictions."""
     body = {
         "model_id": result["model_id"],
         "model_version": result["model_version"],

@@ -360,3 +360,88 @@ def test_attack_and_counterfactual_jobs_equal_their_routes(
             np.testing.assert_allclose(z["perturbed"], want["perturbed"], rtol=1e-6)
         bad = c.post(f"/v1/models/tabular-mlp/{route}", json={**body, "render": {}}, headers=A)
         assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body", "render"]
+
+
+#: members of an answer that say how it was computed, not what: they differ between a
+#: synchronous answer and a job's by design (the batch sizes the engine chose for a job's
+#: chunks, which have other numbers of examples, are its first chunk's)
+HOW = {"job_id", "timing_ms", "merged_requests", "internal_batch_size", "perturbations_per_eval"}
+
+
+def assert_same_answer(got: Any, want: Any, where: str = "") -> None:
+    """``got`` equals ``want`` member by member: the same keys and strings exactly, numbers
+    within float32 round-off (a job's chunks batch examples differently)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict), where
+        assert set(got) - HOW == set(want) - HOW, (where, set(got) ^ set(want))
+        for key in set(want) - HOW:
+            assert_same_answer(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list) and want and all(isinstance(v, (dict, str)) for v in want):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same_answer(g, w, f"{where}[{i}]")
+    elif isinstance(want, (list, float)) and not isinstance(want, bool):
+        try:
+            expected = np.asarray(want, float)
+        except ValueError:  # ragged (a tuple of inputs, a list of layers, texts' tokens)
+            assert isinstance(got, list) and len(got) == len(want), where
+            for i, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert_same_answer(g, w, f"{where}[{i}]")
+            return
+        np.testing.assert_allclose(np.asarray(got, float), expected, 1e-4, 1e-5, err_msg=where)
+    else:
+        assert got == want, (where, got, want)
+
+
+@pytest.mark.parametrize(
+    ("model", "route", "body"),
+    [
+        ("tabular-mlp", "attribution", {"method": "integrated_gradients", "target": 2,
+         "params": {"n_steps": 8}, "return_convergence_delta": True}),
+        ("tabular-mlp", "attribution", {"method": "layer_integrated_gradients",
+         "target": "predicted", "params": {"layer": ["fc1", "fc3"], "n_steps": 4},
+         "return_convergence_delta": True}),
+        ("two-input", "attribution", {"method": "saliency", "target": 0}),
+        ("scripted", "attribution", {"method": "feature_ablation", "target": 1}),
+        ("image-cnn", "attribution", {"method": "input_x_gradient", "target": "predicted"}),
+        # token models: gradient methods rewritten onto the embedding layer
+        ("text-classifier", "attribution", {"method": "integrated_gradients",
+         "target": "predicted", "params": {"n_steps": 4}}),
+        ("text-classifier", "attribution", {"method": "saliency", "target": 1}),
+        ("text-classifier", "attribution", {"method": "feature_ablation", "target": 0}),
+        ("tabular-mlp", "attack", {"method": "pgd", "params": {"radius": 0.3, "step_num": 3,
+         "step_size": 0.1, "loss": "cross_entropy"}}),
+        ("tabular-mlp", "counterfactual", {"perturbation": "feature_ablation",
+         "params": {"arg_min": 0, "arg_max": 4, "arg_step": 1}}),
+    ],
+)  # fmt: skip
+def test_a_job_answers_as_its_route_member_by_member(
+    jobs_server: Server, model: str, route: str, body: dict[str, Any]
+) -> None:
+    """Every capability and model kind that takes jobs: the job's result is the synchronous
+    answer, with only ``job_id`` and the timing told apart (the answer is built once)."""
+    rng = np.random.default_rng(3)
+    if model == "text-classifier":
+        words = ["the", "film", "was", "great", "dull", "plot", "good", "bad"]
+        inputs: Any = [" ".join(rng.choice(words, 2 + i % 5)) for i in range(12)]
+    elif model == "two-input":
+        inputs = {"a": rng.random((12, 3)).tolist(), "b": rng.random((12, 2)).tolist()}
+    elif model == "image-cnn":
+        inputs = rng.random((6, 3, 32, 32), dtype=np.float32).tolist()
+    else:
+        inputs = (rng.random((12, 4 if model == "scripted" else 8)) * 2 - 1).tolist()
+    body = {**body, "inputs": inputs}
+    jobs = {"attribution": "attribution-jobs", "attack": "attack-jobs"}
+    sync = {"attribution": "attributions", "attack": "attacks"}
+    with jobs_server.client() as c:
+        r = c.post(f"/v1/models/{model}/{jobs.get(route, 'counterfactual-jobs')}", json=body,
+                   headers=A)  # fmt: skip
+        assert r.status_code == 202, r.text
+        info = wait(c, r.json()["id"], A)
+        assert info["status"] == "succeeded", info
+        result = c.get(f"/v1/jobs/{info['id']}/result", headers=A).json()
+        want = c.post(f"/v1/models/{model}/{sync.get(route, 'counterfactuals')}", json=body,
+                      headers=A)  # fmt: skip
+        assert want.status_code == 200, want.text
+    assert result["job_id"] == info["id"]
+    assert_same_answer(result, want.json())

@@ -17,7 +17,7 @@ from service import kinds
 from service.core.errors import InvalidRequest, ServiceError, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Job, Reply, new_id
-from service.kinds.base import ModelKind, envelope, timing
+from service.kinds.base import ModelKind, Ran, envelope, timing
 from service.serving import attributions, kserve
 from service.wire.attributions import AttributionRequest
 
@@ -167,7 +167,9 @@ def test_a_new_kind_is_one_module_and_one_entry(monkeypatch: pytest.MonkeyPatch)
 
 def test_the_response_envelope_is_shared() -> None:
     reply = Reply(job_id=1, attributions=[np.ones((2, 3))], target=[0, 1], params={"a": 1})
-    body = envelope(("m", "7"), "saliency", reply, "json", timing(1.0, 2.0, time.perf_counter()))
+    body = envelope(
+        ("m", "7"), Ran("saliency"), reply, "json", timing(1.0, 2.0, time.perf_counter())
+    )
     assert body["model_id"] == "m" and body["model_version"] == "7"
     assert body["attributions"].shape == (2, 3) and body["target"] == [0, 1]
     assert set(body["timing_ms"]) == {"queue", "compute", "total"}

@@ -27,11 +27,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from service.core import otel, tracing
 from service.core.work import Reply
 from service.http.middleware import RequestContext
+from service.http.routing import RouteTable
 from tests.service.conftest import REPO, Server, free_port, start_server, stop_server
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -158,6 +160,12 @@ async def fake_route(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
+#: the one route the fake app has, as the app's route table finds it (the span's name)
+FAKE_ROUTES = RouteTable(
+    [Route("/v1/models/{model_id}/attributions", fake_route, methods=["POST"])]
+)
+
+
 def call(app: RequestContext, path: str, headers: dict[str, str]) -> httpx.Response:
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
@@ -180,7 +188,7 @@ def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
 
 def test_server_span_continues_the_trace_with_its_children() -> None:
     traces, exporter = in_memory()
-    app = RequestContext(fake_route, access=False, traces=traces)
+    app = RequestContext(fake_route, access=False, traces=traces, routes=FAKE_ROUTES)
     r = call(app, "/v1/models/m-1/attributions", {"traceparent": f"00-{TRACE}-{PARENT}-01"})
     _, trace_id, child_id, flags = response_parts(r)
     assert (trace_id, flags) == (TRACE, "01") and r.headers["x-request-id"] == TRACE
@@ -214,7 +222,7 @@ def test_server_span_continues_the_trace_with_its_children() -> None:
 
 def test_caller_not_sampling_means_no_spans_and_flags_say_so() -> None:
     traces, exporter = in_memory()
-    app = RequestContext(fake_route, access=False, traces=traces)
+    app = RequestContext(fake_route, access=False, traces=traces, routes=FAKE_ROUTES)
     r = call(app, "/v1/models/m/attributions", {"traceparent": f"00-{TRACE}-{PARENT}-00"})
     assert response_parts(r)[1:4:2] == [TRACE, "00"]
     assert exporter.get_finished_spans() == ()
@@ -222,7 +230,7 @@ def test_caller_not_sampling_means_no_spans_and_flags_say_so() -> None:
 
 def test_new_trace_is_a_root_span_and_5xx_is_an_error() -> None:
     traces, exporter = in_memory()
-    app = RequestContext(fake_route, access=False, traces=traces)
+    app = RequestContext(fake_route, access=False, traces=traces, routes=FAKE_ROUTES)
     r = call(app, "/v1/models/m/attributions/503", {"traceparent": f"00-{'0' * 32}-{PARENT}-01"})
     _, trace_id, child_id, flags = response_parts(r)
     assert trace_id != "0" * 32 and flags == "01" and r.headers["x-request-id"] == trace_id
@@ -232,7 +240,7 @@ def test_new_trace_is_a_root_span_and_5xx_is_an_error() -> None:
 
 
 def test_without_spans_the_trace_is_still_continued() -> None:
-    app = RequestContext(fake_route, access=False, traces=tracing.Tracing())
+    app = RequestContext(fake_route, access=False, traces=tracing.Tracing(), routes=FAKE_ROUTES)
     r = call(app, "/v1/models/m/attributions", {"traceparent": f"00-{TRACE}-{PARENT}-03"})
     _, trace_id, child_id, flags = response_parts(r)
     # nothing was recorded: the sampled bit is clear; the caller's random-id bit is kept

@@ -6,16 +6,17 @@ import base64
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Request, Response
+from fastapi import APIRouter, Body, Depends, Request, Response
 from starlette.types import Receive, Scope
 
 from service.core.context import request_id
 from service.core.offload import OFFLOAD_BYTES
 from service.core.work import PREDICT, STUDIES
-from service.http.middleware import route_info
+from service.http import fastpath
+from service.http.headers import Deadline
 from service.http.problems import to_service_error
 from service.http.responses import OrjsonResponse
-from service.http.routing import OrjsonRoute
+from service.http.routing import OrjsonRoute, Policy, declare, route_info
 from service.http.state import AppState, get_state
 from service.serving import attributions, pictures
 from service.wire.attributions import (
@@ -72,55 +73,6 @@ PICTURE_EXAMPLES: dict[str, dict[str, Any]] = {
 # One media type per operation: a client generator types a response by all of its media types
 # (openapi-fetch's `data` became JSON | string), so the picture is its own operation, and the
 # plain route's Accept negotiation (curl's way, CONTRACT 6.4) is told in words only.
-@router.post(
-    "/v1/models/{model_id}/attributions",
-    operation_id="attribute",
-    response_model=AttributionResponse,
-    response_class=OrjsonResponse,
-    responses={
-        200: {
-            "description": "the attributions. With `Accept: image/png` or `text/html` (and "
-            "one example to draw) the picture itself, as `render` (`POST "
-            "/v1/models/{model_id}/attributions:render`) documents it"
-        },
-        **ERRORS,
-    },
-)
-async def attribute(
-    model_id: str,
-    state: State,
-    request: Request,
-    body: Annotated[AttributionRequest, Body(openapi_examples=EXAMPLES)],
-    x_deadline_ms: Annotated[
-        float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
-    ] = None,
-) -> Response:
-    """Compute attributions for a batch of examples with one method."""
-    return await serve(state, model_id, request, body, x_deadline_ms, _large(request))
-
-
-@router.post(
-    "/v1/models/{model_id}/attributions:render",
-    operation_id="render",
-    response_class=Response,
-    responses={200: {"description": "the picture", "content": PICTURE}, **ERRORS},
-)
-async def render(
-    model_id: str,
-    state: State,
-    request: Request,
-    body: Annotated[AttributionRequest, Body(openapi_examples=PICTURE_EXAMPLES)],
-    x_deadline_ms: Annotated[
-        float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
-    ] = None,
-) -> Response:
-    """Compute attributions for one example and answer their picture: `render.format` (png
-    unless given; an `Accept: image/png` or `text/html` header wins), drawn as `render` says."""
-    picture = pictures.accepted(request.headers.get("accept"))
-    picture = picture or (body.render or RenderSpec()).format
-    return await serve(state, model_id, request, body, x_deadline_ms, _large(request), picture)
-
-
 def _large(request: Request) -> bool:
     """Whether the body is large enough to decode off the event loop."""
     size = request.headers.get("content-length", "")
@@ -171,7 +123,7 @@ async def serve(
     offload: bool = False,
     picture: str | None = None,
 ) -> Response:
-    """The routes' work once the body is valid (shared with ``service.http.fastpath``). With
+    """The routes' work once the body is valid (the route's and its fast handler's). With
     ``picture`` ("png", "html"; by default what an ``Accept: image/png`` or ``text/html`` header
     asks for) the answer is the one picture itself."""
     picture = picture or pictures.accepted(request.headers.get("accept"))
@@ -201,3 +153,49 @@ async def serve(
                 headers={"X-Attrserve-Method": result["method"]},
             )
         return OrjsonResponse(result)
+
+
+@router.post(
+    "/v1/models/{model_id}/attributions",
+    operation_id="attribute",
+    response_model=AttributionResponse,
+    response_class=OrjsonResponse,
+    responses={
+        200: {
+            "description": "the attributions. With `Accept: image/png` or `text/html` (and "
+            "one example to draw) the picture itself, as `render` (`POST "
+            "/v1/models/{model_id}/attributions:render`) documents it"
+        },
+        **ERRORS,
+    },
+)
+@declare(Policy(fast=fastpath.attributions(serve)))
+async def attribute(
+    model_id: str,
+    state: State,
+    request: Request,
+    body: Annotated[AttributionRequest, Body(openapi_examples=EXAMPLES)],
+    x_deadline_ms: Deadline = None,
+) -> Response:
+    """Compute attributions for a batch of examples with one method."""
+    return await serve(state, model_id, request, body, x_deadline_ms, _large(request))
+
+
+@router.post(
+    "/v1/models/{model_id}/attributions:render",
+    operation_id="render",
+    response_class=Response,
+    responses={200: {"description": "the picture", "content": PICTURE}, **ERRORS},
+)
+async def render(
+    model_id: str,
+    state: State,
+    request: Request,
+    body: Annotated[AttributionRequest, Body(openapi_examples=PICTURE_EXAMPLES)],
+    x_deadline_ms: Deadline = None,
+) -> Response:
+    """Compute attributions for one example and answer their picture: `render.format` (png
+    unless given; an `Accept: image/png` or `text/html` header wins), drawn as `render` says."""
+    picture = pictures.accepted(request.headers.get("accept"))
+    picture = picture or (body.render or RenderSpec()).format
+    return await serve(state, model_id, request, body, x_deadline_ms, _large(request), picture)

@@ -1,16 +1,16 @@
 """Drop-in routes for KServe and Triton clients: KServe V1 (``:predict``, ``:explain``) and the
 Open Inference Protocol v2 (metadata, health, ``infer``, ``explain``).
 
-The model routes are raw handlers over the body's bytes (``HANDLERS``): the fast path
-(``service.http.fastpath``) calls them straight, and the FastAPI routes declared here (for the
-OpenAPI document, and servers without the fast path) call the same ones. Both run the
-attributions route's own serving code: codec checks, limits, batching, cancellation, errors.
-Errors are problem+json with an ``error`` member too, the one KServe and Triton clients read.
+The model routes are raw handlers over the body's bytes: each FastAPI route declared here
+names its handler as its fast handler (``service.http.routing.raw``), which the app calls
+straight, and the route's endpoint (for servers without the fast path) calls the same one.
+Both run the attributions route's own serving code: codec checks, limits, batching,
+cancellation, errors. Errors are problem+json with an ``error`` member too, the one KServe
+and Triton clients read.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -18,14 +18,16 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.core.context import request_id
-from service.core.errors import InvalidRequest, MalformedRequest, ServiceError, UnknownModel
+from service.core.errors import MalformedRequest, ServiceError, UnknownModel
 from service.core.offload import OFFLOAD_BYTES, offload
 from service.core.version import __version__
 from service.core.work import PREDICT
+from service.http import headers
 from service.http.openapi_doc import raw_body
 from service.http.problems import HANDLED, problem, to_service_error
 from service.http.responses import OrjsonResponse
 from service.http.routes.attributions import ERRORS, Observed, until_disconnect
+from service.http.routing import OPEN, Policy, RawHandler, declare, raw
 from service.http.state import AppState, get_state
 from service.serving import attributions, kserve, oip, predictions
 from service.wire.catalog import Health, Problem
@@ -46,7 +48,7 @@ from service.wire.oip_tensors import HEADER, decompress
 
 router = APIRouter()  # tags per route: each operation in one group (one class per API)
 State = Annotated[AppState, Depends(get_state)]
-Handler = Callable[[AppState, Request, dict[str, str], bytes], Awaitable[Response]]
+Handler = RawHandler
 #: what the OIP server metadata lists
 EXTENSIONS = ["binary_tensor_data", "explain", "model_repository"]
 
@@ -86,18 +88,7 @@ def _compat_errors(handler: Handler) -> Handler:
 
 
 def _deadline(request: Request) -> float | None:
-    raw = request.headers.get("x-deadline-ms")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InvalidRequest(
-            "X-Deadline-Ms must be a positive number", loc=("header", "x-deadline-ms")
-        )
-    return value
+    return headers.deadline(request.headers.get(headers.DEADLINE_HEADER))
 
 
 @_compat_errors
@@ -232,36 +223,6 @@ async def v2_explain(
     return _oip_response(*oip.encode(spec, d.request, values, parameters))
 
 
-#: the raw model routes: (HTTP method, path pattern, handler), for the fast path
-HANDLERS: list[tuple[str, re.Pattern[str], Handler]] = [
-    ("POST", re.compile(r"/v1/models/(?P<model_id>[^/:]+):predict"), v1_predict),
-    ("POST", re.compile(r"/v1/models/(?P<model_id>[^/:]+):explain"), v1_explain),
-    (
-        "POST",
-        re.compile(r"/v2/models/(?P<model_id>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"),
-        v2_infer,
-    ),
-    (
-        "POST",
-        re.compile(r"/v2/models/(?P<model_id>[^/]+)(?:/versions/(?P<version>[^/]+))?/explain"),
-        v2_explain,
-    ),
-]
-
-
-def match(scope: Any) -> tuple[Handler, dict[str, str]] | None:
-    """The raw handler for a request and its path params, if it is one of these routes."""
-    path = scope["path"]
-    if not path.startswith(("/v1/models/", "/v2/models/")):
-        return None
-    for method, pattern, handler in HANDLERS:
-        if scope["method"] == method:
-            m = pattern.fullmatch(path)
-            if m is not None:
-                return handler, {k: v for k, v in m.groupdict().items() if v is not None}
-    return None
-
-
 # -- the FastAPI routes: the document, and servers without the fast path ------------------------
 COMPAT_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": f"{d['description']} (also as `error`)"}
@@ -281,6 +242,7 @@ async def _raw(handler: Handler, state: AppState, request: Request, **params: st
     responses=COMPAT_ERRORS,
     openapi_extra=raw_body(V1Request, "KServe V1: instances (or inputs)"),
 )
+@declare(Policy(fast=raw(v1_predict)))
 async def predict_route(model_id: str, state: State, request: Request) -> Response:
     """KServe V1 predict: the model's outputs for the instances."""
     return await _raw(v1_predict, state, request, model_id=model_id)
@@ -294,6 +256,7 @@ async def predict_route(model_id: str, state: State, request: Request) -> Respon
     responses=COMPAT_ERRORS,
     openapi_extra=raw_body(V1Request, "KServe V1: instances and optional attribution parameters"),
 )
+@declare(Policy(fast=raw(v1_explain)))
 async def explain_route(model_id: str, state: State, request: Request) -> Response:
     """KServe V1 explain: predictions and one explanation per instance; without parameters,
     the model's default explanation (models.toml ``explain``)."""
@@ -301,18 +264,21 @@ async def explain_route(model_id: str, state: State, request: Request) -> Respon
 
 
 @router.get("/", operation_id="root", response_model=Health, tags=["kserve"])
+@declare(OPEN)
 async def root() -> OrjsonResponse:
     """KServe V1 liveness: ``{"status": "alive"}`` while the process is up."""
     return OrjsonResponse({"status": "alive"})
 
 
 @router.get("/v2", operation_id="serverMetadata", response_model=ServerMetadata, tags=["oip"])
+@declare(OPEN)
 async def server_metadata() -> OrjsonResponse:
     """OIP server metadata."""
     return OrjsonResponse({"name": "attrserve", "version": __version__, "extensions": EXTENSIONS})
 
 
 @router.get("/v2/health/live", operation_id="serverLive", response_model=LiveResponse, tags=["oip"])
+@declare(OPEN)
 async def server_live() -> OrjsonResponse:
     """OIP liveness: the process is up."""
     return OrjsonResponse({"live": True})
@@ -325,6 +291,7 @@ async def server_live() -> OrjsonResponse:
     tags=["oip"],
     responses={503: {"model": ReadyResponse, "description": "a worker is not ready"}},
 )
+@declare(OPEN)
 async def server_ready(state: State) -> OrjsonResponse:
     """OIP readiness: at least one model is ready (503 otherwise)."""
     ok = state.pool.ready
@@ -364,11 +331,13 @@ async def model_ready(model_id: str, state: State, request: Request) -> OrjsonRe
     return OrjsonResponse({"name": spec.id, "ready": ok}, status_code=200 if ok else 503)
 
 
+@declare(Policy(fast=raw(v2_infer)))
 async def infer_route(model_id: str, state: State, request: Request) -> Response:
     """OIP inference: the model's output as the tensor ``output``."""
     return await v2_infer(state, request, dict(request.path_params), await request.body())
 
 
+@declare(Policy(fast=raw(v2_explain)))
 async def oip_explain_route(model_id: str, state: State, request: Request) -> Response:
     """OIP explain: ``attributions.<input>`` per model input, ``outputs``, ``convergence_delta``."""
     return await v2_explain(state, request, dict(request.path_params), await request.body())

@@ -7,9 +7,10 @@ import time
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Response
+from fastapi import APIRouter, Body, Depends, Response
 
 from service.core.offload import offload as in_thread
+from service.http.headers import Deadline
 from service.http.responses import OrjsonResponse
 from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
@@ -115,9 +116,7 @@ async def tcav(
     model_id: str,
     state: State,
     body: Annotated[TCAVRequest, Body(openapi_examples=TCAV_EXAMPLES)],
-    x_deadline_ms: Annotated[
-        float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
-    ] = None,
+    x_deadline_ms: Deadline = None,
 ) -> OrjsonResponse:
     """TCAV scores of the named concept sets at the layers, for the target on the inputs:
     one row per (concept, layer) with the sign count, magnitude, per-random-set counts,

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from service.http.responses import OrjsonResponse
+from service.http.routing import OPEN, declare
 from service.http.state import AppState, get_state
 from service.wire.catalog import Health
 
@@ -15,6 +16,7 @@ State = Annotated[AppState, Depends(get_state)]
 
 
 @router.get("/v1/health/live", response_model=Health, tags=["health"], operation_id="live")
+@declare(OPEN)
 async def live() -> OrjsonResponse:
     """The process is up."""
     return OrjsonResponse({"status": "ok"})
@@ -27,6 +29,7 @@ async def live() -> OrjsonResponse:
     tags=["health"],
     responses={503: {"model": Health, "description": "no model is ready"}},
 )
+@declare(OPEN)
 async def ready(state: State) -> OrjsonResponse:
     """200 while at least one model is ready, else 503 (the workers starting, every model
     failed, or the server draining for shutdown). ``status`` is "ready" when every model is,
@@ -55,6 +58,7 @@ async def ready(state: State) -> OrjsonResponse:
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
 )
+@declare(OPEN)
 async def metrics(state: State) -> Response:
     """Prometheus metrics: requests, latency, queue depth, merged batch sizes, restarts."""
     state.telemetry.workers_ready.set(

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Query
 
 from service.core.errors import NotReady
+from service.http.headers import Deadline
 from service.http.responses import OrjsonResponse
 from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
@@ -49,9 +50,7 @@ async def influence_query(
     model_id: str,
     state: State,
     body: InfluenceRequest,
-    x_deadline_ms: Annotated[
-        float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
-    ] = None,
+    x_deadline_ms: Deadline = None,
 ) -> OrjsonResponse:
     """The training examples that most helped (proponents) and, with ``opponents``, most
     hindered each example's loss, by the models.toml ``influence`` method, from the index

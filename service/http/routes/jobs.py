@@ -15,7 +15,7 @@ from service.core.errors import Conflict, InvalidRequest, NotFound
 from service.http.middleware import route_info
 from service.http.responses import OrjsonResponse
 from service.http.routes.attributions import ERRORS
-from service.http.routing import OrjsonRoute
+from service.http.routing import OrjsonRoute, Policy, declare
 from service.http.state import AppState, get_state
 from service.jobs.runner import JobRunner
 from service.jobs.store import STATUSES, JobRow
@@ -63,6 +63,7 @@ def _job(state: AppState, request: Request, job_id: str) -> JobRow:
     response_model=JobInfo,
     responses=JOB_SUBMIT_ERRORS,
 )
+@declare(Policy(job_body=True))
 async def submit_job(
     model_id: str, state: State, request: Request, body: Annotated[AttributionRequest, Body()]
 ) -> OrjsonResponse:

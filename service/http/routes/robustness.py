@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Request
+from fastapi import APIRouter, Body, Depends, Request
 
 from service.core.work import ATTACK, COUNTERFACTUAL
+from service.http.headers import Deadline
 from service.http.responses import OrjsonResponse
 from service.http.routes.attributions import ERRORS, Observed
 from service.http.routes.jobs import JOB_SUBMIT_ERRORS, accepted, owner, runner
@@ -26,9 +27,6 @@ from service.wire.robustness import (
 
 router = APIRouter(tags=["robustness"], route_class=OrjsonRoute)
 State = Annotated[AppState, Depends(get_state)]
-Deadline = Annotated[
-    float | None, Header(gt=0, description="deadline in ms (overrides the body's)")
-]
 
 
 async def _serve(

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from service.core.offload import offload
 from service.http.responses import OrjsonResponse
-from service.http.routing import OrjsonRoute
+from service.http.routing import OPEN, OrjsonRoute, declare
 from service.http.state import AppState, get_state
 from service.serving import uploads
 from service.wire.catalog import Problem
@@ -46,11 +46,13 @@ def _file(name: str) -> bytes:
 
 
 @router.get("/ui", include_in_schema=False)
+@declare(OPEN)
 async def page() -> Response:
     return Response(_file("index.html"), media_type=FILES["index.html"], headers=HEADERS)
 
 
 @router.get("/ui/{name}", include_in_schema=False)
+@declare(OPEN)
 async def asset(name: str) -> Response:
     if name not in FILES:
         return Response(status_code=404)
