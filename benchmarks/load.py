@@ -74,7 +74,7 @@ def minimal_app() -> Any:
 
 def serve_route(port: int) -> None:
     """attrserve with every attribution request through its FastAPI route (no fast path):
-    what ``service.http.fastpath`` is measured against."""
+    what ``service.attributions.fastpath`` is measured against."""
     import uvicorn
 
     from service.app import create_app

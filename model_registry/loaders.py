@@ -27,4 +27,4 @@ def load(spec: ModelSpec) -> LoadedModel:
         raise RegistryError(str(e), model=spec.id, field="source") from None
     device = resolve_device(spec.device, spec.id)
     check_dtype(spec)
-    return SOURCES[source.kind].load(spec, source, device)
+    return SOURCES[source.name].load(spec, source, device)

@@ -145,7 +145,7 @@ def parse_model(data: object, file: str, index: int, base_dir: str | None) -> Mo
         source = parse_source(text)
     except ValueError as e:
         table.fail("source", str(e))
-    found = SOURCES[source.kind]
+    found = SOURCES[source.name]
     if found.path_target:
         table.inside(source.target, "source")
     for key, owners in own.items():

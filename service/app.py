@@ -17,34 +17,46 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import methods
 import model_registry
+from service.attributions import router as attributions
+from service.catalog import health
+from service.catalog import router as catalog
+from service.compat import kserve
+from service.compat import router as compat
+from service.concepts import router as concepts
+from service.concepts.serving import store_builtin
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
+from service.explorer import router as explorer
 from service.http import docs, openapi_doc, problems
 from service.http.limits import BodyLimit
 from service.http.middleware import ApiKeys, RequestContext
 from service.http.responses import OrjsonResponse
-from service.http.routes import (
-    attributions,
-    catalog,
-    compat,
-    concepts,
-    health,
-    influence,
-    jobs,
-    repository,
-    robustness,
-    ui,
-)
 from service.http.routing import RouteTable, found
 from service.http.state import AppState
-from service.jobs.influence import InfluenceIndexes
+from service.influence import router as influence
+from service.influence.indexes import InfluenceIndexes
+from service.jobs import router as jobs
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
-from service.serving import kserve
-from service.serving.concepts import store_builtin
+from service.repository import router as repository
+from service.robustness import router as robustness
 
 log = logging.getLogger("attrserve")
+#: each capability's routes, mounted in this order (the order requests are matched and the
+#: API document lists them): a new capability is its folder and one entry here
+CAPABILITIES = (
+    health,
+    catalog,
+    attributions,
+    compat,
+    jobs,
+    repository,
+    concepts,
+    influence,
+    robustness,
+    explorer,
+)
 DESCRIPTION = (
     "Attributions for PyTorch models over HTTP: Captum's catalogue, exact and fast. "
     "Errors are application/problem+json (RFC 9457)."
@@ -181,16 +193,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app.state.attrserve = state
     problems.install(app)
     docs.install(app)
-    app.include_router(health.router)
-    app.include_router(catalog.router)
-    app.include_router(attributions.router)
-    app.include_router(compat.router)
-    app.include_router(jobs.router)
-    app.include_router(repository.router)
-    app.include_router(concepts.router)
-    app.include_router(influence.router)
-    app.include_router(robustness.router)
-    app.include_router(ui.router)
+    for capability in CAPABILITIES:
+        app.include_router(capability.router)
     inner: ASGIApp = BodyLimit(
         ApiKeys(app.dispatch, settings),
         max_bytes=settings.max_body_bytes,

@@ -15,13 +15,13 @@ import torch
 
 import methods
 import model_registry
+from service.attributions.serving import build_job
 from service.cli import main as cli
 from service.cli import offline
 from service.cli.offline import command  # where the command looks up attribute_batch
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.kinds import run as run_job
-from service.serving.attributions import build_job
 from service.wire.attributions import AttributionRequest
 
 pa = pytest.importorskip("pyarrow")

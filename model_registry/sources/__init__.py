@@ -20,17 +20,18 @@ from model_registry.sources.base import (
     Source,
     parse_source,
     register,
+    source_of,
 )
 from model_registry.spec import DEVICE, INPUT_DTYPES, MODEL_DTYPES, resolve_path
 
 #: every source's name, in the order errors list them
-KINDS = tuple(SOURCES)
+NAMES = tuple(SOURCES)
 
 __all__ = [
     "DEVICE",
     "INPUT_DTYPES",
-    "KINDS",
     "MODEL_DTYPES",
+    "NAMES",
     "SOURCES",
     "FileSource",
     "ModelSource",
@@ -43,5 +44,6 @@ __all__ = [
     "python",
     "register",
     "resolve_path",
+    "source_of",
     "torchscript",
 ]

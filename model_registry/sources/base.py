@@ -27,7 +27,7 @@ from model_registry.table import Table
 class Source:
     """A parsed ``source`` string."""
 
-    kind: str  # the source's name, a key of SOURCES: "builtin", "python", "hf", ...
+    name: str  # the source's name, a key of SOURCES: "builtin", "python", "hf", ...
     target: str  # builtin name, file path, directory or "package.module:factory"
 
     def path(self, base_dir: str | None) -> Path:
@@ -51,6 +51,9 @@ class ModelSource:
     refused: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: whether the target is a path (a file or directory) on this machine
     path_target: ClassVar[bool] = False
+    #: what its models allow, declared here and read by the service (never inferred from the
+    #: source's name): module hooks (layer, neuron and hook-based methods)
+    hookable: ClassVar[bool] = True
 
     # -- reading models.toml ---------------------------------------------------------------
 
@@ -126,6 +129,12 @@ def register(cls: type[S]) -> type[S]:
 def one_of(items: list[str]) -> str:
     """``a, b or c``."""
     return " or ".join(filter(None, (", ".join(items[:-1]), items[-1])))
+
+
+def source_of(spec: ModelSpec) -> ModelSource | None:
+    """The source that serves ``spec`` (by its ``source`` string's prefix; None for a spec
+    made in code with a source no one registered)."""
+    return SOURCES.get(spec.source.partition(":")[0])
 
 
 def parse_source(text: str) -> Source:

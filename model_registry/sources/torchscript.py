@@ -27,6 +27,7 @@ _NO_HOOKS = (
 @register
 class TorchScriptSource(FileSource):
     name = "torchscript"
+    hookable = False  # a scripted module runs no Python forward hooks
     syntax = "torchscript:PATH"
     refused = MappingProxyType(
         {"weights": "torchscript: files carry their own weights; remove 'weights'"}

@@ -21,3 +21,14 @@ async def offload(fn: Callable[..., T], *args: Any) -> T:
         gate = _offloading[loop] = asyncio.Semaphore(1)
     async with gate:
         return await asyncio.to_thread(fn, *args)
+
+
+def large(size: int | None) -> bool:
+    """Whether a body of ``size`` bytes is parsed and decoded off the event loop."""
+    return size is not None and size > OFFLOAD_BYTES
+
+
+async def offload_if(off: bool, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: in a thread (``offload``) when ``off``, else here on the event loop (a
+    small body decodes faster than a thread hop)."""
+    return await offload(fn, *args) if off else fn(*args)

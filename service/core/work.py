@@ -1,52 +1,171 @@
-"""What crosses the process boundary: jobs, batches and replies, as plain picklable data."""
+"""What crosses the process boundary: work, batches and replies, as plain picklable data.
+
+Work is typed: ``Work`` holds what the pool and the worker loop need of any work (whose, how
+many examples, what it costs, until when), and each kind of work is a small dataclass of its
+own fields (an attribution, a prediction, a TCAV query, ...). The worker runs a piece of work
+by its type, through one table (``RUNS``): the module that defines a work type registers its
+run with ``@runs``, so unpickling the work in the worker imports its run too.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 #: a resolved target as plain data (``service.wire.targets``): None, or a dict with a "kind"
 WireTarget = dict[str, Any] | None
-#: a new job id (unique in the server process)
+#: a new work id (unique in the server process)
 new_id = itertools.count(1).__next__
-#: ``Job.method`` of a prediction: the model's outputs for the inputs, no attribution
-PREDICT = "predict"
-#: ``Job.method`` of a TCAV query (``Job.study`` says which concepts, layers, caches)
-TCAV = "tcav"
-#: ``Job.method`` of a chunk of an influence index build, and of an influence query
-INFLUENCE_INDEX = "influence_index"
-INFLUENCE = "influence"
-#: ``Job.method`` of an attack and of a counterfactual search (``Job.study``: which, params)
-ATTACK = "attack"
-COUNTERFACTUAL = "counterfactual"
-#: the methods that are not the engine's attribution methods
-STUDIES = (TCAV, INFLUENCE_INDEX, INFLUENCE, ATTACK, COUNTERFACTUAL)
+W = TypeVar("W", bound="Work")
+#: each kind of work by its class name (the job store names a stored work's type)
+WORK_TYPES: dict[str, type[Work]] = {}
 
 
-@dataclass
-class Job:
-    """One validated request, ready for the engine (arrays stay numpy until the worker)."""
+def rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
+    """Per-example arrays cut to ``[start, stop)``: those with the batch dim (as many dims as
+    their input, ``ndim``, and ``n`` rows, ``n`` > 1). Others go whole: one row broadcasts, and
+    an array without the batch dim (a ``feature_mask`` of shape [C, H, W] for [N, C, H, W]
+    inputs) is the same for every example, whatever its first dim."""
+    if isinstance(value, np.ndarray):
+        want = ndim if isinstance(ndim, int) else ndim[0]
+        per_example = n > 1 and value.ndim == want and value.shape[0] == n
+        return value[start:stop] if per_example else value
+    if isinstance(value, tuple):  # one per input
+        dims = ndim if isinstance(ndim, tuple) else (ndim,) * len(value)
+        if len(dims) != len(value):
+            dims = (dims[0],) * len(value)
+        return tuple(rows(v, n, d, start, stop) for v, d in zip(value, dims, strict=True))
+    if isinstance(value, dict):
+        return {k: rows(v, n, ndim, start, stop) for k, v in value.items()}
+    return value
+
+
+@dataclass(kw_only=True)
+class Work:
+    """One validated request's work, ready for the worker (arrays stay numpy until there)."""
+
+    #: what the pool's measured rates and the logs call this kind of work
+    label: ClassVar[str] = "work"
 
     id: int
     model_id: str
-    method: str  # the method the engine runs
-    arrays: tuple[np.ndarray, ...]
+    n: int  # examples
+    cost: int  # estimated forward rows
+    arrays: tuple[np.ndarray, ...] = ()
     #: raw texts (or pairs of texts) for the model's tokenizer
-    texts: tuple[str | tuple[str, str], ...]
-    target: WireTarget
-    baselines: Any
-    params: dict[str, Any]
-    internal_batch_size: int | str | None
-    perturbations_per_eval: int | str | None
-    noise_tunnel: dict[str, Any] | None
-    seed: int | None
-    return_delta: bool
-    deadline: float  # time.time() after which the work is abandoned
-    n: int
-    cost: int
+    texts: tuple[str | tuple[str, str], ...] = ()
+    #: token models: the most tokens a text may have
+    max_tokens: int | None = None
+    deadline: float = 0.0  # time.time() after which the work is abandoned
+    #: work with equal keys may be merged into one call; None: never merged
+    key: tuple[Any, ...] | None = None
+    #: the HTTP request's X-Request-ID, for the worker's log lines
+    request_id: str = ""
+    #: a chunk of a job: runs when no synchronous request waits (or when jobs are owed their
+    #: share of worker time), never merged, preempted by synchronous work
+    background: bool = False
+    #: images sent encoded: each file's bytes, which pictures draw over (``arrays`` holds their
+    #: ``pixel_values``); kept by the server, never sent to a worker or stored with a job
+    images: tuple[bytes, ...] = field(default=(), repr=False)
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        WORK_TYPES[cls.__name__] = cls
+
+    @property
+    def name(self) -> str:
+        """What the pool keeps this work's cost rate under: its label, or an attribution's
+        method."""
+        return self.label
+
+    def cut(self: W, start: int, stop: int) -> W:
+        """The work of examples ``[start, stop)`` alone (a job's chunk, a request's piece):
+        inputs and every per-example field cut, the cost shared out; never merged."""
+        size = stop - start
+        ndim = tuple(a.ndim for a in self.arrays) or (2,)  # token ids from texts: [N, L]
+        return dataclasses.replace(
+            self,
+            arrays=tuple(a[start:stop] for a in self.arrays),
+            texts=self.texts[start:stop],
+            n=size,
+            cost=max(1, self.cost * size // max(1, self.n)),
+            key=None,
+            **self._cut_fields(ndim, start, stop),
+        )
+
+    def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
+        """A kind of work's own per-example fields cut to ``[start, stop)``."""
+        return {}
+
+    def job_meta(self, reply: Reply) -> dict[str, Any]:
+        """What a job's result needs of this work beyond the reply (kept with each finished
+        chunk, JSON): ``per_example`` names the members of ``reply.study`` that are lists
+        with one entry per example (joined over the chunks)."""
+        return {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "images": ()}
+
+
+def labels() -> frozenset[str]:
+    """Every kind of work's label (what metrics may name besides the engine's methods)."""
+    return frozenset(t.label for t in WORK_TYPES.values())
+
+
+#: the worker's run of each kind of work: ``(loaded model, work) -> Reply``
+RUNS: dict[type[Work], Callable[[Any, Any], Reply]] = {}
+
+
+def runs(kind: type[W]) -> Callable[[Callable[[Any, W], Reply]], Callable[[Any, W], Reply]]:
+    """Register ``fn`` as the worker's run of ``kind`` (one run per kind of work)."""
+
+    def register(fn: Callable[[Any, W], Reply]) -> Callable[[Any, W], Reply]:
+        if kind in RUNS:
+            raise ValueError(f"{kind.__name__} already has a run")
+        RUNS[kind] = fn
+        return fn
+
+    return register
+
+
+def run(lm: Any, work: Work) -> Reply:
+    """``work`` on its loaded model, by the run its type registered."""
+    try:
+        fn = RUNS[type(work)]
+    except KeyError:
+        raise TypeError(f"no run is registered for {type(work).__name__}") from None
+    return fn(lm, work)
+
+
+@dataclass(kw_only=True)
+class Prediction(Work):
+    """The model's whole output for the inputs (KServe ``:predict``, OIP infer)."""
+
+    label: ClassVar[str] = "predict"
+    #: the model's whole output per example is the answer (as ``Attribution.predictions``)
+    predictions: ClassVar[bool] = True
+
+
+@dataclass(kw_only=True)
+class Attribution(Work):
+    """An engine method on the inputs (``methods.attribute``), as checked and resolved."""
+
+    label: ClassVar[str] = "attribution"
+
+    method: str  # the method the engine runs
+    target: WireTarget = None
+    baselines: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    internal_batch_size: int | str | None = None
+    perturbations_per_eval: int | str | None = None
+    noise_tunnel: dict[str, Any] | None = None
+    seed: int | None = None
+    return_delta: bool = False
     #: the method the request named (``method`` is what the engine runs: a token model's
     #: gradient method is rewritten onto its embedding layer); None: the same
     requested: str | None = None
@@ -54,86 +173,69 @@ class Job:
     attributed_layer: str | None = None
     #: saliency rewritten onto a layer: take the absolute value before summing
     post_abs: bool = False
-    #: requests with equal keys may be merged into one engine call; None: never merged
-    key: tuple[Any, ...] | None = None
-    #: the HTTP request's X-Request-ID, for the worker's log lines
-    request_id: str = ""
-    #: token models: the most tokens a text may have
-    max_tokens: int | None = None
-    #: also return the model's whole output per example (KServe/OIP explain; always on PREDICT)
+    #: also return the model's whole output per example (KServe/OIP explain)
     predictions: bool = False
-    #: a chunk of an attribution job: runs when no synchronous request waits (or when jobs are
-    #: owed their share of worker time), never merged, preempted by synchronous work
-    background: bool = False
-    #: causal LMs: the prompt, features, baselines, skip_tokens, target text and gen_args of
-    #: an ``attribute_generation`` call (``service.kinds.causal_lm``); None otherwise
-    generation: dict[str, Any] | None = None
     #: also compare with the model's float64 CPU copy (never merged)
     verify: bool = False
-    #: images sent encoded: each file's bytes, which pictures draw over (``arrays`` holds their
-    #: ``pixel_values``); kept by the server, never sent to a worker or stored with a job
-    images: tuple[bytes, ...] = ()
-    #: concept and influence queries: what the worker studies beyond the inputs (plain data:
-    #: the sets' files and digests, layers, settings, the cache directory)
-    study: dict[str, Any] | None = None
     #: explanation metrics to compute after the attributions (``methods.evaluation.
     #: parse_metrics``' form: every metric asked for with all its parameters); None: none
     metrics: dict[str, dict[str, Any]] | None = None
+    #: baselines drawn from as a distribution (the method's ``merge`` is "shared_baselines"):
+    #: never cut with the examples
+    shared_baselines: bool = False
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "images": ()}
+    @property
+    def name(self) -> str:
+        return self.method
+
+    def job_meta(self, reply: Reply) -> dict[str, Any]:
+        return {"requested": self.requested, "attributed_layer": self.attributed_layer}
+
+    def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
+        target = self.target
+        if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
+            target = {**target, "rows": target["rows"][start:stop]}
+        baselines = self.baselines
+        if not self.shared_baselines:  # else a distribution, sampled
+            baselines = rows(baselines, self.n, ndim, start, stop)
+        return {
+            "target": target,
+            "baselines": baselines,
+            "params": rows(self.params, self.n, ndim, start, stop),
+        }
 
 
-def study_job(
-    model_id: str,
-    method: str,
-    arrays: tuple[np.ndarray, ...],
-    study: dict[str, Any] | None = None,
-    *,
-    texts: tuple[str | tuple[str, str], ...] = (),
-    deadline: float = 0.0,
-    cost: int = 1,
-    seed: int | None = None,
-    max_tokens: int | None = None,
-    request_id: str = "",
-) -> Job:
-    """A job with no attribution parameters (a prediction, or one of the ``STUDIES``): its
-    inputs, and what the worker studies beyond them."""
-    n = len(texts) if texts else int(arrays[0].shape[0])
-    return Job(
-        id=new_id(),
-        model_id=model_id,
-        method=method,
-        arrays=arrays,
-        texts=texts,
-        target=None,
-        baselines=None,
-        params={},
-        internal_batch_size=None,
-        perturbations_per_eval=None,
-        noise_tunnel=None,
-        seed=seed,
-        return_delta=False,
-        deadline=deadline,
-        n=n,
-        cost=cost,
-        max_tokens=max_tokens,
-        request_id=request_id,
-        study=study,
-    )
+@dataclass(kw_only=True)
+class Generation(Work):
+    """A causal LM's answer attributed to its prompt (``methods.attribute_generation``)."""
+
+    label: ClassVar[str] = "generation"
+
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    internal_batch_size: int | str | None = None
+    perturbations_per_eval: int | str | None = None
+    seed: int | None = None
+    #: the prompt, features, baselines, skip_tokens, target text and gen_args
+    #: (``service.kinds.causal_lm``)
+    generation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.method
 
 
 @dataclass
 class Batch:
     id: int
-    jobs: list[Job]
+    jobs: list[Work]
     #: torch intra-op threads to compute on (``service.pool.cores``)
     threads: int = 1
 
 
 @dataclass
 class Reply:
-    """A job's answer; ``error`` is ``ServiceError.to_data()`` when it failed."""
+    """A piece of work's answer; ``error`` is ``ServiceError.to_data()`` when it failed."""
 
     job_id: int
     attributions: list[np.ndarray] = field(default_factory=list)
@@ -146,18 +248,19 @@ class Reply:
     target: list[Any] | None = None
     tokens: list[list[str]] | None = None
     params: dict[str, Any] = field(default_factory=dict)
-    #: the model's whole output per example, when the job asked for it
+    #: the model's whole output per example, when the work asked for it
     predictions: np.ndarray | None = None
     compute_ms: float = 0.0
     merged: int = 1
     error: dict[str, Any] | None = None
     #: causal LMs: input_tokens, output_tokens, seq_attr, token_attr (plain lists)
     generation: dict[str, Any] | None = None
-    #: ``Job.verify``: ``methods.verify``'s figures (``Verification.as_dict``)
+    #: ``Attribution.verify``: ``methods.verify``'s figures (``Verification.as_dict``)
     verification: dict[str, Any] | None = None
     #: a study's answer as plain data (TCAV's score rows, influence's indices and scores)
     study: dict[str, Any] | None = None
-    #: the metrics asked for (``Job.metrics``): numpy arrays, curves as {"auc", "curve"}
+    #: the metrics asked for (``Attribution.metrics``): numpy arrays, curves as
+    #: {"auc", "curve"}
     metrics: dict[str, Any] | None = None
     #: of ``compute_ms``, the metrics' part
     metrics_ms: float = 0.0

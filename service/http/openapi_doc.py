@@ -24,8 +24,8 @@ from typing import Any
 from methods import registry
 from methods.params import TENSOR_SCHEMA as PARAM_TENSOR
 from service.http.routing import DEFAULT, Policy
-from service.serving.catalog import method_list
 from service.wire.attributions import TENSOR, WIRE_SCHEMAS
+from service.wire.catalog import method_list
 
 REF = "#/components/schemas/"
 PROBLEM_REF = {"$ref": REF + "Problem"}

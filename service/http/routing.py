@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.core.offload import OFFLOAD_BYTES, offload
+from service.core.offload import large, offload_if
 from service.wire.json import parse_json
 
 #: a route's fast handler: ``(state, fallback, params, scope, receive, send)``; it answers the
@@ -40,7 +40,7 @@ class Policy:
     keyed: bool = True
     #: takes bodies up to ``max_job_body_bytes`` (job submissions), not ``max_body_bytes``
     job_body: bool = False
-    #: served without FastAPI's machinery where it can (``service.http.fastpath``)
+    #: served without FastAPI's machinery where it can (``service.attributions.fastpath``)
     fast: FastHandler | None = field(default=None, compare=False)
 
 
@@ -196,7 +196,7 @@ def replay(messages: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
-#: a raw route's handler over the body's bytes (KServe and OIP: ``service.http.routes.compat``)
+#: a raw route's handler over the body's bytes (KServe and OIP: ``service.compat.router``)
 RawHandler = Callable[[Any, Request, dict[str, str], bytes], Awaitable[Response]]
 
 
@@ -226,10 +226,7 @@ class OrjsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            if len(body) > OFFLOAD_BYTES:
-                self._json = await offload(parse_json, body)
-            else:
-                self._json = parse_json(body)
+            self._json = await offload_if(large(len(body)), parse_json, body)
         return self._json
 
 

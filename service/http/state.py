@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -10,8 +11,6 @@ from model_registry.spec import ModelSpec
 from service.core.errors import UnknownModel
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.jobs.influence import InfluenceIndexes
-from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 
 
@@ -22,10 +21,14 @@ class AppState:
     pool: WorkerPool
     telemetry: Telemetry
     method_names: frozenset[str]
-    #: attribution jobs (None: a server without workers)
-    jobs: JobRunner | None = None
-    #: influence indexes of the models that serve influence (None: a server without workers)
-    influence: InfluenceIndexes | None = None
+    #: the capabilities' own parts, set by the app (None: a server without workers); each
+    #: capability reads its own, typed (``service.jobs.router.runner``,
+    #: ``service.influence.router.indexes``): this layer sits below them
+    #: attribution jobs (``service.jobs.runner.JobRunner``)
+    jobs: Any = None
+    #: influence indexes of the models that serve influence
+    #: (``service.influence.indexes.InfluenceIndexes``)
+    influence: Any = None
 
     def spec(self, model_id: str) -> ModelSpec:
         """The spec of a served model; 404 for one unknown or unloaded."""

@@ -1,15 +1,19 @@
 """A job's chunks as stored, and joined: each finished chunk's arrays and metadata (one
 ``.npz`` of arrays with a JSON ``meta``), several chunks merged into one before they are
-written, and the chunks read back joined for the job's result."""
+written, and the chunks read back joined for the job's result; and how each kind of work's
+result is answered (``ANSWERS``: as its capability's route answers, registered there)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from service.core.work import ATTACK, COUNTERFACTUAL, Job, Reply
+from service.core.work import Reply, Work
+from service.jobs.store import JobRow
 
 
 def concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -25,7 +29,7 @@ def concat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts, axis=0) if parts else np.zeros(0)
 
 
-def chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
+def chunk_arrays(reply: Reply, job: Work) -> dict[str, np.ndarray]:
     out = {f"attributions_{i}": a for i, a in enumerate(reply.attributions)}
     if reply.outputs is not None:
         out["outputs"] = reply.outputs
@@ -40,12 +44,8 @@ def chunk_arrays(reply: Reply, job: Job) -> dict[str, np.ndarray]:
         "tokens": reply.tokens,
         "params": reply.params,
         "compute_ms": reply.compute_ms,
-        "requested": job.requested,
-        "attributed_layer": job.attributed_layer,
         "study": reply.study,
-        # attacks and counterfactuals: which, and their per-example lists (flipped, min_param)
-        "name": (job.study or {}).get("name"),
-        "per_example": list(reply.study or {}) if job.method in (ATTACK, COUNTERFACTUAL) else [],
+        **job.job_meta(reply),
     }
     out["meta"] = np.array(json.dumps(meta, default=_jsonable))
     return out
@@ -81,3 +81,42 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     return str(value)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished job as its answer is built from it: the chunks' replies joined into one
+    (``reply``; empty for an answer that reads no chunks) and the first chunk's ``meta``."""
+
+    row: JobRow
+    model: tuple[str, str]  # id, version
+    reply: Reply
+    meta: dict[str, Any]
+    timing_ms: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a kind of work's job result is answered; ``chunks``: from its chunks (False: the
+    result is what the job built, e.g. an influence index)."""
+
+    build: Callable[[Finished], dict[str, Any]]
+    chunks: bool = True
+
+
+#: job results by the job's work label (``Work.name``: an attribution's is its method, which
+#: no entry names: attributions answer as the attributions route)
+ANSWERS: dict[str, Answer] = {}
+
+
+def answers(
+    *labels: str, chunks: bool = True
+) -> Callable[[Callable[[Finished], dict[str, Any]]], Callable[[Finished], dict[str, Any]]]:
+    """Register the answer of the jobs whose work has one of ``labels``."""
+
+    def register(fn: Callable[[Finished], dict[str, Any]]) -> Callable[[Finished], dict[str, Any]]:
+        for label in labels:
+            ANSWERS[label] = Answer(fn, chunks)
+        return fn
+
+    return register

@@ -1,6 +1,6 @@
 """Attribution jobs: validated and decoded whole at submission and stored decoded
-(``service.jobs.work``), then run chunk by chunk through the worker pool as background work
-(``Job.background``: synchronous requests keep priority, jobs get
+(``service.jobs.stored``), then run chunk by chunk through the worker pool as background work
+(``Work.background``: synchronous requests keep priority, jobs get
 ``job_share`` of worker time while those wait), persisted after every chunk.
 
 One job runs at a time, oldest first. A server restart (clean or killed) requeues the job that
@@ -17,12 +17,14 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from model_registry.spec import ModelSpec
 from service import kinds
+from service.attributions.serving import build_job
 from service.core.errors import (
     InvalidRequest,
     JobUnreadable,
@@ -36,17 +38,14 @@ from service.core.errors import (
 from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import ATTACK, COUNTERFACTUAL, INFLUENCE_INDEX, Job, Reply, new_id
-from service.jobs.results import chunk_arrays, concat, merged, studies
+from service.core.work import Reply, Work, new_id
+from service.jobs.results import ANSWERS, Finished, chunk_arrays, concat, merged, studies
 from service.jobs.store import JobRow, JobStore
-from service.jobs.work import dumps, fingerprint, loads
+from service.jobs.stored import dumps, fingerprint, loads
 from service.kinds.base import Ran, envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
 from service.pool.split import chunk
-from service.serving import robustness
-from service.serving.attributions import build_job
 from service.wire.attributions import AttributionRequest
-from service.wire.robustness import AttackRequest, CounterfactualRequest
 
 log = logging.getLogger("attrserve.jobs")
 #: times a chunk is tried again after its worker was lost
@@ -139,24 +138,20 @@ class JobRunner:
                 "jobs return tensors only",
                 loc=("body", "verify"),
             )
-        self._admit(spec)
-        self._budget(size)
-        checked = await offload(build_job, job_settings(self.settings), spec, req, math.inf, "")
-        return await self._queue(owner, spec, checked)
+        return await self.submit_work(
+            owner, spec, lambda settings: build_job(settings, spec, req, math.inf, ""), size
+        )
 
-    async def submit_perturbation(
-        self, owner: str, spec: ModelSpec, req: AttackRequest | CounterfactualRequest, size: int
+    async def submit_work(
+        self, owner: str, spec: ModelSpec, build: Callable[[Settings], Work], size: int
     ) -> JobRow:
-        """An attack or counterfactual request as a job (``submit``'s rules)."""
-        if req.render is not None:
-            raise InvalidRequest(
-                "render draws pictures in synchronous answers; jobs return tensors",
-                loc=("body", "render"),
-            )
+        """A capability's request as a job: the queue's room and the disk budget checked, the
+        work built and checked whole now by ``build`` under the job limits (``job_settings``;
+        a bad request gets its 4xx here), off the event loop, then stored decoded and queued;
+        ``size``: the request body's bytes (the disk budget's first check)."""
         self._admit(spec)
         self._budget(size)
-        settings = job_settings(self.settings)
-        checked = await offload(robustness.build_job, settings, spec, req, math.inf)
+        checked = await offload(build, job_settings(self.settings))
         return await self._queue(owner, spec, checked)
 
     def _admit(self, spec: ModelSpec) -> None:
@@ -175,7 +170,7 @@ class JobRunner:
                 headers={"Retry-After": "30"},
             )
 
-    async def _queue(self, owner: str, spec: ModelSpec, checked: Job) -> JobRow:
+    async def _queue(self, owner: str, spec: ModelSpec, checked: Work) -> JobRow:
         """A checked job stored and queued, in chunks of about ``job_chunk_cost`` rows."""
         per_example = max(1, checked.cost // max(1, checked.n))
         chunk = max(1, self.settings.job_chunk_cost // per_example)
@@ -187,17 +182,17 @@ class JobRunner:
             )
         work = await offload(dumps, checked, fingerprint(spec))
         self._budget(len(work))  # decoded, the job may take more than its body did
-        row = self.store.create(owner, spec.id, checked.method, checked.n, chunk, work)
+        row = self.store.create(owner, spec.id, checked.name, checked.n, chunk, work)
         self._wake.set()
         self._gauges()
         return row
 
-    def submit_work(self, owner: str, spec: ModelSpec, job: Job, chunk: int) -> JobRow:
+    def queue_work(self, owner: str, spec: ModelSpec, job: Work, chunk: int) -> JobRow:
         """Queue work the server made itself (an influence index build): ``job`` checked
         already, run in chunks of at most ``chunk`` examples."""
         work = dumps(job, fingerprint(spec))
         self._budget(len(work))
-        row = self.store.create(owner, spec.id, job.method, job.n, chunk, work)
+        row = self.store.create(owner, spec.id, job.name, job.n, chunk, work)
         self._wake.set()
         self._gauges()
         return row
@@ -315,7 +310,7 @@ class JobRunner:
                 unwritten, held, written, last_write = [], 0, done, time.monotonic()
         self.store.finish(row.id, "succeeded")
 
-    def _first_size(self, row: JobRow, whole: Job, target_s: float) -> int:
+    def _first_size(self, row: JobRow, whole: Work, target_s: float) -> int:
         """Examples in the first chunk: ``job_chunk_ms`` worth at the model and method's
         measured rate (synchronous requests and earlier jobs teach it), else ``FIRST_CHUNK``.
 
@@ -326,7 +321,7 @@ class JobRunner:
             return min(row.chunk, FIRST_CHUNK)
         return _examples_in(target_s, rate * whole.cost / max(1, whole.n) / 1e3, row.chunk)
 
-    async def _chunk(self, row: JobRow, part: Job) -> tuple[Reply, Job] | None:
+    async def _chunk(self, row: JobRow, part: Work) -> tuple[Reply, Work] | None:
         """One chunk through the pool, as background work; None when the job was cancelled.
 
         A model not ready (its worker group starting or restarting after a crash) is waited
@@ -387,16 +382,13 @@ class JobRunner:
 
     # -- results ---------------------------------------------------------------------------
     def result(self, row: JobRow) -> dict[str, Any]:
-        """The whole job as the attributions route answers (chunks concatenated); an index
-        build's, what it built (the index itself serves its model's influence routes)."""
-        if row.method == INFLUENCE_INDEX:
-            return {
-                "job_id": row.id,
-                "model_id": row.model_id,
-                "method": row.method,
-                "n_train": row.total,
-                "served_by": f"/v1/models/{row.model_id}/influence",
-            }
+        """The whole job as its route answers (chunks joined): an attribution job's as the
+        attributions route, other work's by its capability's answer (``ANSWERS``)."""
+        spec = self.specs.get(row.model_id)
+        model = (row.model_id, spec.version if spec else "")
+        answer = ANSWERS.get(row.method)
+        if answer is not None and not answer.chunks:
+            return {"job_id": row.id, **answer.build(Finished(row, model, Reply(job_id=0), {}, {}))}
         chunks = self.store.read_chunks(row.id)
         metas = [json.loads(str(c["meta"])) for c in chunks]
         first = metas[0] if metas else {}
@@ -418,7 +410,6 @@ class JobRunner:
             predictions=joined("predictions"),
             study=studies(metas),
         )
-        spec = self.specs.get(row.model_id)
         started = row.started_at if row.started_at is not None else row.created_at
         finished = row.finished_at if row.finished_at is not None else started
         timing_ms = {  # queued until its first chunk ran; in all until its last was written
@@ -426,11 +417,8 @@ class JobRunner:
             "compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3),
             "total": round((finished - row.created_at) * 1e3, 3),
         }
-        model = (row.model_id, spec.version if spec else "")
-        if row.method in (ATTACK, COUNTERFACTUAL):
-            name = str(first.get("name"))
-            perturbed = robustness.envelope(model, row.method, name, whole, "json", timing_ms)
-            return {"job_id": row.id, **perturbed}
+        if answer is not None:
+            return {"job_id": row.id, **answer.build(Finished(row, model, whole, first, timing_ms))}
         ran = Ran(row.method, first.get("requested"), first.get("attributed_layer"))
         body = {"job_id": row.id, **envelope(model, ran, whole, "json", timing_ms)}
         del body["merged_requests"]  # chunks run alone

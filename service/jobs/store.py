@@ -2,7 +2,7 @@
 their requests and results, each written atomically (a temporary file, then a rename).
 
 Layout under ``data_dir``: ``jobs.sqlite3``, and ``jobs/<id>/work.npz`` (the decoded job,
-``service.jobs.work``) plus one
+``service.jobs.stored``) plus one
 ``chunk-<first example>.npz`` per finished chunk. A chunk file is written before the progress
 that counts it, so a crash between the two only means the chunk runs again.
 """
@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from service.core.errors import StorageFull
+from service.core.files import atomic_write
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -86,22 +86,6 @@ def _iso(t: float | None) -> str | None:
     if t is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """``data`` at ``path`` whole or not at all (fsynced, then renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 #: errno values of a disk (or quota) that is full
@@ -278,7 +262,7 @@ class JobStore:
         return self.root / "jobs" / job_id
 
     def work(self, job_id: str) -> bytes:
-        """The job as submitted, decoded (``service.jobs.work``)."""
+        """The job as submitted, decoded (``service.jobs.stored``)."""
         return (self.dir(job_id) / "work.npz").read_bytes()
 
     def write_chunk(self, job_id: str, start: int, arrays: dict[str, np.ndarray]) -> int:

@@ -10,7 +10,8 @@ from the model's spec. Adding a kind is one module and one line below.
 from __future__ import annotations
 
 from model_registry.spec import LoadedModel, ModelSpec
-from service.core.work import Job, Reply
+from service.core.work import Reply, Work
+from service.core.work import run as run_work
 from service.kinds.base import ModelKind
 from service.kinds.causal_lm import CausalLMKind
 from service.kinds.exported import ExportedKind
@@ -30,9 +31,11 @@ def of(spec: ModelSpec) -> ModelKind:
     return KINDS[name_of(spec)]
 
 
-def run(lm: LoadedModel, job: Job) -> Reply:
-    """A job's work on its loaded model (in the worker)."""
-    return of(lm.spec).run(lm, job)
+def run(lm: LoadedModel, work: Work) -> Reply:
+    """Work on its loaded model (in the worker), by the run its type registered: importing
+    the kinds registers theirs (attributions, predictions, generation), and unpickling a
+    capability's work imports its own."""
+    return run_work(lm, work)
 
 
 __all__ = ["KINDS", "ModelKind", "name_of", "of", "run"]

@@ -19,7 +19,7 @@ import numpy as np
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import Job, Reply
+from service.core.work import Attribution, Prediction, Reply, Work
 from service.kinds import checks
 from service.kinds.plan import Plan
 from service.wire import codec
@@ -77,13 +77,14 @@ class ModelKind:
         req: AttributionRequest,
         deadline: float,
         request_id: str = "",
-    ) -> Job:
-        """Every check that needs no model: the request as a job, or a 4xx ServiceError."""
+    ) -> Work:
+        """Every check that needs no model: the request as work (an ``Attribution``, or the
+        kind's own), or a 4xx ServiceError."""
         raise NotImplementedError
 
     def predict_job(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
-    ) -> Job:
+    ) -> Prediction:
         """The model's outputs for ``inputs`` as a job (KServe ``:predict``, OIP infer)."""
         raise self.no_predictions(spec)
 
@@ -100,20 +101,18 @@ class ModelKind:
         (``compiled``, ``compile_error``, ``verification``, ``not_ready``)."""
         return {"compiled": False, "compile_error": None, "verification": None, "not_ready": None}
 
-    def run(self, lm: LoadedModel, job: Job) -> Reply:
-        """The job's work on the loaded model (in the worker process)."""
-        raise NotImplementedError
-
     # -- server side: result -> response ------------------------------------------------------
     def response(
         self,
         spec: ModelSpec,
         req: AttributionRequest,
-        job: Job,
+        job: Work,
         reply: Reply,
         timing: dict[str, float],
     ) -> dict[str, Any]:
         """The attributions response body."""
+        if not isinstance(job, Attribution):
+            raise TypeError(f"{self.name} answers attributions, not {type(job).__name__}")
         return envelope((spec.id, spec.version), Ran.of(job), reply, req.output_encoding, timing)
 
     def pictures(self, spec: ModelSpec) -> int:
@@ -144,7 +143,7 @@ class Ran:
     attributed_layer: str | None = None
 
     @classmethod
-    def of(cls, job: Job) -> Ran:
+    def of(cls, job: Attribution) -> Ran:
         return cls(job.method, job.requested, job.attributed_layer)
 
     def members(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from methods.registry import CostShape, MethodSpec
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import Job, Reply, new_id
+from service.core.work import Generation, Reply, Work, new_id, runs
 from service.kinds import checks
 from service.kinds.base import ModelKind, Ran, envelope
 from service.wire.attributions import AttributionRequest
@@ -176,7 +176,7 @@ def _check_template(prompt: str, features: list[str] | dict[str, str]) -> None:
 
 def _build_job(
     settings: Settings, spec: ModelSpec, req: AttributionRequest, deadline: float, request_id: str
-) -> Job:
+) -> Generation:
     """Every check that needs no model: the request as a job, or a 4xx ServiceError."""
     ms = _method(spec, req.method)
     for name, value, default in (
@@ -229,20 +229,14 @@ def _build_job(
         settings.internal_batch_size,
         settings.max_internal_batch_size,
     )
-    return Job(
+    return Generation(
         id=new_id(),
         model_id=spec.id,
         method=ms.name,
-        arrays=(),
-        texts=(),
-        target=None,
-        baselines=None,
         params=params,
         internal_batch_size=ibs if ms.name in _GRADIENT else None,
         perturbations_per_eval=ppe if ms.name in PERTURBATION else None,
-        noise_tunnel=None,
         seed=req.seed,
-        return_delta=False,
         deadline=deadline,
         n=1,
         cost=estimate(ms.name, p, n_features, words, max(1, target_words)),
@@ -342,7 +336,8 @@ _LOC: dict[str, Loc] = {
 }
 
 
-def _run(lm: LoadedModel, job: Job) -> Reply:
+@runs(Generation)
+def _run(lm: LoadedModel, job: Generation) -> Reply:
     t0 = time.perf_counter()
     g = job.generation or {}
     tokenizer = lm.text_tokenizer
@@ -384,7 +379,7 @@ def _run(lm: LoadedModel, job: Job) -> Reply:
     )
 
 
-def _check_tokens(lm: LoadedModel, job: Job) -> None:
+def _check_tokens(lm: LoadedModel, job: Generation) -> None:
     """The exact limits, on tokens: prompt, features, target, cost."""
     g = job.generation or {}
     tokenizer = lm.text_tokenizer
@@ -436,7 +431,7 @@ class CausalLMKind(ModelKind):
         req: AttributionRequest,
         deadline: float,
         request_id: str = "",
-    ) -> Job:
+    ) -> Generation:
         if req.verify:
             raise InvalidRequest(
                 "verify compares tensor attributions; causal language models are not covered",
@@ -452,19 +447,16 @@ class CausalLMKind(ModelKind):
             loc=("path", "model_id"),
         )
 
-    def run(self, lm: LoadedModel, job: Job) -> Reply:
-        return _run(lm, job)
-
     def response(
         self,
         spec: ModelSpec,
         req: AttributionRequest,
-        job: Job,
+        job: Work,
         reply: Reply,
         timing: dict[str, float],
     ) -> dict[str, Any]:
         g = reply.generation or {}
-        method = reply.params.get("method", job.method)
+        method = reply.params.get("method", req.method)
         shown = Reply(
             job_id=reply.job_id,
             attributions=[np.asarray([g.get("seq_attr", [])], dtype=np.float64)],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from methods.registry import MethodSpec
 from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import Job, Reply, WireTarget
+from service.core.work import Attribution, Prediction, Reply, WireTarget, runs
 from service.kinds import checks, plan, prepare, tensors
 from service.kinds.tensor import TensorKind
 from service.wire.attributions import AttributionRequest
@@ -150,11 +151,17 @@ def target(spec: ModelSpec, raw: Any, n: int) -> WireTarget:
     return baked
 
 
+@dataclass(kw_only=True)
+class ExportedAttribution(Attribution):
+    """An attribution by the file's program: its forward is the attribution."""
+
+
 class ExportedKind(TensorKind):
     """A tensor model whose file computes one attribution (``attribution-export:``): the
     request is checked as a tensor model's, against the step the file bakes in."""
 
     name = "exported"
+    work = ExportedAttribution
     predicts = False
 
     def methods(self, spec: ModelSpec) -> list[str]:
@@ -199,7 +206,7 @@ class ExportedKind(TensorKind):
 
     def predict_job(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
-    ) -> Job:
+    ) -> Prediction:
         raise self.no_predictions(spec)
 
     def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
@@ -220,31 +227,33 @@ class ExportedKind(TensorKind):
             lm.model(*xs, *extra)
         return super(TensorKind, self).prepare(lm)
 
-    def run(self, lm: LoadedModel, job: Job) -> Reply:
-        """The program's forward is the attribution."""
-        t0 = time.perf_counter()
-        step = _step(lm.spec)
-        xs, _ = tensors.inputs(lm, job)
-        n = int(xs[0].shape[0])
-        args = xs
-        if step.per_example_target and job.target is not None:
-            classes = torch.tensor(job.target["rows"], dtype=torch.int64, device=lm.device)
-            args = (*xs, classes)
-        checkpoint()
-        try:
-            with torch.no_grad():
-                attrs = lm.model(*args)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:
-            raise ModelError(
-                f"the program raised {type(exc).__name__}: {exc}", argument="inputs"
-            ) from exc
-        return Reply(
-            job_id=job.id,
-            attributions=[tensors.numpy(a) for a in tensors.flat(attrs)],
-            as_tuple=isinstance(attrs, (tuple, list)),
-            target=rows(job.target, n),
-            params=dict(step.params or {}),
-            compute_ms=(time.perf_counter() - t0) * 1e3,
-        )
+
+@runs(ExportedAttribution)
+def run(lm: LoadedModel, job: ExportedAttribution) -> Reply:
+    """The program's forward is the attribution."""
+    t0 = time.perf_counter()
+    step = _step(lm.spec)
+    xs, _ = tensors.inputs(lm, job)
+    n = int(xs[0].shape[0])
+    args = xs
+    if step.per_example_target and job.target is not None:
+        classes = torch.tensor(job.target["rows"], dtype=torch.int64, device=lm.device)
+        args = (*xs, classes)
+    checkpoint()
+    try:
+        with torch.no_grad():
+            attrs = lm.model(*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"the program raised {type(exc).__name__}: {exc}", argument="inputs"
+        ) from exc
+    return Reply(
+        job_id=job.id,
+        attributions=[tensors.numpy(a) for a in tensors.flat(attrs)],
+        as_tuple=isinstance(attrs, (tuple, list)),
+        target=rows(job.target, n),
+        params=dict(step.params or {}),
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )

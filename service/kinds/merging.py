@@ -15,7 +15,7 @@ import orjson
 
 from methods.params import MethodParams
 from methods.registry import MethodSpec
-from service.core.work import PREDICT, Job
+from service.core.work import Attribution, Prediction
 from service.wire import targets
 
 
@@ -48,15 +48,15 @@ def _has_array(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and any(_has_array(v) for v in value)
 
 
-def predict_key(job: Job) -> tuple[Any, ...] | None:
+def predict_key(job: Prediction) -> tuple[Any, ...] | None:
     """Predictions merge whenever their tensors stack (texts: each tokenized on its own)."""
     if job.texts:
         return None
-    return (job.model_id, PREDICT, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
+    return (job.model_id, Prediction.label, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
 
 
 def key(
-    job: Job, ms: MethodSpec, p: MethodParams, texts_batch: bool = False
+    job: Attribution, ms: MethodSpec, p: MethodParams, texts_batch: bool = False
 ) -> tuple[Any, ...] | None:
     """Jobs with equal keys give the same numbers merged as one by one; None: never merge.
     Texts merge only where the model batches them unchanged (``ModelSpec.texts_batch``)."""

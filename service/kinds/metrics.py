@@ -33,7 +33,7 @@ from methods import evaluation
 from methods.errors import AttributionError
 from methods.registry import MethodSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
-from service.core.work import Job
+from service.core.work import Attribution
 
 #: the seed of a request that names none
 DEFAULT_SEED = 0
@@ -102,7 +102,7 @@ def compute(
     model: Any,
     xs: tuple[torch.Tensor, ...],
     attributions: Any,
-    job: Job,
+    job: Attribution,
     kwargs: dict[str, Any],
     token_layer: bool,
 ) -> tuple[dict[str, Any], float]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from methods import registry
 from methods.registry import MethodSpec
+from model_registry.sources import source_of
 from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.kinds.checks import check_param_names, method_spec
@@ -27,8 +28,10 @@ class Plan:
     post_abs: bool = False
 
 
-def is_torchscript(spec: ModelSpec) -> bool:
-    return spec.source.startswith("torchscript:")
+def hookable(spec: ModelSpec) -> bool:
+    """Whether the model takes module hooks, as its source declares."""
+    source = source_of(spec)
+    return source is None or source.hookable
 
 
 def token_model(spec: ModelSpec) -> bool:
@@ -72,7 +75,7 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
     ms = method_spec(name)
     check_param_names(ms, params)
     loc = ("body", "method")
-    if ms.needs_hooks and is_torchscript(spec):
+    if ms.needs_hooks and not hookable(spec):
         raise UnsupportedMethod(
             f"{name} needs module hooks, which TorchScript model {spec.id!r} does not allow; "
             "use saliency, input_x_gradient, integrated_gradients, gradient_shap or a "

@@ -25,30 +25,8 @@ from methods.verify import verify
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import (
-    ATTACK,
-    COUNTERFACTUAL,
-    INFLUENCE,
-    INFLUENCE_INDEX,
-    PREDICT,
-    TCAV,
-    Job,
-    Reply,
-    WireTarget,
-    new_id,
-    study_job,
-)
-from service.kinds import (
-    checks,
-    concepts,
-    influence,
-    merging,
-    metrics,
-    plan,
-    prepare,
-    robustness,
-    tensors,
-)
+from service.core.work import Attribution, Prediction, Reply, WireTarget, new_id, runs
+from service.kinds import checks, merging, metrics, plan, prepare, tensors
 from service.kinds.base import ModelKind
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
 from service.wire import codec, targets
@@ -58,6 +36,8 @@ from service.wire.attributions import AttributionRequest
 class TensorKind(ModelKind):
     name = "tensor"
     predicts = True
+    #: the work an attributions request becomes (the exported kind runs its own)
+    work: type[Attribution] = Attribution
 
     # -- the catalogue ------------------------------------------------------------------------
     def methods(self, spec: ModelSpec) -> list[str]:
@@ -128,7 +108,7 @@ class TensorKind(ModelKind):
         req: AttributionRequest,
         deadline: float,
         request_id: str = "",
-    ) -> Job:
+    ) -> Attribution:
         planned = self.plan(spec, req.method, req.params)
         ms = planned.method
         raw = checks.decode_params(ms, planned.params, settings)
@@ -175,7 +155,7 @@ class TensorKind(ModelKind):
         est = rows * inputs.n
         checks.check_cost(est, inputs.n, rows, settings, ms, p)
         ibs, ppe = self.batch_sizes(settings, spec, req)
-        job = Job(
+        job = self.work(
             id=new_id(),
             model_id=spec.id,
             method=ms.name,
@@ -200,6 +180,7 @@ class TensorKind(ModelKind):
             verify=req.verify,
             images=inputs.images,
             metrics=chosen,
+            shared_baselines=ms.merge == "shared_baselines",
         )
         # the metrics' noise is drawn for the request's batch: never merged, never split
         job.key = None if chosen else merging.key(job, ms, p, spec.texts_batch)
@@ -207,23 +188,23 @@ class TensorKind(ModelKind):
 
     def predict_job(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
-    ) -> Job:
+    ) -> Prediction:
         decoded = codec.decode_inputs(
             inputs, spec, settings.max_tensor_elements, settings.max_batch_size
         )
         if decoded.texts:
             checks.check_texts(decoded.texts, settings)
-        job = study_job(
-            spec.id,
-            PREDICT,
-            decoded.arrays,
+        job = Prediction(
+            id=new_id(),
+            model_id=spec.id,
+            n=decoded.n,
+            cost=decoded.n,
+            arrays=decoded.arrays,
             texts=decoded.texts,
             deadline=deadline,
-            cost=decoded.n,
             max_tokens=settings.max_text_tokens,
             request_id=request_id,
         )
-        job.predictions = True
         job.key = merging.predict_key(job)
         return job
 
@@ -231,19 +212,9 @@ class TensorKind(ModelKind):
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:
         return prepare.prepare(lm)
 
-    def run(self, lm: LoadedModel, job: Job) -> Reply:
-        if job.method == PREDICT:
-            return predict(lm, job)
-        if job.method == TCAV:
-            return concepts.run(lm, job)
-        if job.method in (INFLUENCE, INFLUENCE_INDEX):
-            return influence.run(lm, job)
-        if job.method in (ATTACK, COUNTERFACTUAL):
-            return robustness.run(lm, job)
-        return attribute(lm, job)
 
-
-def predict(lm: LoadedModel, job: Job) -> Reply:
+@runs(Prediction)
+def predict(lm: LoadedModel, job: Prediction) -> Reply:
     """The model's outputs for the job's inputs (one forward, no gradients)."""
     t0 = time.perf_counter()
     xs, tokens = tensors.inputs(lm, job)
@@ -257,7 +228,9 @@ def predict(lm: LoadedModel, job: Job) -> Reply:
     )
 
 
-def _attribute(lm: LoadedModel, model: Any, inputs: Any, job: Job, kwargs: dict[str, Any]) -> Any:
+def _attribute(
+    lm: LoadedModel, model: Any, inputs: Any, job: Attribution, kwargs: dict[str, Any]
+) -> Any:
     """``methods.attribute`` (``methods.verify`` against the float64 CPU copy when the job
     asks): the result and the figures (None without verify)."""
     if job.verify:
@@ -265,7 +238,8 @@ def _attribute(lm: LoadedModel, model: Any, inputs: Any, job: Job, kwargs: dict[
     return methods.attribute(model, inputs, job.method, **kwargs), None
 
 
-def attribute(lm: LoadedModel, job: Job) -> Reply:
+@runs(Attribution)
+def attribute(lm: LoadedModel, job: Attribution) -> Reply:
     t0 = time.perf_counter()
     device = lm.device
     xs, tokens = tensors.inputs(lm, job)
@@ -284,11 +258,7 @@ def attribute(lm: LoadedModel, job: Job) -> Reply:
     # token models whose tokenizer says how: special tokens and padding kept, the pad token
     # elsewhere (not for a distribution of baselines, which mixes the examples' rows)
     default = getattr(lm.tokenizer, "baseline", None)
-    if (
-        baselines is None
-        and default is not None
-        and registry.get(job.method).merge != "shared_baselines"
-    ):
+    if baselines is None and default is not None and not job.shared_baselines:
         baselines = default(xs[0])
     kwargs: dict[str, Any] = {
         "target": target,

@@ -14,7 +14,7 @@ from torch import nn
 from methods.errors import ModelError
 from model_registry.spec import LoadedModel
 from service.core.errors import WHERE, InvalidRequest, LimitExceeded
-from service.core.work import Job
+from service.core.work import Work
 from service.kinds.runtime import disable_compiled, worth_eager_retry
 
 
@@ -83,7 +83,7 @@ def check_ids(lm: LoadedModel, arrays: tuple[np.ndarray, ...]) -> None:
             )
 
 
-def inputs(lm: LoadedModel, job: Job) -> tuple[tuple[torch.Tensor, ...], list[list[str]] | None]:
+def inputs(lm: LoadedModel, job: Work) -> tuple[tuple[torch.Tensor, ...], list[list[str]] | None]:
     """The job's inputs as tensors on the model's device (texts through the tokenizer), token
     ids checked against the vocabulary."""
     if not job.texts:  # to the declared dtypes (bfloat16 travels as float32)

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from service.core.settings import Settings
-from service.core.work import Job, Reply
+from service.core.work import Reply, Work
 from service.pool.records import Pending
 
 #: how much waiting counts against a batch's estimated compute in the queue's order: a 100 ms
@@ -40,8 +40,8 @@ class Costs:
         self.by_threads: dict[tuple[str, str], dict[bool, deque[float]]] = {}
         self._big: dict[tuple[str, str], int] = {}
 
-    def rate(self, job: Job) -> float | None:
-        return self.rates.get((job.model_id, job.method))
+    def rate(self, job: Work) -> float | None:
+        return self.rates.get((job.model_id, job.name))
 
     def learn(self, pending: Pending, replies: list[Reply]) -> None:
         """The batch's model and method's compute per unit of cost, a moving average."""
@@ -50,9 +50,9 @@ class Costs:
             return
         job = pending.entries[0].job
         rate = max(r.compute_ms for r in done) / pending.cost  # merged: one shared call
-        self.rates[job.model_id, job.method] = _average(self.rate(job), rate)
+        self.rates[job.model_id, job.name] = _average(self.rate(job), rate)
         if pending.timed:
-            sides = self.by_threads.setdefault((job.model_id, job.method), {})
+            sides = self.by_threads.setdefault((job.model_id, job.name), {})
             sides.setdefault(pending.threads > 1, deque(maxlen=SAMPLES)).append(rate)
 
     def parallel(self, pending: Pending) -> bool:
@@ -64,7 +64,7 @@ class Costs:
         if not pending.timed or not pending.entries:
             return False
         job = pending.entries[0].job
-        key = (job.model_id, job.method)
+        key = (job.model_id, job.name)
         sides = self.by_threads.get(key, {})
         if True not in sides or False not in sides:
             return True not in sides
@@ -89,7 +89,7 @@ class Costs:
         limit = self.settings.split_ms
         return pending.piece or (limit > 0 and self.estimate(pending) > limit)
 
-    def fits(self, cost: int, job: Job) -> bool:
+    def fits(self, cost: int, job: Work) -> bool:
         """Whether a merged batch of ``cost`` (like ``job``) is within bounds: the cost cap, and
         about one piece of compute (``split_ms``), so merging does not undo the split."""
         if cost > self.settings.batch_max_cost:
@@ -97,13 +97,13 @@ class Costs:
         rate, limit = self.rate(job), self.settings.split_ms
         return not limit or rate is None or cost * rate <= limit
 
-    def piece_rows(self, job: Job) -> int | None:
+    def piece_rows(self, job: Work) -> int | None:
         """Examples per piece when ``job`` is worth splitting (about ``split_ms`` each, once
         its compute rate is known); None: it goes whole."""
         rate, limit = self.rate(job), self.settings.split_ms
+        # only work with a merge key is split: its examples are computed each alone (verified
+        # attributions and generation have none)
         if not limit or rate is None or job.key is None or job.n < 2:
-            return None
-        if job.verify or job.generation is not None:
             return None
         per_example = rate * job.cost / job.n
         rows = max(1, int(limit / max(per_example, 1e-9)))

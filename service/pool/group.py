@@ -38,7 +38,7 @@ from model_registry.spec import ModelSpec
 from service.core.errors import ModelUnavailable, NotReady, QueueFull, ServiceError, WorkerLost
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Batch, Job, Reply
+from service.core.work import Batch, Reply, Work
 from service.pool import split
 from service.pool.cores import Cores
 from service.pool.costs import Costs
@@ -79,7 +79,7 @@ class Group(Processes):
         self._waiting: deque[Pending] = deque()
         self._by_key: dict[tuple[Any, ...], Pending] = {}
         self._draining = False
-        #: job chunks waiting (``Job.background``), and recent worker time by kind (decaying)
+        #: job chunks waiting (``Work.background``), and recent worker time by kind (decaying)
         self._jobs: deque[Pending] = deque()
         self._busy = {False: 0.0, True: 0.0}
         self._busy_at = time.monotonic()
@@ -185,7 +185,7 @@ class Group(Processes):
         ]
 
     # -- submission ------------------------------------------------------------------------
-    def submit(self, job: Job) -> Entry:
+    def submit(self, job: Work) -> Entry:
         if not self.workers:
             raise NotReady("this server runs no workers")
         if self._draining:
@@ -288,7 +288,7 @@ class Group(Processes):
         return share > 0 and (total == 0 or self._busy[True] < share * total)
 
     def _dispatch_jobs(self, waiting_sync: bool) -> None:
-        """Job chunks to idle workers: when no synchronous request waits, or when owed."""
+        """Work chunks to idle workers: when no synchronous request waits, or when owed."""
         while self._jobs and (not waiting_sync or self._owed()):
             idle = [w for w in self.workers if w.state == "ready" and not w.outstanding]
             if not idle:

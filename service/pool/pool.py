@@ -24,7 +24,7 @@ from model_registry.spec import ModelSpec
 from service.core.errors import LoadFailed, ModelUnavailable, NotReady, UnknownModel
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Job
+from service.core.work import Work
 from service.pool.cores import Cores
 from service.pool.group import FAILED, LOADING, READY, Group
 from service.pool.records import PREEMPTED, Entry, Worker
@@ -189,7 +189,7 @@ class WorkerPool:
         return [row for g in self.groups for row in g.status()]
 
     # -- requests --------------------------------------------------------------------------
-    def submit(self, job: Job) -> Entry:
+    def submit(self, job: Work) -> Entry:
         if not self.per_group:
             raise NotReady("this server runs no workers")
         if self._draining:
@@ -212,7 +212,7 @@ class WorkerPool:
         if entry.group is not None:
             entry.group.cancel(entry)
 
-    def rate(self, job: Job) -> float | None:
+    def rate(self, job: Work) -> float | None:
         """Measured compute per unit of cost (ms per forward row) of the job's model and
         method, from its recent batches; None before any."""
         group = self.routes.get(job.model_id)

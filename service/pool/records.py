@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from service.core.work import Job, Reply
+from service.core.work import Reply, Work
 
-#: the reply of a job chunk stopped for synchronous work (``Job.background``)
+#: the reply of a job chunk stopped for synchronous work (``Work.background``)
 PREEMPTED = {"code": "preempted", "detail": "stopped for synchronous requests", "errors": []}
 #: batches a worker holds: one computing, one (sealed) ready behind it
 DEPTH = 2
@@ -30,7 +30,7 @@ class Pending:
     worker: Worker | None = None  # set once sent
     #: when its last live request was cancelled while a worker had it
     abandoned_at: float | None = None
-    #: a job chunk (``Job.background``); preempted: told to stop for synchronous work, it
+    #: a job chunk (``Work.background``); preempted: told to stop for synchronous work, it
     #: queues again when the worker gives it back
     background: bool = False
     preempted: bool = False
@@ -45,7 +45,7 @@ class Pending:
 
 @dataclass(eq=False)
 class Entry:
-    job: Job
+    job: Work
     future: asyncio.Future[Reply]
     dispatched: float = 0.0
     pending: Pending | None = None

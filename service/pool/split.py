@@ -12,67 +12,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
-from methods import registry
-from service.core.work import ATTACK, COUNTERFACTUAL, PREDICT, STUDIES, Job, Reply, new_id
+from service.core.work import Reply, Work, new_id
 from service.pool.records import Entry
 
-
-def _rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
-    """Per-example arrays cut to ``[start, stop)``: those with the batch dim (as many dims as
-    their input, ``ndim``, and ``n`` rows, ``n`` > 1). Others go whole: one row broadcasts, and
-    an array without the batch dim (a ``feature_mask`` of shape [C, H, W] for [N, C, H, W]
-    inputs) is the same for every example, whatever its first dim."""
-    if isinstance(value, np.ndarray):
-        want = ndim if isinstance(ndim, int) else ndim[0]
-        per_example = n > 1 and value.ndim == want and value.shape[0] == n
-        return value[start:stop] if per_example else value
-    if isinstance(value, tuple):  # one per input
-        dims = ndim if isinstance(ndim, tuple) else (ndim,) * len(value)
-        if len(dims) != len(value):
-            dims = (dims[0],) * len(value)
-        return tuple(_rows(v, n, d, start, stop) for v, d in zip(value, dims, strict=True))
-    if isinstance(value, dict):
-        return {k: _rows(v, n, ndim, start, stop) for k, v in value.items()}
-    return value
+W = TypeVar("W", bound=Work)
 
 
-def chunk(job: Job, start: int, stop: int) -> Job:
-    """The job's examples ``[start, stop)`` as a job of their own."""
-    n, size = job.n, stop - start
-    target = job.target
-    if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
-        target = {**target, "rows": target["rows"][start:stop]}
-    # each input's dims with the batch dim (token ids from texts: [N, L])
-    ndim = tuple(a.ndim for a in job.arrays) or (2,)
-    baselines = job.baselines
-    shared = (
-        job.method not in (PREDICT, *STUDIES)
-        and registry.get(job.method).merge == "shared_baselines"
-    )
-    if not shared:  # else a distribution, sampled
-        baselines = _rows(baselines, n, ndim, start, stop)
-    study = job.study
-    if study is not None and job.method in (ATTACK, COUNTERFACTUAL):  # masks, baselines
-        study = {**study, "params": _rows(study["params"], n, ndim, start, stop)}
-    return dataclasses.replace(
-        job,
-        arrays=tuple(a[start:stop] for a in job.arrays),
-        texts=job.texts[start:stop],
-        target=target,
-        baselines=baselines,
-        params=_rows(job.params, n, ndim, start, stop),
-        n=size,
-        study=study,
-        cost=max(1, job.cost * size // max(1, n)),
-        key=None,  # a job's chunks are never merged with other work
-    )
+def chunk(job: W, start: int, stop: int) -> W:
+    """The work's examples ``[start, stop)`` as work of their own (its type cuts its own
+    per-example fields: ``Work.cut``)."""
+    return job.cut(start, stop)
 
 
-def pieces(job: Job, rows: int) -> list[Job]:
+def pieces(job: W, rows: int) -> list[W]:
     """``job`` in pieces of ``rows`` examples (the last may have fewer), each its own id."""
     return [
         dataclasses.replace(chunk(job, start, min(job.n, start + rows)), id=new_id())
@@ -89,7 +45,7 @@ def _joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
     return np.concatenate(arrays, axis=0)  # type: ignore[arg-type]
 
 
-def join(job: Job, replies: list[Reply]) -> Reply:
+def join(job: Work, replies: list[Reply]) -> Reply:
     """The pieces' replies (in order, none failed) as ``job``'s one reply."""
     first = replies[0]
     return Reply(
@@ -112,7 +68,7 @@ def join(job: Job, replies: list[Reply]) -> Reply:
 
 
 def split_entry(
-    job: Job,
+    job: Work,
     rows: int,
     loop: asyncio.AbstractEventLoop,
     queue: Callable[[Entry], None],

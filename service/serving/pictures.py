@@ -12,7 +12,7 @@ from PIL import Image
 from model_registry import hf_image
 from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest
-from service.core.work import Job, Reply
+from service.core.work import Reply, Work
 from service.serving import render
 from service.wire.attributions import RenderSpec
 
@@ -76,7 +76,7 @@ def examples(spec: RenderSpec, n: int, inputs: int = 1) -> list[int]:
 
 
 def draw(
-    spec: RenderSpec, model: ModelSpec, job: Job, reply: Reply, title: str
+    spec: RenderSpec, model: ModelSpec, job: Work, reply: Reply, title: str
 ) -> list[dict[str, Any]]:
     """One picture per chosen example (and per input, on multi-input models)."""
     out: list[dict[str, Any]] = []

@@ -1,10 +1,13 @@
-"""Schemas of the catalogue routes: models, methods, health."""
+"""Schemas of the catalogue routes: models, methods, health; and the methods as the engine
+lists them (``method_list``: GET /v1/methods and the OpenAPI document)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+import methods
 
 
 class InputInfo(BaseModel):
@@ -159,3 +162,20 @@ class Problem(BaseModel):
     )
     instance: str | None = Field(default=None, description="the request path")
     request_id: str | None = Field(default=None, description="the request's X-Request-ID")
+
+
+def method_list() -> MethodList:
+    return MethodList(
+        methods=[
+            MethodInfoOut(
+                name=m.name,
+                kind=m.kind,
+                needs_hooks=m.needs_hooks,
+                returns_delta=m.returns_delta,
+                stochastic=m.stochastic,
+                description=m.description,
+                params=m.params,
+            )
+            for m in methods.available()
+        ]
+    )

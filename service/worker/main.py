@@ -29,13 +29,13 @@ from service.core.errors import (
     RequestCancelled,
     ServiceError,
 )
-from service.core.work import Batch, Job, Reply
+from service.core.work import Batch, Reply, Work
 from service.wire.engine_errors import from_engine
 from service.worker.channel import BlockingChannel
 from service.worker.merge import merge, split
 
 log = logging.getLogger("attrserve.worker")
-Run = Callable[[Any, Job], Reply]
+Run = Callable[[Any, Work], Reply]
 
 
 class Control:
@@ -45,7 +45,7 @@ class Control:
         self.cancelled: set[int] = set()
         self.stopping = False
 
-    def should_stop(self, jobs: list[Job]) -> Callable[[], bool]:
+    def should_stop(self, jobs: list[Work]) -> Callable[[], bool]:
         ids = [j.id for j in jobs]
         deadline = max(j.deadline for j in jobs)
 
@@ -54,7 +54,7 @@ class Control:
 
         return check
 
-    def forget(self, jobs: list[Job]) -> None:
+    def forget(self, jobs: list[Work]) -> None:
         for j in jobs:
             self.cancelled.discard(j.id)
 
@@ -151,15 +151,15 @@ def _receive(chan: BlockingChannel, inbox: queue.SimpleQueue[Batch | None], c: C
             inbox.put(msg[1])
 
 
-def _error(job: Job, err: ServiceError) -> Reply:
+def _error(job: Work, err: ServiceError) -> Reply:
     return Reply(job_id=job.id, error=err.to_data())
 
 
-def _ids(jobs: list[Job]) -> str:
+def _ids(jobs: list[Work]) -> str:
     return ",".join(j.request_id for j in jobs)
 
 
-def _safe(run: Run, models: dict[str, Any], job: Job, jobs: list[Job], c: Control) -> Reply:
+def _safe(run: Run, models: dict[str, Any], job: Work, jobs: list[Work], c: Control) -> Reply:
     """``run(job)`` under a cancel scope; every failure as a reply (logged when unexpected)."""
     import methods
     from methods.errors import AttributionCancelled, AttributionError, ModelError
@@ -181,7 +181,7 @@ def _safe(run: Run, models: dict[str, Any], job: Job, jobs: list[Job], c: Contro
         log.error(
             "request %s: %s on %s failed in the model\n%s",
             _ids(jobs),
-            job.method,
+            job.name,
             job.model_id,
             traceback.format_exc(),
         )
@@ -192,17 +192,17 @@ def _safe(run: Run, models: dict[str, Any], job: Job, jobs: list[Job], c: Contro
         log.error(
             "request %s: %s on %s failed\n%s",
             _ids(jobs),
-            job.method,
+            job.name,
             job.model_id,
             traceback.format_exc(),
         )
         return _error(job, ServiceError(f"internal error (request id {job.request_id})"))
 
 
-def run_batch(models: dict[str, Any], jobs: list[Job], run: Run, c: Control) -> list[Reply]:
+def run_batch(models: dict[str, Any], jobs: list[Work], run: Run, c: Control) -> list[Reply]:
     now = time.time()
     replies: list[Reply] = []
-    live: list[Job] = []
+    live: list[Work] = []
     for j in jobs:
         if j.id in c.cancelled:
             replies.append(_error(j, RequestCancelled("cancelled before the work started")))

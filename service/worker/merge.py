@@ -3,43 +3,40 @@ one engine call, and its reply split back into one per job."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, TypeVar
+
 import numpy as np
 
-from service.core.work import Job, Reply
+from service.core.work import Attribution, Reply, Work
 from service.wire import targets
 
+W = TypeVar("W", bound=Work)
 
-def merge(jobs: list[Job]) -> Job:
-    """One job computing every job's examples (same key assumed)."""
+
+def merge(jobs: list[W]) -> W:
+    """One piece of work computing every one's examples (same key assumed: the same type,
+    model, params and baselines; ``service.kinds.merging``)."""
     first = jobs[0]
-    n = sum(j.n for j in jobs)
-    arrays = tuple(
-        np.concatenate([j.arrays[i] for j in jobs], axis=0) for i in range(len(first.arrays))
-    )
-    target = targets.concat([(j.target, j.n) for j in jobs])
-    return Job(
-        id=first.id,
-        model_id=first.model_id,
-        method=first.method,
-        arrays=arrays,
+    extra: dict[str, Any] = {}
+    attributions = [j for j in jobs if isinstance(j, Attribution)]
+    if attributions:
+        extra = {
+            "target": targets.concat([(j.target, j.n) for j in attributions]),
+            "seed": None,
+            "predictions": any(j.predictions for j in attributions),
+        }
+    return dataclasses.replace(
+        first,
+        arrays=tuple(
+            np.concatenate([j.arrays[i] for j in jobs], axis=0) for i in range(len(first.arrays))
+        ),
         texts=tuple(t for j in jobs for t in j.texts),  # texts merge where they batch unchanged
-        target=target,
-        baselines=first.baselines,
-        params=first.params,
-        internal_batch_size=first.internal_batch_size,
-        perturbations_per_eval=first.perturbations_per_eval,
-        noise_tunnel=first.noise_tunnel,
-        seed=None,
-        return_delta=first.return_delta,
         deadline=max(j.deadline for j in jobs),
-        n=n,
+        n=sum(j.n for j in jobs),
         cost=sum(j.cost for j in jobs),
-        attributed_layer=first.attributed_layer,
-        post_abs=first.post_abs,
-        key=first.key,
         request_id=",".join(j.request_id for j in jobs),
-        max_tokens=first.max_tokens,
-        predictions=any(j.predictions for j in jobs),
+        **extra,
     )
 
 
@@ -52,7 +49,7 @@ def _cut(arr: np.ndarray | None, total: int, start: int, n: int) -> np.ndarray |
     return arr[start * k : (start + n) * k]
 
 
-def split(reply: Reply, jobs: list[Job]) -> list[Reply]:
+def split(reply: Reply, jobs: list[W]) -> list[Reply]:
     """The merged reply cut back into one reply per job, in order."""
     total = sum(j.n for j in jobs)
     out: list[Reply] = []

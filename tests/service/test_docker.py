@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 import service.cli.main as cli
+from service.catalog.health import router as health_router
 from service.core.settings import Settings
-from service.http.routes.health import router as health_router
 from service.worker import threads
 
 REPO = Path(__file__).resolve().parents[2]

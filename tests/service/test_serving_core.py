@@ -376,6 +376,7 @@ def test_large_bodies_do_not_stall_health(server: Server) -> None:
     assert worst < 1.0, worst
 
 
+@pytest.mark.lifecycle
 def test_sigterm_drains_then_answers_503(tmp_path: Path) -> None:
     s = start_server(tmp_path, workers=1, batching="false", shutdown_grace_s=1)
     pid = s.ready()["workers"][0]["pid"]  # type: ignore[index]

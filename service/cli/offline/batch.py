@@ -67,8 +67,8 @@ def check_batch(
     examples: Examples,
     predicted: list[int] | None = None,
 ) -> Any:
-    """The chunk as the HTTP route's ``Job``: every check ``attribute_batch`` makes, without
-    the model (a ServiceError for what the route would refuse)."""
+    """The chunk as the HTTP route's ``Attribution`` work: every check ``attribute_batch``
+    makes, without the model (a ServiceError for what the route would refuse)."""
     return build_job(settings, spec, _request(request, examples, predicted), math.inf)
 
 

@@ -4,10 +4,10 @@ route's checks and limits), the model's kind (its method plan), the wire codec a
 the worker's engine call (``run_job``), the engine errors' mapping and the workers' torch
 thread rule (``limit_threads``)."""
 
+from service.attributions.serving import build_job
+from service.compat.kserve import validated
 from service.kinds import of as kind_of
 from service.kinds import run as run_job
-from service.serving.attributions import build_job
-from service.serving.kserve import validated
 from service.wire import codec, images
 from service.wire.attributions import AttributionRequest
 from service.wire.engine_errors import from_engine

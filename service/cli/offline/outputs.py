@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from service.cli.offline.formats import OUTPUT_SUFFIXES, _bad, _pyarrow
+from service.core.files import atomic_write
 
 
 def _is_tokens(items: list[Any]) -> bool:
@@ -60,19 +59,6 @@ def _joined(columns: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _atomic(path: Path, write: Any) -> None:
-    """``write(file)`` to a temporary file beside ``path``, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _savez(f: Any, arrays: dict[str, np.ndarray]) -> None:
     save: Any = np.savez  # its stubs read ** as allow_pickle
     save(f, **arrays)
@@ -98,11 +84,11 @@ def write_output(path: str | Path, columns: list[dict[str, Any]]) -> None:
             k: v if isinstance(v, np.ndarray) else (_pad_tokens(v) if _is_tokens(v) else _pad(v))
             for k, v in joined.items()
         }
-        _atomic(p, lambda f: _savez(f, arrays))
+        atomic_write(p, lambda f: _savez(f, arrays))
     else:
         table = _table(p, columns)
         pq = _pyarrow(p)
-        _atomic(p, lambda f: pq.write_table(table, f))
+        atomic_write(p, lambda f: pq.write_table(table, f))
 
 
 def _table(path: Path, columns: list[dict[str, Any]]) -> Any:

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from service.cli.offline.outputs import _atomic, _is_tokens, _pad, _pad_tokens, _savez
+from service.cli.offline.outputs import _is_tokens, _pad, _pad_tokens, _savez
+from service.core.files import atomic_write
 
 
 def _encode_chunk(cols: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -94,11 +95,11 @@ class Progress:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.stale = False
         arrays = _encode_chunk(cols)
-        _atomic(self._chunk(k), lambda f: _savez(f, arrays))
+        atomic_write(self._chunk(k), lambda f: _savez(f, arrays))
         self.done = k + 1
         state = {"version": 1, **self.fingerprint, "chunks_done": self.done}
         text = json.dumps(state, indent=1).encode()
-        _atomic(self.dir / "state.json", lambda f: f.write(text))
+        atomic_write(self.dir / "state.json", lambda f: f.write(text))
 
     def chunks(self) -> Iterator[dict[str, Any]]:
         for k in range(self.done):

@@ -1,0 +1,57 @@
+"""Serving the catalogue: models as the registry declares them, methods as the engine lists them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_registry.spec import ModelSpec
+from service import kinds
+from service.wire.catalog import (
+    ExportedInfo,
+    InputInfo,
+    ModelInfo,
+    OutputInfo,
+)
+
+
+def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, Any]) -> ModelInfo:
+    """``loaded``: what the workers report of the model (None before they have loaded it);
+    ``state``: its state, reason and group (``WorkerPool.states``)."""
+    got = loaded or {}
+    step = spec.exported
+    ready = state["state"] == "ready"
+    return ModelInfo(
+        id=spec.id,
+        name=spec.id,
+        ready=ready,
+        state=state["state"],
+        reason=state["reason"],
+        group=state["group"],
+        version=spec.version,
+        description=spec.description,
+        device=str((loaded or {}).get("device", spec.device)),
+        inputs=[
+            InputInfo(
+                name=i.name,
+                dtype=i.dtype,
+                shape=list(i.shape),
+                features=None if i.features is None else list(i.features),
+            )
+            for i in spec.inputs
+        ],
+        output=OutputInfo(shape=list(spec.output.shape), labels=list(spec.output.labels)),
+        layers=list(spec.layers),
+        embedding_layer=spec.embedding_layer,
+        tokenizer=bool((loaded or {}).get("tokenizer", kinds.of(spec).tokenizer(spec))),
+        images=spec.images is not None,
+        predicts=kinds.of(spec).predicts,
+        methods=kinds.of(spec).methods(spec),
+        exported=None
+        if step is None
+        else ExportedInfo(method=step.method, params=step.params, target=step.target),
+        compiled=bool(got.get("compiled", False)),
+        compile_error=got.get("compile_error"),
+        verification=got.get("verification"),
+        not_ready_reason=None if ready else state["reason"],
+        kind=spec.kind,
+    )

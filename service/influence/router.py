@@ -1,0 +1,84 @@
+"""A model's training-data influence (CONTRACT 7.4): ``POST /v1/models/{model_id}/influence``
+and ``GET /v1/models/{model_id}/influence/self?k=``, answered from its influence index."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+
+from service.core.errors import NotReady
+from service.http.headers import Deadline
+from service.http.responses import OrjsonResponse
+from service.http.routing import OrjsonRoute
+from service.http.state import AppState, get_state
+from service.influence import serving
+from service.influence.indexes import InfluenceIndexes
+from service.influence.protocol import InfluenceRequest, InfluenceResponse, SelfInfluence
+from service.wire.catalog import Problem
+
+router = APIRouter(tags=["influence"], route_class=OrjsonRoute)
+State = Annotated[AppState, Depends(get_state)]
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": why}
+    for code, why in (
+        (400, "malformed body"),
+        (404, "unknown model, or a model that serves no influence"),
+        (409, "the model's influence index is still building (or failed)"),
+        (422, "inputs or labels the model cannot take, k over the training set"),
+        (429, "queue full (Retry-After)"),
+        (503, "not ready, worker lost, or shutting down (Retry-After)"),
+        (504, "deadline passed (the work is stopped)"),
+    )
+}
+
+
+def _indexes(state: AppState) -> InfluenceIndexes:
+    if state.influence is None:
+        raise NotReady("this server runs no workers; influence needs them")
+    return state.influence
+
+
+@router.post(
+    "/v1/models/{model_id}/influence",
+    operation_id="influence",
+    response_model=InfluenceResponse,
+    responses=ERRORS,
+)
+async def influence_query(
+    model_id: str,
+    state: State,
+    body: InfluenceRequest,
+    x_deadline_ms: Deadline = None,
+) -> OrjsonResponse:
+    """The training examples that most helped (proponents) and, with ``opponents``, most
+    hindered each example's loss, by the models.toml ``influence`` method, from the index
+    built once over the training set: one ``{indices, scores}`` per example."""
+    started = time.perf_counter()
+    spec = state.serving(model_id)
+    index, path = _indexes(state).ready(spec)
+    out = await serving.influence(
+        state.settings, state.pool, spec, body, str(path), index.info, x_deadline_ms, started
+    )
+    return OrjsonResponse(out)
+
+
+@router.get(
+    "/v1/models/{model_id}/influence/self",
+    operation_id="selfInfluence",
+    response_model=SelfInfluence,
+    responses=ERRORS,
+)
+async def self_influence(
+    model_id: str,
+    state: State,
+    k: Annotated[int, Query(ge=1, le=100_000, description="how many to list")] = 20,
+) -> OrjsonResponse:
+    """The training examples of highest self-influence (each one's influence on its own
+    loss): the likely mislabeled or atypical ones, highest first."""
+    spec = state.spec(model_id)
+    indexes = _indexes(state)
+    found = indexes.self_influence(spec, k)
+    method = indexes.states[spec.id].info.get("method")
+    return OrjsonResponse({"model_id": spec.id, "method": method, **found})

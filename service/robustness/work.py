@@ -1,0 +1,98 @@
+"""The worker's side of attacks and counterfactuals (``service.robustness.serving``):
+``methods.attack`` or ``methods.min_perturbation`` on the model, at the job's target (each
+example's predicted class resolved first by one forward)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+import methods
+from model_registry.spec import LoadedModel
+from service.core.work import Reply, WireTarget, Work, rows, runs
+from service.kinds import tensors
+from service.wire import targets
+
+
+@dataclass(kw_only=True)
+class Perturbation(Work):
+    """An attack or a counterfactual search at the target (each example's predicted class
+    resolved in the worker by one forward)."""
+
+    target: WireTarget = None
+    #: which (``name``), its params (tensors per input), and an attack's ``loss``
+    study: dict[str, Any] = field(default_factory=dict)
+
+    def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
+        target = self.target
+        if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
+            target = {**target, "rows": target["rows"][start:stop]}
+        params = rows(self.study["params"], self.n, ndim, start, stop)  # masks, baselines
+        return {"target": target, "study": {**self.study, "params": params}}
+
+    def job_meta(self, reply: Reply) -> dict[str, Any]:
+        # which attack or perturbation, and the per-example lists (flipped, min_param)
+        return {"name": self.study.get("name"), "per_example": list(reply.study or {})}
+
+
+@dataclass(kw_only=True)
+class Attack(Perturbation):
+    label: ClassVar[str] = "attack"
+
+
+@dataclass(kw_only=True)
+class Counterfactual(Perturbation):
+    label: ClassVar[str] = "counterfactual"
+
+
+def run(lm: LoadedModel, job: Perturbation) -> Reply:
+    t0 = time.perf_counter()
+    study = job.study or {}
+    xs, _ = tensors.inputs(lm, job)
+    n = int(xs[0].shape[0])
+    wire = job.target
+    if targets.predicted(wire):
+        wire = targets.of_predictions(tensors.forward(lm, xs))
+    target = targets.to_engine(wire)
+    params = {k: tensors.convert(v, lm.device) for k, v in study["params"].items()}
+    inputs = xs if len(xs) > 1 else xs[0]
+    if isinstance(job, Attack):
+        res = methods.attack(
+            lm.model, inputs, study["name"], target=target, loss=study["loss"], **params
+        )
+        found: dict[str, list[bool] | list[float | None]] = {"flipped": res.flipped.tolist()}
+    else:
+        cf = methods.min_perturbation(lm.model, inputs, study["name"], target=target, **params)
+        res, found = cf, {"min_param": cf.min_param}  # type: ignore[assignment]
+    perturbed = tensors.flat(res.perturbed)
+    shown = shown_params(study["params"])
+    if isinstance(job, Attack):
+        shown["loss"] = study["loss"]
+    return Reply(
+        job_id=job.id,
+        attributions=[tensors.numpy(p) for p in perturbed],
+        as_tuple=isinstance(res.perturbed, tuple),
+        predictions=tensors.numpy(res.predictions),
+        target=targets.rows(wire, n),
+        params=shown,
+        study=dict(found),
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )
+
+
+runs(Attack)(run)
+runs(Counterfactual)(run)
+
+
+def shown_params(p: dict[str, Any]) -> dict[str, Any]:
+    """The effective params for the response: a tensor by its shape, not its values."""
+    shown: dict[str, Any] = {}
+    for k, v in p.items():
+        if isinstance(v, tuple):
+            v = [{"shape": list(a.shape)} if isinstance(a, np.ndarray) else a for a in v]
+            v = v[0] if len(v) == 1 else v
+        shown[k] = v
+    return shown

@@ -1,0 +1,223 @@
+"""Model kinds as plug-ins: each served spec gets its kind from one place, every kind answers
+the whole interface, and the serving path is kind-blind (a kind registered by a test is
+served without a branch for it anywhere else)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import model_registry
+from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec
+from service import kinds
+from service.attributions import serving as attributions
+from service.compat import kserve
+from service.core.errors import InvalidRequest, ServiceError, UnsupportedMethod
+from service.core.settings import Settings
+from service.core.work import Attribution, Reply, new_id
+from service.kinds.base import ModelKind, Ran, envelope, timing
+from service.wire.attributions import AttributionRequest
+
+BUILTIN = {s.id: s for s in model_registry.builtin_specs()}
+#: one spec of each kind (an exported step on the tabular model's spec)
+EXAMPLES: dict[str, ModelSpec] = {
+    "tensor": BUILTIN["tabular-mlp"],
+    "causal_lm": BUILTIN["tiny-lm"],
+    "exported": dataclasses.replace(
+        BUILTIN["tabular-mlp"],
+        id="tab-ig",
+        source="attribution-export:ig.pt2",
+        exported=ExportedStep("integrated_gradients", params={"n_steps": 8}, target="input"),
+    ),
+}
+
+
+def test_every_kind_has_an_example() -> None:
+    assert set(EXAMPLES) == set(kinds.KINDS)
+
+
+@pytest.mark.parametrize("name", sorted(kinds.KINDS))
+def test_the_kind_is_chosen_once_from_the_spec(name: str) -> None:
+    spec = EXAMPLES[name]
+    kind = kinds.of(spec)
+    assert kind is kinds.KINDS[name] and kind.name == name == kinds.name_of(spec)
+    methods = kind.methods(spec)
+    assert methods and all(isinstance(m, str) for m in methods)
+    ex = kind.default_explanation(spec)
+    assert ex.method in methods
+    kind.check_method(spec, ex.method, dict(ex.params), Settings())
+
+
+@pytest.mark.parametrize("name", sorted(kinds.KINDS))
+def test_predictions_only_where_the_kind_gives_them(name: str) -> None:
+    spec, kind = EXAMPLES[name], kinds.KINDS[name]
+    x = np.zeros((1, 8), np.float32).tolist()
+    if kind.predicts:
+        job = kind.predict_job(Settings(), spec, x, time.time() + 1, "r")
+        assert job.predictions and job.n == 1
+    else:
+        with pytest.raises(UnsupportedMethod) as e:
+            kind.predict_job(Settings(), spec, x, time.time() + 1, "r")
+        assert e.value.errors[0]["loc"] == ["path", "model_id"]
+
+
+def test_explain_defaults_come_from_the_kind() -> None:
+    tab, lm, ex = EXAMPLES["tensor"], EXAMPLES["causal_lm"], EXAMPLES["exported"]
+    assert kserve.with_defaults({}, tab) == {
+        "method": "integrated_gradients",
+        "params": {},
+        "target": "predicted",
+    }
+    assert kserve.with_defaults({}, ex)["target"] is None  # the file's baked target
+    assert kserve.with_defaults({"target": 1}, lm)["target"] == 1
+
+
+class Doubling(ModelKind):
+    """A toy kind: ``inputs`` is a list of numbers, the "attribution" doubles them."""
+
+    name = "doubling"
+    predicts = False
+
+    def methods(self, spec: ModelSpec) -> list[str]:
+        return ["saliency"]
+
+    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
+        return ExplainSpec("saliency")
+
+    def check_method(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
+    ) -> None:
+        if method != "saliency":
+            raise UnsupportedMethod("doubling only", loc=("body", "method"))
+
+    def build_job(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: AttributionRequest,
+        deadline: float,
+        request_id: str = "",
+    ) -> Attribution:
+        if not isinstance(req.inputs, list):
+            raise InvalidRequest("a list of numbers", loc=("body", "inputs"))
+        arr = np.asarray(req.inputs, dtype=np.float64)
+        return Attribution(
+            id=new_id(),
+            model_id=spec.id,
+            method=req.method,
+            arrays=(arr,),
+            texts=(),
+            target=None,
+            baselines=None,
+            params={},
+            internal_batch_size=None,
+            perturbations_per_eval=None,
+            noise_tunnel=None,
+            seed=None,
+            return_delta=False,
+            deadline=deadline,
+            n=len(arr),
+            cost=len(arr),
+        )
+
+    def run(self, lm: LoadedModel, job: Attribution) -> Reply:
+        return Reply(job_id=job.id, attributions=[job.arrays[0] * 2], target=[None] * job.n)
+
+
+class OnePool:
+    """The pool's interface as the serving path uses it: the job runs here, in-process."""
+
+    def submit(self, job: Attribution) -> Any:
+        import asyncio
+
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        fut.set_result(Doubling().run(None, job))  # type: ignore[arg-type]
+        return type("Entry", (), {"future": fut, "dispatched": time.perf_counter()})()
+
+    def cancel(self, entry: Any) -> None:
+        raise AssertionError("not cancelled")
+
+
+def test_a_new_kind_is_one_module_and_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    monkeypatch.setitem(kinds.KINDS, "doubling", Doubling())
+    spec = dataclasses.replace(BUILTIN["tabular-mlp"], id="twice", kind="doubling")
+    req = AttributionRequest.model_validate({"method": "saliency", "inputs": [1.0, 2.5]})
+    body, _, _ = asyncio.run(
+        attributions.attribute(Settings(), OnePool(), spec, req, None, time.perf_counter())  # type: ignore[arg-type]
+    )
+    assert body["attributions"].tolist() == [2.0, 5.0] and body["model_id"] == "twice"
+    with pytest.raises(ServiceError, match="gives no predictions"):
+        asyncio.run(
+            attributions.attribute(
+                Settings(),
+                OnePool(),
+                spec,
+                req,
+                None,
+                time.perf_counter(),
+                predictions=True,  # type: ignore[arg-type]
+            )
+        )
+
+
+def test_the_response_envelope_is_shared() -> None:
+    reply = Reply(job_id=1, attributions=[np.ones((2, 3))], target=[0, 1], params={"a": 1})
+    body = envelope(
+        ("m", "7"), Ran("saliency"), reply, "json", timing(1.0, 2.0, time.perf_counter())
+    )
+    assert body["model_id"] == "m" and body["model_version"] == "7"
+    assert body["attributions"].shape == (2, 3) and body["target"] == [0, 1]
+    assert set(body["timing_ms"]) == {"queue", "compute", "total"}
+    assert "requested_method" not in body
+
+
+@pytest.mark.parametrize(
+    ("prompt", "features"),
+    [
+        ("{:>999999999} lives in", ["Dave"]),  # a format spec: a gigabyte of padding
+        ("{0} lives in", ["Dave"]),
+        ("{who!r} lives in", {"who": "Dave"}),
+        ("{who.upper} lives in", {"who": "Dave"}),
+        ("{where} lives in", {"who": "Dave"}),
+        ("{ lives in", ["Dave"]),
+    ],
+)
+def test_causal_lm_prompts_take_plain_slots_only(prompt: str, features: Any) -> None:
+    spec = EXAMPLES["causal_lm"]
+    body = {"method": "feature_ablation", "inputs": {"prompt": prompt, "features": features}}
+    req = AttributionRequest.model_validate(body)
+    with pytest.raises(InvalidRequest) as e:
+        attributions.build_job(Settings(), spec, req, time.time() + 60)
+    assert e.value.errors[0]["loc"] == ["body", "inputs", "prompt"]
+    for fine, values in (("{} lives in {}", ["Dave", "Palm Coast"]), ("{who} lives", {"who": "D"})):
+        ok = AttributionRequest.model_validate(
+            {**body, "inputs": {"prompt": fine, "features": values}}
+        )
+        assert attributions.build_job(Settings(), spec, ok, time.time() + 60).n == 1
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_the_model() -> None:
+    spec = BUILTIN["text-classifier"]
+    lm = model_registry.load(spec)
+    size = lm.model.get_submodule(spec.embedding_layer).num_embeddings
+    for bad in (size, 10**6, -1):
+        req = AttributionRequest.model_validate(
+            {"method": "feature_ablation", "inputs": [[1, 2, bad]], "target": 0}
+        )
+        job = attributions.build_job(Settings(), spec, req, time.time() + 60)
+        with pytest.raises(InvalidRequest) as e:
+            kinds.run(lm, job)
+        assert e.value.errors[0]["loc"] == ["body", "inputs"]
+        assert f"token id {bad}" in e.value.detail and f"0..{size - 1}" in e.value.detail
+    ok = AttributionRequest.model_validate(
+        {"method": "feature_ablation", "inputs": [[1, 2, size - 1]], "target": 0}
+    )
+    assert (
+        kinds.run(lm, attributions.build_job(Settings(), spec, ok, time.time() + 60)).error is None
+    )

@@ -1,0 +1,316 @@
+"""A worker group's dispatch without processes: adaptive batching, one sealed batch ready behind the
+running one, the queue limit counting that ready batch, requeueing it when a worker dies,
+cancellation freeing queue slots at once, and the threads each batch computes on."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.core.errors import QueueFull, WorkerLost
+from service.core.settings import Settings
+from service.core.telemetry import Telemetry
+from service.core.work import Attribution, Batch, Prediction, Reply
+from service.pool.cores import Cores
+from service.pool.costs import RETRY
+from service.pool.group import Group
+from service.pool.records import Pending, Worker
+from service.worker.channel import HEADER
+
+
+class FakeWriter:
+    """The worker's channel: what the pool wrote, decoded."""
+
+    def __init__(self) -> None:
+        self.sent: list[Batch] = []
+        self.cancelled: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        kind, payload = pickle.loads(data[HEADER.size :])
+        (self.sent if kind == "batch" else self.cancelled).extend(
+            [payload] if kind == "batch" else payload
+        )
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def job(i: int, key: tuple[Any, ...] | None = ("k",)) -> Attribution:
+    return Attribution(
+        id=i, model_id="m", method="saliency", arrays=(np.zeros((1, 2), np.float32),), texts=(),
+        target=None, baselines=None, params={}, internal_batch_size=None,
+        perturbations_per_eval=None, noise_tunnel=None, seed=None, return_delta=False,
+        deadline=time.time() + 60, n=1, cost=1, key=key,
+    )  # fmt: skip
+
+
+def pool(**settings: Any) -> tuple[Group, FakeWriter]:
+    p = Group("g", Settings(**settings), [], Telemetry(), range(1))
+    p._loop = asyncio.get_running_loop()
+    p._stopping = True  # never spawn a real process in these tests
+    w = p.workers[0]
+    conn = FakeWriter()
+    w.state, w.writer, w.generation = "ready", conn, 1  # type: ignore[assignment]
+    return p, conn
+
+
+def done(p: Group, batch: Batch) -> None:
+    replies = [Reply(job_id=j.id) for j in batch.jobs]
+    p._on_message(p.workers[0], 1, ("done", batch.id, replies))
+
+
+async def _adaptive() -> None:
+    p, conn = pool()
+    f1 = p.submit(job(1)).future
+    assert [len(b.jobs) for b in conn.sent] == [1]  # idle worker: sent at once, no window
+    p.submit(job(2))
+    p.submit(job(3))
+    p.submit(job(4))
+    assert len(conn.sent) == 1 and p.queue_depth() == 3  # may still grow: waits, merging
+    p.submit(job(5, key=None))
+    assert [len(b.jobs) for b in conn.sent] == [1]  # behind the older batch (FIFO)
+    done(p, conn.sent[0])
+    assert f1.done() and f1.result().job_id == 1
+    # the waiting three went as one batch, and the sealed one to the ready slot behind it
+    assert [len(b.jobs) for b in conn.sent] == [1, 3, 1]
+
+
+async def _ready_slot() -> None:
+    p, conn = pool(batch_max_cost=2)
+    p.submit(job(1))
+    p.submit(job(2, key=None))  # never merged: sealed, so it waits in the ready slot
+    assert [len(b.jobs) for b in conn.sent] == [1, 1]
+    done(p, conn.sent[0])
+    p.submit(job(3))
+    p.submit(job(4))  # the batch is full (cost 2): sealed, to the ready slot
+    assert [len(b.jobs) for b in conn.sent] == [1, 1, 2]
+
+
+async def _queue_full() -> None:
+    p, _ = pool(queue_size=1, batching=False)
+    p.submit(job(1))  # computing
+    p.submit(job(2))  # ready behind it: counts as waiting
+    with pytest.raises(QueueFull):
+        p.submit(job(3))
+
+
+async def _worker_lost() -> None:
+    p, _ = pool()
+    f1, f2 = p.submit(job(1)).future, p.submit(job(2, key=None)).future
+    p._on_dead(p.workers[0], 1, "a test")
+    assert isinstance(f1.exception(), WorkerLost)
+    assert not f2.done() and p.queue_depth() == 1  # never started: waits for a new worker
+
+
+async def _cancel() -> None:
+    p, conn = pool(queue_size=2)
+    running = p.submit(job(1))  # computing
+    queued = [p.submit(job(i)) for i in (2, 3)]  # waiting, merged
+    with pytest.raises(QueueFull):
+        p.submit(job(4))
+    p.cancel(queued[0])
+    assert p.queue_depth() == 1 and queued[0].future.cancelled()
+    p.submit(job(5))  # the slot is free at once
+    assert conn.cancelled == []  # nothing was sent for it: nothing to stop
+    p.cancel(running)  # with the worker: it is told to stop
+    assert conn.cancelled == [1]
+    assert p.workers[0].outstanding[0].abandoned_at is not None
+    done(p, conn.sent[0])  # the worker answers (cancelled): the batch behind goes out
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [3, 5]]
+
+
+def test_cancel_frees_the_slot_and_tells_the_worker() -> None:
+    asyncio.run(_cancel())
+
+
+def test_adaptive_dispatch_and_pipelining() -> None:
+    asyncio.run(_adaptive())
+
+
+def test_ready_slot_takes_sealed_batches_only() -> None:
+    asyncio.run(_ready_slot())
+
+
+def test_ready_batch_counts_towards_the_queue_limit() -> None:
+    asyncio.run(_queue_full())
+
+
+def test_unstarted_batch_survives_a_lost_worker() -> None:
+    asyncio.run(_worker_lost())
+
+
+def rows_job(i: int, n: int, cost_each: int, key: tuple[Any, ...] | None = ("k",)) -> Attribution:
+    """``n`` examples, each its index (so a joined answer shows their order)."""
+    arrays = (np.arange(n, dtype=np.float32).reshape(n, 1),)
+    return dataclasses.replace(job(i, key), arrays=arrays, n=n, cost=n * cost_each)
+
+
+def answer(p: Group, batch: Batch, compute_ms: float = 1.0) -> None:
+    """The worker's reply: each job's input as its attributions."""
+    replies = [
+        Reply(job_id=j.id, attributions=[j.arrays[0] * 2], compute_ms=compute_ms)
+        for j in batch.jobs
+    ]
+    p._on_message(p.workers[0], 1, ("done", batch.id, replies))
+
+
+async def _cheap_first() -> None:
+    p, conn = pool()
+    p.costs.rates["m", "saliency"] = 1.0  # ms per forward row
+    p.submit(job(1, key=None))  # computing
+    expensive = p.submit(rows_job(2, 1, 500, key=None))  # 500 ms: an idle worker only
+    cheap = p.submit(job(3, key=None))  # 1 ms: may wait in the ready slot
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [3]]
+    answer(p, conn.sent[0])
+    answer(p, conn.sent[1])
+    assert cheap.future.done() and not expensive.future.done()
+    assert [j.id for j in conn.sent[2].jobs] == [2]
+
+
+def test_cheap_work_goes_first_and_only_small_work_waits_in_the_ready_slot() -> None:
+    asyncio.run(_cheap_first())
+
+
+async def _split() -> None:
+    p, conn = pool()
+    whole = p.submit(rows_job(1, 10, 20))  # rate unknown: goes whole, and is measured
+    answer(p, conn.sent[0], compute_ms=200.0)  # 200 ms for 200 rows: 1 ms per row
+    assert whole.future.result().attributions[0].shape == (10, 1)
+    big = p.submit(rows_job(2, 10, 40))  # 40 ms per example: pieces of 2 examples (80 ms)
+    assert len(big.parts) == 5 and [len(b.jobs[0].arrays[0]) for b in conn.sent[1:]] == [2]
+    cheap = p.submit(job(3, key=None))  # waits behind one piece, not the whole request
+    assert [j.id for j in conn.sent[2].jobs] == [3]
+    answer(p, conn.sent[1])
+    answer(p, conn.sent[2])
+    assert cheap.future.done() and not big.future.done()
+    for _ in range(4):  # the other pieces, one at a time
+        answer(p, conn.sent[-1])
+    assert len(conn.sent) == 7
+    await asyncio.sleep(0)  # the pieces' done callbacks run
+    got = big.future.result()
+    np.testing.assert_array_equal(got.attributions[0][:, 0], np.arange(10) * 2)
+    assert got.job_id == 2
+
+
+def test_an_expensive_request_is_split_and_joined_in_order() -> None:
+    asyncio.run(_split())
+
+
+async def _split_cancel() -> None:
+    p, conn = pool()
+    p.costs.rates["m", "saliency"] = 1.0
+    big = p.submit(rows_job(1, 10, 40))
+    assert len(big.parts) == 5 and len(conn.sent) == 1
+    p.cancel(big)
+    assert big.future.cancelled() and p.queue_depth() == 0
+    assert conn.cancelled == [big.parts[0].job.id]  # the piece computing is told to stop
+
+
+def test_cancelling_a_split_request_cancels_every_piece() -> None:
+    asyncio.run(_split_cancel())
+
+
+async def _split_predictions() -> None:
+    p, conn = pool()
+    p.costs.rates["m", Prediction.label] = 10.0
+    rows = rows_job(1, 6, 10)
+    predict = Prediction(
+        id=1, model_id="m", arrays=rows.arrays, n=6, cost=60, key=("k",), deadline=rows.deadline
+    )
+    whole = p.submit(predict)  # 100 ms each
+    assert len(whole.parts) == 6
+    for _ in range(6):
+        (piece,) = conn.sent[-1].jobs
+        reply = Reply(job_id=piece.id, predictions=piece.arrays[0] + 1, compute_ms=100.0)
+        p._on_message(p.workers[0], 1, ("done", conn.sent[-1].id, [reply]))
+    await asyncio.sleep(0)
+    predictions = whole.future.result().predictions
+    assert predictions is not None
+    np.testing.assert_array_equal(predictions[:, 0], np.arange(6) + 1)
+
+
+def test_predictions_split_and_join_too() -> None:
+    asyncio.run(_split_predictions())
+
+
+async def _merge_cap() -> None:
+    p, conn = pool()
+    p.submit(job(1, key=None))  # computing
+    p.costs.rates["m", "saliency"] = 1.0  # ms per forward row: a piece is 100 rows
+    for i in (2, 3, 4):
+        p.submit(rows_job(i, 1, 60))  # mergeable, 60 ms each
+    # merging stops at about one piece of compute (two would be 120 ms); [2], sealed so, waits
+    # in the ready slot
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [2]]
+    assert [[e.job.id for e in pending.entries] for pending in p._waiting] == [[3], [4]]
+    for i in (5, 6):
+        p.submit(rows_job(i, 1, 30))  # 30 ms each: 5 joins 4 (90 ms), 6 would pass the piece
+    assert [[e.job.id for e in pending.entries] for pending in p._waiting] == [[3], [4, 5], [6]]
+
+
+def test_merging_stops_at_one_piece_of_compute() -> None:
+    asyncio.run(_merge_cap())
+
+
+async def _preempt_behind() -> None:
+    p, conn = pool()
+    chunk = p.submit(dataclasses.replace(job(1, key=None), background=True))  # a job's chunk
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1]] and conn.cancelled == []
+    p.submit(job(2, key=None))  # sealed: waits in the ready slot, not in the queue
+    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [2]]
+    assert conn.cancelled == [1]  # the chunk is stopped for it all the same
+    assert chunk.pending is not None and chunk.pending.preempted
+
+
+def test_a_job_chunk_is_preempted_for_work_in_the_ready_slot() -> None:
+    asyncio.run(_preempt_behind())
+
+
+async def _threads() -> None:
+    p, conn = pool()
+    other = Worker(99)  # another group's worker
+    p.cores = Cores(4, None, lambda: [*p.workers, other])
+
+    def run(i: int, compute_ms: float, method: str = "saliency") -> int:
+        p.submit(dataclasses.replace(job(i, key=None), method=method))
+        answer(p, conn.sent[-1], compute_ms=compute_ms)
+        return conn.sent[-1].threads
+
+    assert run(1, 50.0) == 1  # its cost unknown: one thread
+    assert run(2, 20.0) == 4  # 50 ms: more threads are tried first, on every core...
+    assert run(3, 50.0) == 1  # ...then one...
+    assert run(4, 20.0) == 4  # ...and the faster kept
+    other.outstanding.append(Pending(0, [], 1, None, threads=2))  # it computes on two
+    other.outstanding.append(Pending(1, [], 1, None, threads=4))  # behind: not counted
+    assert run(5, 20.0) == 2  # the cores left
+    other.outstanding.clear()
+    # a model whose ops are too small to split: one thread once both were measured
+    assert [run(i, ms, "ig") for i, ms in [(7, 9.0), (8, 10.0), (9, 9.0), (10, 9.0)]] == [
+        1,
+        4,
+        1,
+        1,
+    ]
+    # every RETRY-th big batch measures the other way
+    threads = [run(i, 9.0, "ig") for i in range(11, 11 + RETRY)]
+    assert sorted(threads) == [1] * (RETRY - 1) + [4]
+    p.costs.rates["m", "saliency"] = 0.5  # a batch of 0.5 ms: one thread, cores free or not
+    assert run(40, 0.5) == 1
+    p.cores = Cores(4, 2, lambda: p.workers)  # ATTRSERVE_TORCH_THREADS: fixed
+    assert run(41, 0.5) == 2 and run(42, 50.0) == 2
+
+
+def test_threads_follow_the_work() -> None:
+    """A batch computes on one thread when it is small, its cost unknown, or more threads
+    measured no faster on its model and method; else on every core no other worker's running
+    batch holds (at least one)."""
+    asyncio.run(_threads())
