@@ -25,7 +25,8 @@ from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, WireTarget, runs
 from service.kinds import checks, plan, prepare, tensors
-from service.kinds.tensor import TensorKind
+from service.kinds.base import ModelKind
+from service.kinds.tensor import AttributionRules, build_attribution
 from service.wire.attributions import AttributionRequest
 from service.wire.targets import per_example, resolve, rows
 
@@ -156,30 +157,11 @@ class ExportedAttribution(Attribution):
     """An attribution by the file's program: its forward is the attribution."""
 
 
-class ExportedKind(TensorKind):
-    """A tensor model whose file computes one attribution (``attribution-export:``): the
-    request is checked as a tensor model's, against the step the file bakes in."""
+class ExportedRules(AttributionRules):
+    """The tensor kind's request rules against the step the file bakes in: the method is the
+    file's, its params and target may be restated but never changed, the batch goes whole."""
 
-    name = "exported"
     work = ExportedAttribution
-    predicts = False
-
-    def methods(self, spec: ModelSpec) -> list[str]:
-        return [_step(spec).method]
-
-    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
-        return ExplainSpec(_step(spec).method)  # the file's own method, nothing else
-
-    def default_target(self, spec: ModelSpec) -> Any:
-        return None  # the file's baked target (a per-example one must be given)
-
-    def tokenizer(self, spec: ModelSpec) -> bool:
-        return False
-
-    def check_method(
-        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
-    ) -> None:
-        self.plan(spec, method, params)
 
     def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
         ms = checks.method_spec(method)
@@ -204,6 +186,42 @@ class ExportedKind(TensorKind):
     ) -> tuple[int | str | None, int | str | None]:
         return None, None  # the program evaluates a whole batch at once
 
+
+class ExportedKind(ModelKind):
+    """A tensor model whose file computes one attribution (``attribution-export:``): the
+    request is checked as a tensor model's (``build_attribution``) by the file's rules."""
+
+    name = "exported"
+    predicts = False
+    rules = ExportedRules()
+
+    def methods(self, spec: ModelSpec) -> list[str]:
+        return [_step(spec).method]
+
+    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
+        return ExplainSpec(_step(spec).method)  # the file's own method, nothing else
+
+    def default_target(self, spec: ModelSpec) -> Any:
+        return None  # the file's baked target (a per-example one must be given)
+
+    def check_method(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
+    ) -> None:
+        self.plan(spec, method, params)
+
+    def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
+        return self.rules.plan(spec, method, params)
+
+    def build_job(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: AttributionRequest,
+        deadline: float,
+        request_id: str = "",
+    ) -> Attribution:
+        return build_attribution(self.rules, settings, spec, req, deadline, request_id)
+
     def predict_job(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
@@ -225,7 +243,7 @@ class ExportedKind(TensorKind):
             extra = (torch.zeros(1, dtype=torch.int64, device=lm.device),)
         with contextlib.suppress(Exception), torch.no_grad():  # real requests report errors
             lm.model(*xs, *extra)
-        return super(TensorKind, self).prepare(lm)
+        return super().prepare(lm)
 
 
 @runs(ExportedAttribution)
