@@ -1,7 +1,9 @@
 """What a kind of model decides, after LitServe's ``LitAPI``: how a request becomes work (server
-side, no model), how the worker runs that work on a loaded model, and how the result becomes a
+side, no model), how the worker sets the loaded model up, and how the result becomes a
 response. One module per kind implements it (``service.kinds.tensor``, ``causal_lm``,
-``exported``); ``service.kinds.of(spec)`` chooses the kind once from the model's spec.
+``exported``); ``service.kinds.of(spec)`` chooses the kind once from the model's spec. The work
+a kind builds is typed (``service.core.work``): the worker runs it by its type, through the
+run its module registered (``@runs``).
 
 Everything around these steps is shared and kind-blind: the serving use cases (deadlines,
 pictures, KServe and OIP bodies), the pool (queue, batching, worker processes) and the worker
