@@ -101,7 +101,8 @@ class AttrServe(FastAPI):
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in openapi_doc.RAW_SCHEMAS.items():  # the raw routes' request bodies
                 schemas.setdefault(name, schema)
-            self.openapi_schema = openapi_doc.finish(doc, RouteTable(self.routes).policies())
+            table = self.table or RouteTable(self.routes)
+            self.openapi_schema = openapi_doc.finish(doc, table.policies())
         return self.openapi_schema
 
 
@@ -225,8 +226,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
                 "traceresponse",
             ],
         )
-    # every route is declared by now: the one table the layers above read each request's from
-    app.outer = RequestContext(inner, access=settings.access_log, routes=RouteTable(app.routes))
+    # every route is declared by now: the one table each request's route is found in (and the
+    # OpenAPI document's security read from)
+    app.table = RouteTable(app.routes)
+    app.outer = RequestContext(inner, access=settings.access_log, routes=app.table)
     return app
 
 

@@ -45,6 +45,13 @@ def rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int)
     return value
 
 
+def cut_target(target: WireTarget, start: int, stop: int) -> WireTarget:
+    """A resolved target cut to examples ``[start, stop)`` (one for all stays whole)."""
+    if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
+        return {**target, "rows": target["rows"][start:stop]}
+    return target
+
+
 @dataclass(kw_only=True)
 class Work:
     """One validated request's work, ready for the worker (arrays stay numpy until there)."""
@@ -192,14 +199,11 @@ class Attribution(Work):
         return {"requested": self.requested, "attributed_layer": self.attributed_layer}
 
     def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
-        target = self.target
-        if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
-            target = {**target, "rows": target["rows"][start:stop]}
         baselines = self.baselines
         if not self.shared_baselines:  # else a distribution, sampled
             baselines = rows(baselines, self.n, ndim, start, stop)
         return {
-            "target": target,
+            "target": cut_target(self.target, start, stop),
             "baselines": baselines,
             "params": rows(self.params, self.n, ndim, start, stop),
         }

@@ -25,8 +25,7 @@ from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, WireTarget, runs
 from service.kinds import checks, plan, prepare, tensors
-from service.kinds.base import ModelKind
-from service.kinds.tensor import AttributionRules, build_attribution
+from service.kinds.attribution import AttributionKind, AttributionRules
 from service.wire.attributions import AttributionRequest
 from service.wire.targets import per_example, resolve, rows
 
@@ -187,9 +186,9 @@ class ExportedRules(AttributionRules):
         return None, None  # the program evaluates a whole batch at once
 
 
-class ExportedKind(ModelKind):
+class ExportedKind(AttributionKind):
     """A tensor model whose file computes one attribution (``attribution-export:``): the
-    request is checked as a tensor model's (``build_attribution``) by the file's rules."""
+    request is checked as a tensor model's (``kinds.attribution``) by the file's rules."""
 
     name = "exported"
     predicts = False
@@ -208,19 +207,6 @@ class ExportedKind(ModelKind):
         self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
     ) -> None:
         self.plan(spec, method, params)
-
-    def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
-        return self.rules.plan(spec, method, params)
-
-    def build_job(
-        self,
-        settings: Settings,
-        spec: ModelSpec,
-        req: AttributionRequest,
-        deadline: float,
-        request_id: str = "",
-    ) -> Attribution:
-        return build_attribution(self.rules, settings, spec, req, deadline, request_id)
 
     def predict_job(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str

@@ -12,7 +12,7 @@ import numpy as np
 
 import methods
 from model_registry.spec import LoadedModel
-from service.core.work import Reply, WireTarget, Work, rows, runs
+from service.core.work import Reply, WireTarget, Work, cut_target, rows, runs
 from service.kinds import tensors
 from service.wire import targets
 
@@ -27,10 +27,8 @@ class Perturbation(Work):
     study: dict[str, Any] = field(default_factory=dict)
 
     def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
-        target = self.target
-        if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
-            target = {**target, "rows": target["rows"][start:stop]}
         params = rows(self.study["params"], self.n, ndim, start, stop)  # masks, baselines
+        target = cut_target(self.target, start, stop)
         return {"target": target, "study": {**self.study, "params": params}}
 
     def job_meta(self, reply: Reply) -> dict[str, Any]:
