@@ -35,7 +35,7 @@ def build_job(
     """Every check that needs no model (the model's kind decides): the request as a job, or a
     4xx ServiceError."""
     kind = kinds.of(spec)
-    if req.metrics is not None and req.metrics.asked() and not kind.predicts:
+    if req.metrics is not None and req.metrics.asked() and not kind.catalogue(spec).predicts:
         raise UnsupportedMethod(
             f"model {spec.id!r} is a {kind.name} model: its attributions cannot be scored "
             "with metrics (they need a tensor model's forward)",
@@ -43,7 +43,7 @@ def build_job(
         )
     job = kind.build_job(settings, spec, req, deadline, request_id)
     if req.render is not None:  # before the work: examples in range, a known colormap
-        pictures.examples(req.render, job.n, kind.pictures(spec))
+        pictures.examples(req.render, job.n, kind.catalogue(spec).pictures)
     return job
 
 
@@ -65,7 +65,7 @@ async def attribute(
     kind = kinds.of(spec)
     budget = budget_ms(settings, deadline_ms, req.deadline_ms)
     deadline = time.time() + budget / 1e3
-    if predictions and not kind.predicts:
+    if predictions and not kind.catalogue(spec).predicts:
         raise kind.no_predictions(spec)
     build = partial(build_job, settings, spec, req, deadline, request_id)
     # large bodies, and images (decoded and resized: milliseconds each), off the event loop

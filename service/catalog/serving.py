@@ -42,10 +42,10 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         output=OutputInfo(shape=list(spec.output.shape), labels=list(spec.output.labels)),
         layers=list(spec.layers),
         embedding_layer=spec.embedding_layer,
-        tokenizer=bool((loaded or {}).get("tokenizer", kinds.of(spec).tokenizer(spec))),
+        tokenizer=bool((loaded or {}).get("tokenizer", kinds.of(spec).catalogue(spec).tokenizer)),
         images=spec.images is not None,
-        predicts=kinds.of(spec).predicts,
-        methods=kinds.of(spec).methods(spec),
+        predicts=kinds.of(spec).catalogue(spec).predicts,
+        methods=kinds.of(spec).catalogue(spec).methods,
         exported=None
         if step is None
         else ExportedInfo(method=step.method, params=step.params, target=step.target),

@@ -62,20 +62,20 @@ def with_defaults(given: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
     kind = kinds.of(spec)
     out = dict(given)
     if "method" not in out:
-        ex = kind.default_explanation(spec)
+        ex = kind.catalogue(spec).explanation
         out["method"] = ex.method
         out.setdefault("params", dict(ex.params))
     if "target" not in out:
-        out["target"] = kind.default_target(spec)
+        out["target"] = kind.catalogue(spec).target
     return out
 
 
 def check_explanation(spec: ModelSpec, settings: Settings) -> None:
     """Start-up check of a models.toml ``explain``: the method serves this model and its
     params validate (the message names the model; the server does not start otherwise)."""
-    ex = kinds.of(spec).default_explanation(spec)
+    ex = kinds.of(spec).catalogue(spec).explanation
     try:
-        kinds.of(spec).check_method(spec, ex.method, dict(ex.params), settings)
+        kinds.of(spec).check(spec, ex.method, dict(ex.params), settings)
     except ServiceError as exc:
         raise ValueError(
             f"model {spec.id!r}: explain = {ex.method!r} cannot run: {exc.detail}"

@@ -156,7 +156,7 @@ class JobRunner:
 
     def _admit(self, spec: ModelSpec) -> None:
         """The model takes jobs, and the queue has room."""
-        if not kinds.of(spec).jobs:
+        if not kinds.of(spec).catalogue(spec).jobs:
             raise UnsupportedMethod(
                 f"model {spec.id!r} is a {kinds.name_of(spec)} model: attribution jobs run "
                 f"tensor models; send its requests to POST /v1/models/{spec.id}/attributions",

@@ -158,8 +158,14 @@ class AttributionKind(ModelKind):
 
     rules: AttributionRules
 
-    def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
-        return self.rules.plan(spec, method, params)
+    def check(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings | None
+    ) -> plan.Plan:
+        planned = self.rules.plan(spec, method, params)
+        if settings is not None:
+            ms = planned.method
+            checks.validate_params(ms, checks.decode_params(ms, planned.params, settings))
+        return planned
 
     def build_job(
         self,

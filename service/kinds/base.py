@@ -13,6 +13,7 @@ loop (cancellation, errors as data).
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -22,7 +23,6 @@ from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, Work
-from service.kinds import checks
 from service.kinds.plan import Plan
 from service.wire import codec
 from service.wire.attributions import AttributionRequest
@@ -30,48 +30,58 @@ from service.wire.attributions import AttributionRequest
 T = TypeVar("T")
 
 
-class ModelKind:
-    """The interface of a kind of model (one instance per kind, stateless)."""
+@dataclass(frozen=True)
+class Catalogue:
+    """What a model offers, as its kind describes it from its spec (``ModelInfo`` shows it;
+    KServe's ``:explain`` and the pictures read it)."""
+
+    #: the method names it serves as requested (``ModelInfo.methods``)
+    methods: list[str]
+    #: the explanation KServe's ``:explain`` gives without parameters
+    explanation: ExplainSpec
+    #: the target of an explanation that names none (each example's predicted class, or null)
+    target: Any
+    #: whether it takes raw texts (before its workers say so)
+    tokenizer: bool
+    #: pictures drawn per example
+    pictures: int
+    #: None where it gives predictions (``:predict``, OIP infer, ``:explain``'s, and so the
+    #: metrics, attacks and counterfactuals that need its own forward); else why not
+    no_predictions: str | None = None
+    #: whether attribution jobs take it (its work cut into chunks of examples)
+    jobs: bool = True
+
+    @property
+    def predicts(self) -> bool:
+        return self.no_predictions is None
+
+
+def predicted_target(spec: ModelSpec) -> Any:
+    """Each example's predicted class, or null on models with one output value per example."""
+    scalar = all(d == 1 for d in spec.output.shape)
+    return None if scalar else "predicted"
+
+
+class ModelKind(ABC):
+    """The interface of a kind of model (one instance per kind, stateless): seven hooks."""
 
     #: the kind's name: ``ModelSpec.kind`` / ``ModelInfo.kind``
     name: ClassVar[str]
-    #: whether the model gives predictions (``:predict``, OIP infer, ``:explain``'s): its own
-    #: forward runs in the worker, so metrics, attacks and counterfactuals can use it
-    predicts: ClassVar[bool] = False
-    #: whether attribution jobs take the model (its work cut into chunks of examples)
-    jobs: ClassVar[bool] = True
 
-    # -- the catalogue ------------------------------------------------------------------------
-    def methods(self, spec: ModelSpec) -> list[str]:
-        """The method names ``spec`` serves as requested (``ModelInfo.methods``)."""
-        raise NotImplementedError
+    @abstractmethod
+    def describe(self, spec: ModelSpec) -> Catalogue:
+        """What ``spec`` offers (no model needed)."""
 
-    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
-        """The explanation KServe's ``:explain`` gives without parameters."""
-        raise NotImplementedError
-
-    def default_target(self, spec: ModelSpec) -> Any:
-        """The target of an explanation that names none: each example's predicted class, or
-        null on models with one output value per example."""
-        scalar = all(d == 1 for d in spec.output.shape)
-        return None if scalar else "predicted"
-
-    def tokenizer(self, spec: ModelSpec) -> bool:
-        """Whether the model takes raw texts (before its workers say so)."""
-        return False
-
-    def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> Plan:
-        """What the engine runs for ``method`` on ``spec`` (a 4xx ServiceError if it cannot)."""
-        return Plan(checks.method_spec(method), dict(params))
-
-    def check_method(
-        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
-    ) -> None:
-        """Whether ``method`` with ``params`` serves ``spec`` (a ServiceError saying why not);
-        models.toml ``explain`` is checked with it at start-up."""
-        raise NotImplementedError
+    @abstractmethod
+    def check(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings | None
+    ) -> Plan:
+        """What the engine runs for ``method`` with ``params`` on ``spec``, or a 4xx
+        ServiceError saying why it cannot; with ``settings``, the params are validated too
+        (models.toml ``explain`` is checked so at start-up)."""
 
     # -- server side: request -> work ---------------------------------------------------------
+    @abstractmethod
     def build_job(
         self,
         settings: Settings,
@@ -82,20 +92,12 @@ class ModelKind:
     ) -> Work:
         """Every check that needs no model: the request as work (an ``Attribution``, or the
         kind's own), or a 4xx ServiceError."""
-        raise NotImplementedError
 
     def predict_job(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
         """The model's outputs for ``inputs`` as a job (KServe ``:predict``, OIP infer)."""
         raise self.no_predictions(spec)
-
-    def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
-        return UnsupportedMethod(
-            f"model {spec.id!r} ({self.name}) gives no predictions; use POST "
-            f"/v1/models/{spec.id}/attributions",
-            loc=("path", "model_id"),
-        )
 
     # -- worker side --------------------------------------------------------------------------
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:
@@ -117,13 +119,31 @@ class ModelKind:
             raise TypeError(f"{self.name} answers attributions, not {type(job).__name__}")
         return envelope((spec.id, spec.version), Ran.of(job), reply, req.output_encoding, timing)
 
-    def pictures(self, spec: ModelSpec) -> int:
-        """Pictures drawn per example (one per model input)."""
-        return max(1, len(spec.inputs))
-
     def drawn(self, reply: Reply) -> Reply:
         """What the pictures draw of a reply (its attributions, tokens and target)."""
         return reply
+
+    # -- not hooks: read from the hooks ---------------------------------------------------------
+    def catalogue(self, spec: ModelSpec) -> Catalogue:
+        """``describe(spec)``, once per spec object (requests read it; listing the methods a
+        tensor model serves plans every method)."""
+        got = _CATALOGUES.get(id(spec))
+        if got is not None and got[0] is spec:
+            return got[1]
+        if len(_CATALOGUES) >= 256:  # specs are replaced on reload: drop the oldest
+            del _CATALOGUES[next(iter(_CATALOGUES))]
+        out = self.describe(spec)
+        _CATALOGUES[id(spec)] = (spec, out)
+        return out
+
+    def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
+        """The 4xx for a prediction asked of a model that gives none (its catalogue says why)."""
+        why = self.catalogue(spec).no_predictions or "gives no predictions"
+        return UnsupportedMethod(f"model {spec.id!r} {why}", loc=("path", "model_id"))
+
+
+#: ``ModelKind.catalogue``'s: id(spec) -> (the spec, held so its id is not reused; its catalogue)
+_CATALOGUES: dict[int, tuple[ModelSpec, Catalogue]] = {}
 
 
 def timing(queue_ms: float, compute_ms: float, started: float) -> dict[str, float]:

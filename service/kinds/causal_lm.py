@@ -29,7 +29,8 @@ from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedM
 from service.core.settings import Settings
 from service.core.work import Generation, Reply, Work, new_id, runs
 from service.kinds import checks
-from service.kinds.base import ModelKind, Ran, envelope
+from service.kinds.base import Catalogue, ModelKind, Ran, envelope
+from service.kinds.plan import Plan
 from service.wire.attributions import AttributionRequest
 from service.wire.engine_errors import from_engine
 
@@ -404,25 +405,26 @@ class CausalLMKind(ModelKind):
     model say this answer (``methods.attribute_generation``)."""
 
     name = "causal_lm"
-    jobs = False  # one prompt per request: nothing to cut into chunks of examples
 
-    def methods(self, spec: ModelSpec) -> list[str]:
-        return list(METHODS)
+    def describe(self, spec: ModelSpec) -> Catalogue:
+        return Catalogue(
+            methods=list(METHODS),
+            explanation=spec.explain or ExplainSpec("feature_ablation"),
+            target=None,  # the answer is generated
+            tokenizer=True,
+            pictures=1,  # the prompt's features
+            no_predictions=f"is a causal language model: POST /v1/models/{spec.id}/"
+            'attributions with "inputs": {"prompt": "...", "features": [...]} and the answer '
+            'as "target" (predictions and tensor inputs are for the other models)',
+            jobs=False,  # one prompt per request: nothing to cut into chunks of examples
+        )
 
-    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
-        return spec.explain or ExplainSpec("feature_ablation")
-
-    def default_target(self, spec: ModelSpec) -> Any:
-        return None  # the answer is generated
-
-    def tokenizer(self, spec: ModelSpec) -> bool:
-        return True
-
-    def check_method(
-        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
-    ) -> None:
-        _method(spec, method)
+    def check(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings | None
+    ) -> Plan:
+        ms = _method(spec, method)
         _params(method, params)
+        return Plan(ms, dict(params))
 
     def build_job(
         self,
@@ -438,14 +440,6 @@ class CausalLMKind(ModelKind):
                 loc=("body", "verify"),
             )
         return _build_job(settings, spec, req, deadline, request_id)
-
-    def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
-        return UnsupportedMethod(
-            f"model {spec.id!r} is a causal language model: POST /v1/models/{spec.id}/"
-            'attributions with "inputs": {"prompt": "...", "features": [...]} and the answer '
-            'as "target" (predictions and tensor inputs are for the other models)',
-            loc=("path", "model_id"),
-        )
 
     def response(
         self,
@@ -471,9 +465,6 @@ class CausalLMKind(ModelKind):
         for name in ("input_tokens", "output_tokens", "seq_attr", "token_attr"):
             body[name] = g.get(name)
         return body
-
-    def pictures(self, spec: ModelSpec) -> int:
-        return 1  # the prompt's features
 
     def drawn(self, reply: Reply) -> Reply:
         return _drawn(reply)

@@ -23,9 +23,10 @@ from methods.registry import MethodSpec
 from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import Attribution, Prediction, Reply, WireTarget, runs
+from service.core.work import Attribution, Reply, WireTarget, runs
 from service.kinds import checks, plan, prepare, tensors
 from service.kinds.attribution import AttributionKind, AttributionRules
+from service.kinds.base import Catalogue
 from service.wire.attributions import AttributionRequest
 from service.wire.targets import per_example, resolve, rows
 
@@ -191,35 +192,24 @@ class ExportedKind(AttributionKind):
     request is checked as a tensor model's (``kinds.attribution``) by the file's rules."""
 
     name = "exported"
-    predicts = False
     rules = ExportedRules()
 
-    def methods(self, spec: ModelSpec) -> list[str]:
-        return [_step(spec).method]
-
-    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
-        return ExplainSpec(_step(spec).method)  # the file's own method, nothing else
-
-    def default_target(self, spec: ModelSpec) -> Any:
-        return None  # the file's baked target (a per-example one must be given)
-
-    def check_method(
-        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
-    ) -> None:
-        self.plan(spec, method, params)
-
-    def predict_job(
-        self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
-    ) -> Prediction:
-        raise self.no_predictions(spec)
-
-    def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
-        return UnsupportedMethod(
-            f"model {spec.id!r} serves an exported {_step(spec).method} program, which "
-            "returns attributions, not predictions; use POST "
-            f"/v1/models/{spec.id}/attributions",
-            loc=("path", "model_id"),
+    def describe(self, spec: ModelSpec) -> Catalogue:
+        method = _step(spec).method
+        return Catalogue(
+            methods=[method],
+            explanation=ExplainSpec(method),  # the file's own method, nothing else
+            target=None,  # the file's baked target (a per-example one must be given)
+            tokenizer=False,
+            pictures=max(1, len(spec.inputs)),
+            no_predictions=f"serves an exported {method} program, which returns "
+            f"attributions, not predictions; use POST /v1/models/{spec.id}/attributions",
         )
+
+    def check(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings | None
+    ) -> plan.Plan:
+        return self.rules.plan(spec, method, params)  # the file fixed and checked its params
 
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:
         """One call of the program, so the first request does not pay for lazy set-up."""

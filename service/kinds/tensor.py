@@ -24,39 +24,23 @@ from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, new_id, runs
 from service.kinds import checks, merging, metrics, plan, prepare, tensors
 from service.kinds.attribution import AttributionKind, AttributionRules
+from service.kinds.base import Catalogue, predicted_target
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
 from service.wire import codec, targets
 
 
 class TensorKind(AttributionKind):
     name = "tensor"
-    predicts = True
     rules = AttributionRules()
 
-    # -- the catalogue ------------------------------------------------------------------------
-    def methods(self, spec: ModelSpec) -> list[str]:
-        return plan.served(spec)
-
-    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
-        """models.toml ``explain``, else integrated gradients where the inputs are
-        differentiable (token models: on the embedding layer, as requests are rewritten),
-        feature ablation where they are not."""
-        if spec.explain is not None:
-            return spec.explain
-        floats = all(i.dtype.startswith(("float", "bfloat")) for i in spec.inputs)
-        if floats or plan.token_model(spec):
-            return ExplainSpec("integrated_gradients")
-        return ExplainSpec("feature_ablation")
-
-    def tokenizer(self, spec: ModelSpec) -> bool:
-        return plan.token_model(spec)
-
-    def check_method(
-        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
-    ) -> None:
-        planned = self.plan(spec, method, params)
-        ms = planned.method
-        checks.validate_params(ms, checks.decode_params(ms, planned.params, settings))
+    def describe(self, spec: ModelSpec) -> Catalogue:
+        return Catalogue(
+            methods=plan.served(spec),
+            explanation=_explanation(spec),
+            target=predicted_target(spec),
+            tokenizer=plan.token_model(spec),
+            pictures=max(1, len(spec.inputs)),
+        )
 
     # -- request -> work ----------------------------------------------------------------------
     def predict_job(
@@ -84,6 +68,18 @@ class TensorKind(AttributionKind):
     # -- worker side --------------------------------------------------------------------------
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:
         return prepare.prepare(lm)
+
+
+def _explanation(spec: ModelSpec) -> ExplainSpec:
+    """models.toml ``explain``, else integrated gradients where the inputs are differentiable
+    (token models: on the embedding layer, as requests are rewritten), feature ablation where
+    they are not."""
+    if spec.explain is not None:
+        return spec.explain
+    floats = all(i.dtype.startswith(("float", "bfloat")) for i in spec.inputs)
+    if floats or plan.token_model(spec):
+        return ExplainSpec("integrated_gradients")
+    return ExplainSpec("feature_ablation")
 
 
 @runs(Prediction)

@@ -59,9 +59,9 @@ def _name(req: Request) -> str:
 
 
 def _check_model(spec: ModelSpec) -> None:
-    kind = kinds.of(spec)
-    if not kind.predicts or kind.tokenizer(spec):
-        what = "takes token ids" if kind.tokenizer(spec) else "gives no predictions"
+    offers = kinds.of(spec).catalogue(spec)
+    if not offers.predicts or offers.tokenizer:
+        what = "takes token ids" if offers.tokenizer else "gives no predictions"
         raise UnsupportedMethod(
             f"model {spec.id!r} {what}: attacks and counterfactuals move a classifier's "
             "floating-point inputs",

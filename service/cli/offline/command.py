@@ -60,7 +60,7 @@ def _per_example(baselines: Any, n: int, spec: ModelSpec, request: dict[str, Any
     first = baselines if isinstance(baselines, np.ndarray) else baselines[0]
     if first.ndim != len(spec.inputs[0].shape) or first.shape[0] != n:
         return False
-    ms = kind_of(spec).plan(spec, request["method"], request.get("params") or {}).method
+    ms = kind_of(spec).check(spec, request["method"], request.get("params") or {}, None).method
     return ms.merge != "shared_baselines"
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import model_registry
+from methods import registry
 from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec
 from service import kinds
 from service.attributions import serving as attributions
@@ -19,7 +20,8 @@ from service.compat import kserve
 from service.core.errors import InvalidRequest, ServiceError, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, Reply, new_id
-from service.kinds.base import ModelKind, Ran, envelope, timing
+from service.kinds.base import Catalogue, ModelKind, Ran, envelope, timing
+from service.kinds.plan import Plan
 from service.wire.attributions import AttributionRequest
 
 BUILTIN = {s.id: s for s in model_registry.builtin_specs()}
@@ -45,18 +47,20 @@ def test_the_kind_is_chosen_once_from_the_spec(name: str) -> None:
     spec = EXAMPLES[name]
     kind = kinds.of(spec)
     assert kind is kinds.KINDS[name] and kind.name == name == kinds.name_of(spec)
-    methods = kind.methods(spec)
+    offers = kind.describe(spec)
+    assert offers == kind.catalogue(spec) and kind.catalogue(spec) is kind.catalogue(spec)
+    methods = offers.methods
     assert methods and all(isinstance(m, str) for m in methods)
-    ex = kind.default_explanation(spec)
+    ex = offers.explanation
     assert ex.method in methods
-    kind.check_method(spec, ex.method, dict(ex.params), Settings())
+    assert kind.check(spec, ex.method, dict(ex.params), Settings()).method.name == ex.method
 
 
 @pytest.mark.parametrize("name", sorted(kinds.KINDS))
 def test_predictions_only_where_the_kind_gives_them(name: str) -> None:
     spec, kind = EXAMPLES[name], kinds.KINDS[name]
     x = np.zeros((1, 8), np.float32).tolist()
-    if kind.predicts:
+    if kind.catalogue(spec).predicts:
         job = kind.predict_job(Settings(), spec, x, time.time() + 1, "r")
         assert job.predictions and job.n == 1
     else:
@@ -80,19 +84,23 @@ class Doubling(ModelKind):
     """A toy kind: ``inputs`` is a list of numbers, the "attribution" doubles them."""
 
     name = "doubling"
-    predicts = False
 
-    def methods(self, spec: ModelSpec) -> list[str]:
-        return ["saliency"]
+    def describe(self, spec: ModelSpec) -> Catalogue:
+        return Catalogue(
+            methods=["saliency"],
+            explanation=ExplainSpec("saliency"),
+            target=None,
+            tokenizer=False,
+            pictures=1,
+            no_predictions="gives no predictions",
+        )
 
-    def default_explanation(self, spec: ModelSpec) -> ExplainSpec:
-        return ExplainSpec("saliency")
-
-    def check_method(
-        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings
-    ) -> None:
+    def check(
+        self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings | None
+    ) -> Plan:
         if method != "saliency":
             raise UnsupportedMethod("doubling only", loc=("body", "method"))
+        return Plan(registry.get(method), dict(params))
 
     def build_job(
         self,
