@@ -24,27 +24,19 @@ from methods.params import MethodParams, PythonOnly, TensorParam, marked_fields
 if TYPE_CHECKING:
     from methods.engine.call import Call, Output
 
-Kind = Literal["gradient", "perturbation", "layer", "neuron"]
+Family = Literal["gradient", "perturbation", "layer", "neuron"]
 FAMILIES = ("gradient", "perturbation", "layer", "neuron")
 MethodFn = Callable[["Call", Any], "Output"]
-#: how requests for the method merge into one engine call: "examples" (concatenated; baselines
-#: and params identical), "shared_baselines" (likewise, tensor baselines being a distribution
-#: every example shares), "never" (an example's result depends on the others in the call)
-Merge = Literal["examples", "shared_baselines", "never"]
 #: how ``methods.attribute_generation`` runs a method on a generated answer: a perturbation
 #: method covering every output value at once ("per_output"), one surrogate fit per output
 #: value ("fitted"), a gradient method at the token embedding ("layer_gradient"), or through
 #: its token counterpart ("gradient")
 Generation = Literal["per_output", "fitted", "layer_gradient", "gradient"]
-#: params a server caps, and which limit each counts against
-LIMITS: Mapping[str, str] = MappingProxyType({"n_steps": "steps", "n_samples": "samples"})
 
 __all__ = [
     "FAMILIES",
-    "LIMITS",
     "CostShape",
-    "Kind",
-    "Merge",
+    "Family",
     "MethodFn",
     "MethodInfo",
     "MethodSpec",
@@ -86,7 +78,7 @@ class MethodInfo:
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    kind: Kind
+    family: Family
     fn: MethodFn
     params: type[MethodParams]
     needs_hooks: bool = False
@@ -99,9 +91,13 @@ class MethodSpec:
     description: str = field(default="")
     #: forward rows one example costs; None: derived from the params model (see methods.cost)
     cost_fn: CostFn | None = None
-    merge: Merge = "examples"
-    #: whether requests with these (validated) params merge, when ``merge`` allows it
-    merge_when: Callable[[Any], bool] | None = None
+    #: tensor baselines are a distribution every example samples from (the SHAP methods), not
+    #: one baseline per example
+    baseline_distribution: bool = False
+    #: whether, with these (validated) params, an example's result depends on the other
+    #: examples of the same call (a permutation across the batch, a surrogate sampled per
+    #: call, a step count chosen for the whole call); None: never
+    couples_examples: Callable[[Any], bool] | None = None
     token_counterpart: TokenCounterpart | None = None
     #: False where the method ignores ``target`` (neuron methods select a neuron instead)
     needs_target: bool = True
@@ -119,7 +115,7 @@ class MethodSpec:
     def info(self) -> MethodInfo:
         return MethodInfo(
             name=self.name,
-            kind=self.kind,
+            kind=self.family,
             needs_hooks=self.needs_hooks,
             returns_delta=self.returns_delta,
             params=self.params.model_json_schema(),
@@ -134,21 +130,9 @@ class MethodSpec:
         per_layer = len(layers) if isinstance(layers, list) else 1  # each layer counted
         return max(1, int(fn(p, shape)) * per_layer)
 
-    def merges(self, p: MethodParams) -> bool:
-        """Whether requests with params ``p`` may run as one engine call."""
-        if self.merge == "never":
-            return False
-        return self.merge_when is None or bool(self.merge_when(p))
-
-    def limit_value(self, p: MethodParams, name: str) -> int | None:
-        """The value of the limited param ``name`` (see ``limits``) that counts against its
-        limit: the int given, or the most ``n_steps="auto"`` may take; None if unset."""
-        value = getattr(p, name, None)
-        if name == "n_steps" and value == "auto" and self.auto_steps is not None:
-            return int(self.auto_steps(p))
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        return None
+    def coupled(self, p: MethodParams) -> bool:
+        """Whether with params ``p`` an example's result depends on the others in its call."""
+        return self.couples_examples is not None and bool(self.couples_examples(p))
 
     @cached_property
     def tensor_params(self) -> frozenset[str]:
@@ -159,11 +143,6 @@ class MethodSpec:
     def python_only_params(self) -> frozenset[str]:
         """Params annotated ``PythonOnly`` (callables): never accepted over HTTP."""
         return marked_fields(self.params, PythonOnly)
-
-    @cached_property
-    def limits(self) -> Mapping[str, str]:
-        """Limited params of this method and the limit each counts against."""
-        return MappingProxyType({f: k for f, k in LIMITS.items() if f in self.params.model_fields})
 
     @property
     def layer_param(self) -> bool:
@@ -185,7 +164,7 @@ _loaded = False
 def register(
     name: str,
     *,
-    kind: Kind,
+    family: Family,
     params: type[MethodParams],
     needs_hooks: bool = False,
     returns_delta: bool = False,
@@ -193,8 +172,8 @@ def register(
     batching: str | None = None,
     differentiates_inputs: bool = True,
     cost: CostFn | None = None,
-    merge: Merge = "examples",
-    merge_when: Callable[[Any], bool] | None = None,
+    baseline_distribution: bool = False,
+    couples_examples: Callable[[Any], bool] | None = None,
     token_counterpart: TokenCounterpart | Literal["unstated"] | None = "unstated",
     needs_target: bool = True,
     auto_steps: Callable[[Any], int] | None = None,
@@ -208,7 +187,7 @@ def register(
     ``token_counterpart`` (None for none): token models take ids, which cannot be.
     """
     if token_counterpart == "unstated":
-        if differentiates_inputs and kind != "layer":
+        if differentiates_inputs and family != "layer":
             raise RuntimeError(
                 f"method {name!r} differentiates its inputs: state its token_counterpart "
                 "(the layer method run at a token model's embedding layer, or None)"
@@ -221,7 +200,7 @@ def register(
         doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         _REGISTRY[name] = MethodSpec(
             name=name,
-            kind=kind,
+            family=family,
             fn=fn,
             params=params,
             needs_hooks=needs_hooks,
@@ -231,8 +210,8 @@ def register(
             differentiates_inputs=differentiates_inputs,
             description=doc,
             cost_fn=cost,
-            merge=merge,
-            merge_when=merge_when,
+            baseline_distribution=baseline_distribution,
+            couples_examples=couples_examples,
             token_counterpart=token_counterpart,
             needs_target=needs_target,
             auto_steps=auto_steps,
@@ -279,4 +258,4 @@ def did_you_mean(close: list[str]) -> str:
 
 def specs() -> list[MethodSpec]:
     _load()
-    return sorted(_REGISTRY.values(), key=lambda s: (FAMILIES.index(s.kind), s.name))
+    return sorted(_REGISTRY.values(), key=lambda s: (FAMILIES.index(s.family), s.name))

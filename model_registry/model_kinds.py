@@ -46,7 +46,10 @@ class Built:
 
 
 @dataclass(frozen=True)
-class ModelKind:
+class KindLoader:
+    """The registry's side of a model kind (``service.kinds`` serves it): how a models.toml
+    table of that kind is read, and how a built model of it is finished at load."""
+
     name: str
     #: the spec of a models.toml table; ``base``: a built-in's spec, filling what is not given
     spec: Callable[[Table, ModelSpec | None], ModelSpec]
@@ -237,18 +240,18 @@ def _texts(tokenizer: Any) -> Callable[[Sequence[str]], tuple[torch.Tensor, list
 
 
 #: every model kind, by the name models.toml's ``kind`` and ``ModelSpec.kind`` give
-MODEL_KINDS: Mapping[str, ModelKind] = MappingProxyType(
+MODEL_KINDS: Mapping[str, KindLoader] = MappingProxyType(
     {
         k.name: k
         for k in (
-            ModelKind("tensor", _tensor_spec, _finish_tensor),
-            ModelKind("causal_lm", _causal_lm_spec, _finish_causal_lm),
+            KindLoader("tensor", _tensor_spec, _finish_tensor),
+            KindLoader("causal_lm", _causal_lm_spec, _finish_causal_lm),
         )
     }
 )
 
 
-def model_kind(spec: ModelSpec) -> ModelKind:
+def model_kind(spec: ModelSpec) -> KindLoader:
     """The kind ``spec`` names (a spec built by hand may name none that exists)."""
     kind = MODEL_KINDS.get(spec.kind)
     if kind is None:

@@ -71,7 +71,7 @@ def export(
     method or an argument cannot be exported.
     """
     spec = registry.get(method)  # unknown names get the engine's error and suggestions
-    _check_exportable(method, spec.kind, params)
+    _check_exportable(method, spec.family, params)
     xs, as_tuple = format_inputs(example_inputs)
     xs = tuple(x.detach() for x in xs)
     if xs[0].shape[0] == 1:  # a traced size of 1 is specialised by torch: trace two rows
@@ -97,9 +97,9 @@ def export(
     return program
 
 
-def _check_exportable(method: str, kind: str, params: dict[str, Any]) -> None:
+def _check_exportable(method: str, family: str, params: dict[str, Any]) -> None:
     if method not in EXPORTABLE:
-        why = _WHY_NOT.get(kind, f"{method} is not among the exportable methods")
+        why = _WHY_NOT.get(family, f"{method} is not among the exportable methods")
         raise NotExportableError(
             f"{method} cannot be exported: {why}. Exportable: {', '.join(sorted(EXPORTABLE))}",
             argument="method",

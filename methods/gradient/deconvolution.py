@@ -15,7 +15,7 @@ from methods.registry import register
 @register(
     "deconvolution",
     exportable=True,
-    kind="gradient",
+    family="gradient",
     params=NoParams,
     needs_hooks=True,
     token_counterpart=None,

@@ -33,7 +33,7 @@ class DeepLiftParams(MultiplyByInputsParams):
 @register(
     "deeplift",
     exportable=True,
-    kind="gradient",
+    family="gradient",
     params=DeepLiftParams,
     needs_hooks=True,
     returns_delta=True,

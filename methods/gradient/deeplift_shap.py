@@ -16,13 +16,13 @@ from methods.registry import TokenCounterpart, register
 
 @register(
     "deeplift_shap",
-    kind="gradient",
+    family="gradient",
     params=DeepLiftParams,
     needs_hooks=True,
     returns_delta=True,
     batching="internal_batch_size",
     cost=baseline_pairs_cost,
-    merge="shared_baselines",
+    baseline_distribution=True,
     token_counterpart=TokenCounterpart("layer_deeplift_shap"),
 )
 def deeplift_shap(call: Call, p: DeepLiftParams) -> Output:

@@ -37,12 +37,12 @@ class GradientShapParams(NoisySamplesParams):
 @register(
     "gradient_shap",
     exportable=True,
-    kind="gradient",
+    family="gradient",
     params=GradientShapParams,
     returns_delta=True,
     stochastic=True,
     batching="internal_batch_size",
-    merge="shared_baselines",
+    baseline_distribution=True,
     token_counterpart=TokenCounterpart("layer_gradient_shap"),
 )
 def gradient_shap(call: Call, p: GradientShapParams) -> Output:

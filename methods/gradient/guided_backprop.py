@@ -16,7 +16,7 @@ from methods.registry import register
 @register(
     "guided_backprop",
     exportable=True,
-    kind="gradient",
+    family="gradient",
     params=NoParams,
     needs_hooks=True,
     token_counterpart=None,

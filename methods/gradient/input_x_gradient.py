@@ -15,7 +15,7 @@ from methods.registry import TokenCounterpart, register
     "input_x_gradient",
     generation="gradient",
     exportable=True,
-    kind="gradient",
+    family="gradient",
     params=NoParams,
     token_counterpart=TokenCounterpart("layer_gradient_x_activation"),
 )

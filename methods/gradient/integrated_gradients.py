@@ -71,13 +71,13 @@ def _check_steps(p: IntegratedGradientsParams) -> None:
     "integrated_gradients",
     generation="gradient",
     exportable=True,
-    kind="gradient",
+    family="gradient",
     params=IntegratedGradientsParams,
     returns_delta=True,
     batching="internal_batch_size",
     cost=_cost,
-    # "auto" stops once every example in the call has converged: merged requests would differ
-    merge_when=lambda p: p.n_steps != "auto",
+    # "auto" stops once every example in the call has converged
+    couples_examples=lambda p: p.n_steps == "auto",
     auto_steps=lambda p: ladder_top(p.approximation_method),
     # delta_tolerance steers n_steps="auto" only, which the layer method does not have
     token_counterpart=TokenCounterpart(

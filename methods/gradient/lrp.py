@@ -79,7 +79,7 @@ def conservation_delta(relevance: Tensors, output: torch.Tensor) -> torch.Tensor
 
 @register(
     "lrp",
-    kind="gradient",
+    family="gradient",
     params=LRPParams,
     needs_hooks=True,
     returns_delta=True,

@@ -21,7 +21,7 @@ class SaliencyParams(MethodParams):
     "saliency",
     generation="gradient",
     exportable=True,
-    kind="gradient",
+    family="gradient",
     params=SaliencyParams,
     token_counterpart=TokenCounterpart(
         "layer_gradient_x_activation",

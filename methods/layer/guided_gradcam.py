@@ -34,7 +34,7 @@ class GuidedGradCamParams(MethodParams):
 
 @register(
     "guided_gradcam",
-    kind="gradient",
+    family="gradient",
     params=GuidedGradCamParams,
     needs_hooks=True,
     token_counterpart=None,

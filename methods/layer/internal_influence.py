@@ -19,7 +19,7 @@ class InternalInfluenceParams(LayerPathParams):
 
 @register(
     "internal_influence",
-    kind="layer",
+    family="layer",
     params=InternalInfluenceParams,
     needs_hooks=True,
     batching="internal_batch_size",

@@ -10,7 +10,7 @@ from methods.registry import register
 
 @register(
     "layer_activation",
-    kind="layer",
+    family="layer",
     params=LayerParams,
     needs_hooks=True,
     differentiates_inputs=False,

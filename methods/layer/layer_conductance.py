@@ -26,7 +26,7 @@ class LayerConductanceParams(LayerPathParams):
 
 @register(
     "layer_conductance",
-    kind="layer",
+    family="layer",
     params=LayerConductanceParams,
     needs_hooks=True,
     returns_delta=True,

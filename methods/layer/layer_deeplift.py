@@ -52,7 +52,7 @@ def layer_step(module: nn.Module, p: LayerDeepLiftParams) -> dl.Step:
 
 @register(
     "layer_deeplift",
-    kind="layer",
+    family="layer",
     params=LayerDeepLiftParams,
     needs_hooks=True,
     returns_delta=True,

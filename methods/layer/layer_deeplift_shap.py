@@ -17,14 +17,14 @@ from methods.registry import register
 
 @register(
     "layer_deeplift_shap",
-    kind="layer",
+    family="layer",
     params=LayerDeepLiftParams,
     needs_hooks=True,
     returns_delta=True,
     batching="internal_batch_size",
     differentiates_inputs=False,
     cost=baseline_pairs_cost,
-    merge="shared_baselines",
+    baseline_distribution=True,
 )
 def layer_deeplift_shap(call: Call, p: LayerDeepLiftParams) -> Output:
     """Layer DeepLift averaged over baseline rows (baselines: B reference rows per input)."""

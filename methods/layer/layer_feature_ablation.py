@@ -37,7 +37,7 @@ class LayerFeatureAblationParams(LayerParams):
 
 @register(
     "layer_feature_ablation",
-    kind="layer",
+    family="layer",
     params=LayerFeatureAblationParams,
     needs_hooks=True,
     batching="perturbations_per_eval",

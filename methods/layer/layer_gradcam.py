@@ -37,7 +37,7 @@ def gradcam(grads: Tensors, values: Tensors, relu: bool, summation: bool) -> Ten
 @register(
     "layer_gradcam",
     exportable=True,
-    kind="layer",
+    family="layer",
     params=LayerGradCamParams,
     needs_hooks=True,
     differentiates_inputs=False,

@@ -28,12 +28,12 @@ class LayerGradientShapParams(LayerParams, GradientShapParams):
 
 @register(
     "layer_gradient_shap",
-    kind="layer",
+    family="layer",
     params=LayerGradientShapParams,
     needs_hooks=True,
     returns_delta=True,
     stochastic=True,
-    merge="shared_baselines",
+    baseline_distribution=True,
 )
 def layer_gradient_shap(call: Call, p: LayerGradientShapParams) -> Output:
     """SHAP values of the layer's units, approximated by gradients at random path points."""

@@ -22,7 +22,7 @@ class LayerGradientXActivationParams(LayerParams):
 @register(
     "layer_gradient_x_activation",
     generation="layer_gradient",
-    kind="layer",
+    family="layer",
     params=LayerGradientXActivationParams,
     needs_hooks=True,
     differentiates_inputs=False,

@@ -50,7 +50,7 @@ def endpoint_values(
     "layer_integrated_gradients",
     generation="layer_gradient",
     exportable=True,
-    kind="layer",
+    family="layer",
     params=LayerIntegratedGradientsParams,
     needs_hooks=True,
     returns_delta=True,

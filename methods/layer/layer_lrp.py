@@ -26,7 +26,7 @@ class LayerLRPParams(LayerParams, LRPParams):
 
 @register(
     "layer_lrp",
-    kind="layer",
+    family="layer",
     params=LayerLRPParams,
     needs_hooks=True,
     returns_delta=True,

@@ -29,7 +29,7 @@ class NeuronConductanceParams(NeuronPathParams):
 
 @register(
     "neuron_conductance",
-    kind="neuron",
+    family="neuron",
     params=NeuronConductanceParams,
     needs_hooks=True,
     batching="internal_batch_size",

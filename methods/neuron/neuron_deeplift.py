@@ -34,7 +34,7 @@ def neuron_deeplift_rows(call: Call, p: NeuronDeepLiftParams, xs: Tensors, bs: T
 
 @register(
     "neuron_deeplift",
-    kind="neuron",
+    family="neuron",
     params=NeuronDeepLiftParams,
     needs_hooks=True,
     needs_target=False,

@@ -14,11 +14,11 @@ from methods.registry import register
 
 @register(
     "neuron_deeplift_shap",
-    kind="neuron",
+    family="neuron",
     params=NeuronDeepLiftParams,
     needs_hooks=True,
     cost=baseline_pairs_cost,
-    merge="shared_baselines",
+    baseline_distribution=True,
     needs_target=False,
     token_counterpart=None,
 )

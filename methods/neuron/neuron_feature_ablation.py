@@ -25,7 +25,7 @@ class NeuronFeatureAblationParams(NeuronParams, FeatureMaskParams):
 
 @register(
     "neuron_feature_ablation",
-    kind="neuron",
+    family="neuron",
     params=NeuronFeatureAblationParams,
     needs_hooks=True,
     batching="perturbations_per_eval",

@@ -10,7 +10,7 @@ from methods.registry import register
 
 @register(
     "neuron_gradient",
-    kind="neuron",
+    family="neuron",
     params=NeuronParams,
     needs_hooks=True,
     needs_target=False,

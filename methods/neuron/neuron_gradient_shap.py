@@ -19,11 +19,11 @@ class NeuronGradientShapParams(NeuronParams, GradientShapParams):
 
 @register(
     "neuron_gradient_shap",
-    kind="neuron",
+    family="neuron",
     params=NeuronGradientShapParams,
     needs_hooks=True,
     stochastic=True,
-    merge="shared_baselines",
+    baseline_distribution=True,
     needs_target=False,
     token_counterpart=None,
 )

@@ -14,7 +14,7 @@ from methods.registry import register
 
 @register(
     "neuron_guided_backprop",
-    kind="neuron",
+    family="neuron",
     params=NeuronParams,
     needs_hooks=True,
     needs_target=False,

@@ -17,7 +17,7 @@ class NeuronIntegratedGradientsParams(NeuronPathParams):
 
 @register(
     "neuron_integrated_gradients",
-    kind="neuron",
+    family="neuron",
     params=NeuronIntegratedGradientsParams,
     needs_hooks=True,
     batching="internal_batch_size",

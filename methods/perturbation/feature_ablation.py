@@ -28,7 +28,7 @@ class FeatureAblationParams(FeatureMaskParams):
 @register(
     "feature_ablation",
     generation="per_output",
-    kind="perturbation",
+    family="perturbation",
     sparse_inputs=True,
     params=FeatureAblationParams,
     batching="perturbations_per_eval",

@@ -54,14 +54,14 @@ def _permutations(call: Call, f: int, n: int, device: torch.device) -> Tensor:
 
 @register(
     "feature_permutation",
-    kind="perturbation",
+    family="perturbation",
     sparse_inputs=True,
     params=FeaturePermutationParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     stochastic=True,
     cost=per_feature_cost(),
-    merge="never",
+    couples_examples=lambda p: True,  # features permuted across the batch
 )
 def feature_permutation(call: Call, p: FeaturePermutationParams) -> Output:
     """Output change when each feature is permuted across the examples of the batch."""

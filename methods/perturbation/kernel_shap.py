@@ -40,12 +40,12 @@ _RANK_ROWS = 256
 @register(
     "kernel_shap",
     generation="fitted",
-    kind="perturbation",
+    family="perturbation",
     params=KernelShapParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     stochastic=True,
-    merge="never",
+    couples_examples=lambda p: True,  # one surrogate sampled for the call
 )
 def kernel_shap(call: Call, p: KernelShapParams) -> Output:
     """Kernel SHAP values of the interpretable features (default baselines: zeros)."""

@@ -62,12 +62,12 @@ def _similarity(xs: Tensors, rows: int, p: LimeParams, dtype: torch.dtype) -> Pe
 @register(
     "lime",
     generation="fitted",
-    kind="perturbation",
+    family="perturbation",
     params=LimeParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     stochastic=True,
-    merge="never",
+    couples_examples=lambda p: True,  # one surrogate sampled for the call
 )
 def lime(call: Call, p: LimeParams) -> Output:
     """LIME coefficients of the interpretable features (default baselines: zeros)."""

@@ -178,7 +178,7 @@ def _cost(p: OcclusionParams, shape: CostShape) -> int:
 
 @register(
     "occlusion",
-    kind="perturbation",
+    family="perturbation",
     params=OcclusionParams,
     batching="perturbations_per_eval",
     differentiates_inputs=False,

@@ -27,7 +27,7 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
 @register(
     "shapley_value_sampling",
     generation="per_output",
-    kind="perturbation",
+    family="perturbation",
     sparse_inputs=True,
     params=ShapleyValueSamplingParams,
     batching="perturbations_per_eval",

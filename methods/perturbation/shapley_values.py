@@ -36,7 +36,7 @@ def working_dtype(out: torch.Tensor) -> torch.dtype:
 @register(
     "shapley_values",
     generation="per_output",
-    kind="perturbation",
+    family="perturbation",
     sparse_inputs=True,
     params=ShapleyValuesParams,
     batching="perturbations_per_eval",

@@ -146,7 +146,7 @@ def build_attribution(
         verify=req.verify,
         images=inputs.images,
         metrics=chosen,
-        shared_baselines=ms.merge == "shared_baselines",
+        shared_baselines=ms.baseline_distribution,
     )
     # the metrics' noise is drawn for the request's batch: never merged, never split
     job.key = None if chosen else merging.key(job, ms, p, spec.texts_batch)

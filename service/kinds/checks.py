@@ -7,6 +7,8 @@ listed here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from methods import registry
@@ -93,11 +95,32 @@ def given(p: MethodParams) -> dict[str, Any]:
     return {name: getattr(p, name) for name in p.model_fields_set}
 
 
+#: params this server caps, and which limit (``Settings.max_n_steps``/``max_n_samples``) each
+#: counts against
+LIMITS: Mapping[str, str] = MappingProxyType({"n_steps": "steps", "n_samples": "samples"})
+
+
+def limits(ms: MethodSpec) -> dict[str, str]:
+    """The limited params of ``ms`` and the limit each counts against."""
+    return {f: k for f, k in LIMITS.items() if f in ms.params.model_fields}
+
+
+def limit_value(ms: MethodSpec, p: MethodParams, name: str) -> int | None:
+    """The value of the limited param ``name`` that counts against its limit: the int given,
+    or the most ``n_steps="auto"`` may take; None if unset."""
+    value = getattr(p, name, None)
+    if name == "n_steps" and value == "auto" and ms.auto_steps is not None:
+        return int(ms.auto_steps(p))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
 def check_limits(ms: MethodSpec, p: MethodParams, settings: Settings) -> None:
     """Step and sample limits, on the values after coercion (n_steps="auto": its ladder top)."""
     caps = {"steps": settings.max_n_steps, "samples": settings.max_n_samples}
-    for name, kind in ms.limits.items():
-        value = ms.limit_value(p, name)
+    for name, kind in limits(ms).items():
+        value = limit_value(ms, p, name)
         if value is not None and value > caps[kind]:
             given = getattr(p, name)
             shown = f"{given!r} (up to {value} steps)" if given != value else str(value)

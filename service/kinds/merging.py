@@ -60,11 +60,11 @@ def key(
 ) -> tuple[Any, ...] | None:
     """Jobs with equal keys give the same numbers merged as one by one; None: never merge.
     Texts merge only where the model batches them unchanged (``ModelSpec.texts_batch``)."""
-    if job.verify or not ms.merges(p):  # verify: figures of the job's own rows
+    if job.verify or ms.coupled(p):  # verify: figures of the job's own rows
         return None
     # texts: where the model batches them unchanged, and the answer is per token (dim 1 the
     # tokens, cut back to each job's own width)
-    per_token = job.attributed_layer is not None or ms.kind == "perturbation"
+    per_token = job.attributed_layer is not None or ms.family == "perturbation"
     if job.texts and not (texts_batch and per_token):
         return None
     if (ms.stochastic or job.noise_tunnel is not None) and job.seed is not None:
@@ -72,7 +72,7 @@ def key(
     # params only broadcast: a per-example tensor (e.g. a feature mask per row) never merges
     if not _broadcasts(job.params, False):
         return None
-    if not _broadcasts(job.baselines, ms.merge == "shared_baselines"):
+    if not _broadcasts(job.baselines, ms.baseline_distribution):
         return None
     params = orjson.dumps(
         {k: v for k, v in job.params.items() if not _has_array(v)},

@@ -57,11 +57,11 @@ def plan(
     except AttributionError as exc:
         where = str(exc.argument or "metrics").split(".")
         raise InvalidRequest(str(exc), loc=("body", *where)) from None
-    if ms.kind in ("layer", "neuron") and not token_layer:
+    if ms.family in ("layer", "neuron") and not token_layer:
         raise UnsupportedMethod(
             f"metrics score attributions of the inputs; {ms.name} attributes to a "
-            f"{'layer' if ms.kind == 'layer' else 'neuron'}'s "
-            + ("activations" if ms.kind == "layer" else "inputs for one neuron")
+            f"{'layer' if ms.family == 'layer' else 'neuron'}'s "
+            + ("activations" if ms.family == "layer" else "inputs for one neuron")
             + ": ask for metrics with a method of the inputs",
             loc=("body", "metrics"),
         )

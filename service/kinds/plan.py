@@ -84,7 +84,7 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
         )
     if ms.layer_param:
         params = _check_layer(spec, ms, params)
-    if ms.differentiates_inputs and ms.kind != "layer" and token_model(spec):
+    if ms.differentiates_inputs and ms.family != "layer" and token_model(spec):
         tc = ms.token_counterpart
         if tc is None:
             raise UnsupportedMethod(

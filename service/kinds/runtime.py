@@ -20,7 +20,7 @@ log = logging.getLogger("attrserve.worker")
 def uses_compiled(ms: MethodSpec) -> bool:
     """Whether a method may run on the compiled module: it must not hook or intercept the
     model's modules (compiled graphs do not call them)."""
-    return not ms.needs_hooks and ms.kind not in ("layer", "neuron")
+    return not ms.needs_hooks and ms.family not in ("layer", "neuron")
 
 
 def serving_model(lm: LoadedModel, ms: MethodSpec) -> Any:

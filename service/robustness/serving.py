@@ -97,7 +97,7 @@ def _rows(req: Request, p: dict[str, Any], n_features: int) -> int:
     once = {"fgsm": 2}.get(req.perturbation, 0)
     if req.perturbation == "feature_ablation":
         ms = registry.get(p["attribution_method"])
-        once = 2 if ms.kind == "gradient" else n_features + 1
+        once = 2 if ms.family == "gradient" else n_features + 1
     return values * per_value + once
 
 

@@ -36,11 +36,11 @@ def kwargs_for(spec: MethodSpec, case: zoo.Case) -> dict[str, Any]:
         "target": case.target,
         "additional_forward_args": case.additional_forward_args,
     }
-    if spec.merge == "shared_baselines":  # the baselines are a distribution
+    if spec.baseline_distribution:
         g = torch.Generator().manual_seed(0)
         dist = tuple(torch.randn((2, *x.shape[1:]), generator=g, dtype=x.dtype) for x in _xs(case))
         kw["baselines"] = dist if isinstance(case.inputs, tuple) else dist[0]
-    elif case.baselines is not None and spec.kind != "layer":
+    elif case.baselines is not None and spec.family != "layer":
         kw["baselines"] = case.baselines
     if "layer" in fields and case.layers:
         kw["layer"] = case.layers[0]

@@ -59,7 +59,7 @@ def test_structure_determinism_and_model_untouched(spec: registry.MethodSpec, ca
     r2 = methods.attribute(c.model, c.inputs, spec.name, seed=7, **kw)
     for a, b in zip(_tuple(r1.attributions), _tuple(r2.attributions), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    if spec.kind in ("gradient", "perturbation") and spec.name not in ("guided_gradcam",):
+    if spec.family in ("gradient", "perturbation") and spec.name not in ("guided_gradcam",):
         assert isinstance(r1.attributions, tuple) == isinstance(c.inputs, tuple)
         for a, x in zip(_tuple(r1.attributions), _tuple(c.inputs), strict=True):
             assert a.shape[1:] == x.shape[1:]

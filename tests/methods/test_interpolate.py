@@ -18,10 +18,11 @@ from methods.errors import InvalidArgumentError
 from methods.layer._common import InterpolateMode
 from methods.params import parse_params
 from methods.registry import CostShape, MethodSpec
+from service.kinds.checks import limits
 from tests import zoo
 from tests.methods.conformance_args import kwargs_for
 
-LAYER_SPECS = [s for s in registry.specs() if s.kind == "layer"]
+LAYER_SPECS = [s for s in registry.specs() if s.family == "layer"]
 LAYER_IDS = [s.name for s in LAYER_SPECS]
 
 
@@ -292,7 +293,7 @@ def test_params_are_in_the_published_schema(spec: MethodSpec) -> None:
 def test_only_layer_methods_take_it() -> None:
     for spec in registry.specs():
         has = "interpolate_to_input" in spec.params.model_fields
-        assert has == (spec.kind == "layer"), spec.name
+        assert has == (spec.family == "layer"), spec.name
 
 
 @pytest.mark.parametrize("spec", LAYER_SPECS, ids=LAYER_IDS)
@@ -303,7 +304,7 @@ def test_traits_unchanged_by_the_params(spec: MethodSpec) -> None:
     plain, up = parsed(), parsed(interpolate_to_input=True, interpolate_mode="bilinear")
     shape = CostShape(((3, 8, 8),), n_baselines=2)
     assert spec.cost(up, shape) == spec.cost(plain, shape)
-    assert spec.merges(up) == spec.merges(plain)
+    assert spec.coupled(up) == spec.coupled(plain)
     assert not {"interpolate_to_input", "interpolate_mode"} & (
-        spec.tensor_params | spec.python_only_params | set(spec.limits)
+        spec.tensor_params | spec.python_only_params | set(limits(spec))
     )

@@ -16,6 +16,7 @@ from methods import registry
 from methods.gradient.integrated_gradients import LADDERS, ladder_top
 from methods.params import NoParams, parse_params
 from methods.registry import CostShape, MethodSpec
+from service.kinds.checks import limit_value, limits
 from tests import zoo
 from tests.methods.conformance_args import kwargs_for
 
@@ -56,12 +57,11 @@ def test_derived_traits_name_real_fields(spec: MethodSpec) -> None:
     assert spec.tensor_params <= fields
     assert spec.python_only_params <= fields
     assert not spec.tensor_params & spec.python_only_params
-    assert set(spec.limits) <= fields and set(spec.limits.values()) <= {"steps", "samples"}
+    assert set(limits(spec)) <= fields and set(limits(spec).values()) <= {"steps", "samples"}
     assert spec.layer_param == ("layer" in fields)
-    assert spec.merge in ("examples", "shared_baselines", "never")
     p = _defaults(spec)
-    for name in spec.limits:
-        value = spec.limit_value(p, name)
+    for name in limits(spec):
+        value = limit_value(spec, p, name)
         assert isinstance(value, int) and value >= 1
 
 
@@ -70,10 +70,10 @@ def test_derived_traits_examples() -> None:
     assert "feature_mask" in get("feature_ablation").tensor_params
     assert {"layer_baselines", "layer_mask"} <= get("layer_feature_ablation").tensor_params
     assert "custom_attribution_func" in get("deeplift").python_only_params
-    assert dict(get("integrated_gradients").limits) == {"n_steps": "steps"}
-    assert dict(get("lime").limits) == {"n_samples": "samples"}
+    assert limits(get("integrated_gradients")) == {"n_steps": "steps"}
+    assert limits(get("lime")) == {"n_samples": "samples"}
     assert get("guided_gradcam").layer_param and not get("saliency").layer_param
-    assert not get("saliency").limits and not get("saliency").tensor_params
+    assert not limits(get("saliency")) and not get("saliency").tensor_params
 
 
 @pytest.mark.parametrize("rule", sorted(LADDERS))
@@ -84,11 +84,11 @@ def test_auto_steps_cost_the_top_of_their_ladder(rule: str) -> None:
     assert ladder_top(rule) == top
     assert spec.cost(p, SMALL) == top
     assert spec.cost(p, CostShape(((6,),), return_delta=True)) == top + 2
-    assert spec.limit_value(p, "n_steps") == top
-    assert not spec.merges(p)
+    assert limit_value(spec, p, "n_steps") == top
+    assert spec.coupled(p)
     fixed = _defaults(spec, n_steps=7, approximation_method=rule)
-    assert spec.cost(fixed, SMALL) == 7 and spec.limit_value(fixed, "n_steps") == 7
-    assert spec.merges(fixed)
+    assert spec.cost(fixed, SMALL) == 7 and limit_value(spec, fixed, "n_steps") == 7
+    assert not spec.coupled(fixed)
 
 
 @pytest.mark.parametrize("name", ["kernel_shap", "lime", "gradient_shap", "layer_gradient_shap"])
@@ -168,27 +168,29 @@ def test_deeplift_shap_costs_two_rows_per_baseline() -> None:
         spec = registry.get(name)
         assert spec.cost(_defaults(spec), CostShape(((6,),), n_baselines=5)) == 10
         assert spec.cost(_defaults(spec), SMALL) == 2
-        assert spec.merge == "shared_baselines"
+        assert spec.baseline_distribution
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_merging(spec: MethodSpec) -> None:
     p = _defaults(spec)
     never = {"feature_permutation", "kernel_shap", "lime"}
-    assert spec.merges(p) == (spec.name not in never)
-    assert (spec.merge == "never") == (spec.name in never)
+    assert spec.coupled(p) == (spec.name in never)
+    assert (spec.couples_examples is not None and spec.name != "integrated_gradients") == (
+        spec.name in never
+    )
 
 
 @pytest.mark.parametrize(
-    "spec", [s for s in SPECS if s.differentiates_inputs and s.kind != "layer"],
-    ids=[s.name for s in SPECS if s.differentiates_inputs and s.kind != "layer"],
+    "spec", [s for s in SPECS if s.differentiates_inputs and s.family != "layer"],
+    ids=[s.name for s in SPECS if s.differentiates_inputs and s.family != "layer"],
 )  # fmt: skip
 def test_token_counterparts_are_registered_layer_methods(spec: MethodSpec) -> None:
     tc = spec.token_counterpart
     if tc is None:  # stated at registration (register refuses to guess)
         return
     other = registry.get(tc.method)
-    assert other.kind == "layer" and other.layer_param
+    assert other.family == "layer" and other.layer_param
     assert tc.drop_params <= set(spec.params.model_fields)
     assert set(tc.set_params) <= set(other.params.model_fields)
     # the request's params, rewritten as the service rewrites them, are the counterpart's
@@ -222,7 +224,7 @@ def test_token_counterparts_of_the_gradient_family() -> None:
 
 def test_register_insists_on_a_stated_token_counterpart() -> None:
     with pytest.raises(RuntimeError, match="token_counterpart"):
-        registry.register("not_a_method", kind="gradient", params=NoParams)
+        registry.register("not_a_method", family="gradient", params=NoParams)
 
 
 NO_TARGET = [s for s in SPECS if not s.needs_target]
@@ -246,5 +248,5 @@ def test_needs_target_marks_neurons_and_activations_only() -> None:
     assert "layer_activation" in free
     # neuron conductance flows through the neuron into the targeted output: it needs a target
     assert free - {"layer_activation"} == {
-        s.name for s in SPECS if s.kind == "neuron" and s.name != "neuron_conductance"
+        s.name for s in SPECS if s.family == "neuron" and s.name != "neuron_conductance"
     }

@@ -134,7 +134,7 @@ def attribute_batch(
     if reply.tokens is not None:
         tokens = reply.tokens
         per_token = job.attributed_layer is not None or (
-            methods.registry.get(job.method).kind == "perturbation"
+            methods.registry.get(job.method).family == "perturbation"
         )
         for key, part in zip(keys, parts, strict=True):
             rows = [part[i, : len(t)] if per_token else part[i] for i, t in enumerate(tokens)]

@@ -61,7 +61,7 @@ def _per_example(baselines: Any, n: int, spec: ModelSpec, request: dict[str, Any
     if first.ndim != len(spec.inputs[0].shape) or first.shape[0] != n:
         return False
     ms = kind_of(spec).check(spec, request["method"], request.get("params") or {}, None).method
-    return ms.merge != "shared_baselines"
+    return not ms.baseline_distribution
 
 
 def _spec(models: str | None, model_id: str) -> ModelSpec:
