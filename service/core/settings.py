@@ -78,7 +78,16 @@ class Settings(BaseModel):
         description="any model that fails to load stops start-up (unset: it fails alone)",
     )
     queue_size: int = Field(
-        default=64, ge=1, description="requests waiting for a worker before 429"
+        default=64,
+        ge=1,
+        description="requests waiting for a worker before 429 (a split request counts once)",
+    )
+    max_backlog_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="estimated compute (seconds per worker) queued in a worker group beyond "
+        "which a request costing more than one piece (split_ms) gets 429, with Retry-After "
+        "from the backlog; cheaper requests are never refused by it (0: no limit)",
     )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After seconds sent with 429")
     batching: bool = Field(default=True, description="merge compatible concurrent requests")

@@ -30,8 +30,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from model_registry.spec import ModelSpec
@@ -125,8 +127,9 @@ class Group(Processes):
         pendings = [*self._waiting, *(p for w in self.workers for p in w.outstanding)]
         return sum(1 for p in pendings for e in p.entries if not e.future.done())
 
-    def _retry(self) -> dict[str, str]:
-        return {"Retry-After": str(self.settings.retry_after_s)}
+    def _retry(self, wait_ms: float = 0.0) -> dict[str, str]:
+        """Retry-After: ``wait_ms`` rounded up to seconds, at least ``retry_after_s``."""
+        return {"Retry-After": str(max(self.settings.retry_after_s, math.ceil(wait_ms / 1e3)))}
 
     # -- status ----------------------------------------------------------------------------
     @property
@@ -164,12 +167,46 @@ class Group(Processes):
                     out[mid] = reason if len(self.workers) == 1 else f"worker {w.index}: {reason}"
         return out
 
+    def _queued(self) -> Iterator[Pending]:
+        """Synchronous batches not yet computing: in the parent's queue or ready behind a
+        worker's batch."""
+        yield from self._waiting
+        for w in self.workers:
+            yield from itertools.islice(w.outstanding, 1, None)
+
     def queue_depth(self) -> int:
-        """Requests not yet computing: in the parent's queue or ready behind a worker's batch."""
-        waiting = sum(len(p.entries) for p in self._waiting)
-        return waiting + sum(
-            len(p.entries) for w in self.workers for p in itertools.islice(w.outstanding, 1, None)
-        )
+        """Requests not yet computing (a split request, any of whose pieces waits, once)."""
+        return len({id(e.whole or e) for p in self._queued() for e in p.entries})
+
+    def backlog_ms(self) -> float:
+        """The estimated compute queued, per worker taking work (as the rates known say)."""
+        total = sum(self.costs.estimate(p) for p in self._queued())
+        return total / max(1, len(self.live))
+
+    def _admit(self, job: Work) -> None:
+        """Admission bounds what matters: the requests waiting (``queue_size``), and for a
+        request costing more than one piece, the compute queued before it (``max_backlog_s``:
+        a cheap request goes first whatever waits, an expensive one waits for all the
+        cheaper work). A 429's Retry-After is when the backlog will have drained enough."""
+        backlog = self.backlog_ms()
+        if self.queue_depth() >= self.settings.queue_size:
+            self.telemetry.rejected.inc()
+            raise QueueFull(
+                f"{self.settings.queue_size} requests are already waiting; retry shortly",
+                headers=self._retry(backlog),
+            )
+        limit, rate = self.settings.max_backlog_s * 1e3, self.costs.rate(job)
+        own = job.cost * rate if rate is not None else 0.0
+        beyond_piece = own > self.settings.split_ms > 0
+        if limit and beyond_piece and backlog + own > limit:
+            self.telemetry.rejected.inc()
+            raise QueueFull(
+                f"this request would compute for about {own / 1e3:.1f} s behind "
+                f"{backlog / 1e3:.1f} s of queued work, over this server's backlog limit of "
+                f"{limit / 1e3:g} s; retry later, send fewer examples or steps, or submit it "
+                f"as a job (POST /v1/models/{job.model_id}/attribution-jobs)",
+                headers=self._retry(backlog + own - limit),
+            )
 
     def status(self) -> list[dict[str, Any]]:
         return [
@@ -199,12 +236,7 @@ class Group(Processes):
             self._jobs.append(entry.pending)
             self._dispatch()
             return entry
-        if self.queue_depth() >= self.settings.queue_size:
-            self.telemetry.rejected.inc()
-            raise QueueFull(
-                f"{self.settings.queue_size} requests are already waiting; retry shortly",
-                headers=self._retry(),
-            )
+        self._admit(job)
         rows = self.costs.piece_rows(job)
         if rows is not None:
             return split.split_entry(job, rows, self._running_loop(), self._piece, self.cancel)

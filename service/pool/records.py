@@ -53,6 +53,8 @@ class Entry:
     group: Any = None
     #: a split request: its pieces, each queued as an entry of its own
     parts: list[Entry] = field(default_factory=list)
+    #: a piece: the request it is part of
+    whole: Entry | None = None
 
 
 @dataclass(eq=False)

@@ -78,7 +78,7 @@ def split_entry(
     their replies are joined into the request's when all are in (the first failure, or a
     cancellation, ends it and ``cancel``s the other pieces)."""
     whole = Entry(job, loop.create_future())
-    whole.parts = [Entry(piece, loop.create_future()) for piece in pieces(job, rows)]
+    whole.parts = [Entry(piece, loop.create_future(), whole=whole) for piece in pieces(job, rows)]
     for part in whole.parts:
         queue(part)
         part.future.add_done_callback(lambda _: _settle(whole, cancel))

@@ -219,6 +219,57 @@ def test_cancelling_a_split_request_cancels_every_piece() -> None:
     asyncio.run(_split_cancel())
 
 
+async def _pieces_count_once() -> None:
+    p, conn = pool(queue_size=2)
+    p.costs.rates["m", "saliency"] = 1.0
+    big = p.submit(rows_job(1, 10, 40))  # five pieces: one computing, four waiting
+    assert len(big.parts) == 5 and p.queue_depth() == 1
+    cheap = p.submit(job(2, key=None))  # admitted: one request waits, not four
+    assert p.queue_depth() == 2
+    with pytest.raises(QueueFull) as full:
+        p.submit(job(3, key=None))
+    # Retry-After from the backlog: 4 pieces of 80 ms and 1 ms, rounded up to a second
+    assert full.value.headers == {"Retry-After": "1"}
+    answer(p, conn.sent[0])
+    answer(p, conn.sent[1])
+    assert cheap.future.done()  # served after one piece
+
+
+def test_a_split_request_counts_once_against_the_queue() -> None:
+    asyncio.run(_pieces_count_once())
+
+
+async def _backlog() -> None:
+    p, conn = pool(max_backlog_s=1.0, retry_after_s=0)
+    p.costs.rates["m", "saliency"] = 1.0
+    p.submit(rows_job(1, 10, 40))  # 400 ms: 80 ms computing, 320 ms queued
+    p.submit(rows_job(2, 10, 40))  # 320 + 400 <= 1000: admitted
+    assert p.backlog_ms() == 720.0
+    with pytest.raises(QueueFull) as refused:
+        p.submit(rows_job(3, 10, 40))  # 720 + 400 > 1000
+    assert refused.value.headers == {"Retry-After": "1"}
+    assert (
+        "backlog limit of 1 s" in refused.value.detail
+        and "attribution-jobs" in refused.value.detail
+    )
+    with pytest.raises(QueueFull) as much:
+        p.submit(rows_job(4, 10, 400))  # 4 s of its own: retry once 3.72 s have drained
+    assert much.value.headers == {"Retry-After": "4"}
+    cheap = p.submit(job(5, key=None))  # cheap work is never refused by the backlog
+    answer(p, conn.sent[0])
+    assert [j.id for j in conn.sent[-1].jobs] == [5] and not cheap.future.done()
+    answer(p, conn.sent[-1])
+    assert cheap.future.done()
+    unlimited, _ = pool(max_backlog_s=0)
+    unlimited.costs.rates["m", "saliency"] = 1.0
+    for i in range(3):
+        unlimited.submit(rows_job(i, 10, 400))
+
+
+def test_an_expensive_request_is_refused_by_the_backlog_it_would_join() -> None:
+    asyncio.run(_backlog())
+
+
 async def _split_predictions() -> None:
     p, conn = pool()
     p.costs.rates["m", Prediction.label] = 10.0
