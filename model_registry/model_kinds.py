@@ -22,6 +22,7 @@ from model_registry.errors import RegistryError
 from model_registry.spec import (
     COMPILE_MODES,
     MODEL_DTYPES,
+    TENSOR_KINDS,
     ExplainSpec,
     InputSpec,
     LoadedModel,
@@ -99,6 +100,7 @@ def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
         texts_batch=base.texts_batch if base is not None else False,
         images=base.images if base is not None else None,
         influence=base.influence if base is not None else None,
+        kind=base.kind if base is not None and base.kind in TENSOR_KINDS else "tensor",
         **runtime(table),
     )
 
@@ -244,7 +246,7 @@ MODEL_KINDS: Mapping[str, KindLoader] = MappingProxyType(
     {
         k.name: k
         for k in (
-            KindLoader("tensor", _tensor_spec, _finish_tensor),
+            *(KindLoader(name, _tensor_spec, _finish_tensor) for name in TENSOR_KINDS),
             KindLoader("causal_lm", _causal_lm_spec, _finish_causal_lm),
         )
     }

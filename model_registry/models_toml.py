@@ -31,7 +31,7 @@ from typing import Any
 from model_registry import influence
 from model_registry.errors import RegistryError
 from model_registry.sources import SOURCES, parse_source
-from model_registry.spec import ModelSpec
+from model_registry.spec import TENSOR_KINDS, ModelSpec
 from model_registry.table import ID, Table, describe_value
 
 #: keys every model may give (sources add their own: ``ModelSource.own_keys``)
@@ -156,6 +156,6 @@ def parse_model(data: object, file: str, index: int, base_dir: str | None) -> Mo
     found_influence = influence.parse(table)
     if found_influence is None:
         return spec
-    if spec.kind != "tensor":
+    if spec.kind not in TENSOR_KINDS:
         table.fail("influence", f"influence is served for models of tensors, not {spec.kind}")
     return dataclasses.replace(spec, influence=found_influence)

@@ -30,6 +30,11 @@ def resolve_path(path: str, base_dir: str | None) -> Path:
     return p if p.is_absolute() or base_dir is None else Path(base_dir) / p
 
 
+#: the kinds of model that take tensors and give one tensor: a plain one, and the Hugging Face
+#: classifiers by their task (CONTRACT 7.5), served alike
+TENSOR_KINDS = ("tensor", "text_classification", "token_classification", "image_classification")
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """One model input: its name, dtype and shape (None marks a free dim; dim 0 is the batch)."""
@@ -112,8 +117,9 @@ class ModelSpec:
     base_dir: str | None = None
     #: models.toml ``explain``; None: the built-in default for the model's kind
     explain: ExplainSpec | None = None
-    #: "tensor" (tensors in, one tensor out) or "causal_lm" (a generative language model with
-    #: its tokenizer: attributions of an answer to the prompt, ``methods.attribute_generation``)
+    #: "tensor" (tensors in, one tensor out; the Hugging Face classifiers name their task:
+    #: ``TENSOR_KINDS``) or "causal_lm" (a generative language model with its tokenizer:
+    #: attributions of an answer to the prompt, ``methods.attribute_generation``)
     kind: str = "tensor"
     #: models.toml ``compile``: hook-free methods run on ``torch.compile(model, dynamic=True,
     #: mode=compile_mode)``, warmed up at load (eager on failure, with the reason reported)

@@ -21,7 +21,7 @@ from model_registry import hf_config, hf_image, hf_text
 from model_registry.errors import RegistryError
 from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.sources.base import ModelSource, Source, register
-from model_registry.spec import InputSpec, ModelSpec, OutputSpec
+from model_registry.spec import TENSOR_KINDS, InputSpec, ModelSpec, OutputSpec
 from model_registry.table import Table
 
 #: how an architecture's class name ends → the model kind it is served as
@@ -31,31 +31,20 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
         "LMHeadModel": "causal_lm",
         # text classifiers (texts and text pairs; per text or per token) are tensor models of
         # token ids, image classifiers of their image processor's pixel_values
-        "ForSequenceClassification": "tensor",
-        "ForTokenClassification": "tensor",
-        "ForImageClassification": "tensor",
+        "ForSequenceClassification": "text_classification",
+        "ForTokenClassification": "token_classification",
+        "ForImageClassification": "image_classification",
     }
 )
 #: the ``transformers`` Auto class that loads each kind
 AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
-    {"causal_lm": "AutoModelForCausalLM", "tensor": hf_text.AUTO_CLASS}
-)
-#: architectures a kind serves with another Auto class than the kind's
-AUTO_BY_ENDING: Mapping[str, str] = MappingProxyType(
     {
-        "ForTokenClassification": hf_text.TOKEN_AUTO_CLASS,
-        "ForImageClassification": hf_image.AUTO_CLASS,
+        "causal_lm": "AutoModelForCausalLM",
+        "text_classification": hf_text.AUTO_CLASS,
+        "token_classification": hf_text.TOKEN_AUTO_CLASS,
+        "image_classification": hf_image.AUTO_CLASS,
     }
 )
-
-
-def auto_class(kind: str, names: list[str]) -> str:
-    """The Auto class for the directory's architectures ``names`` served as ``kind``."""
-    for name in names:
-        for end, auto in AUTO_BY_ENDING.items():
-            if name.endswith(end) and architecture_kind(name) == kind:
-                return auto
-    return AUTO_CLASSES[kind]
 
 
 def architecture_kind(name: str) -> str | None:
@@ -116,6 +105,8 @@ class HFSource(ModelSource):
         kinds = list(dict.fromkeys(k for k in map(architecture_kind, names) if k is not None))
         if "kind" in table:
             kind = table.choice("kind", tuple(MODEL_KINDS), "")
+            if kind == "tensor" and len(kinds) == 1 and kinds[0] in TENSOR_KINDS:
+                return kinds[0]  # a classifier is a tensor model: its task is its kind
             if kind not in self.kinds or (names and kind not in kinds):
                 what = (
                     f"its architectures {names} are served as {kinds}"
@@ -144,16 +135,16 @@ class HFSource(ModelSource):
 
     def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
         """A classifier's inputs, labels and layers come from the directory."""
-        return self._classifier(table, source) if kind == "tensor" else None
+        return self._classifier(table, source, kind) if kind in TENSOR_KINDS else None
 
-    def _classifier(self, table: Table, source: Source) -> ModelSpec:
+    def _classifier(self, table: Table, source: Source, kind: str) -> ModelSpec:
         directory = source.path(table.base_dir)
         for key in ("inputs", "labels", "output_shape"):
             if key in table:
                 table.fail(key, "a Hugging Face classifier declares its own; remove this")
         try:
             doc = hf_config.config(directory)
-            auto = auto_class("tensor", architectures(directory))
+            auto = AUTO_CLASSES[kind]
             embedding, blocks = hf_config.layer_paths(directory, auto)
         except ImportError:
             table.fail("source", "hf: sources need transformers: pip install 'attrserve[hf]'")
@@ -172,6 +163,7 @@ class HFSource(ModelSource):
             "source": "",
             "device": "auto",
             "dtype": "float32",
+            "kind": kind,
             "description": f"{', '.join(doc.get('architectures', []))} from {source.target}",
         }
         if images is not None:  # pixel_values in, attributions on them
@@ -204,7 +196,7 @@ class HFSource(ModelSource):
                 model=spec.id,
                 field="source",
             ) from None
-        auto = getattr(transformers, auto_class(spec.kind, architectures(path)))
+        auto = getattr(transformers, AUTO_CLASSES[spec.kind])
         try:
             # local_files_only: a directory on disk, never the network
             model = auto.from_pretrained(
@@ -225,7 +217,7 @@ class HFSource(ModelSource):
             ) from e
         if spec.images is not None:
             return Built(hf_image.ImageClassifier(model))
-        if spec.kind == "tensor":
+        if spec.kind in TENSOR_KINDS:
             return _classifier(spec, model, tokenizer)
         return Built(model, tokenizer)
 

@@ -34,12 +34,20 @@ def _labels(settings: Settings, spec: ModelSpec, raw: Any, n: int, field: str) -
             wire = targets.resolve(raw, spec.output, n)
         except InvalidRequest as exc:  # said of "target": said of the field given
             raise InvalidRequest(exc.detail, loc=loc) from None
+        if wire is not None and wire["kind"] == "predicted":
+            return None  # the worker labels each example with the model's predicted class
         rows = targets.rows(wire, n)
         if rows is None or any(not isinstance(r, int) for r in rows):
             raise InvalidRequest(
                 "labels must be a class index or label name, or one per example", loc=loc
             )
         return np.asarray(rows, dtype=np.int64)
+    if isinstance(raw, str):
+        raise InvalidRequest(
+            f"{field} {raw!r}: the model's loss is {spec.influence.loss}, which takes a "
+            f"tensor of labels (one row per example), not a class",
+            loc=loc,
+        )
     values = codec.decode_tensor(raw, loc, settings.max_tensor_elements, "float32")
     if values.ndim == 0 or values.shape[0] != n:
         raise InvalidRequest(f"labels must have one row per example ({n})", loc=loc)

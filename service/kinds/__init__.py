@@ -9,7 +9,7 @@ from the model's spec. Adding a kind is one module and one line below.
 
 from __future__ import annotations
 
-from model_registry.spec import LoadedModel, ModelSpec
+from model_registry.spec import TENSOR_KINDS, LoadedModel, ModelSpec
 from service.core.work import Reply, Work
 from service.core.work import run as run_work
 from service.kinds.base import ModelKind
@@ -21,9 +21,11 @@ KINDS: dict[str, ModelKind] = {k.name: k for k in (TensorKind(), ExportedKind(),
 
 
 def name_of(spec: ModelSpec) -> str:
-    """The kind of ``spec``: what models.toml (or the source) says, a file of one attribution
-    being its own kind."""
-    return "exported" if spec.exported is not None else spec.kind
+    """The kind that serves ``spec``: what models.toml (or the source) says, a file of one
+    attribution being its own kind and the Hugging Face classifiers' tasks tensor models."""
+    if spec.exported is not None:
+        return "exported"
+    return "tensor" if spec.kind in TENSOR_KINDS else spec.kind
 
 
 def of(spec: ModelSpec) -> ModelKind:

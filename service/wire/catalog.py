@@ -93,8 +93,10 @@ class ModelInfo(BaseModel):
     )
     kind: str = Field(
         default="tensor",
-        description='"tensor" (tensors or texts in, one output) or "causal_lm" (a generative '
-        "language model: inputs {prompt, features, baselines}, target the answer text)",
+        description='"tensor" (tensors or texts in, one output); a Hugging Face classifier\'s '
+        'task, served alike: "text_classification", "token_classification", '
+        '"image_classification"; or "causal_lm" (a generative language model: inputs {prompt, '
+        "features, baselines}, target the answer text)",
     )
     influence: dict[str, Any] | None = Field(
         default=None,

@@ -205,10 +205,12 @@ def test_hf_unserved_architecture_is_refused(tmp_path: Path, architectures: list
     assert err.model == "m" and err.field == "source"
     assert str(architectures) in str(err)  # what it found
     assert "*ForCausalLM, *LMHeadModel (kind 'causal_lm')" in str(err)  # what is served
-    assert (
-        "*ForSequenceClassification, *ForTokenClassification, *ForImageClassification "
-        "(kind 'tensor')"
-    ) in str(err)
+    for end, kind in (
+        ("Sequence", "text_classification"),
+        ("Token", "token_classification"),
+        ("Image", "image_classification"),
+    ):
+        assert f"*For{end}Classification (kind {kind!r})" in str(err)
     with pytest.raises(RegistryError, match=r"contradicts the directory's config\.json") as info:
         read(tmp_path, table + 'kind = "causal_lm"\n')
     assert info.value.field == "kind"

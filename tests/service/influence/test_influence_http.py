@@ -173,6 +173,27 @@ def test_bad_requests(server: Server) -> None:
         assert c.get("/v1/models/nope/influence/self").status_code == 404
 
 
+def test_predicted_labels_are_the_model_s_own_class(server: Server) -> None:
+    """ "predicted" (as labels or target) is each example's predicted class, as null is."""
+    ready(server, "tabular-noisy")
+    rows = np.random.default_rng(0).normal(size=(3, tabular.N_FEATURES)).tolist()
+    url = "/v1/models/tabular-noisy/influence"
+    with server.client() as c:
+        plain = c.post(url, json={"inputs": rows, "k": 3})
+        assert plain.status_code == 200, plain.text
+        for field in ("labels", "target"):
+            got = c.post(url, json={"inputs": rows, "k": 3, field: "predicted"})
+            assert got.status_code == 200, got.text
+            assert got.json()["proponents"] == plain.json()["proponents"]
+        mixed = c.post(url, json={"inputs": rows, "k": 3, "labels": [0, "predicted", 1]})
+        assert mixed.status_code == 422 and mixed.json()["errors"][0]["loc"][:2] == [
+            "body",
+            "labels",
+        ]
+        extra = c.post(url, json={"inputs": rows, "predicted": True})
+        assert extra.status_code == 422
+
+
 @pytest.mark.lifecycle
 def test_the_index_is_reused_after_a_restart(server: Server, data: Path) -> None:
     first = ready(server, "tabular-noisy")

@@ -80,6 +80,13 @@ def post(server: Server, body: dict[str, Any], model: str = "bert") -> httpx.Res
 def test_the_directory_describes_the_model(hf_server: tuple[Server, Path]) -> None:
     server, _ = hf_server
     info = httpx.get(f"{server.url}/v1/models/bert").json()
+    assert info["kind"] == "text_classification"  # CONTRACT 7.5: the task, not "tensor"
+    listed = {m["id"]: m["kind"] for m in httpx.get(f"{server.url}/v1/models").json()["models"]}
+    assert listed == {
+        "bert": "text_classification",
+        "ner": "token_classification",
+        "text-classifier": "tensor",
+    }
     assert info["output"]["labels"] == list(LABELS.values())
     assert info["embedding_layer"] == "model.bert.embeddings.word_embeddings"
     assert info["tokenizer"] is True and "integrated_gradients" in info["methods"]

@@ -89,7 +89,9 @@ def post(server: Server, body: dict[str, Any], model: str = "flowers") -> httpx.
 def test_the_directory_describes_the_model(vit_server: tuple[Server, Path]) -> None:
     server, _ = vit_server
     info = httpx.get(f"{server.url}/v1/models/flowers").json()
-    assert info["kind"] == "tensor"
+    assert info["kind"] == "image_classification"  # CONTRACT 7.5: the task, not "tensor"
+    listed = httpx.get(f"{server.url}/v1/models").json()
+    assert [m["kind"] for m in listed["models"] if m["id"] == "flowers"] == [info["kind"]]
     assert info["output"]["labels"] == list(FLOWERS.values())
     pixels = {
         "name": "pixel_values",
