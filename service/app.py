@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import methods
 import model_registry
@@ -63,6 +63,10 @@ DESCRIPTION = (
 )
 
 
+class StartRefused(Exception):
+    """The server does not start, for the reason its message gives (no traceback)."""
+
+
 class AttrServe(FastAPI):
     """The FastAPI app inside our own middleware (``outer``: request id and access log, the
     route found once, body limit, API keys), which every request passes.
@@ -80,8 +84,32 @@ class AttrServe(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.outer is not None and scope["type"] == "http":
             await self.outer(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A start refused for a configuration mistake (``StartRefused``) is its one message,
+        not the traceback Starlette reports for any failed start (the server exits all the
+        same)."""
+        held: list[Message] = []
+
+        async def hold_failure(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)  # sent below, once the exception says what it was
+            else:
+                await send(message)
+
+        try:
+            await super().__call__(scope, receive, hold_failure)
+        except StartRefused as exc:
+            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            raise
+        except BaseException:
+            for message in held:
+                await send(message)
+            raise
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = found(scope)
@@ -154,11 +182,11 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
             failed = {m: s for m, s in pool.states().items() if s["state"] != "ready"}
             if failed:
                 await pool.stop()
-                for model_id, s in failed.items():
-                    log.error("attrserve: model %r is %s: %s", model_id, s["state"], s["reason"])
-                raise SystemExit(
-                    "attrserve: ATTRSERVE_STRICT_START=1 and model(s) "
-                    f"{', '.join(map(repr, failed))} did not load; see above"
+                raise StartRefused(
+                    "attrserve: not starting (ATTRSERVE_STRICT_START=1): "
+                    + "; ".join(
+                        f"model {m!r} did not load: {s['reason']}" for m, s in failed.items()
+                    )
                 )
         if start_workers:  # the built-in demo models' TCAV concept sets
             await asyncio.to_thread(store_builtin, settings, list(state.specs.values()))

@@ -197,6 +197,8 @@ class HFSource(ModelSource):
                 field="source",
             ) from None
         auto = getattr(transformers, AUTO_CLASSES[spec.kind])
+        # a server's log is not a terminal: no progress bars of the weights loading
+        transformers.utils.logging.disable_progress_bar()
         try:
             # local_files_only: a directory on disk, never the network
             model = auto.from_pretrained(

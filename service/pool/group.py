@@ -74,6 +74,7 @@ class Group(Processes):
         self.model_info: dict[str, dict[str, Any]] = {}
         #: models a worker could not load, with the reason (its last report)
         self.load_errors: dict[str, str] = {}
+        self._reported: dict[str, str] = {}  # the load errors last logged
         #: why the group has no worker after one exited by itself (None: it has, or none did)
         self.crash: str | None = None
         self.costs = Costs(settings)
@@ -386,6 +387,14 @@ class Group(Processes):
         jobs = [e.job for e in pending.entries]
         self._write(w, ("batch", Batch(pending.id, jobs, pending.threads)))
 
+    def _report_load_errors(self) -> None:
+        """One log line per model that did not load, and again only if the reason changes
+        (a worker restarted with backoff meets the same mistake each time)."""
+        for mid, why in self.load_errors.items():
+            if self._reported.get(mid) != why:
+                log.error("attrserve: model %r (group %r) failed to load: %s", mid, self.name, why)
+        self._reported = dict(self.load_errors)
+
     # -- worker messages -------------------------------------------------------------------
     def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:
         if generation != w.generation:
@@ -399,6 +408,7 @@ class Group(Processes):
             w.models = msg[1]["models"]
             self.model_info = w.models
             self.load_errors = dict(msg[1]["failed"])
+            self._report_load_errors()
             self.crash = None
             models = ", ".join(f"{m} ({i['device']})" for m, i in self.model_info.items())
             log.info("attrserve: worker %d (pid %s) serves %s", w.index, w.pid, models)
@@ -409,8 +419,7 @@ class Group(Processes):
             w.reason = "it failed to load the models"
             failed, error = msg[1]["models"], msg[1]["error"]
             self.load_errors = {s.id: failed.get(s.id, error) for s in self.specs}
-            for mid, why in self.load_errors.items():
-                log.error("attrserve: model %r (group %r) failed to load: %s", mid, self.name, why)
+            self._report_load_errors()
             self._fail_waiting()
         elif kind == "done":
             pending = w.outstanding.popleft() if w.outstanding else None

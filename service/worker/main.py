@@ -59,6 +59,12 @@ class Control:
             self.cancelled.discard(j.id)
 
 
+def load_problem(exc: Any) -> str:
+    """A ``RegistryError`` as the reason a model did not load: its field and message (the
+    model is named beside it)."""
+    return f"field {exc.field!r}: {exc.detail}" if exc.field else str(exc.detail)
+
+
 def worker_main(
     index: int, sock: socket.socket, specs: list[ModelSpec], options: dict[str, Any]
 ) -> None:
@@ -101,7 +107,9 @@ def worker_main(
                 **kinds.of(spec).prepare(lm),
             }
             models[spec.id] = lm
-        except Exception as exc:
+        except model_registry.RegistryError as exc:  # a configuration mistake: its message
+            failed[spec.id] = load_problem(exc)  # names the field and the fix (the parent logs it)
+        except Exception as exc:  # unexpected: the traceback helps
             log.error("attrserve: model %r failed to load\n%s", spec.id, traceback.format_exc())
             failed[spec.id] = f"{type(exc).__name__}: {exc}"
     if not models:

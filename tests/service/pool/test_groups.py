@@ -134,6 +134,12 @@ def test_a_model_that_cannot_load_fails_alone(served: Server) -> None:
     info = httpx.get(served.url + "/v1/models/broken", headers=headers()).json()
     assert info["state"] == "failed" and info["reason"] == got["broken"]["reason"]
     assert info["ready"] is False
+    # a configuration mistake is one line naming the model and the field, however often its
+    # worker is restarted, and no traceback
+    log = served.log.read_text()
+    lines = [line for line in log.splitlines() if "'broken'" in line]
+    assert len(lines) == 1 and "field 'output_shape'" in lines[0], lines
+    assert "Traceback" not in log
     healthy_is_prompt(served)
     assert httpx.get(served.url + "/v1/models/healthy", headers=headers()).json()["state"] == (
         "ready"
@@ -206,6 +212,10 @@ def test_strict_start_stops_on_a_failed_model(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "'broken'" in done.stderr and "STRICT_START" in done.stderr
+    # the mistake and the refusal, each once, without a traceback
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "'broken'" in line]
+    assert len(lines) == 2 and all("field 'output_shape'" in line for line in lines), lines
 
 
 # -- the model repository ----------------------------------------------------------------
