@@ -144,7 +144,7 @@ def test_layer_ig_completeness(case: str) -> None:
 LAYER_AND_NEURON = [
     s
     for s in methods.available()
-    if s.family in ("layer", "neuron") or s.name in ("lrp", "guided_gradcam")
+    if s.kind in ("layer", "neuron") or s.name in ("lrp", "guided_gradcam")
 ]
 
 
