@@ -18,7 +18,7 @@ from methods.cancel import checkpoint
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.errors import BaselineError, InvalidArgumentError, InvalidTypeError
-from methods.params import MethodParams, check_values
+from methods.params import MethodParams, NonNegativeFloat, check_values
 from methods.registry import MethodSpec
 
 
@@ -27,7 +27,7 @@ class NoiseTunnelParams(MethodParams):
 
     nt_type: Literal["smoothgrad", "smoothgrad_sq", "vargrad"] = "smoothgrad"
     nt_samples: int = Field(5, ge=1, description="noisy samples per example")
-    stdevs: float | tuple[float, ...] = Field(
+    stdevs: NonNegativeFloat | tuple[NonNegativeFloat, ...] = Field(
         1.0, description="noise standard deviation, one for all inputs or one per input"
     )
     nt_samples_batch_size: int | None = Field(

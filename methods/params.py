@@ -31,6 +31,10 @@ TENSOR_SCHEMA: dict[str, Any] = {
 TensorParam = Annotated[Any, WithJsonSchema(TENSOR_SCHEMA)]
 #: Python-only values (callables); the service never accepts them.
 PythonOnly = Annotated[Any, WithJsonSchema({"description": "Python API only (a callable)."})]
+#: a count or a size (``n_steps``, a window's side): an integer >= 1
+PositiveInt = Annotated[int, Field(ge=1)]
+#: a spread or a magnitude (a standard deviation, a budget): a number >= 0
+NonNegativeFloat = Annotated[float, Field(ge=0)]
 
 
 def marked_fields(model: type[BaseModel], marker: Any) -> frozenset[str]:
@@ -136,7 +140,9 @@ def parse_params(model: type[MethodParams], method: str, params: dict[str, Any])
         return model.model_validate(params)
     except ValidationError as exc:
         errors = exc.errors()
-        err = errors[0]
+        # a union tries each member: the deepest error is the member the value is shaped like
+        # (strides=(0,) is a tuple whose first size is too small, not a bad integer)
+        err = max(errors, key=lambda e: sum(isinstance(p, int) for p in e["loc"]))
         name = _where(err["loc"])
         if err["type"] == "extra_forbidden":
             import difflib

@@ -24,12 +24,12 @@ from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
 from methods.engine.path import output_change
 from methods.errors import InvalidArgumentError
-from methods.params import NoisySamplesParams
+from methods.params import NoisySamplesParams, NonNegativeFloat
 from methods.registry import TokenCounterpart, register
 
 
 class GradientShapParams(NoisySamplesParams):
-    stdevs: float | tuple[float, ...] = Field(
+    stdevs: NonNegativeFloat | tuple[NonNegativeFloat, ...] = Field(
         0.0, description="standard deviation of the input noise, one or one per input"
     )
 

@@ -24,12 +24,12 @@ from methods.engine.path import (
 )
 from methods.engine.quadrature import rule_tensors
 from methods.errors import InvalidArgumentError
-from methods.params import MultiplyByInputsParams, QuadratureParams
+from methods.params import MultiplyByInputsParams, PositiveInt, QuadratureParams
 from methods.registry import TokenCounterpart, register
 
 
 class IntegratedGradientsParams(QuadratureParams, MultiplyByInputsParams):
-    n_steps: int | Literal["auto"] = Field(
+    n_steps: PositiveInt | Literal["auto"] = Field(
         50, description="integration points, or 'auto' for the fewest meeting delta_tolerance"
     )
     delta_tolerance: float = Field(

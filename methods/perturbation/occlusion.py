@@ -23,21 +23,23 @@ from methods.engine.incremental import evaluate_boxes
 from methods.engine.inputs import Tensors
 from methods.engine.perturb import echo, evaluate_with_initial
 from methods.errors import InvalidArgumentError
-from methods.params import MethodParams
+from methods.params import MethodParams, PositiveInt
 from methods.registry import register
 
 Shape = tuple[int, ...]
+#: a window's sides, or its strides, per dim: each >= 1
+Sizes = tuple[PositiveInt, ...]
 #: one input's (dims, window, stride), per non-batch dim
 Geometry = tuple[Shape, Shape, Shape]
 
 
 class OcclusionParams(MethodParams):
-    sliding_window_shapes: Shape | tuple[Shape, ...] = Field(
+    sliding_window_shapes: Sizes | tuple[Sizes, ...] = Field(
         ...,
         description="the occluding box's shape without the batch dim: a tuple of ints for one "
         "input, a tuple of such tuples for several",
     )
-    strides: int | tuple[int | Shape, ...] | None = Field(
+    strides: PositiveInt | tuple[PositiveInt | Sizes, ...] | None = Field(
         None,
         description="step between windows: an int, a tuple per dim (one input), or per input an "
         "int or tuple; default 1",

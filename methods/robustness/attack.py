@@ -95,7 +95,7 @@ def check_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
     for name in ("epsilon", "radius", "step_size", "lower_bound", "upper_bound"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], (int, float))):
             raise InvalidTypeError(f"{name} must be a number, got {p[name]!r}", argument=name)
-    for name in ("radius", "step_size"):
+    for name in ("epsilon", "radius", "step_size"):  # budgets: a sign would flip the attack
         if name in p and not p[name] >= 0:
             raise InvalidArgumentError(f"{name} must be >= 0, got {p[name]}", argument=name)
     if p["lower_bound"] > p["upper_bound"]:

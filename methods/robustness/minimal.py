@@ -122,6 +122,12 @@ def _range(arg_min: Any, arg_max: Any, arg_step: Any) -> None:
     for name, v in (("arg_min", arg_min), ("arg_max", arg_max), ("arg_step", arg_step)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise InvalidTypeError(f"{name} must be a finite number, got {v!r}", argument=name)
+    if arg_min < 0:  # every perturbation's parameter is a spread, a budget or a count
+        raise InvalidArgumentError(
+            f"arg_min must be >= 0 (a noise's spread, an attack's budget or a number of "
+            f"features), got {arg_min}",
+            argument="arg_min",
+        )
     if not arg_step > 0:
         raise InvalidArgumentError(f"arg_step must be > 0, got {arg_step}", argument="arg_step")
     if not arg_max > arg_min + arg_step:

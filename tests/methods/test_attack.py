@@ -147,6 +147,9 @@ def test_typed_errors() -> None:
         methods.attack(logits, X, "pgd", target=Y, radius=1, step_size=0.1, step_num=2, norm="L1")
     with pytest.raises(InvalidArgumentError, match="step_num"):
         methods.attack(logits, X, "pgd", target=Y, radius=1, step_size=0.1, step_num=0)
+    with pytest.raises(InvalidArgumentError, match="epsilon must be >= 0") as e:
+        methods.attack(logits, X, "fgsm", target=Y, epsilon=-0.5, loss="cross_entropy")
+    assert e.value.argument == "epsilon"
     with pytest.raises(InvalidArgumentError, match="loss"):
         methods.attack(logits, X, "fgsm", target=Y, epsilon=0.1, loss="hinge")
     with pytest.raises(InvalidArgumentError, match="mask"):
