@@ -24,7 +24,7 @@ from methods.cancel import checkpoint
 from methods.engine.batching import count_saved_bytes, memory_budget
 from methods.engine.call import Call
 from methods.engine.inputs import Tensors
-from methods.errors import InvalidArgumentError, InvalidTypeError
+from methods.errors import InvalidArgumentError, InvalidTypeError, ModelError
 
 #: For integer inputs nothing can be measured on CPU: assume a forward holds this many times
 #: the input's bytes (8-byte ids to 4 x 768-byte embeddings would be 384; then a few layers).
@@ -146,14 +146,27 @@ def _check_mask(m: object, x: Tensor, i: int, n: int, method: str) -> Tensor:
     ok = m.dim() <= x.dim() and all(
         a in (1, b) for a, b in zip(shape[1:], x.shape[1:], strict=True)
     )
-    if x.shape[0] != n and (not ok or shape[0] != 1):
+    if x.shape[0] != n and (not ok or shape[0] not in (1, x.shape[0])):
         raise InvalidArgumentError(
             f"{method}: {where} has shape {tuple(m.shape)}; inputs[{i}] of shape "
             f"{tuple(x.shape)} is not per example (dim 0 is not inputs[0]'s {n}), so its mask "
-            f"groups it as a whole: expected {(1, *x.shape[1:])}, a shape broadcastable to "
-            "it, or a 0-d id",
+            f"is broadcast to it as Captum does: expected a shape broadcastable to "
+            f"{tuple(x.shape)}, or a 0-d id",
             argument="feature_mask",
         )
+    if x.shape[0] != n and shape[0] > 1:
+        # a mask as long as its input (broadcastable to it, as Captum takes it): such an input
+        # gets one attribution as a whole, so its rows must group it alike
+        m = m.reshape(shape)
+        if not bool((m == m[:1]).all()):
+            raise InvalidArgumentError(
+                f"{method}: {where} gives the rows of inputs[{i}] (not per example: dim 0 is "
+                f"not inputs[0]'s {n}) different feature ids; such an input is attributed as "
+                f"a whole, so give its rows the same ids or a mask of shape "
+                f"{(1, *x.shape[1:])}",
+                argument="feature_mask",
+            )
+        return m[:1]
     if not ok or shape[0] not in (1, n):
         raise InvalidArgumentError(
             f"{method}: {where} has shape {tuple(m.shape)}, which does not fit inputs[{i}] of "
@@ -302,6 +315,13 @@ class Evaluator:
                     raise
                 per = max(1, per // 2)
                 continue
+            except ModelError:
+                if e - s == 1 or not self.per_example:
+                    raise
+                # a forward that takes only its own batch's rows (it closes over per-example
+                # tensors): one perturbation per forward, as for an aggregated output
+                self.per_example, per = False, 1
+                continue
             except _ShapeMismatch as exc:
                 if e - s == 1:
                     raise InvalidArgumentError(
@@ -422,7 +442,9 @@ def evaluate_with_initial(
         sub = call.expanded(k + 1)
         with torch.no_grad():
             raw = sub.target.select_rows(sub.forward(both))
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, ModelError):
+        # memory ran out, or the forward takes only its own batch (a loss closing over the
+        # batch's labels): the plain way finds out, one perturbation per forward if need be
         raw = None
     if raw is None or raw.dim() == 0 or int(raw.shape[0]) != (k + 1) * n:
         # The output does not grow with the batch (or memory ran out): the plain way.

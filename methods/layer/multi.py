@@ -7,10 +7,12 @@ hands the rest of the model a leaf with the layer's value *grafted* onto the lay
 graph, so a layer before another still gets its gradient through it. Methods that change the
 model's computation at the layer (layer IG's path, ablation, conductance) run once per layer.
 
-Captum's ``LayerIntegratedGradients`` with a list interpolates every layer at once: for layers
-on separate branches that equals each layer alone (and ours equals Captum's), but a layer
-before another has its interpolated value overwritten downstream, so Captum raises (it warns
-about such lists); ours gives each layer's own IG.
+Captum's ``LayerIntegratedGradients`` with a list interpolates every layer at once: where the
+output depends on the layers additively (branches summed, nothing non-linear after the join)
+that equals each layer alone, and ours equals Captum's; where the branches meet before a
+non-linearity the joint path shares their interaction and the two differ; and a layer before
+another has its interpolated value overwritten downstream, so Captum raises (it warns about
+such lists). Ours gives each layer's own IG, the other layers at their actual values.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from methods.engine import layers
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.targets import Target
-from methods.errors import InvalidArgumentError
 from methods.layer._common import LayerParams, layer_output
 
 
@@ -75,12 +76,14 @@ def _gradients(
     for t in taps:
         full = [next(grads) if leaf.requires_grad else None for leaf in t.leaves]
         if any(leaf.requires_grad for leaf in t.leaves) and all(g is None for g in full):
-            raise InvalidArgumentError(
-                f"the targeted output does not depend on layer {t.path!r}'s "
-                f"{'input' if to_input else 'output'} (no gradient flows back to it); pick a "
-                "layer on the path to the output",
-                argument="layer",
+            # nothing reached this layer's graft: what the layer alone gives (zeros where the
+            # output is reached but not through it, the error where nothing is reached)
+            module = layers.resolve(call.model, t.path)
+            alone, _, _ = layers.layer_gradients(
+                forward, call.inputs, target, module, t.path, to_input
             )
+            per_layer.append(alone)
+            continue
         per_layer.append(
             tuple(torch.zeros_like(v) if g is None else g for g, v in zip(full, t.leaves,
                                                                           strict=True))
