@@ -248,3 +248,23 @@ def test_distinct_rows_equals_unique_over_rows(width: int) -> None:
     assert got.dtype == torch.bool
     assert torch.equal(got, expected.bool())
     assert torch.equal(inverse, expected_inverse)
+
+
+def test_auto_batch_size_counts_what_a_row_costs_not_the_weights() -> None:
+    """A wide layer's weight (1 MiB, saved by its backward as a transposed view) is not per
+    row: a row costs its activations (~4 KiB here: the input and the tanh's output, float32),
+    so a budget for ~100 rows gets about 100, not one (issue 37: one row per chunk on
+    BERT-base)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 2)).eval()
+    x = torch.randn(4, 512)
+    row = 2 * 512 * 4  # bytes a row keeps for backward
+    old = methods.memory_budget()
+    try:
+        methods.set_memory_budget(3 * row * 100)
+        r = methods.attribute(
+            model, x, "integrated_gradients", target=0, internal_batch_size="auto"
+        )
+    finally:
+        methods.set_memory_budget(old)
+    assert 50 <= r.params["internal_batch_size"] <= 200
