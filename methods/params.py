@@ -158,9 +158,25 @@ def parse_params(model: type[MethodParams], method: str, params: dict[str, Any])
                 argument=name,
             ) from None
         # a union reports one error per member it tried: say them all ("an integer or 'auto'")
-        msgs = list(dict.fromkeys(e["msg"] for e in errors if _where(e["loc"]) == name))
+        msgs = list(dict.fromkeys(_message(e) for e in errors if _where(e["loc"]) == name))
         kind = InvalidTypeError if err["type"].endswith("_type") else InvalidArgumentError
         raise kind(f"{method}: parameter {name!r}: {'; or '.join(msgs)}", argument=name) from None
+
+
+#: pydantic's range errors, said as the bound they break ("Input should be >= 1")
+_BOUNDS = {
+    "greater_than_equal": ">=",
+    "greater_than": ">",
+    "less_than_equal": "<=",
+    "less_than": "<",
+}
+
+
+def _message(err: Any) -> str:
+    sign = _BOUNDS.get(err["type"])
+    if sign is None:
+        return str(err["msg"])
+    return f"Input should be {sign} {next(iter(err.get('ctx', {}).values()), '?')}"
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
