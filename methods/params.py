@@ -160,7 +160,9 @@ def parse_params(model: type[MethodParams], method: str, params: dict[str, Any])
         # a union reports one error per member it tried: say them all ("an integer or 'auto'")
         msgs = list(dict.fromkeys(_message(e) for e in errors if _where(e["loc"]) == name))
         kind = InvalidTypeError if err["type"].endswith("_type") else InvalidArgumentError
-        raise kind(f"{method}: parameter {name!r}: {'; or '.join(msgs)}", argument=name) from None
+        raise kind(
+            f"{method}: parameter {name!r}: {'; or '.join(msgs)}", argument=_where(err["loc"][:1])
+        ) from None
 
 
 #: pydantic's range errors, said as the bound they break ("Input should be >= 1")

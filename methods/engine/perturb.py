@@ -24,7 +24,7 @@ from methods.cancel import checkpoint
 from methods.engine.batching import count_saved_bytes, memory_budget
 from methods.engine.call import Call
 from methods.engine.inputs import Tensors
-from methods.errors import InvalidArgumentError, InvalidTypeError, ModelError
+from methods.errors import InvalidArgumentError, InvalidTypeError
 
 #: For integer inputs nothing can be measured on CPU: assume a forward holds this many times
 #: the input's bytes (8-byte ids to 4 x 768-byte embeddings would be 384; then a few layers).
@@ -315,13 +315,6 @@ class Evaluator:
                     raise
                 per = max(1, per // 2)
                 continue
-            except ModelError:
-                if e - s == 1 or not self.per_example:
-                    raise
-                # a forward that takes only its own batch's rows (it closes over per-example
-                # tensors): one perturbation per forward, as for an aggregated output
-                self.per_example, per = False, 1
-                continue
             except _ShapeMismatch as exc:
                 if e - s == 1:
                     raise InvalidArgumentError(
@@ -422,11 +415,22 @@ def evaluate_with_initial(
     With ``unperturbed_first``, ``build(-1, e)`` makes that first chunk itself: ``inputs``
     then perturbations 0..e-1 (saves concatenating them)."""
     made = _known_bytes(call, inputs)
-    if made is None:
+    per_example = _known_per_example(call, inputs)
+    if made is None or per_example is None:
         # Measure once (then cached) but still take the merged path below, so the first call
-        # batches exactly like later ones and returns bit-identical numbers.
-        start(call, inputs)
+        # batches exactly like later ones and returns bit-identical numbers; and learn whether
+        # the output grows with the batch before stacking perturbations (a forward that
+        # aggregates the batch, or takes only its own rows, as a loss over the batch's labels,
+        # is evaluated one perturbation per forward, whatever perturbations_per_eval says)
+        ev, initial = start(call, inputs)
         made = _known_bytes(call, inputs) or 0
+        per_example = ev.per_example
+        _remember_per_example(call, inputs, per_example)
+        if not per_example:
+            return ev, initial, ev.run(total, build)
+    if not per_example:
+        ev, initial = start(call, inputs)
+        return ev, initial, ev.run(total, build)
     spec = call.perturbations_per_eval
     if total == 0 or spec == 1:
         ev, initial = start(call, inputs)
@@ -442,9 +446,7 @@ def evaluate_with_initial(
         sub = call.expanded(k + 1)
         with torch.no_grad():
             raw = sub.target.select_rows(sub.forward(both))
-    except (torch.OutOfMemoryError, ModelError):
-        # memory ran out, or the forward takes only its own batch (a loss closing over the
-        # batch's labels): the plain way finds out, one perturbation per forward if need be
+    except torch.OutOfMemoryError:
         raw = None
     if raw is None or raw.dim() == 0 or int(raw.shape[0]) != (k + 1) * n:
         # The output does not grow with the batch (or memory ran out): the plain way.
@@ -470,6 +472,22 @@ _measure_cache: dict[tuple[object, ...], tuple[weakref.ref[Any] | None, int]] = 
 def _remember(call: Call, inputs: Tensors, made: int) -> None:
     ref = weakref.ref(call.model) if _weakrefable(call.model) else None
     _bounded_put(_measure_cache, _shape_key(call, inputs), (ref, made))
+
+
+#: whether the output grows with the batch, per model and input signature (as above)
+_per_example_cache: dict[tuple[object, ...], tuple[weakref.ref[Any] | None, bool]] = {}
+
+
+def _known_per_example(call: Call, inputs: Tensors) -> bool | None:
+    cached = _per_example_cache.get(_shape_key(call, inputs))
+    if cached is not None and cached[0] is not None and cached[0]() is call.model:
+        return cached[1]
+    return None
+
+
+def _remember_per_example(call: Call, inputs: Tensors, per_example: bool) -> None:
+    ref = weakref.ref(call.model) if _weakrefable(call.model) else None
+    _bounded_put(_per_example_cache, _shape_key(call, inputs), (ref, per_example))
 
 
 def _weakrefable(obj: object) -> bool:

@@ -54,7 +54,7 @@ def test_feature_mask_of_the_wrong_type(method: str, mask: Any) -> None:
 @pytest.mark.parametrize(
     ("windows", "strides", "argument"),
     [((5,), None, "sliding_window_shapes"), ((2, 2), None, "sliding_window_shapes"),
-     ((0,), None, "sliding_window_shapes.0"), (((2,), (2,)), None, "sliding_window_shapes"),
+     ((0,), None, "sliding_window_shapes"), (((2,), (2,)), None, "sliding_window_shapes"),
      ((2,), 3, "strides"), ((2,), 0, "strides"), ((2,), (1, 1), "strides")],
 )  # fmt: skip
 def test_occlusion_windows_and_strides(windows: Any, strides: Any, argument: str) -> None:
