@@ -57,6 +57,29 @@ PARAMS: dict[str, dict[str, Any]] = {
 }
 
 
+#: the ranges of the numeric parameters of the attacks and the counterfactual searches (what a
+#: budget, a step, a count or a search's start means): checked here, and published in the
+#: HTTP schema of their params (``service.robustness.protocol``)
+BOUNDS: dict[str, tuple[str, float]] = {
+    "epsilon": (">=", 0),
+    "radius": (">=", 0),
+    "step_size": (">=", 0),
+    "step_num": (">=", 1),
+    "arg_min": (">=", 0),
+    "arg_step": (">", 0),
+}
+
+
+def check_bounds(params: dict[str, Any]) -> None:
+    """Each bounded number of ``params`` within its range (``BOUNDS``; NaN is in none)."""
+    for name, (op, bound) in BOUNDS.items():
+        v = params.get(name)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue  # absent, or a type error said elsewhere
+        if not (v >= bound if op == ">=" else v > bound):
+            raise InvalidArgumentError(f"{name} must be {op} {bound:g}, got {v}", argument=name)
+
+
 @dataclass
 class AttackResult:
     """``perturbed``: the inputs' form; ``predictions``: the model's output on them;
@@ -95,9 +118,7 @@ def check_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
     for name in ("epsilon", "radius", "step_size", "lower_bound", "upper_bound"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], (int, float))):
             raise InvalidTypeError(f"{name} must be a number, got {p[name]!r}", argument=name)
-    for name in ("epsilon", "radius", "step_size"):  # budgets: a sign would flip the attack
-        if name in p and not p[name] >= 0:
-            raise InvalidArgumentError(f"{name} must be >= 0, got {p[name]}", argument=name)
+    check_bounds(p)  # budgets and steps: a sign would turn the attack around
     if p["lower_bound"] > p["upper_bound"]:
         raise InvalidArgumentError(
             f"lower_bound {p['lower_bound']} is above upper_bound {p['upper_bound']}",

@@ -31,6 +31,7 @@ from methods.engine.targets import make_target
 from methods.errors import InvalidArgumentError, InvalidTypeError
 from methods.robustness.attack import (
     LOSSES,
+    check_bounds,
     check_masks,
     loss_gradients,
     per_example,
@@ -85,6 +86,16 @@ def _check(perturbation: str, params: dict[str, Any]) -> dict[str, Any]:
     p = with_defaults("perturbation", perturbation, OWN_PARAMS, params)
     if p.get("loss", "nll") not in LOSSES:
         raise InvalidArgumentError(f"loss must be one of {list(LOSSES)}", argument="loss")
+    for name in ("step_size", "lower_bound", "upper_bound"):
+        v = p.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise InvalidTypeError(f"{name} must be a number, got {v!r}", argument=name)
+    check_bounds(p)
+    if p.get("lower_bound", -math.inf) > p.get("upper_bound", math.inf):
+        raise InvalidArgumentError(
+            f"lower_bound {p['lower_bound']} is above upper_bound {p['upper_bound']}",
+            argument="lower_bound",
+        )
     if perturbation == "pgd":
         n = p["step_num"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -122,14 +133,8 @@ def _range(arg_min: Any, arg_max: Any, arg_step: Any) -> None:
     for name, v in (("arg_min", arg_min), ("arg_max", arg_max), ("arg_step", arg_step)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise InvalidTypeError(f"{name} must be a finite number, got {v!r}", argument=name)
-    if arg_min < 0:  # every perturbation's parameter is a spread, a budget or a count
-        raise InvalidArgumentError(
-            f"arg_min must be >= 0 (a noise's spread, an attack's budget or a number of "
-            f"features), got {arg_min}",
-            argument="arg_min",
-        )
-    if not arg_step > 0:
-        raise InvalidArgumentError(f"arg_step must be > 0, got {arg_step}", argument="arg_step")
+    # every perturbation's parameter is a spread, a budget or a count: the search starts >= 0
+    check_bounds({"arg_min": arg_min, "arg_step": arg_step})
     if not arg_max > arg_min + arg_step:
         raise InvalidArgumentError(
             "arg_max must exceed arg_min + arg_step (Captum's rule)", argument="arg_max"

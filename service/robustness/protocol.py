@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from methods.robustness.attack import BOUNDS, PARAMS
+from methods.robustness.minimal import OWN_PARAMS, SEARCH
 from service.wire.attributions import (
     RESULT_NUMBERS,
     TENSOR_B64,
@@ -71,6 +73,26 @@ TARGET_NOTE = (
 )
 
 
+def _params_schema(names: list[str]) -> dict[str, Any]:
+    """The JSON schema of a params object: its keys, each number with its range (``BOUNDS``,
+    the engine's own checks); the description lists what each key means and when it applies."""
+    props: dict[str, Any] = {}
+    for name in dict.fromkeys(names):
+        node: dict[str, Any] = {}
+        if name in BOUNDS:
+            op, bound = BOUNDS[name]
+            node = {
+                "type": "integer" if name == "step_num" else "number",
+                ("minimum" if op == ">=" else "exclusiveMinimum"): bound,
+            }
+        props[name] = node
+    return {"type": "object", "properties": props, "additionalProperties": False}
+
+
+ATTACK_PARAMS = _params_schema([*PARAMS["fgsm"], *PARAMS["pgd"], "loss"])
+SEARCH_PARAMS = _params_schema([*SEARCH, *(k for own in OWN_PARAMS.values() for k in own)])
+
+
 class PerturbationRender(BaseModel):
     """Pictures of the perturbation, per example and input: the perturbed image (image
     inputs), and the difference from the input (a diverging heat map, or bars for tabular
@@ -107,7 +129,7 @@ class AttackRequest(_Common):
     """Perturb the inputs, within a budget, to change the model's answer."""
 
     method: Literal["fgsm", "pgd"] = Field(description="fgsm or pgd")
-    params: dict[str, Any] = Field(
+    params: Annotated[dict[str, Any], WithJsonSchema(ATTACK_PARAMS)] = Field(
         default_factory=dict,
         description="fgsm: epsilon (required), targeted, lower_bound, upper_bound, mask, loss. "
         "pgd: radius, step_size, step_num (required), norm (Linf | L2), targeted, "
@@ -124,7 +146,7 @@ class CounterfactualRequest(_Common):
         description="what is varied: gaussian_noise (std), fgsm (epsilon), pgd (radius), "
         "feature_ablation (features removed, most important first)"
     )
-    params: dict[str, Any] = Field(
+    params: Annotated[dict[str, Any], WithJsonSchema(SEARCH_PARAMS)] = Field(
         default_factory=dict,
         description="arg_min, arg_max, arg_step (required), mode (linear | binary), and the "
         "perturbation's own: gaussian_noise: seed; fgsm: targeted, lower_bound, upper_bound, "

@@ -15,6 +15,7 @@ from methods import registry
 from methods.noise_tunnel import NoiseTunnelParams
 from service.app import create_app
 from service.core.settings import Settings
+from service.robustness.protocol import ATTACK_PARAMS, SEARCH_PARAMS
 
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
 #: what each method needs besides the field under test, on tabular-mlp
@@ -113,5 +114,41 @@ def test_budgets_and_spreads_are_not_negative(
     client: TestClient, route: str, body: dict[str, Any], field: str
 ) -> None:
     r = client.post(f"/v1/models/tabular-mlp/{route}", json={"inputs": X, **body})
+    assert r.status_code == 422, r.text
+    assert field in str(r.json()["errors"][0]["loc"]), r.json()
+
+
+#: valid params of each attack and counterfactual search (tabular-mlp), and the schema that
+#: publishes their ranges
+SEARCH = {"arg_min": 0, "arg_max": 1, "arg_step": 0.25}
+PERTURBATIONS = [
+    ("attacks", "method", "fgsm", {"epsilon": 0.1}, ATTACK_PARAMS),
+    ("attacks", "method", "pgd", {"radius": 0.1, "step_size": 0.01, "step_num": 2}, ATTACK_PARAMS),
+    ("counterfactuals", "perturbation", "gaussian_noise", SEARCH, SEARCH_PARAMS),
+    ("counterfactuals", "perturbation", "fgsm", SEARCH, SEARCH_PARAMS),
+    ("counterfactuals", "perturbation", "pgd", {**SEARCH, "step_size": 0.1}, SEARCH_PARAMS),
+]
+
+
+def perturbation_cases() -> list[Any]:
+    out = []
+    for route, key, name, valid, schema in PERTURBATIONS:
+        for field, node in schema["properties"].items():
+            if field not in valid and field not in ("step_num",):
+                continue  # a parameter of another attack or search
+            if field == "step_num" and name != "pgd":
+                continue
+            for bad in outside(node, {}):
+                out.append(pytest.param(route, key, name, {**valid, field: bad}, field,
+                                        id=f"{route}-{name}-{field}={bad}"))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(("route", "key", "name", "params", "field"), perturbation_cases())
+def test_an_attack_or_search_out_of_range_is_a_422_naming_the_field(
+    client: TestClient, route: str, key: str, name: str, params: dict[str, Any], field: str
+) -> None:
+    body = {key: name, "inputs": X, "params": params}
+    r = client.post(f"/v1/models/tabular-mlp/{route}", json=body)
     assert r.status_code == 422, r.text
     assert field in str(r.json()["errors"][0]["loc"]), r.json()
