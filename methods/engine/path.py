@@ -61,7 +61,10 @@ def path_gradient_sum(
     grad_fn: GradFn = plain_gradients,
     per_chunk: int | None = None,
 ) -> tuple[Tensors, dict[str, Any]]:
-    """sum_k weights[k] * grad at b + alphas[k] * (x - b), per input; plus what was chosen."""
+    """sum_k weights[k] * grad at b + alphas[k] * (x - b), per input; plus what was chosen.
+
+    ``weights`` of shape (K, R) give R such sums at once, each input's with a leading dim R
+    (the identity: the gradient at every point, as n_steps="auto" keeps them)."""
     n_steps = int(alphas.shape[0])
     n = call.n
     diffs = tuple(x - b for x, b in zip(xs, bs, strict=True))
@@ -84,6 +87,13 @@ def path_gradient_sum(
         )
         grads = grad_fn(sub, points)
         w = weights[s:e]
+        if w.dim() == 2:
+            return tuple(
+                torch.tensordot(w.to(g.dtype), g.reshape(k, -1), dims=([0], [0])).reshape(
+                    w.shape[1], *d.shape
+                )
+                for g, d in zip(grads, diffs, strict=True)
+            )
         return tuple(
             torch.tensordot(w.to(g.dtype), g.reshape(k, -1), dims=1).reshape(d.shape)
             for g, d in zip(grads, diffs, strict=True)

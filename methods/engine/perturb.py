@@ -416,6 +416,7 @@ def evaluate_with_initial(
     then perturbations 0..e-1 (saves concatenating them)."""
     made = _known_bytes(call, inputs)
     per_example = _known_per_example(call, inputs)
+    spec = call.perturbations_per_eval
     if made is None or per_example is None:
         # Measure once (then cached) but still take the merged path below, so the first call
         # batches exactly like later ones and returns bit-identical numbers; and learn whether
@@ -426,13 +427,9 @@ def evaluate_with_initial(
         made = _known_bytes(call, inputs) or 0
         per_example = ev.per_example
         _remember_per_example(call, inputs, per_example)
-        if not per_example:
+        if not per_example or total == 0 or spec == 1:
             return ev, initial, ev.run(total, build)
-    if not per_example:
-        ev, initial = start(call, inputs)
-        return ev, initial, ev.run(total, build)
-    spec = call.perturbations_per_eval
-    if total == 0 or spec == 1:
+    if not per_example or total == 0 or spec == 1:
         ev, initial = start(call, inputs)
         return ev, initial, ev.run(total, build)
     n = call.n

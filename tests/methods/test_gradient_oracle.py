@@ -140,7 +140,7 @@ def test_ig_auto_steps_meet_the_tolerance() -> None:
     x = torch.randn(5, 4, dtype=torch.float64)
     for approx, tol in (
         ("gausslegendre", 1e-3), ("riemann_trapezoid", 1e-3), ("riemann_middle", 1e-3),
-        ("riemann_left", 1e-2), ("riemann_right", 1e-2),
+        ("riemann_left", 1e-2), ("riemann_right", 1e-2), ("clenshaw_curtis", 1e-3),
     ):  # fmt: skip
         r = methods.attribute(
             m, x, "integrated_gradients", n_steps="auto", delta_tolerance=tol,
@@ -155,3 +155,40 @@ def test_ig_auto_steps_meet_the_tolerance() -> None:
             m, x, "integrated_gradients", n_steps=r.params["n_steps"], approximation_method=approx
         )
         torch.testing.assert_close(r.attributions, direct.attributions, rtol=1e-9, atol=1e-12)
+
+
+def test_clenshaw_curtis_is_exact_for_polynomials_and_nested() -> None:
+    """n points integrate every polynomial of degree < n exactly (odd n: degree n), the
+    weights are positive, and the points of N intervals are among those of 2N."""
+    from methods.engine.quadrature import rule
+
+    for n in (2, 3, 5, 9, 17, 33):
+        alphas, weights = (torch.tensor(v, dtype=torch.float64) for v in rule("clenshaw_curtis", n))
+        assert bool((weights > 0).all())
+        for degree in range(n + (n % 2)):
+            exact = 1.0 / (degree + 1)
+            assert float((weights * alphas**degree).sum()) == pytest.approx(exact, abs=1e-14)
+        if n > 2:
+            coarse = torch.tensor(rule("clenshaw_curtis", (n - 1) // 2 + 1)[0], dtype=torch.float64)
+            torch.testing.assert_close(alphas[::2], coarse, rtol=0, atol=1e-15)
+
+
+def test_auto_steps_cost_what_they_stop_at() -> None:
+    """n_steps="auto" without a rule climbs the nested Clenshaw-Curtis ladder: it evaluates
+    exactly the points it stops at (Gauss-Legendre's ladder evaluates every rung anew), and
+    its answer is the rule's at that many points."""
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 2))
+    m = m.double()
+    x = torch.rand(3, 1, 6, 6, dtype=torch.float64)
+    auto = methods.attribute(m, x, "integrated_gradients", target=1, n_steps="auto",
+                             delta_tolerance=1e-3)  # fmt: skip
+    assert auto.params["approximation_method"] == "clenshaw_curtis"
+    assert auto.params["n_steps_evaluated"] == auto.params["n_steps"] > 5
+    direct = methods.attribute(m, x, "integrated_gradients", target=1,
+                               n_steps=auto.params["n_steps"],
+                               approximation_method="clenshaw_curtis")  # fmt: skip
+    torch.testing.assert_close(auto.attributions, direct.attributions, rtol=1e-9, atol=1e-12)
+    gl = {"approximation_method": "gausslegendre", "delta_tolerance": 1e-3}
+    gauss = methods.attribute(m, x, "integrated_gradients", target=1, n_steps="auto", **gl)
+    assert gauss.params["n_steps_evaluated"] > gauss.params["n_steps"]
