@@ -121,10 +121,11 @@ class Settings(BaseModel):
     max_cost: int = Field(
         default=2_000_000, ge=1, description="largest estimated cost of a request, in forward rows"
     )
-    # An int, not "auto": the engine's "auto" measures a forward per call (~50 ms on CPU),
-    # more than a small request's whole compute; 512 rows bound memory just as well.
+    # "auto": rows per chunk from the memory budget and what a row keeps for backward,
+    # measured once per model, method and example shape (a fixed 512 rows needed ~24 GB for 8
+    # BERT-base texts at 50 steps; on small models "auto" takes every row at once)
     internal_batch_size: BatchSize = Field(
-        default=512, description="default internal_batch_size (models may override)"
+        default="auto", description="default internal_batch_size (models may override)"
     )
     perturbations_per_eval: BatchSize = Field(
         default="auto", description="default perturbations_per_eval (models may override)"
