@@ -8,6 +8,7 @@ measured cost per row, and on an out-of-memory error halves the chunk and retrie
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeVar, overload
@@ -90,14 +91,26 @@ def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: in
 
 
 # Measuring costs a forward pass; a served model sees the same shapes again and again.
-_MEASURED: weakref.WeakKeyDictionary[Any, dict[Hashable, int]] = weakref.WeakKeyDictionary()
+#: per model: bytes per row by shape key, and (size, bytes) by ("family", key)
+_MEASURED: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
 #: measurements kept per model (shape keys seen); the oldest goes first, as clients may send
 #: ever new shapes (token sequences of every length)
 MEASURED_PER_MODEL = 256
 
 
-def measured_once(owner: Any, key: Hashable, measure: Callable[[], int]) -> Callable[[], int]:
-    """``measure`` memoised per (owner, key); owner is the model (held weakly)."""
+def measured_once(
+    owner: Any,
+    key: Hashable,
+    measure: Callable[[], int],
+    family: tuple[Hashable, int] | None = None,
+) -> Callable[[], int]:
+    """``measure`` memoised per (owner, key); owner is the model (held weakly).
+
+    ``family``: (the key without sizes, the example's size in elements). A key not measured
+    yet whose family was is scaled from that measurement instead of measured again: linearly
+    to a smaller example, quadratically to a larger one (attention grows with the square of
+    a text's length), so texts of every length cost one measuring pass, not one each, and
+    the estimate errs towards smaller chunks."""
 
     def get() -> int:
         try:
@@ -106,13 +119,26 @@ def measured_once(owner: Any, key: Hashable, measure: Callable[[], int]) -> Call
             return measure()
         found = per_owner.get(key)
         if found is None:
-            found = measure()
-            while len(per_owner) >= MEASURED_PER_MODEL:
-                per_owner.pop(next(iter(per_owner)))  # the oldest entry
-            per_owner[key] = found
-        return found
+            kin = per_owner.get(("family", family[0])) if family is not None else None
+            if kin is not None and family is not None:
+                size: int = kin[0]
+                nbytes: int = kin[1]
+                ratio = family[1] / size
+                found = max(1, math.ceil(nbytes * (ratio * ratio if ratio > 1 else ratio)))
+            else:
+                found = measure()
+                if family is not None:
+                    _keep(per_owner, ("family", family[0]), (family[1], found))
+            _keep(per_owner, key, found)
+        return int(found)
 
     return get
+
+
+def _keep(per_owner: dict[Hashable, Any], key: Hashable, value: Any) -> None:
+    while len(per_owner) >= MEASURED_PER_MODEL:
+        per_owner.pop(next(iter(per_owner)))  # the oldest entry
+    per_owner[key] = value
 
 
 def rows_per_chunk(

@@ -43,6 +43,19 @@ class Call:
         )
         return (self.method, xs, args, *extra)
 
+    def shape_family(self, *extra: Hashable) -> tuple[tuple[Hashable, ...], int]:
+        """``shape_key`` without the per-example sizes (only how many dims), and how many
+        elements an example has (inputs and tensor args): inputs that differ only in size,
+        as texts of other lengths, are one family (``batching.measured_once`` scales)."""
+        tensors = [*self.inputs, *(a for a in self.forward.args if isinstance(a, Tensor))]
+        xs = tuple((x.dim(), x.dtype, x.device) for x in self.inputs)
+        args = tuple(
+            (a.dim(), a.dtype) if isinstance(a, Tensor) else type(a).__name__
+            for a in self.forward.args
+        )
+        size = sum(int(t[0].numel()) if t.dim() else 1 for t in tensors if t.shape[:1] != (0,))
+        return (self.method, xs, args, *extra), max(1, size)
+
     def replace(self, **changes: Any) -> Call:
         return dataclasses.replace(self, **changes)
 

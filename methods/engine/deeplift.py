@@ -268,6 +268,7 @@ def run_rows(
             call.model,
             call.shape_key(call.method),
             lambda: 2 * row_bytes_estimate(lambda: chunk(0, probe), probe),
+            call.shape_family(call.method),
         )
         per = rows_per_chunk("auto", total, measure)
     else:

@@ -45,6 +45,7 @@ def steps_per_chunk(call: Call, n_steps: int, probe_points: Tensors, grad_fn: Gr
                 call.model,
                 call.shape_key("path"),
                 lambda: row_bytes_estimate(lambda: grad_fn(call, probe_points), n, extra),
+                call.shape_family("path"),
             ),
             granule=n,
         )

@@ -91,7 +91,8 @@ def attribute_generation(
     ``features`` their values; ``baselines`` their replacements (default ``""``).
     ``perturbations_per_eval``: perturbed prompts per model forward, and
     ``internal_batch_size``: rows per forward+backward of the gradient methods (default: the
-    memory budget decides both; a 50-step layer IG of GPT-2 small in one pass needs ~26 GB). ``use_cache=False`` runs every prompt whole (same numbers, slower).
+    memory budget decides both; a 50-step layer IG of GPT-2 small in one pass needs ~26 GB).
+    ``use_cache=False`` runs every prompt whole (same numbers, slower).
     ``params``: the method's own (``n_samples``, ``n_steps``, ...).
     """
     if method not in METHODS:

@@ -63,3 +63,24 @@ def test_engine_caches_are_bounded_by_count() -> None:
     for i in range(perturb._CACHE_SIZE + 5):
         perturb.format_feature_mask(None, (torch.zeros(1, i + 1),), "feature_ablation")
     assert len(perturb._default_masks) <= perturb._CACHE_SIZE
+
+
+def test_examples_of_other_sizes_are_scaled_not_measured_again() -> None:
+    """Texts of every length are one family: one measuring pass, then each length's bytes
+    scaled from it, linearly down and quadratically up (never smaller than a linear guess)."""
+    owner = nn.Linear(2, 2)
+    measured: list[int] = []
+
+    def measure(nbytes: int) -> int:
+        measured.append(nbytes)
+        return nbytes
+
+    fam = ("layer_integrated_gradients", 2)
+    assert measured_once(owner, ("len", 20), lambda: measure(1000), (fam, 20))() == 1000
+    assert measured_once(owner, ("len", 10), lambda: measure(7), (fam, 10))() == 500
+    assert measured_once(owner, ("len", 40), lambda: measure(7), (fam, 40))() == 4000
+    assert measured_once(owner, ("len", 20), lambda: measure(7), (fam, 20))() == 1000
+    assert measured == [1000]  # one pass for the family
+    other = ("integrated_gradients", 2)
+    assert measured_once(owner, ("img", 1), lambda: measure(9), (other, 5))() == 9
+    assert measured == [1000, 9]  # another family measures its own
