@@ -103,6 +103,8 @@ class AttrServe(FastAPI):
 
         try:
             await super().__call__(scope, receive, hold_failure)
+            for message in held:  # a failure reported without an exception: as it came
+                await send(message)
         except StartRefused as exc:
             await send({"type": "lifespan.startup.failed", "message": str(exc)})
             raise

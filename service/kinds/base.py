@@ -12,6 +12,7 @@ loop (cancellation, errors as data).
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -130,10 +131,11 @@ class ModelKind(ABC):
         got = _CATALOGUES.get(id(spec))
         if got is not None and got[0] is spec:
             return got[1]
-        if len(_CATALOGUES) >= 256:  # specs are replaced on reload: drop the oldest
-            del _CATALOGUES[next(iter(_CATALOGUES))]
         out = self.describe(spec)
-        _CATALOGUES[id(spec)] = (spec, out)
+        with _CATALOGUES_LOCK:  # requests are built on threads too
+            if len(_CATALOGUES) >= 256:  # specs are replaced on reload: drop the oldest
+                del _CATALOGUES[next(iter(_CATALOGUES))]
+            _CATALOGUES[id(spec)] = (spec, out)
         return out
 
     def no_predictions(self, spec: ModelSpec) -> UnsupportedMethod:
@@ -144,6 +146,7 @@ class ModelKind(ABC):
 
 #: ``ModelKind.catalogue``'s: id(spec) -> (the spec, held so its id is not reused; its catalogue)
 _CATALOGUES: dict[int, tuple[ModelSpec, Catalogue]] = {}
+_CATALOGUES_LOCK = threading.Lock()
 
 
 def timing(queue_ms: float, compute_ms: float, started: float) -> dict[str, float]:
