@@ -98,6 +98,10 @@ _MEASURED: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKey
 MEASURED_PER_MODEL = 256
 
 
+#: a measurement stands for examples of its family up to this many times smaller or larger
+SCALE_WITHIN = 4.0
+
+
 def measured_once(
     owner: Any,
     key: Hashable,
@@ -109,8 +113,9 @@ def measured_once(
     ``family``: (the key without sizes, the example's size in elements). A key not measured
     yet whose family was is scaled from that measurement instead of measured again: linearly
     to a smaller example, quadratically to a larger one (attention grows with the square of
-    a text's length), so texts of every length cost one measuring pass, not one each, and
-    the estimate errs towards smaller chunks."""
+    a text's length), so texts of similar lengths cost one measuring pass, not one each, and
+    the estimate errs towards smaller chunks; beyond ``SCALE_WITHIN`` times the reference's
+    size an example is measured and becomes the reference."""
 
     def get() -> int:
         try:
@@ -120,12 +125,11 @@ def measured_once(
         found = per_owner.get(key)
         if found is None:
             kin = per_owner.get(("family", family[0])) if family is not None else None
-            if kin is not None and family is not None:
-                size: int = kin[0]
+            ratio = family[1] / kin[0] if kin is not None and family is not None else 0.0
+            if kin is not None and 1 / SCALE_WITHIN <= ratio <= SCALE_WITHIN:
                 nbytes: int = kin[1]
-                ratio = family[1] / size
                 found = max(1, math.ceil(nbytes * (ratio * ratio if ratio > 1 else ratio)))
-            else:
+            else:  # the family's first, or too far from its reference: measured (the reference)
                 found = measure()
                 if family is not None:
                     _keep(per_owner, ("family", family[0]), (family[1], found))

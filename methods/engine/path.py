@@ -58,14 +58,14 @@ def path_gradient_sum(
     xs: Tensors,
     bs: Tensors,
     alphas: Tensor,
-    weights: Tensor,
+    weights: Tensor | None,
     grad_fn: GradFn = plain_gradients,
     per_chunk: int | None = None,
 ) -> tuple[Tensors, dict[str, Any]]:
     """sum_k weights[k] * grad at b + alphas[k] * (x - b), per input; plus what was chosen.
 
-    ``weights`` of shape (K, R) give R such sums at once, each input's with a leading dim R
-    (the identity: the gradient at every point, as n_steps="auto" keeps them)."""
+    ``weights`` None: the gradient at every point instead, each input's with a leading dim K
+    (n_steps="auto" keeps them to weigh them again at the next rung)."""
     n_steps = int(alphas.shape[0])
     n = call.n
     diffs = tuple(x - b for x, b in zip(xs, bs, strict=True))
@@ -87,22 +87,20 @@ def path_gradient_sum(
             for b, d in zip(bs, diffs, strict=True)
         )
         grads = grad_fn(sub, points)
+        if weights is None:  # the gradient at each point: (k, N, ...) per input
+            return tuple(g.reshape(k, *d.shape) for g, d in zip(grads, diffs, strict=True))
         w = weights[s:e]
-        if w.dim() == 2:
-            return tuple(
-                torch.tensordot(w.to(g.dtype), g.reshape(k, -1), dims=([0], [0])).reshape(
-                    w.shape[1], *d.shape
-                )
-                for g, d in zip(grads, diffs, strict=True)
-            )
         return tuple(
             torch.tensordot(w.to(g.dtype), g.reshape(k, -1), dims=1).reshape(d.shape)
             for g, d in zip(grads, diffs, strict=True)
         )
 
-    total, used = run_chunks(
-        n_steps, per_chunk, chunk, retry_oom=call.internal_batch_size == "auto", reduce=add_each
-    )
+    retry = call.internal_batch_size == "auto"
+    if weights is None:
+        parts, used = run_chunks(n_steps, per_chunk, chunk, retry_oom=retry)
+        per_point = tuple(torch.cat(each) for each in zip(*parts, strict=True))
+        return per_point, {"internal_batch_size": used * n}
+    total, used = run_chunks(n_steps, per_chunk, chunk, retry_oom=retry, reduce=add_each)
     return total, {"internal_batch_size": used * n}
 
 

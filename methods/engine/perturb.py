@@ -24,7 +24,7 @@ from methods.cancel import checkpoint
 from methods.engine.batching import count_saved_bytes, memory_budget
 from methods.engine.call import Call
 from methods.engine.inputs import Tensors
-from methods.errors import InvalidArgumentError, InvalidTypeError
+from methods.errors import InvalidArgumentError, InvalidTypeError, ModelError
 
 #: For integer inputs nothing can be measured on CPU: assume a forward holds this many times
 #: the input's bytes (8-byte ids to 4 x 768-byte embeddings would be 384; then a few layers).
@@ -417,10 +417,10 @@ def evaluate_with_initial(
     made = _known_bytes(call, inputs)
     per_example = _known_per_example(call, inputs)
     spec = call.perturbations_per_eval
-    if made is None or per_example is None:
+    if made is None or (per_example is None and (spec == 1 or total == 0)):
         # Measure once (then cached) but still take the merged path below, so the first call
-        # batches exactly like later ones and returns bit-identical numbers; and learn whether
-        # the output grows with the batch before stacking perturbations (a forward that
+        # batches exactly like later ones and returns bit-identical numbers; the measuring
+        # forward also says whether the output grows with the batch (a forward that
         # aggregates the batch, or takes only its own rows, as a loss over the batch's labels,
         # is evaluated one perturbation per forward, whatever perturbations_per_eval says)
         ev, initial = start(call, inputs)
@@ -445,10 +445,23 @@ def evaluate_with_initial(
             raw = sub.target.select_rows(sub.forward(both))
     except torch.OutOfMemoryError:
         raw = None
+    except ModelError:
+        if per_example is not None:
+            raise  # it took stacked batches before: the model's own error
+        # unknown yet: a forward that takes only its own batch's rows (a loss closing over
+        # the batch's labels): the plain way, one perturbation per forward (a model that
+        # fails on its own batch too says so there)
+        ev, initial = start(call, inputs)
+        ev.per_example = False
+        _remember_per_example(call, inputs, False)
+        return ev, initial, ev.run(total, build)
     if raw is None or raw.dim() == 0 or int(raw.shape[0]) != (k + 1) * n:
         # The output does not grow with the batch (or memory ran out): the plain way.
         ev, initial = start(call, inputs)
+        if raw is not None:
+            _remember_per_example(call, inputs, ev.per_example)
         return ev, initial, ev.run(total, build)
+    _remember_per_example(call, inputs, True)
     initial, first = raw[:n], raw[n:]
     progress.expect(k)
     progress.done(k)

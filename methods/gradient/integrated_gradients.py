@@ -14,6 +14,7 @@ from pydantic import Field
 
 from methods.cost import CostShape
 from methods.engine.baselines import format_baselines
+from methods.engine.batching import memory_budget
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.path import (
@@ -163,13 +164,20 @@ def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) ->
     #: current rung (point j of N intervals is point 2j of 2N)
     kept: Tensors | None = None
     index: list[int] = []
+    point_bytes = sum(x.numel() * x.element_size() for x in xs)  # one point's gradients
     for n in ladder:
-        if method == "clenshaw_curtis":
+        if method == "clenshaw_curtis" and n * point_bytes > memory_budget():
+            # keeping every point's gradient would pass the memory budget: the rung whole,
+            # as Gauss-Legendre's ladder goes (nothing kept)
+            alphas, weights = rule_tensors(method, n, dtype, device)
+            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights)
+            kept, index, h = None, [], 1.0
+            evaluated += n
+        elif method == "clenshaw_curtis":
             alphas, weights = rule_tensors(method, n, dtype, device)
             index = [2 * j for j in index]
-            new = list(range(n)) if prev is None else list(range(1, n - 1, 2))
-            eye = torch.eye(len(new), dtype=dtype, device=device)
-            part, echo = path_gradient_sum(call, xs, bs, alphas[new], eye)
+            new = list(range(n)) if kept is None else list(range(1, n - 1, 2))
+            part, echo = path_gradient_sum(call, xs, bs, alphas[new], None)
             kept = (
                 part
                 if kept is None

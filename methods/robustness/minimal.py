@@ -87,8 +87,10 @@ def _check(perturbation: str, params: dict[str, Any]) -> dict[str, Any]:
     if p.get("loss", "nll") not in LOSSES:
         raise InvalidArgumentError(f"loss must be one of {list(LOSSES)}", argument="loss")
     for name in ("step_size", "lower_bound", "upper_bound"):
-        v = p.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        if name not in p or (name == "step_size" and p[name] is None):  # None: from the radius
+            continue
+        v = p[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise InvalidTypeError(f"{name} must be a number, got {v!r}", argument=name)
     check_bounds(p)
     if p.get("lower_bound", -math.inf) > p.get("upper_bound", math.inf):

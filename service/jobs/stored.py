@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from model_registry.spec import ModelSpec
+from model_registry.spec import TENSOR_KINDS, ModelSpec
 from service.core.work import WORK_TYPES, Work
 
 _ARRAY, _TUPLE, _DICT = "__array__", "__tuple__", "__dict__"
@@ -62,7 +62,10 @@ def _unpack(value: Any, arrays: dict[str, np.ndarray]) -> Any:
 def fingerprint(spec: ModelSpec) -> str:
     """What a stored job was validated against: the model's version, kind and inputs."""
     inputs = [(i.name, i.dtype, list(i.shape)) for i in spec.inputs]
-    return json.dumps([spec.version, spec.kind, spec.exported is not None, inputs])
+    # the kind as served: a Hugging Face classifier's task is a tensor model, as it was named
+    # when jobs stored before the tasks were kinds were validated
+    kind = "tensor" if spec.kind in TENSOR_KINDS else spec.kind
+    return json.dumps([spec.version, kind, spec.exported is not None, inputs])
 
 
 #: files written before the type was stored: the type their ``method`` field implies

@@ -188,7 +188,8 @@ class Group(Processes):
         """Admission bounds what matters: the requests waiting (``queue_size``), and for a
         request costing more than one piece, the compute queued before it (``max_backlog_s``:
         a cheap request goes first whatever waits, an expensive one waits for all the
-        cheaper work). A 429's Retry-After is when the backlog will have drained enough."""
+        cheaper work; on an idle server any request is admitted). A 429's Retry-After is when
+        the backlog will have drained to the limit."""
         backlog = self.backlog_ms()
         if self.queue_depth() >= self.settings.queue_size:
             self.telemetry.rejected.inc()
@@ -199,14 +200,14 @@ class Group(Processes):
         limit, rate = self.settings.max_backlog_s * 1e3, self.costs.rate(job)
         own = job.cost * rate if rate is not None else 0.0
         beyond_piece = own > self.settings.split_ms > 0
-        if limit and beyond_piece and backlog + own > limit:
+        if limit and beyond_piece and backlog > limit:
             self.telemetry.rejected.inc()
             raise QueueFull(
-                f"this request would compute for about {own / 1e3:.1f} s behind "
+                f"this request (about {own / 1e3:.1f} s of compute) would wait behind "
                 f"{backlog / 1e3:.1f} s of queued work, over this server's backlog limit of "
-                f"{limit / 1e3:g} s; retry later, send fewer examples or steps, or submit it "
-                f"as a job (POST /v1/models/{job.model_id}/attribution-jobs)",
-                headers=self._retry(backlog + own - limit),
+                f"{limit / 1e3:g} s; retry later, or submit it as a job (POST "
+                f"/v1/models/{job.model_id}/attribution-jobs)",
+                headers=self._retry(backlog - limit),
             )
 
     def status(self) -> list[dict[str, Any]]:

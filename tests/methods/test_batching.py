@@ -81,6 +81,9 @@ def test_examples_of_other_sizes_are_scaled_not_measured_again() -> None:
     assert measured_once(owner, ("len", 40), lambda: measure(7), (fam, 40))() == 4000
     assert measured_once(owner, ("len", 20), lambda: measure(7), (fam, 20))() == 1000
     assert measured == [1000]  # one pass for the family
+    assert measured_once(owner, ("len", 100), lambda: measure(6000), (fam, 100))() == 6000
+    assert measured == [1000, 6000]  # 5x the reference: measured, and the new reference
+    assert measured_once(owner, ("len", 50), lambda: measure(7), (fam, 50))() == 3000
     other = ("integrated_gradients", 2)
     assert measured_once(owner, ("img", 1), lambda: measure(9), (other, 5))() == 9
-    assert measured == [1000, 9]  # another family measures its own
+    assert measured == [1000, 6000, 9]  # another family measures its own

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -192,3 +194,23 @@ def test_auto_steps_cost_what_they_stop_at() -> None:
     gl = {"approximation_method": "gausslegendre", "delta_tolerance": 1e-3}
     gauss = methods.attribute(m, x, "integrated_gradients", target=1, n_steps="auto", **gl)
     assert gauss.params["n_steps_evaluated"] > gauss.params["n_steps"]
+
+
+def test_auto_steps_keep_no_more_points_than_the_memory_budget() -> None:
+    """Keeping every point's gradient would pass a tiny budget: each rung is computed whole
+    instead (as Gauss-Legendre's ladder is), with the same answer."""
+    torch.manual_seed(5)
+    m = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2)).double()
+    x = torch.rand(4, 64, dtype=torch.float64)
+    kw: dict[str, Any] = {"target": 1, "n_steps": "auto", "delta_tolerance": 1e-4}
+    kept = methods.attribute(m, x, "integrated_gradients", **kw)
+    old = methods.memory_budget()
+    try:
+        methods.set_memory_budget(4 * 64 * 8 * 4)  # four points' gradients
+        whole = methods.attribute(m, x, "integrated_gradients", **kw)
+    finally:
+        methods.set_memory_budget(old)
+    assert whole.params["n_steps"] == kept.params["n_steps"] > 5
+    assert kept.params["n_steps_evaluated"] == kept.params["n_steps"]
+    assert whole.params["n_steps_evaluated"] > whole.params["n_steps"]
+    torch.testing.assert_close(whole.attributions, kept.attributions, rtol=1e-9, atol=1e-12)

@@ -18,6 +18,8 @@ from service.core.settings import Settings
 from service.robustness.protocol import ATTACK_PARAMS, SEARCH_PARAMS
 
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
+#: a counterfactual search's own valid params
+SEARCH = {"arg_min": 0, "arg_max": 1, "arg_step": 0.25}
 #: what each method needs besides the field under test, on tabular-mlp
 NEEDS = {"layer": "fc2", "neuron_selector": 0, "sliding_window_shapes": [1]}
 
@@ -108,6 +110,11 @@ def test_a_value_out_of_range_is_a_422_naming_the_field(
             },
             "arg_min",
         ),
+        (
+            "counterfactuals",
+            {"perturbation": "fgsm", "params": {**SEARCH, "lower_bound": None}},
+            "lower_bound",
+        ),
     ],
 )
 def test_budgets_and_spreads_are_not_negative(
@@ -120,7 +127,6 @@ def test_budgets_and_spreads_are_not_negative(
 
 #: valid params of each attack and counterfactual search (tabular-mlp), and the schema that
 #: publishes their ranges
-SEARCH = {"arg_min": 0, "arg_max": 1, "arg_step": 0.25}
 PERTURBATIONS = [
     ("attacks", "method", "fgsm", {"epsilon": 0.1}, ATTACK_PARAMS),
     ("attacks", "method", "pgd", {"radius": 0.1, "step_size": 0.01, "step_num": 2}, ATTACK_PARAMS),

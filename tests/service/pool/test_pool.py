@@ -240,23 +240,21 @@ def test_a_split_request_counts_once_against_the_queue() -> None:
 
 
 async def _backlog() -> None:
-    p, conn = pool(max_backlog_s=1.0, retry_after_s=0)
+    p, conn = pool(max_backlog_s=0.5, retry_after_s=0)
     p.costs.rates["m", "saliency"] = 1.0
-    p.submit(rows_job(1, 10, 40))  # 400 ms: 80 ms computing, 320 ms queued
-    p.submit(rows_job(2, 10, 40))  # 320 + 400 <= 1000: admitted
-    assert p.backlog_ms() == 720.0
+    huge = p.submit(rows_job(1, 10, 400))  # 4 s on an idle server: admitted, split
+    assert len(huge.parts) == 10 and p.backlog_ms() == 3600.0  # 9 pieces of 400 ms wait
+    p.cancel(huge)  # its piece computing is told to stop; the rest leave the queue
+    p.submit(rows_job(2, 10, 40))  # 400 ms, all queued behind the stopping piece
+    p.submit(rows_job(3, 10, 40))  # 400 ms queued, under 500: admitted
+    assert p.backlog_ms() == 800.0
     with pytest.raises(QueueFull) as refused:
-        p.submit(rows_job(3, 10, 40))  # 720 + 400 > 1000
-    assert refused.value.headers == {"Retry-After": "1"}
-    assert (
-        "backlog limit of 1 s" in refused.value.detail
-        and "attribution-jobs" in refused.value.detail
-    )
-    with pytest.raises(QueueFull) as much:
-        p.submit(rows_job(4, 10, 400))  # 4 s of its own: retry once 3.72 s have drained
-    assert much.value.headers == {"Retry-After": "4"}
+        p.submit(rows_job(4, 10, 40))  # 800 ms queued, over 500
+    assert refused.value.headers == {"Retry-After": "1"}  # 300 ms, rounded up
+    assert "backlog limit of 0.5 s" in refused.value.detail
+    assert "attribution-jobs" in refused.value.detail
     cheap = p.submit(job(5, key=None))  # cheap work is never refused by the backlog
-    answer(p, conn.sent[0])
+    answer(p, conn.sent[-1])
     assert [j.id for j in conn.sent[-1].jobs] == [5] and not cheap.future.done()
     answer(p, conn.sent[-1])
     assert cheap.future.done()
