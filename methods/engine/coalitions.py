@@ -16,7 +16,8 @@ from torch import Tensor
 
 from methods.cancel import checkpoint
 from methods.engine.inputs import Tensors
-from methods.engine.perturb import Evaluator, FeatureMasks, coalition_inputs
+from methods.engine.masks import FeatureMasks, coalition_inputs
+from methods.engine.perturb import Evaluator
 
 #: exact Shapley values evaluate all 2**F coalitions; beyond this many features, refuse
 MAX_EXACT_FEATURES = 16

@@ -16,7 +16,8 @@ from methods.engine import coalitions
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
-from methods.engine.perturb import Evaluator, FeatureMasks, echo, format_feature_mask, spread, start
+from methods.engine.masks import FeatureMasks, format_feature_mask, spread
+from methods.engine.perturb import Evaluator, echo, start
 from methods.errors import InvalidArgumentError
 
 

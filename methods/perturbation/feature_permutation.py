@@ -16,13 +16,8 @@ from torch import Tensor
 from methods.cost import per_feature_cost
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
-from methods.engine.perturb import (
-    drop_one_inputs,
-    echo,
-    evaluate_with_initial,
-    format_feature_mask,
-    spread,
-)
+from methods.engine.masks import drop_one_inputs, format_feature_mask, spread
+from methods.engine.perturb import echo, evaluate_with_initial
 from methods.params import FeatureMaskParams
 from methods.registry import register
 

@@ -15,7 +15,8 @@ from methods.cost import n_features
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
 from methods.engine.coalitions import credit_permutations, evaluate, permutation_prefixes
-from methods.engine.perturb import echo, format_feature_mask, spread, start
+from methods.engine.masks import format_feature_mask, spread
+from methods.engine.perturb import echo, start
 from methods.perturbation.shapley_values import ShapleyValuesParams, working_dtype
 from methods.registry import register
 

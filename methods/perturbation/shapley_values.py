@@ -18,7 +18,8 @@ from methods.engine.coalitions import (
     evaluate,
     exact_shapley_matrix,
 )
-from methods.engine.perturb import echo, format_feature_mask, spread, start
+from methods.engine.masks import format_feature_mask, spread
+from methods.engine.perturb import echo, start
 from methods.errors import InvalidArgumentError
 from methods.params import FeatureMaskParams
 from methods.registry import register

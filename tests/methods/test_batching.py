@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from methods.engine import batching, perturb, quadrature
+from methods.engine import batching, masks, quadrature
 from methods.engine.batching import measured_once, run_chunks
 
 
@@ -60,9 +60,9 @@ def test_measurements_per_model_are_bounded() -> None:
 def test_engine_caches_are_bounded_by_count() -> None:
     assert quadrature.rule.cache_info().maxsize == quadrature.RULE_CACHE_SIZE
     assert quadrature.rule_tensors.cache_info().maxsize == quadrature.RULE_CACHE_SIZE
-    for i in range(perturb._CACHE_SIZE + 5):
-        perturb.format_feature_mask(None, (torch.zeros(1, i + 1),), "feature_ablation")
-    assert len(perturb._default_masks) <= perturb._CACHE_SIZE
+    for i in range(masks.CACHE_SIZE + 5):
+        masks.format_feature_mask(None, (torch.zeros(1, i + 1),), "feature_ablation")
+    assert len(masks._default_masks) <= masks.CACHE_SIZE
 
 
 def test_examples_of_other_sizes_are_scaled_not_measured_again() -> None:
