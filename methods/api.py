@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -9,6 +11,7 @@ import torch
 
 from methods import registry
 from methods.engine import layers
+from methods.engine import precision as precision_
 from methods.engine.batching import check_batch_size
 from methods.engine.call import Call, Output, Result
 from methods.engine.guard import is_torchscript, model_guard
@@ -41,6 +44,8 @@ def attribute(
     seed: int | None = None,
     return_convergence_delta: bool = False,
     progress: bool = False,
+    precision: str | None = None,
+    verify: bool = False,
     **params: Any,
 ) -> Result:
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
@@ -51,6 +56,12 @@ def attribute(
     parameter check (which names its spelling here, ``approximation_method``) instead of
     clashing with them. ``progress=True`` shows a tqdm bar on stderr over the model
     evaluations (Captum's ``show_progress``).
+
+    ``precision`` (``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``; unset: the
+    model's own dtype) runs the model's forward and backward in that dtype with the engine's
+    sums in float32 (``methods.engine.precision``); the result's ``fidelity`` says what it
+    cost, and with ``verify=True`` compares with the float32 answer, which replaces an answer
+    out of tolerance.
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)
@@ -86,26 +97,105 @@ def attribute(
         raise InvalidTypeError(f"seed must be an int or None, got {seed!r}", argument="seed")
     if not isinstance(progress, bool):
         raise InvalidTypeError(f"progress must be a bool, got {progress!r}", argument="progress")
-    generator = _generator(seed, xs[0].device)
+    prec = precision_.check_precision(precision)
+    if not isinstance(verify, bool):
+        raise InvalidTypeError(f"verify must be a bool, got {verify!r}", argument="verify")
     upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
     ppe = check_batch_size(perturbations_per_eval, "perturbations_per_eval")
     if sparse:  # inputs that are not per example go whole into every forward: one each
         ppe = 1
-    forward = Forward(model, format_args(additional_forward_args))
+    args = format_args(additional_forward_args)
     call = Call(
         method=method,
         model=model,
-        forward=forward,
+        forward=Forward(model, args),
         inputs=xs,
         target=make_target(target, xs[0].shape[0]),
         baselines=baselines,
         internal_batch_size=check_batch_size(internal_batch_size, "internal_batch_size"),
         perturbations_per_eval=ppe,
-        generator=generator,
+        generator=_generator(seed, xs[0].device),
         return_delta=bool(return_convergence_delta),
     )
+    own = precision_.model_dtype(model)
+    if prec is None or (prec != "auto" and precision_.DTYPES[prec] == own and not verify):
+        with show_progress(progress, method):
+            return _attribute(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+    if seed is None and (spec.stochastic or noise_tunnel is not None):
+        seed = int(torch.randint(0, 2**31 - 1, ()))  # the same samples in every precision
+
+    def run_in(name: str) -> Result:
+        """The attribution with the model in ``name``, with its delta where it has one."""
+        dtype = precision_.DTYPES[name]
+        m = model if dtype == own else precision_.twin(model, dtype)
+        fn = m if dtype == own else precision_.Cast(m, dtype)
+        in_call = call.replace(
+            model=m,
+            forward=Forward(fn, args),
+            generator=_generator(seed, xs[0].device),
+            return_delta=spec.returns_delta,
+        )
+        return _attribute(spec, in_call, p, noise_tunnel, as_tuple, upsample, seed)
+
     with show_progress(progress, method):
-        return _attribute(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+        result = _in_precision(model, spec, prec, run_in, xs, verify)
+    if not return_convergence_delta:
+        result = dataclasses.replace(result, convergence_delta=None)
+    return result
+
+
+def _in_precision(
+    model: Any,
+    spec: registry.MethodSpec,
+    prec: str,
+    run_in: Callable[[str], Result],
+    xs: tuple[torch.Tensor, ...],
+    verify: bool,
+) -> Result:
+    """``run_in`` in ``prec`` (``auto``: the precision the model's probe kept), with what the
+    precision cost; verified against float32 when asked, and replaced by it when out of
+    tolerance."""
+    chosen = None
+    if prec == "auto":
+        key = (spec.name, tuple((x.dim(), x.dtype, x.device) for x in xs))
+        known = precision_.known_probe(model, key)
+        if known is None:  # the first call of its kind: measure every precision on it
+            found, answers = precision_.probe(model, key, xs[0].device, run_in)
+            result, ref = answers[found.precision], answers["float32"]
+            rel, agree, k = precision_.compare(result.attributions, ref.attributions)
+            fid = precision_.Fidelity(
+                found.precision, _delta_ratio(result), rel, agree, k, verified=True,
+                chosen=found.reason(),
+            )  # fmt: skip
+            return dataclasses.replace(result, fidelity=fid)
+        prec, chosen = known.precision, known.reason()
+    result = run_in(prec)
+    fid = precision_.Fidelity(prec, _delta_ratio(result), chosen=chosen)
+    if verify:
+        ref = run_in("float32")
+        rel, agree, k = precision_.compare(result.attributions, ref.attributions)
+        fid = dataclasses.replace(
+            fid, relative_l2=rel, top_k_agreement=agree, top_k=k, verified=True
+        )
+        if not fid.ok:
+            result, fid = ref, dataclasses.replace(fid, rerun_in_float32=True)
+    return dataclasses.replace(result, fidelity=fid)
+
+
+def _delta_ratio(result: Result) -> float | None:
+    """|delta| over the output gap, the gap read back from the attributions' sums."""
+    delta = result.convergence_delta
+    if delta is None:
+        return None
+    attrs = result.attributions
+    if isinstance(delta, list):  # several layers: the first one's
+        delta, attrs = delta[0], attrs[0]
+    tensors = precision_.flat(attrs)
+    n = delta.shape[0]
+    if not tensors or any(t.dim() == 0 or t.shape[0] != n for t in tensors):
+        return None  # a delta per sample (gradient_shap, noise tunnels): no gap to read back
+    total = sum(t.detach().double().reshape(n, -1).sum(1) for t in tensors)
+    return precision_.delta_ratio(delta, total - delta.detach().double())
 
 
 def _attribute(

@@ -108,3 +108,5 @@ class Result:
     #: every effective parameter: defaults, chosen batch sizes, steps used
     params: dict[str, Any]
     method: str
+    #: with a ``precision``: what it cost (``methods.engine.precision.Fidelity``)
+    fidelity: Any = None

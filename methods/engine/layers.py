@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from methods.engine.inputs import Forward, Tensors
+from methods.engine.precision import working_dtype
 from methods.engine.targets import Target
 from methods.errors import (
     AttributionError,
@@ -265,9 +266,17 @@ def tap(
                         "every tensor of the layer to carry the batch",
                         argument="layer",
                     )
+        # a model run in a low dtype (precision) hands the engine float32 and takes back its own
+        low = working_dtype()
+        own = None
+        if low is not None and any(v.dtype == low for v in tensors):
+            own = tuple(v.dtype for v in tensors)
+            tensors = tuple(v.float() if v.dtype == low else v for v in tensors)
         new = t._new(tensors)
         if t.stop:
             raise _Stop("layer reached")
+        if own is not None:  # even when reading: the gradient must pass the float32 values
+            new = tuple(v.to(d) for v, d in zip(tensors if new is None else new, own, strict=True))
         if new is None:
             return None
         return rebuild(tuple(v.transpose(0, 1) if d else v for v, d in zip(new, dims, strict=True)))

@@ -1,11 +1,12 @@
 """Batched, forward-only evaluation of perturbed inputs (the perturbation methods' engine).
 
 Perturbation methods describe *what* to evaluate as data: a boolean matrix saying, per
-perturbation and feature, whether the feature keeps its input value (``masks.coalition_inputs``), or a
-list of boxes (occlusion). This module evaluates those perturbations as a few large forwards
-under ``no_grad``: ``Evaluator.run`` asks the method for one chunk of perturbations at a time,
-each built as one tensor of ``k * N`` rows, and sizes ``k`` from ``perturbations_per_eval``
-(an int, or ``"auto"``/``None``: as many as the memory budget allows).
+perturbation and feature, whether the feature keeps its input value
+(``masks.coalition_inputs``), or a list of boxes (occlusion). This module evaluates those
+perturbations as a few large forwards under ``no_grad``: ``Evaluator.run`` asks the method for
+one chunk of perturbations at a time, each built as one tensor of ``k * N`` rows, and sizes
+``k`` from ``perturbations_per_eval`` (an int, or ``"auto"``/``None``: as many as the memory
+budget allows).
 """
 
 from __future__ import annotations

@@ -1,0 +1,300 @@
+"""Precision: the model's forward and backward in a low dtype, the engine's sums in float32.
+
+``precision="bfloat16"`` (or ``"float16"``, or ``"float32"`` for a model kept in a 16-bit
+dtype) runs the model as a copy cast to that dtype, made once per model and dtype and kept
+while the model's parameters are unchanged (``twin``). Everything the engine computes itself
+stays in float32: floating inputs are cast on the way into the copy and its output back on
+the way out (``Cast``), and a tapped layer hands the engine float32 values and takes them back
+in the layer's dtype (``boundary``), so path points, baselines differences, quadrature weights
+and the sums over steps never round to 8 bits. The whole forward and backward run in one
+dtype: no per-op casts as under ``torch.autocast``, which is what lets bfloat16 reach the
+matrix units.
+
+Low precision is a speed lever with a price in accuracy that depends on the model (small on
+transformers, large on deep ReLU conv nets), so every low-precision answer says what it cost
+(``Fidelity``): the convergence delta relative to the output gap where the method has one,
+and with ``verify`` the float32 answer's relative L2 distance and top-k agreement. An answer
+whose verification fails the tolerance is replaced by the float32 one, and says so.
+``precision="auto"`` measures once per model, method and input family (``Probe``) and keeps
+the fastest precision whose answer passed.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from methods.errors import InvalidArgumentError, UnsupportedModelError
+
+#: what ``precision`` accepts
+PRECISIONS = ("float32", "bfloat16", "float16", "auto")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the largest relative L2 distance from the float32 answer a low-precision answer may have
+TOLERANCE = 0.05
+#: how many of an example's largest |attributions| the top-k agreement compares
+TOP_K = 10
+#: ``auto`` keeps a low precision only when it is at least this much faster than float32
+SPEED_UP = 1.2
+
+
+def check_precision(value: Any) -> str | None:
+    """``value`` as a precision name, or None (the model's own dtype)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in PRECISIONS:
+        raise InvalidArgumentError(
+            f"precision must be one of {list(PRECISIONS)} or null, got {value!r}",
+            argument="precision",
+        )
+    return value
+
+
+def model_dtype(model: Any) -> torch.dtype:
+    """The dtype of the model's floating parameters (float32 when it has none)."""
+    if isinstance(model, nn.Module):
+        for p in model.parameters():
+            if p.is_floating_point():
+                return p.dtype
+    return torch.float32
+
+
+# -- the low-precision copy -----------------------------------------------------------------
+
+
+def _fingerprint(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Changes when a parameter or buffer is replaced or written in place."""
+    return tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+
+
+_TWINS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, tuple[Any, nn.Module]]] = (
+    weakref.WeakKeyDictionary()
+)
+_LOCK = threading.Lock()
+
+
+def twin(model: Any, dtype: torch.dtype) -> nn.Module:
+    """A copy of ``model`` cast to ``dtype``, made once per model and dtype and made again
+    when the model's weights change; the caller's model is never touched."""
+    if isinstance(model, torch.export.ExportedProgram) or not isinstance(model, nn.Module):
+        raise UnsupportedModelError(
+            f"precision casts a copy of the model, so the model must be a torch.nn.Module, got "
+            f"{type(model).__name__}; leave precision unset for this model",
+            argument="precision",
+        )
+    print_ = _fingerprint(model)
+    with _LOCK:
+        found = _TWINS.setdefault(model, {}).get(dtype)
+        if found is not None and found[0] == print_:
+            return found[1]
+        copied = copy.deepcopy(model).to(dtype=dtype)
+        _TWINS[model][dtype] = (print_, copied)
+        return copied
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype) for k, v in value.items()}
+    return value
+
+
+class Cast:
+    """``model`` run in ``dtype``: floating arguments cast in, a floating output cast back to
+    float32 (differentiably, so gradients reach float32 inputs in float32)."""
+
+    __slots__ = ("dtype", "model")
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        self.model, self.dtype = model, dtype
+
+    def __call__(self, *args: Any) -> Any:
+        with boundary(self.dtype):
+            out = self.model(*_cast(args, self.dtype))
+        if isinstance(out, Tensor) and out.is_floating_point() and out.dtype != torch.float32:
+            return out.float()
+        return out
+
+
+#: the dtype a model runs in under ``Cast`` (layer taps convert at this boundary)
+_working: ContextVar[torch.dtype | None] = ContextVar("working_dtype", default=None)
+
+
+@contextmanager
+def boundary(dtype: torch.dtype) -> Iterator[None]:
+    token = _working.set(dtype)
+    try:
+        yield
+    finally:
+        _working.reset(token)
+
+
+def working_dtype() -> torch.dtype | None:
+    """The low dtype the model is running in, inside ``Cast``; None otherwise."""
+    return _working.get()
+
+
+# -- what the precision cost ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """What computing in ``precision`` cost, against float32 where it was measured."""
+
+    precision: str
+    #: max over examples of |convergence delta| / |f(x) - f(baseline)|, where the method has one
+    delta_ratio: float | None = None
+    #: ||a - a_float32|| / ||a_float32|| over every attribution (when verified)
+    relative_l2: float | None = None
+    #: mean share of each example's top-k |attributions| that the float32 answer shares
+    top_k_agreement: float | None = None
+    top_k: int | None = None
+    tolerance: float = TOLERANCE
+    verified: bool = False
+    #: the low-precision answer failed verification and the float32 answer was returned
+    rerun_in_float32: bool = False
+    #: for ``auto``: why this precision was kept
+    chosen: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.relative_l2 is None or self.relative_l2 <= self.tolerance
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def flat(value: Any) -> list[Tensor]:
+    """The tensors of an attribution value (a tensor, tuples, or a list of layers' values)."""
+    if isinstance(value, Tensor):
+        return [value]
+    out: list[Tensor] = []
+    for v in value or ():
+        out.extend(flat(v))
+    return out
+
+
+def compare(got: Any, ref: Any) -> tuple[float, float, int]:
+    """Relative L2 distance of ``got`` from ``ref``, their mean top-k agreement per example,
+    and the k used."""
+    a, r = flat(got), flat(ref)
+    num = sum(float((x.double() - y.double()).pow(2).sum()) for x, y in zip(a, r, strict=True))
+    den = sum(float(y.double().pow(2).sum()) for y in r)
+    rel = (num**0.5) / (den**0.5) if den > 0 else (0.0 if num == 0 else float("inf"))
+    n = r[0].shape[0] if r and r[0].dim() else 1
+    rows_a = torch.cat([x.detach().reshape(n, -1).double() for x in a], dim=1).abs()
+    rows_r = torch.cat([y.detach().reshape(n, -1).double() for y in r], dim=1).abs()
+    k = min(TOP_K, rows_r.shape[1])
+    if k == 0:
+        return rel, 1.0, 0
+    top_a = rows_a.topk(k, dim=1).indices
+    top_r = rows_r.topk(k, dim=1).indices
+    shared = [
+        len(set(ta.tolist()) & set(tr.tolist())) / k for ta, tr in zip(top_a, top_r, strict=True)
+    ]
+    return rel, sum(shared) / len(shared), k
+
+
+def delta_ratio(delta: Any, gap: Tensor | None) -> float | None:
+    """max |delta| / |f(x) - f(b)| over examples (a zero gap counts its delta as is)."""
+    if gap is None or delta is None:
+        return None
+    deltas = flat(delta)
+    worst = 0.0
+    g = gap.detach().double().abs().reshape(-1)
+    for d in deltas:
+        d = d.detach().double().abs().reshape(-1)
+        if d.shape != g.shape:
+            return None
+        worst = max(worst, float((d / torch.where(g > 0, g, torch.ones_like(g))).max()))
+    return worst
+
+
+# -- auto -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """``auto``'s measurement for one model, method and input family."""
+
+    precision: str
+    seconds: dict[str, float]
+    relative_l2: dict[str, float]
+
+    def reason(self) -> str:
+        f32 = self.seconds["float32"]
+        parts = [
+            f"{p}: {f32 / s:.2f}x float32's speed, relative L2 {self.relative_l2[p]:.2g}"
+            for p, s in self.seconds.items()
+            if p != "float32"
+        ]
+        return f"kept {self.precision} ({'; '.join(parts) or 'no lower precision to try'})"
+
+
+_PROBES: weakref.WeakKeyDictionary[nn.Module, dict[Any, Probe]] = weakref.WeakKeyDictionary()
+
+
+def candidates(device: torch.device) -> list[str]:
+    """Low precisions worth trying on ``device``: bfloat16 on CPUs and GPUs that support it,
+    float16 on GPUs."""
+    if device.type == "cuda":
+        low = ["bfloat16"] if torch.cuda.is_bf16_supported() else []
+        return [*low, "float16"]
+    if device.type == "cpu":
+        return ["bfloat16"]
+    return []
+
+
+def known_probe(model: Any, key: Any) -> Probe | None:
+    if not isinstance(model, nn.Module):
+        return None
+    with _LOCK:
+        return _PROBES.get(model, {}).get(key)
+
+
+def probe(
+    model: nn.Module,
+    key: Any,
+    device: torch.device,
+    run: Callable[[str], Any],
+    tolerance: float = TOLERANCE,
+) -> tuple[Probe, dict[str, Any]]:
+    """Run ``run(precision)`` in float32 and in each candidate precision (twice, the first a
+    warm-up), keep the fastest whose answer is within ``tolerance`` of float32's, and
+    remember the choice for ``key``. Returns the probe and every answer by precision."""
+    answers: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    rel: dict[str, float] = {}
+    start = time.perf_counter()
+    answers["float32"] = run("float32")
+    seconds["float32"] = time.perf_counter() - start
+    ref = answers["float32"].attributions
+    chosen = "float32"
+    for p in candidates(device):
+        try:
+            run(p)  # warm-up: the copy, kernels' first-call set-up
+            start = time.perf_counter()
+            answers[p] = run(p)
+            seconds[p] = time.perf_counter() - start
+        except (RuntimeError, NotImplementedError):  # an op without a kernel in p
+            continue
+        rel[p] = compare(answers[p].attributions, ref)[0]
+        fast = seconds[p] * SPEED_UP <= seconds[chosen]
+        if rel[p] <= tolerance and fast:
+            chosen = p
+    found = Probe(chosen, seconds, rel)
+    with _LOCK:
+        _PROBES.setdefault(model, {})[key] = found
+    return found, answers

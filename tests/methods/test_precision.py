@@ -1,0 +1,137 @@
+"""precision: the model in a low dtype, the engine's sums in float32, the cost reported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import methods
+from methods.engine import precision
+from methods.errors import InvalidArgumentError, UnsupportedModelError
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    layers = [nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 3)]
+    return nn.Sequential(*layers).eval()
+
+
+class Shifted(nn.Module):
+    """f(x) = w.(x + 256) - 256 sum(w): exact in float32, x rounded to 2s in bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 2, bias=False)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.linspace(-1, 1, 16).reshape(2, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x + 256.0) - self.lin(torch.full_like(x, 256.0))
+
+
+class Tokens(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = nn.Embedding(50, 16)
+        self.enc = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(self.emb(ids)).mean(1))
+
+
+def test_bfloat16_runs_the_model_in_bfloat16_and_answers_float32() -> None:
+    model, x = mlp(), torch.rand(4, 16)
+    seen: list[torch.dtype] = []
+    r = methods.attribute(model, x, "integrated_gradients", target=1, n_steps=16,
+                          precision="bfloat16", verify=True)  # fmt: skip
+    ref = methods.attribute(model, x, "integrated_gradients", target=1, n_steps=16)
+    assert r.attributions.dtype == torch.float32
+    f = r.fidelity
+    assert f.precision == "bfloat16" and f.verified and not f.rerun_in_float32
+    assert f.relative_l2 == pytest.approx(precision.compare(r.attributions, ref.attributions)[0])
+    assert 0 < f.relative_l2 < 0.05 and f.top_k_agreement >= 0.9 and f.delta_ratio is not None
+    # the copy really ran in bfloat16
+    copy = precision.twin(model, torch.bfloat16)
+    copy[0].register_forward_hook(lambda m, a, o: seen.append(o.dtype))
+    methods.attribute(model, x, "saliency", target=0, precision="bfloat16")
+    assert seen == [torch.bfloat16]
+    # the caller's model is as it was
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in model.parameters())
+    assert not model[0]._forward_hooks
+
+
+def test_the_copy_is_made_once_and_again_when_the_weights_change() -> None:
+    model = mlp()
+    a = precision.twin(model, torch.bfloat16)
+    assert precision.twin(model, torch.bfloat16) is a
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    b = precision.twin(model, torch.bfloat16)
+    assert b is not a
+    assert torch.equal(b[0].weight, model[0].weight.to(torch.bfloat16))
+
+
+def test_an_answer_out_of_tolerance_is_replaced_by_float32() -> None:
+    model, x = Shifted(), torch.rand(3, 8)
+    ref = methods.attribute(model, x, "feature_ablation", target=1)
+    low = methods.attribute(model, x, "feature_ablation", target=1, precision="bfloat16")
+    assert low.fidelity.relative_l2 is None  # not verified: reported as computed
+    assert precision.compare(low.attributions, ref.attributions)[0] > 0.05
+    r = methods.attribute(model, x, "feature_ablation", target=1, precision="bfloat16",
+                          verify=True)  # fmt: skip
+    assert r.fidelity.rerun_in_float32 and r.fidelity.relative_l2 > 0.05
+    torch.testing.assert_close(r.attributions, ref.attributions)
+
+
+def test_layer_methods_sum_in_float32_on_token_models() -> None:
+    model, ids = Tokens().eval(), torch.randint(1, 50, (2, 7))
+    kw = dict(layer="emb", target=1, n_steps=20, baselines=torch.zeros_like(ids))
+    ref = methods.attribute(model, ids, "layer_integrated_gradients", **kw,
+                            return_convergence_delta=True)  # fmt: skip
+    r = methods.attribute(model, ids, "layer_integrated_gradients", **kw, precision="bfloat16",
+                          verify=True, return_convergence_delta=True)  # fmt: skip
+    assert r.attributions.dtype == torch.float32 == r.convergence_delta.dtype
+    assert r.fidelity.relative_l2 < 0.05
+    assert r.attributions.shape == ref.attributions.shape
+    # a read tap (gradient x activation) still gets its gradient through the float32 values
+    g = methods.attribute(model, ids, "layer_gradient_x_activation", layer="enc", target=0,
+                          precision="bfloat16", verify=True)  # fmt: skip
+    assert g.fidelity.relative_l2 < 0.05
+
+
+def test_auto_measures_once_and_keeps_its_choice() -> None:
+    model, x = mlp(), torch.rand(2, 16)
+    first = methods.attribute(model, x, "saliency", target=0, precision="auto")
+    f = first.fidelity
+    assert f.verified and f.chosen.startswith(f"kept {f.precision}") and "bfloat16" in f.chosen
+    second = methods.attribute(model, torch.rand(5, 16), "saliency", target=0, precision="auto")
+    assert second.fidelity.precision == f.precision and second.fidelity.chosen == f.chosen
+    assert not second.fidelity.verified
+
+
+def test_stochastic_methods_draw_the_same_samples_in_both_precisions() -> None:
+    model, x = mlp(), torch.rand(2, 16)
+    r = methods.attribute(model, x, "gradient_shap", baselines=torch.zeros(4, 16), target=0,
+                          n_samples=8, precision="bfloat16", verify=True)  # fmt: skip
+    assert r.fidelity.relative_l2 < 0.05
+
+
+def test_float32_on_a_bfloat16_model() -> None:
+    model = mlp().to(torch.bfloat16)
+    x = torch.rand(2, 16)
+    r = methods.attribute(model, x, "saliency", target=0, precision="float32")
+    exact = methods.attribute(model.float(), x, "saliency", target=0)
+    torch.testing.assert_close(r.attributions, exact.attributions)
+
+
+def test_bad_precision_values_are_named() -> None:
+    with pytest.raises(InvalidArgumentError, match="precision must be one of") as e:
+        methods.attribute(mlp(), torch.rand(1, 16), "saliency", target=0, precision="fp8")
+    assert e.value.argument == "precision"
+    with pytest.raises(UnsupportedModelError, match=r"nn\.Module") as e:
+        methods.attribute(lambda x: x.sum(1), torch.rand(1, 16), "saliency",
+                          precision="bfloat16")  # fmt: skip
+    assert e.value.argument == "precision"
