@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from methods.engine.precision import PRECISIONS
 from methods.generation.features import encode
 from model_registry.checks import check_dtype, check_forward, check_layers
 from model_registry.errors import RegistryError
@@ -130,7 +131,7 @@ def explain(table: Table) -> ExplainSpec | None:
 
 
 def runtime(table: Table) -> dict[str, Any]:
-    """``compile``, ``compile_mode`` and ``verify_device``."""
+    """``compile``, ``compile_mode``, ``verify_device`` and ``precision``."""
     compiled = table.flag("compile", False)
     if "compile_mode" in table and not compiled:
         table.fail("compile_mode", "takes effect with compile = true; add it, or remove this")
@@ -141,6 +142,7 @@ def runtime(table: Table) -> dict[str, Any]:
         "compile": compiled,
         "compile_mode": table.choice("compile_mode", COMPILE_MODES, "default"),
         "verify_device": verify,
+        "precision": table.choice("precision", PRECISIONS, "") if "precision" in table else None,
     }
 
 
@@ -191,6 +193,8 @@ NOT_FOR_LM: Mapping[str, str] = MappingProxyType(
 
 def _causal_lm_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
     table.refuse(NOT_FOR_LM)
+    if "precision" in table:
+        table.fail("precision", "generation runs in the model's dtype; set dtype instead")
     return ModelSpec(
         **table.common(description=base.description if base else ""),
         dtype=table.choice("dtype", MODEL_DTYPES, base.dtype if base else "float32"),

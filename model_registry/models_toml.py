@@ -55,6 +55,7 @@ MODEL_KEYS = (
     "compile",
     "compile_mode",
     "verify_device",
+    "precision",
     "group",
     "workers",
     "influence",

@@ -128,6 +128,9 @@ class ModelSpec:
     #: models.toml ``verify_device``: a probe attribution compared at load with a float64 CPU
     #: copy; None: on for devices other than the CPU and for float16/bfloat16 models
     verify_device: bool | None = None
+    #: models.toml ``precision``: the default of attribution requests' ``precision`` (None:
+    #: the model's dtype; ``methods.engine.precision``)
+    precision: str | None = None
     #: ``attribution-export:`` sources: the attribution the file computes (its only method)
     exported: ExportedStep | None = None
     #: models.toml ``group``: the worker group that serves the model (None: its own, named by

@@ -52,6 +52,8 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         compiled=bool(got.get("compiled", False)),
         compile_error=got.get("compile_error"),
         verification=got.get("verification"),
+        precision=got.get("precision")
+        or (None if spec.precision is None else {"default": spec.precision}),
         not_ready_reason=None if ready else state["reason"],
         kind=spec.kind,
     )

@@ -131,6 +131,13 @@ class Settings(BaseModel):
     perturbations_per_eval: BatchSize = Field(
         default="auto", description="default perturbations_per_eval (models may override)"
     )
+    verify_share: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="share of attributions computed in a low precision that are also "
+        "computed in float32 and compared (fidelity); an answer out of tolerance is replaced",
+    )
     max_internal_batch_size: int = Field(
         default=4096, ge=1, description="cap on internal_batch_size"
     )

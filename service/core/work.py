@@ -182,8 +182,11 @@ class Attribution(Work):
     post_abs: bool = False
     #: also return the model's whole output per example (KServe/OIP explain)
     predictions: bool = False
-    #: also compare with the model's float64 CPU copy (never merged)
+    #: also compare with the model's float64 CPU copy, or with a low ``precision`` with the
+    #: float32 answer (never merged)
     verify: bool = False
+    #: the dtype the model runs in (``methods.engine.precision``); None: the model's own
+    precision: str | None = None
     #: explanation metrics to compute after the attributions (``methods.evaluation.
     #: parse_metrics``' form: every metric asked for with all its parameters); None: none
     metrics: dict[str, dict[str, Any]] | None = None
@@ -237,6 +240,26 @@ class Batch:
     threads: int = 1
 
 
+def worst(fidelities: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The fidelity of a reply joined from pieces: each figure at its worst over the pieces
+    (largest errors, smallest agreement), verified only if every piece was."""
+    given = [f for f in fidelities if f is not None]
+    if not given:
+        return None
+    out = dict(given[0])
+    for f in given[1:]:
+        for key in ("delta_ratio", "relative_l2"):
+            values = [v for v in (out.get(key), f.get(key)) if v is not None]
+            out[key] = max(values) if values else None
+        agree = [v for v in (out.get("top_k_agreement"), f.get("top_k_agreement")) if v is not None]
+        out["top_k_agreement"] = min(agree) if agree else None
+        out["verified"] = bool(out.get("verified")) and bool(f.get("verified"))
+        out["rerun_in_float32"] = bool(out.get("rerun_in_float32")) or bool(
+            f.get("rerun_in_float32")
+        )
+    return out
+
+
 @dataclass
 class Reply:
     """A piece of work's answer; ``error`` is ``ServiceError.to_data()`` when it failed."""
@@ -261,6 +284,8 @@ class Reply:
     generation: dict[str, Any] | None = None
     #: ``Attribution.verify``: ``methods.verify``'s figures (``Verification.as_dict``)
     verification: dict[str, Any] | None = None
+    #: ``Attribution.precision``: what it cost (``Fidelity.as_dict``; pieces: the worst)
+    fidelity: dict[str, Any] | None = None
     #: a study's answer as plain data (TCAV's score rows, influence's indices and scores)
     study: dict[str, Any] | None = None
     #: the metrics asked for (``Attribution.metrics``): numpy arrays, curves as

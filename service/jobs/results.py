@@ -45,6 +45,7 @@ def chunk_arrays(reply: Reply, job: Work) -> dict[str, np.ndarray]:
         "params": reply.params,
         "compute_ms": reply.compute_ms,
         "study": reply.study,
+        "fidelity": reply.fidelity,
         **job.job_meta(reply),
     }
     out["meta"] = np.array(json.dumps(meta, default=_jsonable))

@@ -38,7 +38,7 @@ from service.core.errors import (
 from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Reply, Work, new_id
+from service.core.work import Reply, Work, new_id, worst
 from service.jobs.results import ANSWERS, Finished, chunk_arrays, concat, merged, studies
 from service.jobs.store import JobRow, JobStore
 from service.jobs.stored import dumps, fingerprint, loads
@@ -409,6 +409,7 @@ class JobRunner:
             params=first.get("params", {}),
             predictions=joined("predictions"),
             study=studies(metas),
+            fidelity=worst([m.get("fidelity") for m in metas]),
         )
         started = row.started_at if row.started_at is not None else row.created_at
         finished = row.finished_at if row.finished_at is not None else started

@@ -6,6 +6,7 @@ kinds answer the same way with them."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,12 @@ class AttributionRules:
     ) -> MethodParams:
         """The params the work runs with (a kind with fixed params checks them here)."""
         return p
+
+    def precision(self, spec: ModelSpec, req: AttributionRequest) -> str | None:
+        """The dtype the model runs in: the request's, else the model's default; None: the
+        model's own dtype (so is a precision equal to it)."""
+        chosen = req.precision if req.precision is not None else spec.precision
+        return None if chosen == spec.dtype else chosen
 
     def engine_params(self, p: MethodParams) -> dict[str, Any]:
         return checks.given(p)
@@ -82,7 +89,10 @@ def build_attribution(
     raw = checks.decode_params(ms, planned.params, settings)
     p = rules.effective(spec, ms, req, checks.validate_params(ms, raw))
     checks.check_limits(ms, p, settings)
-    if req.verify and (ms.stochastic or req.noise_tunnel is not None):
+    precision = rules.precision(spec, req)
+    # a share of low-precision answers is checked against float32 unasked (never merged)
+    sampled = precision is not None and random.random() < settings.verify_share
+    if req.verify and precision is None and (ms.stochastic or req.noise_tunnel is not None):
         raise InvalidRequest(
             f"{ms.name}{' with a noise tunnel' if req.noise_tunnel else ''} draws random "
             "samples in the working dtype, so a float64 reference would draw different "
@@ -143,7 +153,8 @@ def build_attribution(
         post_abs=planned.post_abs,
         request_id=request_id,
         max_tokens=settings.max_text_tokens,
-        verify=req.verify,
+        verify=req.verify or sampled,
+        precision=precision,
         images=inputs.images,
         metrics=chosen,
         shared_baselines=ms.baseline_distribution,

@@ -230,6 +230,8 @@ def envelope(
         body["tokens"] = reply.tokens
     if reply.verification is not None:
         body["verification"] = reply.verification
+    if reply.fidelity is not None:
+        body["fidelity"] = reply.fidelity
     if reply.metrics is not None:
         body["metrics"] = reply.metrics
         timing_ms["metrics"] = round(reply.metrics_ms, 3)

@@ -184,6 +184,7 @@ def _build_job(
         ("baselines", req.baselines, None),
         ("noise_tunnel", req.noise_tunnel, None),
         ("return_convergence_delta", req.return_convergence_delta, False),
+        ("precision", req.precision, None),
     ):
         if value != default:
             where = " (baselines of the prompt's features go in inputs.baselines)"

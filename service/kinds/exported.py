@@ -39,6 +39,7 @@ FIXED_FIELDS: dict[str, str] = {
     "internal_batch_size": "the file's program evaluates a whole batch at once",
     "perturbations_per_eval": "the file's program evaluates a whole batch at once",
     "verify": "the file holds only the attribution step, no model to compare it with in float64",
+    "precision": "the file's program runs in the dtype it was exported in",
 }
 
 
@@ -177,6 +178,9 @@ class ExportedRules(AttributionRules):
 
     def engine_params(self, p: MethodParams) -> dict[str, Any]:
         return {}  # baked into the program
+
+    def precision(self, spec: ModelSpec, req: AttributionRequest) -> str | None:
+        return None  # the program's dtype (a request's precision is refused by check_fields)
 
     def target(self, spec: ModelSpec, ms: MethodSpec, raw: Any, n: int) -> WireTarget:
         return target(spec, raw, n)

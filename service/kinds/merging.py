@@ -93,4 +93,5 @@ def key(
         job.attributed_layer,
         job.post_abs,
         bool(job.texts),
+        job.precision,
     )

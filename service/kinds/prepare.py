@@ -39,6 +39,8 @@ WARM_UP_BATCHES = (2, 3)
 PROBE_BATCH = 2
 #: quadrature steps of the probe's integrated gradients
 PROBE_STEPS = 8
+#: the precision probe's size of a free dim (long enough for the speeds to mean something)
+AUTO_PROBE_LENGTH = 64
 #: dtypes checked by default even on the CPU
 LOW_PRECISION = ("float16", "bfloat16")
 
@@ -56,19 +58,42 @@ def prepare(lm: LoadedModel) -> dict[str, Any]:
     info["not_ready"] = None
     if verify_enabled(lm):
         info["verification"], info["not_ready"] = check_device(lm)
+    if spec.precision is not None:
+        info["precision"] = {"default": spec.precision, "probe": probe_precision(lm)}
     return info
+
+
+def probe_precision(lm: LoadedModel) -> str | None:
+    """For ``precision = "auto"``: the engine's probe (every precision timed and compared
+    with float32) on the probe method, at a size where the choice means something, so the
+    first request does not pay for it; what it kept, or why it could not run."""
+    if lm.spec.precision != "auto":
+        return None
+    xs = probe_inputs(lm, PROBE_BATCH, AUTO_PROBE_LENGTH)
+    method, params = probe_method(lm)
+    try:
+        res = methods.attribute(
+            lm.model, _one(xs), method, target=probe_target(lm), precision="auto", **params
+        )
+    except Exception as exc:  # requests measure for themselves
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        log.warning("attrserve: model %s: the precision probe could not run: %s", lm.spec.id, why)
+        return f"the probe could not run ({why}); the first request of each method measures"
+    chosen = str(res.fidelity.chosen)
+    log.info("attrserve: model %s: precision auto %s", lm.spec.id, chosen)
+    return chosen
 
 
 # -- probes -------------------------------------------------------------------------------
 
 
-def probe_inputs(lm: LoadedModel, n: int) -> tuple[torch.Tensor, ...]:
+def probe_inputs(lm: LoadedModel, n: int, length: int = PROBE_LENGTH) -> tuple[torch.Tensor, ...]:
     """A fixed, deterministic batch of ``n`` examples shaped as the model's input spec:
     floats uniform in [0, 1), integers (token ids) in [1, vocabulary)."""
     gen = torch.Generator().manual_seed(0)
     out = []
     for i in lm.spec.inputs:
-        shape = [n, *(PROBE_LENGTH if d is None else d for d in i.shape[1:])]
+        shape = [n, *(length if d is None else d for d in i.shape[1:])]
         dtype = i.torch_dtype
         if dtype.is_floating_point:
             x = torch.rand(shape, generator=gen, dtype=torch.float64).to(dtype)

@@ -101,7 +101,11 @@ def _attribute(
     lm: LoadedModel, model: Any, inputs: Any, job: Attribution, kwargs: dict[str, Any]
 ) -> Any:
     """``methods.attribute`` (``methods.verify`` against the float64 CPU copy when the job
-    asks): the result and the figures (None without verify)."""
+    asks): the result and the figures (None without verify). In a low precision the engine
+    verifies against float32 itself (the result's fidelity)."""
+    if job.precision is not None:
+        kwargs = {**kwargs, "precision": job.precision, "verify": job.verify}
+        return methods.attribute(model, inputs, job.method, **kwargs), None
     if job.verify:
         return verify(model, inputs, job.method, reference=reference(lm), **kwargs)
     return methods.attribute(model, inputs, job.method, **kwargs), None
@@ -140,7 +144,8 @@ def attribute(lm: LoadedModel, job: Attribution) -> Reply:
         **params,
     }
     inputs = xs if len(xs) > 1 else xs[0]
-    model = serving_model(lm, registry.get(job.method))
+    # a low precision casts a copy of the eager module (a compiled one is not copied)
+    model = lm.model if job.precision is not None else serving_model(lm, registry.get(job.method))
     try:
         res, verification = _attribute(lm, model, inputs, job, kwargs)
     except Exception as exc:  # a compiled graph that fails on new shapes: eager from now on
@@ -178,6 +183,7 @@ def attribute(lm: LoadedModel, job: Attribution) -> Reply:
         predictions=None if not job.predictions or out is None else tensors.numpy(out),
         compute_ms=(time.perf_counter() - t0) * 1e3,
         verification=None if verification is None else verification.as_dict(),
+        fidelity=None if res.fidelity is None else res.fidelity.as_dict(),
         metrics=scores,
         metrics_ms=metrics_ms,
     )

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from service.core.work import Reply, Work, new_id
+from service.core.work import Reply, Work, new_id, worst
 from service.pool.records import Entry
 
 W = TypeVar("W", bound=Work)
@@ -64,6 +64,7 @@ def join(job: Work, replies: list[Reply]) -> Reply:
         predictions=_joined([r.predictions for r in replies]),
         compute_ms=sum(r.compute_ms for r in replies),
         merged=max(r.merged for r in replies),
+        fidelity=worst([r.fidelity for r in replies]),
     )
 
 

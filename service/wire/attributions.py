@@ -349,10 +349,18 @@ class AttributionRequest(BaseModel):
         description="also draw the attributions (the response gains renders); with Accept: "
         "image/png or text/html and one example, the response is the picture itself",
     )
+    precision: Literal["float32", "bfloat16", "float16", "auto"] | None = Field(
+        default=None,
+        description="run the model's forward and backward in this dtype, the engine's sums in "
+        "float32; the answer's fidelity says what it cost; auto: the fastest precision that "
+        "passed the model's probe; default the model's precision (models.toml), else its dtype",
+    )
     verify: bool = Field(
         default=False,
-        description="also compute the attribution on a float64 CPU copy of the model and "
-        "return how far the served one is from it (verification); deterministic methods only",
+        description="with a precision other than the model's dtype: also compute in float32 "
+        "and compare (fidelity), answering float32 when out of tolerance; otherwise: also "
+        "compute on a float64 CPU copy of the model and return how far the served one is from "
+        "it (verification); deterministic methods only",
     )
     metrics: MetricsRequest | None = Field(
         default=None, description="also score the attributions (the response gains metrics)"
@@ -392,6 +400,34 @@ class VerificationOut(BaseModel):
     tolerance: float = Field(description="the served dtype's tolerance on max_rel_diff")
     reference: str = Field(description='"cpu-float64"')
     ok: bool = Field(description="max_rel_diff within the tolerance")
+
+
+class FidelityOut(BaseModel):
+    """What computing in a low precision cost (``methods.engine.precision.Fidelity``)."""
+
+    precision: str = Field(description="the dtype the model ran in")
+    delta_ratio: float | None = Field(
+        default=None,
+        description="max |convergence delta| / |f(x) - f(baseline)| over examples, for methods "
+        "with a delta (rounding of f(x) and f(baseline) alone can make it large)",
+    )
+    relative_l2: float | None = Field(
+        default=None, description="when verified: ||a - a_float32|| / ||a_float32||"
+    )
+    top_k_agreement: float | None = Field(
+        default=None,
+        description="when verified: the mean share of each example's top-k |attributions| "
+        "that the float32 answer shares",
+    )
+    top_k: int | None = Field(default=None, description="the k of top_k_agreement")
+    tolerance: float = Field(description="the largest relative_l2 an answer may have")
+    verified: bool = Field(description="compared with a float32 computation")
+    rerun_in_float32: bool = Field(
+        description="the low-precision answer was out of tolerance: this is the float32 answer"
+    )
+    chosen: str | None = Field(
+        default=None, description='precision "auto": what the probe measured and kept'
+    )
 
 
 class Curve(BaseModel):
@@ -463,6 +499,9 @@ class AttributionResponse(BaseModel):
     )
     metrics: MetricsOut | None = Field(
         default=None, description='when "metrics" was asked for: the scores'
+    )
+    fidelity: FidelityOut | None = Field(
+        default=None, description="with a precision other than the model's dtype: what it cost"
     )
     merged_requests: int = Field(default=1, description="requests merged into the engine call")
     timing_ms: TimingMs

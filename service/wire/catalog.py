@@ -88,6 +88,11 @@ class ModelInfo(BaseModel):
         description="the device check at load: the probe's max_abs_diff, max_rel_diff, "
         "tolerance, reference (cpu-float64), ok, served (device/dtype) and method",
     )
+    precision: dict[str, Any] | None = Field(
+        default=None,
+        description="models.toml precision: the default of attribution requests (default), and "
+        'for "auto" what the probe at load measured and kept (probe)',
+    )
     not_ready_reason: str | None = Field(
         default=None, description="why the model is refused (a failed device check)"
     )

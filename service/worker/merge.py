@@ -74,6 +74,7 @@ def split(reply: Reply, jobs: list[W]) -> list[Reply]:
                 predictions=_own_width(_cut(reply.predictions, total, start, j.n), tokens, width),
                 compute_ms=reply.compute_ms,
                 merged=len(jobs),
+                fidelity=reply.fidelity,
             )
         )
         start += j.n

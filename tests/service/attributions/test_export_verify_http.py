@@ -4,8 +4,8 @@
 One server holds them all: exported saliency and integrated gradients of the built-in models
 (their answers must equal ``methods.attribute`` on the original models), a file saved without
 a description (its method from models.toml), a bfloat16 model (checked by default, passes
-with its real deviation) and a model that misbehaves off the float64 reference path (caught
-and refused)."""
+with its real deviation), a model that misbehaves off the float64 reference path (caught
+and refused), and models whose requests run in a lower precision (``precision``)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,18 @@ source = "python:tests.service.factory:off_reference"
 labels = ["a", "b"]
 inputs = [{ name = "x", dtype = "float32", shape = ["N", 4] }]
 verify_device = true
+
+[[models]]
+id = "tab-auto"
+source = "builtin:tabular-mlp"
+precision = "auto"
+group = "precision"
+
+[[models]]
+id = "text-bf16"
+source = "builtin:text-classifier"
+precision = "bfloat16"
+group = "precision"
 """
 
 PROBLEM = "application/problem+json"
@@ -313,3 +325,57 @@ def test_verify_per_request(served: Server) -> None:
             ["body", "verify"])  # fmt: skip
     nt = {**req, "method": "saliency", "noise_tunnel": {"nt_type": "smoothgrad"}}
     refused(post(served, "tabular-mlp", nt), 422, ["body", "verify"])
+
+
+# -- precision ------------------------------------------------------------------------------
+
+
+def test_a_request_in_bfloat16_says_what_it_cost(served: Server) -> None:
+    x = tab_inputs()
+    req = {"method": "integrated_gradients", "inputs": x.tolist(), "target": 1,
+           "precision": "bfloat16", "verify": True, "params": {"n_steps": 32}}  # fmt: skip
+    body = ok(served, "tabular-mlp", req)
+    f = body["fidelity"]
+    assert f["precision"] == "bfloat16" and f["verified"] and not f["rerun_in_float32"]
+    assert 0 < f["relative_l2"] <= f["tolerance"] and f["top_k_agreement"] >= 0.75
+    assert f["delta_ratio"] is not None and "verification" not in body
+    want = methods.attribute(builtin("tabular-mlp"), x, "integrated_gradients", target=1,
+                             n_steps=32).attributions  # fmt: skip
+    got = torch.tensor(body["attributions"])
+    assert float((got - want).norm() / want.norm()) == pytest.approx(f["relative_l2"], rel=1e-3)
+    # a stochastic method is verified with the same samples in both precisions
+    zeros = torch.zeros(4, 8).tolist()
+    shap = ok(served, "tabular-mlp", {**req, "method": "gradient_shap", "params": {},
+                                      "baselines": zeros})  # fmt: skip
+    assert shap["fidelity"]["verified"] and shap["fidelity"]["relative_l2"] < 0.05
+    # float32 on a float32 model is the model as served: no fidelity
+    plain = ok(served, "tabular-mlp", {**req, "precision": "float32", "verify": False})
+    assert "fidelity" not in plain
+
+
+def test_a_model_s_default_precision_and_auto(served: Server) -> None:
+    info = httpx.get(f"{served.url}/v1/models/tab-auto").json()
+    probe = info["precision"]["probe"]
+    assert info["precision"]["default"] == "auto" and probe.startswith("kept ")
+    body = ok(served, "tab-auto", {"method": "integrated_gradients",
+                                   "inputs": tab_inputs().tolist(), "target": 0})  # fmt: skip
+    assert body["fidelity"]["chosen"] == probe
+    # the text model's default bfloat16 reaches its embedding layer's attribution
+    text = ok(served, "text-bf16", {"method": "integrated_gradients", "inputs":
+              ["a fine day", "not good"], "target": 1, "verify": True})  # fmt: skip
+    assert text["method"] == "layer_integrated_gradients"
+    assert text["fidelity"]["precision"] == "bfloat16" and text["fidelity"]["verified"]
+    assert text["fidelity"]["relative_l2"] < 0.05
+    assert httpx.get(f"{served.url}/v1/models/text-bf16").json()["precision"] == {
+        "default": "bfloat16", "probe": None
+    }
+
+
+def test_precision_errors_are_typed(served: Server) -> None:
+    body = {"method": "saliency", "inputs": tab_inputs().tolist(), "target": 1}
+    detail = refused(post(served, "tabular-mlp", {**body, "precision": "fp8"}), 422,
+                     ["body", "precision"])  # fmt: skip
+    assert "bfloat16" in detail
+    detail = refused(post(served, "tab-saliency", {**body, "precision": "bfloat16"}), 422,
+                     ["body", "precision"])  # fmt: skip
+    assert "exported" in detail
