@@ -246,13 +246,21 @@ class Probe:
 _PROBES: weakref.WeakKeyDictionary[nn.Module, dict[Any, Probe]] = weakref.WeakKeyDictionary()
 
 
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX). Without
+    it oneDNN emulates them: measured here on an AVX2 CPU, a BERT-base forward and backward ran
+    40x slower in bfloat16 than in float32."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
 def candidates(device: torch.device) -> list[str]:
-    """Low precisions worth trying on ``device``: bfloat16 on CPUs and GPUs that support it,
-    float16 on GPUs."""
+    """Low precisions worth trying on ``device``: bfloat16 on CPUs with bfloat16 units and on
+    GPUs that support it, float16 on GPUs."""
     if device.type == "cuda":
         low = ["bfloat16"] if torch.cuda.is_bf16_supported() else []
         return [*low, "float16"]
-    if device.type == "cpu":
+    if device.type == "cpu" and cpu_has_bfloat16():
         return ["bfloat16"]
     return []
 

@@ -102,7 +102,8 @@ def test_layer_methods_sum_in_float32_on_token_models() -> None:
     assert g.fidelity.relative_l2 < 0.05
 
 
-def test_auto_measures_once_and_keeps_its_choice() -> None:
+def test_auto_measures_once_and_keeps_its_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "candidates", lambda device: ["bfloat16"])
     model, x = mlp(), torch.rand(2, 16)
     first = methods.attribute(model, x, "saliency", target=0, precision="auto")
     f = first.fidelity
@@ -110,6 +111,16 @@ def test_auto_measures_once_and_keeps_its_choice() -> None:
     second = methods.attribute(model, torch.rand(5, 16), "saliency", target=0, precision="auto")
     assert second.fidelity.precision == f.precision and second.fidelity.chosen == f.chosen
     assert not second.fidelity.verified
+
+
+def test_auto_tries_bfloat16_on_a_cpu_only_where_it_has_bfloat16_units() -> None:
+    has = precision.cpu_has_bfloat16()
+    assert precision.candidates(torch.device("cpu")) == (["bfloat16"] if has else [])
+    model = mlp()
+    r = methods.attribute(model, torch.rand(2, 16), "saliency", target=0, precision="auto")
+    if not has:
+        assert r.fidelity.precision == "float32"
+        assert r.fidelity.chosen == "kept float32 (no lower precision to try)"
 
 
 def test_stochastic_methods_draw_the_same_samples_in_both_precisions() -> None:
