@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: test serve install install-dev lint bench openapi docs clean
+.PHONY: test serve install install-dev lint bench gpu-check openapi docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ serve: install
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# On a machine with one CUDA GPU (<= 8 minutes): CUDA parity of every method family against the
+# CPU float64 result, bfloat16/float16 fidelity, a resident model across requests, OOM retry,
+# torch.compile, then benchmarks.real --quick on the GPU; one table. Without CUDA: exit 2.
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check --out gpu-check
 
 openapi: install
 	$(BIN)/attrserve openapi > openapi/openapi.json
