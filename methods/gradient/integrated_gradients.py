@@ -7,7 +7,7 @@ reusing every gradient already computed where the rule's points nest.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -18,10 +18,12 @@ from methods.engine.batching import memory_budget
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.path import (
+    GradFn,
     completeness_delta,
     endpoint_outputs,
     output_change,
     path_gradient_sum,
+    plain_gradients,
 )
 from methods.engine.quadrature import rule_tensors
 from methods.errors import InvalidArgumentError
@@ -69,7 +71,9 @@ def ladder_top(approximation_method: str) -> int:
     return LADDERS[approximation_method][-1]
 
 
-def _cost(p: IntegratedGradientsParams, shape: CostShape) -> int:
+def auto_cost(p: Any, shape: CostShape) -> int:
+    """Rows per example: the ladder's top for n_steps="auto" (what it may take), plus the
+    endpoints' forward."""
     steps = ladder_top(auto_rule(p)) if p.n_steps == "auto" else p.n_steps
     return steps + (2 if shape.return_delta else 0)
 
@@ -87,14 +91,11 @@ def _check_steps(p: IntegratedGradientsParams) -> None:
     params=IntegratedGradientsParams,
     returns_delta=True,
     batching="internal_batch_size",
-    cost=_cost,
+    cost=auto_cost,
     # "auto" stops once every example in the call has converged
     couples_examples=lambda p: p.n_steps == "auto",
     auto_steps=lambda p: ladder_top(auto_rule(p)),
-    # delta_tolerance steers n_steps="auto" only, which the layer method does not have
-    token_counterpart=TokenCounterpart(
-        "layer_integrated_gradients", drop_params=frozenset({"delta_tolerance"})
-    ),
+    token_counterpart=TokenCounterpart("layer_integrated_gradients"),
 )
 def integrated_gradients(call: Call, p: IntegratedGradientsParams) -> Output:
     """Integrated gradients from the baselines (default zeros) to the inputs."""
@@ -140,12 +141,33 @@ def _new_points(method: str, n: int, prev: int | None) -> tuple[list[float], lis
 
 
 def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) -> Output:
+    check_auto(p)
+    fx, fb = endpoint_outputs(call, xs, bs)
+    attrs, delta, echo = auto_integral(call, p, xs, bs, fx, fb)
+    return Output(attrs, delta=delta, outputs=fx, echo=echo)
+
+
+def check_auto(p: Any) -> None:
     if not p.multiply_by_inputs:
         raise InvalidArgumentError(
             "n_steps='auto' stops on the convergence delta, which needs multiply_by_inputs=True",
             argument="n_steps",
         )
-    fx, fb = endpoint_outputs(call, xs, bs)
+
+
+def auto_integral(
+    call: Call,
+    p: Any,
+    xs: Tensors,
+    bs: Tensors,
+    fx: torch.Tensor,
+    fb: torch.Tensor,
+    grad_fn: GradFn = plain_gradients,
+) -> tuple[Tensors, torch.Tensor, dict[str, Any]]:
+    """Integrated gradients from ``bs`` to ``xs`` (the inputs, or a layer's values with its
+    ``grad_fn``) on the ladder of ``auto_rule(p)``, stopping at the first rung whose
+    convergence delta against f(x) - f(b) (``fx``, ``fb``) is within ``p.delta_tolerance``
+    for every example: the attributions, the delta and what was used."""
     dtype, device = xs[0].dtype, xs[0].device
     gap = output_change(fx, fb).abs().to(dtype)
     # Where f(x) ~ f(b) a purely relative tolerance would be ~0 and unreachable; below
@@ -159,7 +181,7 @@ def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) ->
     attrs: Tensors = ()
     delta = torch.zeros_like(fx)
     evaluated = 0
-    echo: dict[str, object] = {}
+    echo: dict[str, Any] = {}
     #: Clenshaw-Curtis: the gradient at every point so far, and each point's index j at the
     #: current rung (point j of N intervals is point 2j of 2N)
     kept: Tensors | None = None
@@ -170,14 +192,14 @@ def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) ->
             # keeping every point's gradient would pass the memory budget: the rung whole,
             # as Gauss-Legendre's ladder goes (nothing kept)
             alphas, weights = rule_tensors(method, n, dtype, device)
-            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights)
+            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
             kept, index, h = None, [], 1.0
             evaluated += n
         elif method == "clenshaw_curtis":
             alphas, weights = rule_tensors(method, n, dtype, device)
             index = [2 * j for j in index]
             new = list(range(n)) if kept is None else list(range(1, n - 1, 2))
-            part, echo = path_gradient_sum(call, xs, bs, alphas[new], None)
+            part, echo = path_gradient_sum(call, xs, bs, alphas[new], None, grad_fn=grad_fn)
             kept = (
                 part
                 if kept is None
@@ -190,14 +212,14 @@ def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) ->
             evaluated += len(new)
         elif method == "gausslegendre":
             alphas, weights = rule_tensors(method, n, dtype, device)
-            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights)
+            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
             h = 1.0
             evaluated += n
         else:
             pts, units, h = _new_points(method, n, prev)
             alphas = torch.tensor(pts, dtype=dtype, device=device)
             weights = torch.tensor(units, dtype=dtype, device=device)
-            part, echo = path_gradient_sum(call, xs, bs, alphas, weights)
+            part, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
             grads = part if acc is None else tuple(a + q for a, q in zip(acc, part, strict=True))
             acc = grads
             evaluated += len(pts)
@@ -210,4 +232,4 @@ def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) ->
     echo.update(
         n_steps=prev, n_steps_evaluated=evaluated, converged=converged, approximation_method=method
     )
-    return Output(attrs, delta=delta, outputs=fx, echo=echo)
+    return attrs, delta, echo

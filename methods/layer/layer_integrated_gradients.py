@@ -10,7 +10,10 @@ models the layer is the embedding: baselines are token ids (e.g. the pad id) and
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
@@ -18,13 +21,29 @@ from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.path import completeness_delta, path_gradient_sum
 from methods.engine.quadrature import rule_tensors
+from methods.errors import InvalidArgumentError
+from methods.gradient.integrated_gradients import (
+    auto_cost,
+    auto_integral,
+    auto_rule,
+    check_auto,
+    ladder_top,
+)
 from methods.layer._common import LayerPathParams, layer_output, target_layer
-from methods.params import MultiplyByInputsParams
+from methods.params import MultiplyByInputsParams, PositiveInt
 from methods.registry import register
 
 
 class LayerIntegratedGradientsParams(LayerPathParams, MultiplyByInputsParams):
-    pass
+    n_steps: PositiveInt | Literal["auto"] = Field(  # type: ignore[assignment]
+        50, description="integration points, or 'auto' for the fewest meeting delta_tolerance"
+    )
+    delta_tolerance: float = Field(
+        0.01,
+        gt=0,
+        description="n_steps='auto' only: largest accepted |convergence delta|, as a fraction "
+        "of |f(inputs) - f(baselines)| per example",
+    )
 
 
 def endpoint_values(
@@ -56,6 +75,10 @@ def endpoint_values(
     returns_delta=True,
     batching="internal_batch_size",
     differentiates_inputs=False,
+    cost=auto_cost,
+    # "auto" stops once every example in the call has converged
+    couples_examples=lambda p: p.n_steps == "auto",
+    auto_steps=lambda p: ladder_top(auto_rule(p)),
 )
 def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) -> Output:
     """Integrated gradients with respect to a layer's activations (e.g. token embeddings)."""
@@ -63,6 +86,10 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
     xs = call.inputs
     bs = format_baselines(call.baselines, xs)
     to_input = p.attribute_to_layer_input
+    auto = p.n_steps == "auto"
+    if auto:  # the delta decides when to stop: the endpoints' outputs are needed
+        check_auto(p)
+        call = call.replace(return_delta=True)
     ax, ab, ends = endpoint_values(call, xs, bs, module, p.path, to_input)
     n = call.n
 
@@ -74,6 +101,16 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
         )
         return grads
 
+    if auto and ends is not None:
+        attrs, delta, echo = auto_integral(call, p, ax, ab, *ends, grad_fn=grad_fn)
+        out = layer_output(attrs, echo=echo)
+        out.delta, out.outputs = delta, ends[0]
+        return out
+    if auto:  # the layer's forward gave no output to stop on
+        raise InvalidArgumentError(
+            f"n_steps='auto' needs the model's output, but the forward stopped at {p.path!r}",
+            argument="n_steps",
+        )
     alphas, weights = rule_tensors(p.approximation_method, p.n_steps, ax[0].dtype, ax[0].device)
     grads, echo = path_gradient_sum(call, ax, ab, alphas, weights, grad_fn=grad_fn)
     if p.multiply_by_inputs:

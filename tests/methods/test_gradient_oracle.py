@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import methods
+from methods.errors import InvalidArgumentError
 from tests import captum_models as cm
 
 T = torch.tensor
@@ -214,3 +215,27 @@ def test_auto_steps_keep_no_more_points_than_the_memory_budget() -> None:
     assert kept.params["n_steps_evaluated"] == kept.params["n_steps"]
     assert whole.params["n_steps_evaluated"] > whole.params["n_steps"]
     torch.testing.assert_close(whole.attributions, kept.attributions, rtol=1e-9, atol=1e-12)
+
+
+def test_layer_ig_auto_steps_stop_where_the_fixed_rule_agrees() -> None:
+    """Layer integrated gradients take n_steps="auto" too: the nested ladder on the layer's
+    values, stopping on the delta against the model's output, with the answer of the rule at
+    the steps it stopped at and within the tolerance of completeness."""
+    torch.manual_seed(6)
+    m = nn.Sequential(
+        nn.Embedding(30, 8), nn.Flatten(), nn.Linear(40, 16), nn.Tanh(), nn.Linear(16, 2)
+    ).double()
+    ids = torch.randint(1, 30, (3, 5))
+    kw: dict[str, Any] = {"layer": "0", "target": 1, "baselines": torch.zeros_like(ids)}
+    auto = methods.attribute(m, ids, "layer_integrated_gradients", n_steps="auto",
+                             delta_tolerance=1e-4, return_convergence_delta=True, **kw)  # fmt: skip
+    steps = auto.params["n_steps"]
+    assert auto.params["converged"] and auto.params["n_steps_evaluated"] == steps > 3
+    direct = methods.attribute(m, ids, "layer_integrated_gradients", n_steps=steps,
+                               approximation_method="clenshaw_curtis",
+                               return_convergence_delta=True, **kw)  # fmt: skip
+    torch.testing.assert_close(auto.attributions, direct.attributions, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(auto.convergence_delta, direct.convergence_delta)
+    with pytest.raises(InvalidArgumentError, match="multiply_by_inputs"):
+        methods.attribute(m, ids, "layer_integrated_gradients", n_steps="auto",
+                          multiply_by_inputs=False, **kw)  # fmt: skip
