@@ -131,6 +131,9 @@ class ModelSpec:
     #: models.toml ``precision``: the default of attribution requests' ``precision`` (None:
     #: the model's dtype; ``methods.engine.precision``)
     precision: str | None = None
+    #: ``remote:`` sources: where and how the predictor is called
+    #: (``model_registry.sources.remote.RemoteSpec``)
+    remote: Any = None
     #: ``attribution-export:`` sources: the attribution the file computes (its only method)
     exported: ExportedStep | None = None
     #: models.toml ``group``: the worker group that serves the model (None: its own, named by

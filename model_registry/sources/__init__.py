@@ -11,6 +11,7 @@ from model_registry.sources import (
     export,
     hf,
     python,
+    remote,
     torchscript,
 )
 from model_registry.sources.base import (
@@ -43,6 +44,7 @@ __all__ = [
     "parse_source",
     "python",
     "register",
+    "remote",
     "resolve_path",
     "source_of",
     "torchscript",

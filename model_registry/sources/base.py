@@ -54,6 +54,12 @@ class ModelSource:
     #: what its models allow, declared here and read by the service (never inferred from the
     #: source's name): module hooks (layer, neuron and hook-based methods)
     hookable: ClassVar[bool] = True
+    #: gradients of its output reach its inputs (False: forward-only methods alone)
+    differentiable: ClassVar[bool] = True
+    #: its forward runs in the worker (False: elsewhere, so nothing is warmed up or probed
+    #: at load: a call there costs the predictor, and a predictor that is down must not
+    #: stop the model loading)
+    local: ClassVar[bool] = True
 
     # -- reading models.toml ---------------------------------------------------------------
 

@@ -197,6 +197,18 @@ class WorkerLost(ServiceError):
     status, code, title = 503, "worker_lost", "Worker lost while serving the request"
 
 
+class UpstreamFailed(ServiceError):
+    """A remote model's predictor answered wrongly, with an error, or not at all."""
+
+    status, code, title = 502, "upstream_failed", "The model's predictor failed"
+
+
+class UpstreamTimeout(ServiceError):
+    """A remote model's predictor did not answer in time."""
+
+    status, code, title = 504, "upstream_timeout", "The model's predictor timed out"
+
+
 class DeadlineExceeded(ServiceError):
     status, code, title = 504, "deadline_exceeded", "Deadline passed"
 

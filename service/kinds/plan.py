@@ -34,6 +34,12 @@ def hookable(spec: ModelSpec) -> bool:
     return source is None or source.hookable
 
 
+def differentiable(spec: ModelSpec) -> bool:
+    """Whether gradients of the model's output reach its inputs, as its source declares."""
+    source = source_of(spec)
+    return source is None or source.differentiable
+
+
 def token_model(spec: ModelSpec) -> bool:
     """Whether the model takes token ids (gradient methods then attribute to its embedding)."""
     return spec.embedding_layer is not None and all(
@@ -75,6 +81,14 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
     ms = method_spec(name)
     check_param_names(ms, params)
     loc = ("body", "method")
+    if ms.family != "perturbation" and not differentiable(spec):
+        where = spec.remote.describe() if spec.remote is not None else "elsewhere"
+        raise UnsupportedMethod(
+            f"{name} needs the gradients of model {spec.id!r}, which is served by the "
+            f"{where}: only forwards reach it; use a perturbation method (feature_ablation, "
+            "occlusion, feature_permutation, shapley_value_sampling, kernel_shap, lime)",
+            loc=loc,
+        )
     if ms.needs_hooks and not hookable(spec):
         raise UnsupportedMethod(
             f"{name} needs module hooks, which TorchScript model {spec.id!r} does not allow; "

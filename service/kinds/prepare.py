@@ -24,6 +24,7 @@ import torch
 import methods
 from methods import registry
 from methods.verify import Verification, verify
+from model_registry.sources import source_of
 from model_registry.spec import LoadedModel
 from service.kinds.runtime import disable_compiled, reference, serving_model
 from service.kinds.tensors import vocabulary
@@ -49,6 +50,9 @@ def prepare(lm: LoadedModel) -> dict[str, Any]:
     """Compile (if asked), warm up and check ``lm``; what the parent reports of it."""
     spec = lm.spec
     info: dict[str, Any] = {"compiled": False, "compile_error": None}
+    source = source_of(spec)
+    if source is not None and not source.local:  # its forward is a call elsewhere
+        return {**info, "verification": None, "not_ready": None}
     if spec.compile:
         compile_model(lm)
         info["compiled"] = lm.extra.get("compiled") is not None

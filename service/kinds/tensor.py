@@ -77,7 +77,7 @@ def _explanation(spec: ModelSpec) -> ExplainSpec:
     if spec.explain is not None:
         return spec.explain
     floats = all(i.dtype.startswith(("float", "bfloat")) for i in spec.inputs)
-    if floats or plan.token_model(spec):
+    if plan.differentiable(spec) and (floats or plan.token_model(spec)):
         return ExplainSpec("integrated_gradients")
     return ExplainSpec("feature_ablation")
 

@@ -23,11 +23,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from model_registry.sources.remote import RemoteFailure
 from model_registry.spec import ModelSpec
 from service.core.errors import (
     DeadlineExceeded,
     RequestCancelled,
     ServiceError,
+    UpstreamFailed,
+    UpstreamTimeout,
 )
 from service.core.work import Batch, Reply, Work
 from service.wire.engine_errors import from_engine
@@ -167,6 +170,14 @@ def _ids(jobs: list[Work]) -> str:
     return ",".join(j.request_id for j in jobs)
 
 
+def upstream(job: Work, exc: RemoteFailure) -> ServiceError:
+    """A remote predictor's failure as the service answers it: 504 when it timed out, else
+    502, naming the model (the message names the predictor and its status)."""
+    log.warning("request %s: model %s: %s", job.request_id, job.model_id, exc)
+    cls = UpstreamTimeout if exc.status == 504 else UpstreamFailed
+    return cls(f"model {job.model_id!r}: {exc}")
+
+
 def _safe(run: Run, models: dict[str, Any], job: Work, jobs: list[Work], c: Control) -> Reply:
     """``run(job)`` under a cancel scope; every failure as a reply (logged when unexpected)."""
     import methods
@@ -184,7 +195,11 @@ def _safe(run: Run, models: dict[str, Any], job: Work, jobs: list[Work], c: Cont
         if time.time() > job.deadline:
             return _error(job, DeadlineExceeded("the deadline passed; the work was stopped"))
         return _error(job, RequestCancelled("the request was cancelled; the work was stopped"))
+    except RemoteFailure as exc:  # a prediction route calls the predictor directly
+        return _error(job, upstream(job, exc))
     except ModelError as exc:
+        if isinstance(exc.__cause__, RemoteFailure):  # the predictor's fault, not the model's
+            return _error(job, upstream(job, exc.__cause__))
         # the model's own exception text may hold internals (allocator, paths): log it only
         log.error(
             "request %s: %s on %s failed in the model\n%s",

@@ -73,6 +73,13 @@ def hf_example(tmp: Path) -> str:
 
 
 #: one models.toml table per source (a source without one fails test_every_source_has_one)
+def remote_example(tmp: Path) -> str:
+    return (
+        'source = "remote:kserve-v1"\nurl = "http://127.0.0.1:9"\nlabels = ["a", "b"]\n'
+        'inputs = [{ name = "x", dtype = "float32", shape = ["N", 3] }]\n'
+    )
+
+
 EXAMPLES: dict[str, tuple[Callable[[Path], str], str]] = {
     "builtin": (builtin_example, "tensor"),
     "torchscript": (torchscript_example, "tensor"),
@@ -80,6 +87,7 @@ EXAMPLES: dict[str, tuple[Callable[[Path], str], str]] = {
     "attribution-export": (attribution_export_example, "tensor"),
     "python": (python_example, "tensor"),
     "hf": (hf_example, "causal_lm"),
+    "remote": (remote_example, "tensor"),
 }
 
 
@@ -251,3 +259,54 @@ def test_hf_tables_agree() -> None:
     assert set(hf.AUTO_CLASSES) <= set(MODEL_KINDS)
     assert hf.architecture_kind("GPT2LMHeadModel") == "causal_lm"
     assert hf.architecture_kind("BertModel") is None
+
+
+@pytest.mark.parametrize(
+    ("table", "field", "message"),
+    [
+        ('source = "remote:grpc"\nurl = "http://h"', "source", "kserve-v1"),
+        ('source = "remote:kserve-v1"\nurl = "h:1"', "url", "http:// or https://"),
+        ('source = "remote:kserve-v1"\nurl = "http://h"\nlayers = ["a"]', "layers", "remote"),
+        ('source = "remote:kserve-v1"\nurl = "http://h"\nmax_batch = 0', "max_batch", ">= 1"),
+        (
+            'source = "remote:oip-v2"\nurl = "http://h"\ninputs_pointer = "/x"',
+            "inputs_pointer",
+            "only remote:http",
+        ),
+        (
+            'source = "remote:http"\nurl = "http://h"\noutputs_pointer = "x"',
+            "outputs_pointer",
+            "JSON pointer",
+        ),
+        (
+            'source = "remote:kserve-v1"\nurl = "http://h"\nheaders = { A = 1 }',
+            "headers",
+            "string values",
+        ),
+    ],
+)
+def test_a_remote_table_s_mistakes_name_their_field(
+    tmp_path: Path, table: str, field: str, message: str
+) -> None:
+    inputs = '\nlabels = ["a", "b"]\ninputs = [{ name = "x", dtype = "float32", shape = ["N", 3] }]'
+    with pytest.raises(RegistryError, match=message) as info:
+        read(tmp_path, table + inputs)
+    assert info.value.field == field or field in str(info.value)
+
+
+def test_a_remote_header_names_an_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = (
+        'source = "remote:kserve-v1"\nurl = "http://h"\nlabels = ["a", "b"]\n'
+        'inputs = [{ name = "x", dtype = "float32", shape = ["N", 3] }]\n'
+        'headers = { Authorization = "Bearer ${NOT_SET_ANYWHERE}" }'
+    )
+    spec = read(tmp_path, table)
+    assert spec.remote.headers == {"Authorization": "Bearer ${NOT_SET_ANYWHERE}"}
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    with pytest.raises(RegistryError, match="NOT_SET_ANYWHERE, which is not set"):
+        model_registry.load(spec)
+    monkeypatch.setenv("NOT_SET_ANYWHERE", "xyz")
+    loaded = model_registry.load(spec)
+    assert "xyz" not in repr(loaded.model) and "Bearer" not in repr(loaded.model)

@@ -1,0 +1,494 @@
+"""``remote:PROTOCOL``: a model served elsewhere (KServe, Triton, MLServer, a team's own server);
+a forward is a call to its predictor.
+
+Protocols: ``kserve-v1`` (``POST {url}/v1/models/{model_name}:predict`` with ``instances``),
+``oip-v2`` (``POST {url}/v2/models/{model_name}/infer``, the Open Inference Protocol that
+Triton, KServe and MLServer speak) and ``http`` (``POST {url}`` with a body template: the batch
+goes where ``inputs_pointer`` points, the scores come from ``outputs_pointer``, JSON pointers).
+
+Only forwards cross the network, so only the methods that need nothing else run on such a model
+(the perturbation methods, and the metrics that evaluate forwards); the source declares it
+(``differentiable = False``, ``hookable = False``) and the service refuses the others by name.
+A forward of many rows (``perturbations_per_eval`` perturbations of the batch at once) is cut
+into calls of at most ``max_batch`` instances, ``max_concurrency`` of them in flight. Each
+call is retried on connection errors, timeouts, 429 and 5xx (``retries`` times, jittered
+exponential back-off; a prediction is idempotent), and ``breaker_failures`` such failures in a
+row open a circuit breaker: calls fail at once for ``breaker_cooldown_s``, then one call tries
+again. What fails is the predictor's: ``RemoteFailure`` carries 502 (it answered wrongly or
+not at all) or 504 (it timed out) and the upstream status, which the service answers with.
+Header values may name environment variables (``"Bearer ${TOKEN}"``), read at load; they are
+sent, never logged nor shown.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from methods.errors import AttributionError
+from model_registry.errors import RegistryError
+from model_registry.model_kinds import model_kind
+from model_registry.sources.base import ModelSource, Source, register
+from model_registry.spec import LoadedModel, ModelSpec
+from model_registry.table import Table, describe_value
+
+PROTOCOLS = ("kserve-v1", "oip-v2", "http")
+#: the OIP datatype of each input dtype
+DATATYPES = {
+    "float32": "FP32",
+    "float64": "FP64",
+    "float16": "FP16",
+    "int64": "INT64",
+    "int32": "INT32",
+    "bool": "BOOL",
+}
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: what a model served elsewhere cannot be given in models.toml
+_REFUSED = {
+    key: f"a remote model runs on its predictor; it has no {what} here"
+    for key, what in (
+        ("weights", "weights file"),
+        ("layers", "layers to hook"),
+        ("embedding_layer", "embedding layer to hook"),
+        ("compile", "module to compile"),
+        ("compile_mode", "module to compile"),
+        ("precision", "module to cast to a precision"),
+        ("verify_device", "device to check"),
+        ("influence", "training data to score"),
+    )
+}
+
+
+class RemoteFailure(AttributionError):
+    """The predictor failed: ``status`` is what the service answers (502, or 504 for a
+    timeout), ``upstream`` the predictor's HTTP status (None: no answer). An engine error, not
+    the model's own (``ModelError``): the engine passes it through as it is, and tries no
+    other way of evaluating (each would call the failing predictor again)."""
+
+    def __init__(self, message: str, status: int = 502, upstream: int | None = None) -> None:
+        super().__init__(message, argument="model")
+        self.status, self.upstream = status, upstream
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """Where and how to call a remote predictor (models.toml's remote keys)."""
+
+    protocol: str
+    url: str
+    model_name: str
+    #: header name -> value, ``${NAME}`` standing for an environment variable (read at load)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = 30.0
+    max_batch: int = 64
+    max_concurrency: int = 4
+    retries: int = 2
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
+    #: remote:http: the request body, the batch placed at ``inputs_pointer``
+    request_template: Mapping[str, Any] = field(default_factory=dict)
+    inputs_pointer: str = "/instances"
+    outputs_pointer: str = "/predictions"
+    #: oip-v2: the output to read (None: the first)
+    output_name: str | None = None
+
+    def endpoint(self) -> str:
+        base = self.url.rstrip("/")
+        if self.protocol == "kserve-v1":
+            return f"{base}/v1/models/{self.model_name}:predict"
+        if self.protocol == "oip-v2":
+            return f"{base}/v2/models/{self.model_name}/infer"
+        return self.url
+
+    def describe(self) -> str:
+        """The predictor as messages name it (no headers: they may hold credentials)."""
+        return f"{self.protocol} predictor {self.model_name!r} at {self.endpoint()}"
+
+
+# -- JSON pointers (RFC 6901) ---------------------------------------------------------------
+
+
+def _tokens(pointer: str) -> list[str]:
+    if pointer == "":
+        return []
+    if not pointer.startswith("/"):
+        raise ValueError(f"a JSON pointer starts with '/', got {pointer!r}")
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+
+
+def pointer_get(doc: Any, pointer: str) -> Any:
+    for t in _tokens(pointer):
+        doc = doc[int(t)] if isinstance(doc, list) else doc[t]
+    return doc
+
+
+def pointer_put(doc: Any, pointer: str, value: Any) -> Any:
+    tokens = _tokens(pointer)
+    if not tokens:
+        return value
+    at = doc
+    for t in tokens[:-1]:
+        at = at.setdefault(t, {}) if isinstance(at, dict) else at[int(t)]
+    if isinstance(at, list):
+        at[int(tokens[-1])] = value
+    else:
+        at[tokens[-1]] = value
+    return doc
+
+
+# -- the model ------------------------------------------------------------------------------
+
+
+class Breaker:
+    """Opens after ``failures`` failed calls in a row; stays open ``cooldown_s``; then lets
+    one call through, closing on its success."""
+
+    def __init__(self, failures: int, cooldown_s: float) -> None:
+        self.failures, self.cooldown_s = failures, cooldown_s
+        self.in_a_row = 0
+        self.opened_at: float | None = None
+        self.lock = threading.Lock()
+
+    def check(self, what: str) -> None:
+        with self.lock:
+            if self.opened_at is None:
+                return
+            left = self.opened_at + self.cooldown_s - time.monotonic()
+            if left > 0:
+                raise RemoteFailure(
+                    f"{what} failed {self.in_a_row} times in a row; not calling it for "
+                    f"another {left:.0f} s (circuit breaker open)"
+                )
+            self.opened_at = None  # half-open: this call tries
+
+    def record(self, ok: bool) -> None:
+        with self.lock:
+            if ok:
+                self.in_a_row, self.opened_at = 0, None
+                return
+            self.in_a_row += 1
+            if self.in_a_row >= self.failures:
+                self.opened_at = time.monotonic()
+
+    def state(self) -> str:
+        with self.lock:
+            return "open" if self.opened_at is not None else "closed"
+
+
+class RemoteModel(nn.Module):
+    """A model whose forward is a call to a remote predictor (no parameters, no gradients)."""
+
+    def __init__(self, spec: ModelSpec, remote: RemoteSpec, headers: dict[str, str]) -> None:
+        super().__init__()
+        self.spec, self.remote = spec, remote
+        self._headers = headers
+        self.breaker = Breaker(remote.breaker_failures, remote.breaker_cooldown_s)
+        self._client: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.calls = 0
+        self.last_error: str | None = None
+
+    def __repr__(self) -> str:  # never the headers
+        return f"RemoteModel({self.remote.describe()})"
+
+    def _session(self) -> tuple[Any, ThreadPoolExecutor]:
+        with self._lock:
+            if self._client is None or self._pool is None:
+                import httpx  # the worker that serves a remote model pays for the import
+
+                limits = httpx.Limits(max_connections=self.remote.max_concurrency)
+                self._client = httpx.Client(
+                    timeout=self.remote.timeout_s, headers=self._headers, limits=limits
+                )
+                self._pool = ThreadPoolExecutor(self.remote.max_concurrency, "remote")
+            return self._client, self._pool
+
+    # -- one call ---------------------------------------------------------------------------
+
+    def body(self, xs: tuple[torch.Tensor, ...]) -> Any:
+        r, names = self.remote, [i.name for i in self.spec.inputs]
+        if r.protocol == "oip-v2":
+            return {
+                "inputs": [
+                    {
+                        "name": name,
+                        "shape": list(x.shape),
+                        "datatype": DATATYPES.get(str(x.dtype).removeprefix("torch."), "FP32"),
+                        "data": x.reshape(-1).tolist(),
+                    }
+                    for name, x in zip(names, xs, strict=True)
+                ]
+            }
+        rows: Any = (
+            xs[0].tolist()
+            if len(xs) == 1
+            else [
+                {name: x[i].tolist() for name, x in zip(names, xs, strict=True)}
+                for i in range(xs[0].shape[0])
+            ]
+        )
+        if r.protocol == "kserve-v1":
+            return {"instances": rows}
+        return pointer_put(copy.deepcopy(dict(r.request_template)), r.inputs_pointer, rows)
+
+    def scores(self, answer: Any, n: int) -> np.ndarray:
+        r = self.remote
+        try:
+            if r.protocol == "oip-v2":
+                outs = answer["outputs"]
+                out = (
+                    next(o for o in outs if o["name"] == r.output_name)
+                    if r.output_name
+                    else outs[0]
+                )
+                arr = np.asarray(out["data"], dtype=np.float64).reshape(out["shape"])
+            else:
+                key = "/predictions" if r.protocol == "kserve-v1" else r.outputs_pointer
+                arr = np.asarray(pointer_get(answer, key), dtype=np.float64)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise RemoteFailure(
+                f"{r.describe()} answered a body without its scores ({type(exc).__name__}: {exc})"
+            ) from None
+        want = tuple(d for d in self.spec.output.shape)
+        shape = tuple(arr.shape)
+        ok = shape[:1] == (n,) and len(shape) == 1 + len(want)
+        ok = ok and all(w is None or w == s for w, s in zip(want, shape[1:], strict=True))
+        if not ok:
+            expected = "(" + ", ".join(
+                str(d) for d in (n, *("*" if d is None else d for d in want))
+            )
+            raise RemoteFailure(
+                f"{r.describe()} answered scores of shape {list(shape)} for {n} instances; "
+                f"expected {expected})"
+            )
+        return arr
+
+    def call(self, xs: tuple[torch.Tensor, ...]) -> np.ndarray:
+        """One predictor call, retried; the scores of its rows."""
+        import httpx
+
+        client, _ = self._session()
+        r, n = self.remote, int(xs[0].shape[0])
+        body = self.body(xs)
+        failure: RemoteFailure | None = None
+        for attempt in range(r.retries + 1):
+            if attempt:
+                time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+            self.breaker.check(r.describe())
+            try:
+                resp = client.post(r.endpoint(), json=body)
+            except httpx.TimeoutException:
+                failure = RemoteFailure(
+                    f"{r.describe()} did not answer within {r.timeout_s:g} s", status=504
+                )
+            except httpx.TransportError as exc:
+                failure = RemoteFailure(f"{r.describe()} is unreachable ({type(exc).__name__})")
+            else:
+                if resp.status_code < 300:
+                    try:
+                        arr = self.scores(resp.json(), n)
+                    except ValueError:
+                        failure = RemoteFailure(f"{r.describe()} answered a body that is not JSON")
+                    except RemoteFailure as exc:
+                        failure = exc
+                    else:
+                        self.breaker.record(True)
+                        self.calls += 1
+                        return arr
+                    break  # a wrong answer is not retried: it would be wrong again
+                text = " ".join(resp.text.split())[:200]
+                failure = RemoteFailure(
+                    f"{r.describe()} answered {resp.status_code}: {text}",
+                    upstream=resp.status_code,
+                )
+                if resp.status_code != 429 and resp.status_code < 500:
+                    break  # the predictor refused the request itself: again would be the same
+            self.breaker.record(False)  # no answer, or 429/5xx: the predictor is in trouble
+        if failure is None:  # unreachable: the loop returns or sets it
+            failure = RemoteFailure(f"{r.describe()} gave no answer")
+        self.last_error = str(failure)
+        raise failure
+
+    # -- a forward: many calls ---------------------------------------------------------------
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        from methods.cancel import checkpoint
+
+        n = int(xs[0].shape[0])
+        step = self.remote.max_batch
+        pieces = [(s, min(n, s + step)) for s in range(0, n, step)]
+        _, pool = self._session()
+        out: list[np.ndarray | None] = [None] * len(pieces)
+        running: dict[Future[np.ndarray], int] = {}
+        todo = list(enumerate(pieces))
+        try:
+            while todo or running:
+                while todo and len(running) < self.remote.max_concurrency:
+                    checkpoint()  # a cancelled request issues no more calls
+                    i, (s, e) = todo.pop(0)
+                    cut = tuple(x[s:e].detach().cpu() for x in xs)
+                    running[pool.submit(self.call, cut)] = i
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    out[running.pop(f)] = f.result()
+        finally:
+            for f in running:
+                f.cancel()
+        scores = np.concatenate([o for o in out if o is not None]) if out else np.zeros((0,))
+        return torch.from_numpy(scores).to(torch.float32)
+
+
+# -- the source -----------------------------------------------------------------------------
+
+
+@register
+class RemoteSource(ModelSource):
+    name = "remote"
+    syntax = "remote:kserve-v1|oip-v2|http"
+    hookable = False
+    differentiable = False
+    local = False
+    own_keys = (
+        "url",
+        "model_name",
+        "headers",
+        "timeout_s",
+        "max_batch",
+        "max_concurrency",
+        "retries",
+        "breaker_failures",
+        "breaker_cooldown_s",
+        "request_template",
+        "inputs_pointer",
+        "outputs_pointer",
+        "output_name",
+    )
+    refused = MappingProxyType(_REFUSED)
+
+    def check_target(self, target: str) -> None:
+        if target not in PROTOCOLS:
+            raise ValueError(f"remote: takes one of {list(PROTOCOLS)}, got {target!r}")
+
+    def spec(self, table: Table, source: Source) -> ModelSpec:
+        from dataclasses import replace
+
+        if "inputs" not in table:
+            table.fail("inputs", "required for a remote model: what its predictor takes")
+        spec = super().spec(table, source)
+        return replace(spec, remote=remote_spec(table, source, spec))
+
+    def load(self, spec: ModelSpec, source: Source, device: torch.device) -> LoadedModel:
+        """The remote model, not called at load: a predictor that is down makes requests
+        fail with 502 (and its health show it), not the server's start."""
+        model_kind(spec)  # the kind must exist
+        remote = spec.remote
+        if remote is None:
+            raise RegistryError("a remote model needs its remote keys", model=spec.id)
+        headers = {name: expand(value, spec, name) for name, value in remote.headers.items()}
+        loaded = LoadedModel(
+            spec=spec, model=RemoteModel(spec, remote, headers), device=torch.device("cpu")
+        )
+        loaded.extra["source_kind"] = self.name
+        return loaded
+
+
+def expand(value: str, spec: ModelSpec, name: str) -> str:
+    """``value`` with each ``${NAME}`` replaced by that environment variable."""
+
+    def one(m: re.Match[str]) -> str:
+        found = os.environ.get(m.group(1))
+        if found is None:
+            raise RegistryError(
+                f"header {name!r} names the environment variable {m.group(1)}, which is not set",
+                model=spec.id,
+                field="headers",
+            )
+        return found
+
+    return _ENV.sub(one, value)
+
+
+def _number(table: Table, key: str, default: float, *, integer: bool, low: float) -> Any:
+    v = table.get(key, default)
+    kind_ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not kind_ok or v < low:
+        what = "an integer" if integer else "a number"
+        table.fail(key, f"expected {what} >= {low:g}, got {describe_value(v)}")
+    return v
+
+
+def remote_spec(table: Table, source: Source, spec: ModelSpec) -> RemoteSpec:
+    url = table.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        table.fail(
+            "url", f"expected the predictor's http:// or https:// URL, got {describe_value(url)}"
+        )
+    headers = table.get("headers", {})
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        table.fail("headers", "expected a table of header names to string values")
+    template = table.get("request_template", {})
+    if not isinstance(template, dict):
+        table.fail("request_template", f"expected a table, got {describe_value(template)}")
+    if source.target != "http":
+        for key in ("request_template", "inputs_pointer", "outputs_pointer"):
+            if key in table:
+                table.fail(key, f"only remote:http takes {key}")
+    if "output_name" in table and source.target != "oip-v2":
+        table.fail("output_name", "only remote:oip-v2 takes output_name")
+    pointers = {}
+    for key, default in (("inputs_pointer", "/instances"), ("outputs_pointer", "/predictions")):
+        v = table.get(key, default)
+        if not isinstance(v, str) or not (v == "" or v.startswith("/")):
+            table.fail(key, f"expected a JSON pointer such as '/data', got {describe_value(v)}")
+        pointers[key] = v
+    name = table.get("model_name", spec.id)
+    if not isinstance(name, str) or not name:
+        table.fail("model_name", f"expected the predictor's model name, got {describe_value(name)}")
+    out_name = table.get("output_name")
+    if out_name is not None and not isinstance(out_name, str):
+        table.fail("output_name", f"expected a string, got {describe_value(out_name)}")
+    return RemoteSpec(
+        protocol=source.target,
+        url=url,
+        model_name=name,
+        headers=dict(headers),
+        timeout_s=float(_number(table, "timeout_s", 30.0, integer=False, low=0.001)),
+        max_batch=int(_number(table, "max_batch", 64, integer=True, low=1)),
+        max_concurrency=int(_number(table, "max_concurrency", 4, integer=True, low=1)),
+        retries=int(_number(table, "retries", 2, integer=True, low=0)),
+        breaker_failures=int(_number(table, "breaker_failures", 5, integer=True, low=1)),
+        breaker_cooldown_s=float(_number(table, "breaker_cooldown_s", 30.0, integer=False, low=0)),
+        request_template=dict(template),
+        inputs_pointer=pointers["inputs_pointer"],
+        outputs_pointer=pointers["outputs_pointer"],
+        output_name=out_name,
+    )
+
+
+def health(model: Any) -> dict[str, Any] | None:
+    """What a remote model's worker knows of its predictor (None: not a remote model)."""
+    if not isinstance(model, RemoteModel):
+        return None
+    return {
+        "predictor": model.remote.describe(),
+        "breaker": model.breaker.state(),
+        "failures_in_a_row": model.breaker.in_a_row,
+        "calls": model.calls,
+        "last_error": model.last_error,
+    }

@@ -1,0 +1,207 @@
+"""Models served elsewhere (``remote:`` sources), explained through a real KServe predictor
+(``tests.service.remote.predictor``, a ``kserve.ModelServer`` in a subprocess) by a real
+attrserve server: answers equal the same method on the same model hosted locally, over V1, V2
+and a plain HTTP template; gradient methods are refused by name; the predictor's failures
+(500s, a wrong shape, slowness, being down) come back as 502/504 naming the model, retried
+where a retry can help, behind a circuit breaker; credentials reach the predictor and never
+the log."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+import methods
+from tests.service.conftest import REPO, Server, free_port, start_server, stop_server
+from tests.service.remote.predictor import mlp
+
+pytest.importorskip("kserve", reason="kserve is a dev dependency")
+
+TOKEN = "s3cret-token-for-the-predictor"
+BREAKER = "retries = 1\nbreaker_failures = 2\nbreaker_cooldown_s = 600"
+DOWN = "retries = 1\ntimeout_s = 2"
+INPUTS = '[{ name = "x", dtype = "float32", shape = ["N", 8] }]'
+
+
+def remote(id_: str, protocol: str, url: str, name: str, extra: str = "") -> str:
+    return f"""
+[[models]]
+id = "{id_}"
+source = "remote:{protocol}"
+url = "{url}"
+model_name = "{name}"
+inputs = {INPUTS}
+labels = ["low", "mid", "high"]
+group = "remote"
+headers = {{ Authorization = "Bearer ${{REMOTE_TOKEN}}" }}
+max_batch = 16
+max_concurrency = 3
+{extra}
+"""
+
+
+@pytest.fixture(scope="module")
+def predictor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    tmp = tmp_path_factory.mktemp("predictor")
+    port, auth = free_port(), tmp / "auth.log"
+    log = (tmp / "predictor.log").open("wb")
+    cmd = [sys.executable, "-m", "tests.service.remote.predictor", str(port), str(auth)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError((tmp / "predictor.log").read_text())
+            try:
+                if httpx.get(f"{url}/v2/models/mlp/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield url, auth
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def served(
+    predictor: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    url, _ = predictor
+    toml = "".join(
+        [
+            remote("remote-v1", "kserve-v1", url, "mlp"),
+            remote("remote-v2", "oip-v2", url, "mlp"),
+            remote(
+                "remote-http",
+                "http",
+                f"{url}/v1/models/mlp:predict",
+                "mlp",
+                'inputs_pointer = "/instances"\noutputs_pointer = "/predictions"\n'
+                'request_template = { parameters = { note = "kept" } }',
+            ),
+            remote("remote-flaky", "kserve-v1", url, "mlp-flaky", "retries = 3"),
+            remote("remote-500", "kserve-v1", url, "mlp-500", BREAKER),
+            remote("remote-shape", "oip-v2", url, "mlp-shape"),
+            remote("remote-slow", "kserve-v1", url, "mlp-slow", "timeout_s = 0.5\nretries = 0"),
+            remote("remote-down", "kserve-v1", f"http://127.0.0.1:{free_port()}", "mlp", DOWN),
+        ]
+    )
+    old = os.environ.get("REMOTE_TOKEN")
+    os.environ["REMOTE_TOKEN"] = TOKEN
+    try:
+        server = start_server(tmp_path_factory.mktemp("remote"), toml=toml, workers=1)
+    finally:
+        if old is None:
+            os.environ.pop("REMOTE_TOKEN", None)
+        else:
+            os.environ["REMOTE_TOKEN"] = old
+    yield server
+    stop_server(server)
+
+
+def x() -> torch.Tensor:
+    return torch.linspace(-1, 1, 40).reshape(5, 8)
+
+
+def post(server: Server, model: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/models/{model}/attributions", json=body, timeout=60)
+
+
+CASES = [
+    ("feature_ablation", {}),
+    ("occlusion", {"sliding_window_shapes": [2], "strides": [2]}),
+    ("shapley_value_sampling", {"n_samples": 3}),
+    ("kernel_shap", {"n_samples": 40}),
+]
+
+
+@pytest.mark.parametrize("model", ["remote-v1", "remote-v2", "remote-http"])
+@pytest.mark.parametrize(("method", "params"), CASES, ids=[c[0] for c in CASES])
+def test_a_remote_model_s_attributions_equal_the_local_model_s(
+    served: Server, model: str, method: str, params: dict[str, Any]
+) -> None:
+    body = {"method": method, "inputs": x().tolist(), "target": "mid", "params": params,
+            "seed": 3}  # fmt: skip
+    r = post(served, model, body)
+    assert r.status_code == 200, r.text
+    want = methods.attribute(mlp(), x(), method, target=1, seed=3, **params).attributions
+    torch.testing.assert_close(torch.tensor(r.json()["attributions"]), want, rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+
+
+def test_gradient_methods_are_refused_by_name(served: Server) -> None:
+    r = post(served, "remote-v1", {"method": "integrated_gradients", "inputs": x().tolist(),
+                                    "target": 1})  # fmt: skip
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "method"]
+    detail = r.json()["detail"]
+    assert "'remote-v1'" in detail and "only forwards reach it" in detail and "mlp" in detail
+    info = httpx.get(f"{served.url}/v1/models/remote-v1").json()
+    assert "integrated_gradients" not in info["methods"] and "kernel_shap" in info["methods"]
+    assert not any(m.startswith(("layer_", "neuron_")) for m in info["methods"])
+
+
+def test_predictions_and_explain_go_to_the_predictor(served: Server) -> None:
+    r = httpx.post(f"{served.url}/v1/models/remote-v2:predict",
+                   json={"instances": x().tolist()}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    with torch.no_grad():
+        want = mlp()(x())
+    torch.testing.assert_close(torch.tensor(r.json()["predictions"]), want, rtol=1e-5, atol=1e-5)
+    r = httpx.post(f"{served.url}/v1/models/remote-v1:explain",
+                   json={"instances": x().tolist()}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text  # the default explanation: feature ablation
+
+
+def test_credentials_reach_the_predictor_and_never_the_log(
+    served: Server, predictor: tuple[str, Path]
+) -> None:
+    post(served, "remote-v1", {"method": "feature_ablation", "inputs": x().tolist(), "target": 0})
+    sent = predictor[1].read_text().splitlines()
+    assert sent and all(line == f"Bearer {TOKEN}" for line in sent)
+    post(
+        served, "remote-shape", {"method": "feature_ablation", "inputs": x().tolist(), "target": 0}
+    )
+    info = httpx.get(f"{served.url}/v1/models/remote-v1").text
+    assert TOKEN not in served.log.read_text() and TOKEN not in info
+
+
+def test_a_flaky_predictor_is_retried(served: Server) -> None:
+    r = post(served, "remote-flaky", {"method": "feature_ablation", "inputs": x().tolist(),
+                                       "target": 2})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def problem(r: httpx.Response, status: int, code: str) -> str:
+    assert r.status_code == status, r.text
+    assert r.json()["type"].endswith("/" + code), r.text
+    detail: str = r.json()["detail"]
+    return detail
+
+
+def test_the_predictor_s_faults_are_the_predictor_s(served: Server) -> None:
+    body = {"method": "feature_ablation", "inputs": x().tolist(), "target": 1}
+    detail = problem(post(served, "remote-shape", body), 502, "upstream_failed")
+    assert "'remote-shape'" in detail and "shape [" in detail and "expected (" in detail
+    detail = problem(post(served, "remote-slow", body), 504, "upstream_timeout")
+    assert "'remote-slow'" in detail and "did not answer within 0.5 s" in detail
+    detail = problem(post(served, "remote-down", body), 502, "upstream_failed")
+    assert "unreachable" in detail
+    detail = problem(post(served, "remote-500", body), 502, "upstream_failed")
+    assert "answered 500" in detail
+    # two failed tries in a row (the call and its retry) opened the breaker: no call now
+    detail = problem(post(served, "remote-500", body), 502, "upstream_failed")
+    assert "circuit breaker open" in detail
+    # the other models of the worker keep serving
+    assert post(served, "remote-v1", body).status_code == 200
