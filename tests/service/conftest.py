@@ -101,16 +101,22 @@ def models_dir(tmp: Path, toml: str = MODELS_TOML) -> Path:
 
 
 def start_server(
-    tmp: Path, *, toml: str = MODELS_TOML, every_model: bool = True, **settings: object
+    tmp: Path,
+    *,
+    toml: str = MODELS_TOML,
+    every_model: bool = True,
+    env: dict[str, str] | None = None,
+    **settings: object,
 ) -> Server:
-    """A server for ``toml`` (a models.toml), ready (``every_model``: with every model).
+    """A server for ``toml`` (a models.toml), ready (``every_model``: with every model), with
+    ``env`` over the inherited environment.
 
     Its workers compute on one thread each unless ``torch_threads`` says otherwise (None: the
     server's own rule, ``service.pool.cores``)."""
     port = free_port()
     settings.setdefault("data_dir", tmp / "data")  # jobs: never in the working tree
     settings.setdefault("torch_threads", 1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")} | (env or {})
     env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items() if v is not None})
     log = tmp / f"server-{port}.log"
     cmd = [
@@ -145,10 +151,50 @@ def stop_server(server: Server) -> None:
         server.process.wait(5)
 
 
+#: served by the main server beside MODELS_TOML, for tests/service/kinds/test_hf_images.py and
+#: tests/service/attributions/test_generation_http.py (one server start instead of three)
+EXTRA_TOML = """
+[[models]]
+id = "flowers"
+source = "hf:flowers"
+dtype = "float64"
+
+[[models]]
+id = "cropped"
+source = "hf:cropped"
+
+[[models]]
+id = "tiny-lm"
+source = "builtin:tiny-lm"
+
+[[models]]
+id = "gpt2-dir"
+source = "hf:gpt2-dir"
+dtype = "float64"
+"""
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The main server: one worker, batching on with a window wide enough to merge reliably."""
-    s = start_server(tmp_path_factory.mktemp("main"), workers=1, batch_window_ms=25)
+    """The main server: one worker, batching on with a window wide enough to merge reliably;
+    beside MODELS_TOML, Hugging Face directories (two ViT image classifiers, a GPT-2) and
+    tiny-lm, whose targets are capped at 6 tokens."""
+    from tests.hf_dirs import vit_dir
+    from tests.methods.test_generation import gpt2, gpt2_tokenizer
+
+    tmp = tmp_path_factory.mktemp("main")
+    vit_dir(tmp / "flowers")
+    vit_dir(tmp / "cropped", processor="crop")
+    gpt2().save_pretrained(tmp / "gpt2-dir")
+    gpt2_tokenizer().save_pretrained(tmp / "gpt2-dir")
+    s = start_server(
+        tmp,
+        toml=MODELS_TOML + EXTRA_TOML,
+        workers=1,
+        batch_window_ms=25,
+        max_target_tokens=6,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     yield s
     stop_server(s)
 
@@ -160,5 +206,22 @@ def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(
         tmp_path_factory.mktemp("tight"), workers=1, queue_size=1, batching="false", api_keys=keys
     )
+    yield s
+    stop_server(s)
+
+
+#: keys of ``keyed_server``: k-a and k-b for every model (tests/service/jobs/test_jobs.py), and
+#: the explorer's, for tabular-mlp only (tests/service/explorer/test_explorer.py)
+KEYED_KEYS = (
+    '[{"key": "k-a", "models": ["*"]}, {"key": "k-b", "models": ["*"]},'
+    ' {"key": "k-explorer", "models": ["tabular-mlp"]}]'
+)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server behind API keys (KEYED_KEYS) whose jobs are cut in chunks of cost 256."""
+    tmp = tmp_path_factory.mktemp("keyed")
+    s = start_server(tmp, workers=1, api_keys=KEYED_KEYS, job_chunk_cost=256)
     yield s
     stop_server(s)

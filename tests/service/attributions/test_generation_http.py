@@ -4,11 +4,7 @@ through POST /v1/models/{id}/attributions; the engine's numbers, the ground trut
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,43 +15,15 @@ import methods
 import model_registry
 from model_registry.builtin import lm as tiny
 from tests.methods.test_generation import gpt2, gpt2_tokenizer
-from tests.service.conftest import REPO, Server, free_port, stop_server
-
-MODELS = """
-[[models]]
-id = "tiny-lm"
-source = "builtin:tiny-lm"
-
-[[models]]
-id = "gpt2-dir"
-source = "hf:gpt2-dir"
-dtype = "float64"
-"""
+from tests.service.conftest import Server
 
 
 @pytest.fixture(scope="module")
-def lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("lm")
-    gpt2().save_pretrained(tmp / "gpt2-dir")
-    gpt2_tokenizer().save_pretrained(tmp / "gpt2-dir")
-    (tmp / "models.toml").write_text(MODELS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
-    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env |= {"ATTRSERVE_DATA_DIR": str(tmp / "data"), "ATTRSERVE_MAX_TARGET_TOKENS": "6"}
-    port = free_port()
-    log = tmp / "server.log"
-    cmd = [sys.executable, "-m", "service.cli.main", "serve", "--host", "127.0.0.1", "--port",
-           str(port), "--models", str(tmp / "models.toml")]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
-    try:
-        server.wait_ready()
-    except Exception:
-        proc.kill()
-        raise
-    yield server
-    stop_server(server)
+def lm_server(server: Server) -> Server:
+    """The main server (tests/service/conftest.py), which serves tiny-lm and "gpt2-dir" (the
+    float64 GPT-2 of tests/methods/test_generation.py saved as a directory), targets capped
+    at 6 tokens, HF_HUB_OFFLINE=1."""
+    return server
 
 
 def post(server: Server, model: str, body: dict[str, Any]) -> Any:

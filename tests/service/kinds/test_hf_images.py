@@ -11,7 +11,6 @@ import io
 import json
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from PIL import Image
 import model_registry
 from model_registry.errors import RegistryError
 from tests.hf_dirs import FLOWERS, vit_dir
-from tests.service.conftest import Server, start_server, stop_server
+from tests.service.conftest import Server
 
 
 def picture(width: int, height: int, seed: int, fmt: str = "PNG") -> bytes:
@@ -67,19 +66,10 @@ def captum_ig(path: Path, files: list[bytes], target: list[int], n_steps: int = 
 
 
 @pytest.fixture(scope="module")
-def vit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
-    tmp = tmp_path_factory.mktemp("vit")
-    path = vit_dir(tmp / "flowers")
-    vit_dir(tmp / "cropped", processor="crop")
-    toml = (
-        '[[models]]\nid = "flowers"\nsource = "hf:flowers"\ndtype = "float64"\n\n'
-        '[[models]]\nid = "cropped"\nsource = "hf:cropped"\n\n'
-        '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n\n'
-        '[[models]]\nid = "image-cnn"\nsource = "builtin:image-cnn"\n'
-    )
-    server = start_server(tmp, toml=toml, workers=1)
-    yield server, path
-    stop_server(server)
+def vit_server(server: Server) -> tuple[Server, Path]:
+    """The main server (tests/service/conftest.py), which serves two ViT directories: "flowers"
+    (float64) and "cropped" (its processor crops the centre)."""
+    return server, server.log.parent / "flowers"
 
 
 def post(server: Server, body: dict[str, Any], model: str = "flowers") -> httpx.Response:
