@@ -615,6 +615,8 @@ def check_oom(device: str, n_steps: int = 512, cap_mib: int = 320) -> list[Row]:
     from methods.engine import batching
 
     dev = torch.device(device)
+    if dev.index is None:  # the allocator's cap takes an indexed device
+        dev = torch.device("cuda", torch.cuda.current_device())
     model = _wide_cnn().to(dev)
     x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(2)).to(dev)
     kw: dict[str, Any] = {"target": 3, "n_steps": n_steps}
@@ -741,7 +743,8 @@ def run_bench(device: str, timeout_s: float, module: str = BENCH_MODULE) -> tupl
     if p.returncode != 0:
         err = [ln for ln in p.stderr.splitlines() if ln.strip()]
         reason = f"exit {p.returncode}: {err[-1][:200] if err else 'no stderr'}"
-        return Row("bench " + module, "FAIL", reason, took), p.stdout
+        tail = "\n".join(err[-25:])  # the traceback: where it broke
+        return Row("bench " + module, "FAIL", reason, took), f"{p.stdout}\n{tail}"
     lines = sum(1 for ln in p.stdout.splitlines() if ln.startswith("|"))
     return Row("bench " + module, "PASS", f"exit 0; {lines} table lines (below)", took), p.stdout
 

@@ -35,17 +35,20 @@ def _solve(x: Tensor, y: Tensor, w: Tensor, ridge: float) -> Tensor:
         eye = torch.eye(f, dtype=x.dtype, device=x.device).expand(b, f, f) * ridge**0.5
         a = torch.cat([a, eye], dim=1)
         rhs = torch.cat([rhs, torch.zeros(b, f, dtype=x.dtype, device=x.device)], dim=1)
-    # gelsd (SVD) gives the minimum-norm answer on rank-deficient designs, like scipy's lstsq;
-    # CUDA offers only gels, which needs full rank.
-    driver = "gelsd" if x.device.type == "cpu" else "gels"
+    # gelsd (SVD) gives the minimum-norm answer on rank-deficient designs, like scipy's lstsq.
+    # CUDA offers only gels, which needs full rank: on a GPU a KernelSHAP with fewer samples
+    # than features gave a different, non-finite answer per run (make gpu-check), so the fit
+    # (samples x features, small next to the forwards that scored the samples) runs on the CPU
+    device = x.device
+    a, rhs = a.cpu(), rhs.cpu()
     # one example's fit at a time (each is its own LAPACK call, batched or not): a wide design
     # takes seconds per example, and a cancelled request stops between them
     out = []
     for i in range(b):
         checkpoint()
-        fit = torch.linalg.lstsq(a[i : i + 1], rhs[i : i + 1].unsqueeze(2), driver=driver)
+        fit = torch.linalg.lstsq(a[i : i + 1], rhs[i : i + 1].unsqueeze(2), driver="gelsd")
         out.append(fit.solution.squeeze(2))
-    return torch.cat(out) if out else a.new_zeros(0, f)
+    return (torch.cat(out) if out else a.new_zeros(0, f)).to(device)
 
 
 def least_squares(

@@ -189,7 +189,8 @@ def flat(value: Any) -> list[Tensor]:
 def compare(got: Any, ref: Any) -> tuple[float, float, int]:
     """Relative L2 distance of ``got`` from ``ref``, their mean top-k agreement per example,
     and the k used."""
-    a, r = flat(got), flat(ref)
+    a = [x.detach().cpu() for x in flat(got)]  # the two may sit on different devices
+    r = [y.detach().cpu() for y in flat(ref)]
     num = sum(float((x.double() - y.double()).pow(2).sum()) for x, y in zip(a, r, strict=True))
     den = sum(float(y.double().pow(2).sum()) for y in r)
     rel = (num**0.5) / (den**0.5) if den > 0 else (0.0 if num == 0 else float("inf"))

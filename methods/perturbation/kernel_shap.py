@@ -70,7 +70,8 @@ def kernel_shap(call: Call, p: KernelShapParams) -> Output:
         # Only the two fixed coalitions: the minimum-norm answer splits the total evenly.
         return s.finish((total / m).unsqueeze(1).expand(b, m), p.return_input_shape)
     else:
-        sizes = torch.arange(1, m, dtype=s.dtype)
+        # on the generator's device: a CUDA generator draws on CUDA only
+        sizes = torch.arange(1, m, dtype=s.dtype, device=dev)
         probs = (m - 1) / (sizes * (m - sizes))
         k = (
             torch.multinomial(
