@@ -1,4 +1,5 @@
-"""The ``attrserve`` command: ``serve``, ``openapi``, ``bench``, ``attribute``, ``ray serve``."""
+"""The ``attrserve`` command: ``serve``, ``openapi``, ``bench``, ``attribute``, ``ray serve``,
+``explain-for``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from service.cli import explain_for
 
 
 def openapi_spec() -> dict[str, Any]:
@@ -193,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("rest", nargs=argparse.REMAINDER)
     _add_attribute(sub)
     _add_ray(sub)
+    explain_for.add_parser(sub)
     return parser
 
 

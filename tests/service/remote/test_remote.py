@@ -205,3 +205,52 @@ def test_the_predictor_s_faults_are_the_predictor_s(served: Server) -> None:
     assert "circuit breaker open" in detail
     # the other models of the worker keep serving
     assert post(served, "remote-v1", body).status_code == 200
+
+
+def test_explain_for_is_a_kserve_explainer_of_a_remote_predictor(
+    predictor: tuple[str, Path], tmp_path: Path
+) -> None:
+    """``attrserve explain-for`` with the flags KServe's explainer container receives: its
+    ``:explain`` answers for the predictor's model with the default method it was given."""
+    url, _ = predictor
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1",
+            "ATTRSERVE_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    cmd = [sys.executable, "-m", "service.cli.main", "explain-for", "--model_name", "mlp",
+           "--predictor_host", url.removeprefix("http://"), "--protocol", "v2",
+           "--http_port", str(port), "--host", "127.0.0.1", "--inputs", "x:float32:N,8",
+           "--labels", "low,mid,high", "--method", "shapley_value_sampling",
+           "--params", '{"n_samples": 2}']  # fmt: skip
+    log = (tmp_path / "explainer.log").open("wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", proc, tmp_path / "explainer.log")
+    try:
+        server.wait_ready()
+        body = {"instances": x().tolist(), "parameters": {"target": 2, "seed": 1}}
+        r = httpx.post(f"{server.url}/v1/models/mlp:explain", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        want = methods.attribute(mlp(), x(), "shapley_value_sampling", target=2, seed=1,
+                                 n_samples=2).attributions  # fmt: skip
+        got = torch.tensor([e["attributions"] for e in r.json()["explanations"]])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        info = httpx.get(f"{server.url}/v1/models/mlp").json()
+        assert info["methods"] and "integrated_gradients" not in info["methods"]
+    finally:
+        stop_server(server)
+        log.close()
+
+
+def test_the_kserve_explainer_manifest_runs_explain_for() -> None:
+    yaml = pytest.importorskip("yaml")
+    doc = yaml.safe_load((REPO / "deploy" / "kserve-explainer.yaml").read_text())
+    assert doc["apiVersion"] == "serving.kserve.io/v1beta1" and doc["kind"] == "InferenceService"
+    (container,) = doc["spec"]["explainer"]["containers"]
+    assert container["command"] == ["attrserve", "explain-for"]
+    from service.cli.explain_for import models_toml
+    from service.cli.main import build_parser
+
+    args = build_parser().parse_args(["explain-for", *container["args"]])
+    toml = models_toml(args)
+    assert 'source = "remote:kserve-v1"' in toml and "churn-predictor.default" in toml
+    assert args.http_port == container["ports"][0]["containerPort"]
