@@ -62,6 +62,11 @@ FIRST_CHUNK = 4
 GROWTH = 16
 #: the longest wait before a job tries the full disk again
 MAX_BACKOFF_S = 30.0
+#: a remote model's predictor that fails (502/504) is the predictor's trouble, often passing
+#: (a restart, a rollout): the chunk is tried again, waiting 1, 2, 4 ... 15 s, for this long
+#: after its first failure before the job fails
+UPSTREAM_PATIENCE_S = 300.0
+UPSTREAM_CODES = frozenset({"upstream_failed", "upstream_timeout"})
 
 
 def job_settings(settings: Settings) -> Settings:
@@ -282,6 +287,8 @@ class JobRunner:
         # that counts it): fewer, larger files; a crash recomputes only what was not written
         unwritten: list[dict[str, np.ndarray]] = []
         held, written, last_write = 0, done, time.monotonic()
+        flapping: float | None = None  # when the predictor's current run of failures began
+        wait_s = 1.0
         while done < row.total:
             stop = min(row.total, done + size)
             started = time.perf_counter()
@@ -292,9 +299,19 @@ class JobRunner:
             if reply.error is not None and reply.error.get("code") == PREEMPTED["code"]:
                 size = max(1, (stop - done) // 2)  # stopped for synchronous work: smaller
                 continue
+            code = None if reply.error is None else reply.error.get("code")
+            if code in UPSTREAM_CODES:
+                flapping = time.monotonic() if flapping is None else flapping
+                if time.monotonic() - flapping < UPSTREAM_PATIENCE_S:
+                    why = (reply.error or {}).get("detail", code)
+                    log.warning("job %s: %s; the chunk again in %.0f s", row.id, why, wait_s)
+                    await asyncio.sleep(wait_s)
+                    wait_s = min(15.0, 2 * wait_s)
+                    continue
             if reply.error is not None:
                 self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
                 return
+            flapping, wait_s = None, 1.0
             unwritten.append(chunk_arrays(reply, job))
             held += sum(a.nbytes for a in unwritten[-1].values())
             # the next chunk sized to take about job_chunk_ms: short chunks keep synchronous

@@ -53,25 +53,34 @@ max_concurrency = 3
 def predictor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     tmp = tmp_path_factory.mktemp("predictor")
     port, auth = free_port(), tmp / "auth.log"
-    log = (tmp / "predictor.log").open("wb")
-    cmd = [sys.executable, "-m", "tests.service.remote.predictor", str(port), str(auth)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc = start_predictor(port, auth, tmp / "predictor.log")
     try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise RuntimeError((tmp / "predictor.log").read_text())
-            try:
-                if httpx.get(f"{url}/v2/models/mlp/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        yield url, auth
+        yield f"http://127.0.0.1:{port}", auth
     finally:
         proc.terminate()
         proc.wait(10)
-        log.close()
+
+
+#: where the predictor of ``remote-restart`` comes up only in the middle of a job
+RESTART_PORT = free_port()
+
+
+def start_predictor(port: int, auth: Path, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "tests.service.remote.predictor", str(port), str(auth)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(log.read_text())
+        try:
+            if httpx.get(f"{url}/v2/models/mlp/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the predictor did not start:\n" + log.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +105,13 @@ def served(
             remote("remote-shape", "oip-v2", url, "mlp-shape"),
             remote("remote-slow", "kserve-v1", url, "mlp-slow", "timeout_s = 0.5\nretries = 0"),
             remote("remote-down", "kserve-v1", f"http://127.0.0.1:{free_port()}", "mlp", DOWN),
+            remote(
+                "remote-restart",
+                "kserve-v1",
+                f"http://127.0.0.1:{RESTART_PORT}",
+                "mlp",
+                "retries = 0\ntimeout_s = 2\nbreaker_failures = 1000",
+            ),
         ]
     )
     old = os.environ.get("REMOTE_TOKEN")
@@ -254,3 +270,29 @@ def test_the_kserve_explainer_manifest_runs_explain_for() -> None:
     toml = models_toml(args)
     assert 'source = "remote:kserve-v1"' in toml and "churn-predictor.default" in toml
     assert args.http_port == container["ports"][0]["containerPort"]
+
+
+def test_a_job_across_a_predictor_restart_loses_nothing(served: Server, tmp_path: Path) -> None:
+    """The predictor is down when the job starts and comes up while it waits: its chunks are
+    tried again, and the job's answer is the local model's, every example."""
+    xs = torch.linspace(-2, 2, 8 * 24).reshape(24, 8)
+    body = {"method": "feature_ablation", "inputs": xs.tolist(), "target": 1}
+    r = httpx.post(f"{served.url}/v1/models/remote-restart/attribution-jobs", json=body)
+    assert r.status_code == 202, r.text
+    job = r.json()["id"]
+    time.sleep(3.0)  # its first chunks fail: nothing listens there yet
+    assert httpx.get(f"{served.url}/v1/jobs/{job}").json()["status"] in ("queued", "running")
+    proc = start_predictor(RESTART_PORT, tmp_path / "auth.log", tmp_path / "predictor.log")
+    try:
+        for _ in range(600):
+            info = httpx.get(f"{served.url}/v1/jobs/{job}").json()
+            if info["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.1)
+        assert info["status"] == "succeeded", info
+        result = httpx.get(f"{served.url}/v1/jobs/{job}/result", timeout=60).json()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    want = methods.attribute(mlp(), xs, "feature_ablation", target=1).attributions
+    torch.testing.assert_close(torch.tensor(result["attributions"]), want, rtol=1e-5, atol=1e-5)
