@@ -55,5 +55,21 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         precision=got.get("precision")
         or (None if spec.precision is None else {"default": spec.precision}),
         not_ready_reason=None if ready else state["reason"],
+        predictor=predictor(spec, state.get("predictor")),
         kind=spec.kind,
     )
+
+
+def predictor(spec: ModelSpec, seen: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A remote model's predictor and how it answered lately (None: not a remote model)."""
+    if spec.remote is None:
+        return None
+    seen = seen or {}
+    return {
+        "predictor": spec.remote.describe(),
+        "healthy": seen.get("failures_in_a_row", 0) == 0,
+        "failures_in_a_row": seen.get("failures_in_a_row", 0),
+        "last_ok_at": seen.get("last_ok_at"),
+        "last_error": seen.get("last_error"),
+        "last_error_at": seen.get("last_error_at"),
+    }

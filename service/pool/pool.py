@@ -167,7 +167,12 @@ class WorkerPool:
     def states(self) -> dict[str, dict[str, Any]]:
         """Each known model's state, reason and group."""
         return {
-            mid: {"state": state, "reason": reason, "group": spec.group_name}
+            mid: {
+                "state": state,
+                "reason": reason,
+                "group": spec.group_name,
+                "predictor": self.routes[mid].predictors.get(mid) if mid in self.routes else None,
+            }
             for mid, spec in self.specs.items()
             for state, reason in [self.state(mid)]
         }

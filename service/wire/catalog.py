@@ -88,6 +88,12 @@ class ModelInfo(BaseModel):
         description="the device check at load: the probe's max_abs_diff, max_rel_diff, "
         "tolerance, reference (cpu-float64), ok, served (device/dtype) and method",
     )
+    predictor: dict[str, Any] | None = Field(
+        default=None,
+        description="remote models: the predictor called (protocol, name, URL) and how it "
+        "answered lately: healthy (no failure since its last success), failures_in_a_row, "
+        "last_ok_at, last_error, last_error_at (Unix seconds)",
+    )
     precision: dict[str, Any] | None = Field(
         default=None,
         description="models.toml precision: the default of attribution requests (default), and "

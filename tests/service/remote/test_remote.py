@@ -221,6 +221,13 @@ def test_the_predictor_s_faults_are_the_predictor_s(served: Server) -> None:
     assert "circuit breaker open" in detail
     # the other models of the worker keep serving
     assert post(served, "remote-v1", body).status_code == 200
+    # and each model's details say how its predictor answers
+    bad = httpx.get(f"{served.url}/v1/models/remote-500").json()["predictor"]
+    assert bad["healthy"] is False and bad["failures_in_a_row"] >= 2
+    assert "circuit breaker open" in bad["last_error"] and "mlp-500" in bad["predictor"]
+    good = httpx.get(f"{served.url}/v1/models/remote-v1").json()["predictor"]
+    assert good["healthy"] is True and good["last_ok_at"] is not None
+    assert httpx.get(f"{served.url}/v1/models/remote-v1").json()["precision"] is None
 
 
 def test_explain_for_is_a_kserve_explainer_of_a_remote_predictor(
