@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 from model_registry.builtin import image
-from tests.service.conftest import REPO, Server, start_server, stop_server
+from tests.service.conftest import REPO, Server
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -269,12 +269,9 @@ def test_many_examples_go_as_a_job_with_progress(page: Page) -> None:
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    toml = '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n'
-    keys = json.dumps([{"key": KEY, "models": ["tabular-mlp"]}])
-    s = start_server(tmp_path_factory.mktemp("explorer"), toml=toml, workers=1, api_keys=keys)
-    yield s
-    stop_server(s)
+def keyed(keyed_server: Server) -> Server:
+    """The session's keyed server (tests/service/conftest.py), where KEY serves tabular-mlp."""
+    return keyed_server
 
 
 def test_keys_on(browser: Any, keyed: Server) -> None:

@@ -6,7 +6,6 @@ import io
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +15,16 @@ import pytest
 
 from tests.service.conftest import Server, start_server, stop_server
 
-KEYS = '[{"key": "k-a", "models": ["*"]}, {"key": "k-b", "models": ["*"]}]'
 A = {"X-API-Key": "k-a"}
 B = {"Authorization": "Bearer k-b"}
 FINISHED = ("succeeded", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
-def jobs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("jobs")
-    s = start_server(tmp, workers=1, api_keys=KEYS, data_dir=tmp / "data", job_chunk_cost=256)
-    yield s
-    stop_server(s)
+def jobs_server(keyed_server: Server) -> Server:
+    """The session's keyed server (tests/service/conftest.py): keys k-a and k-b for every
+    model, jobs in chunks of cost 256."""
+    return keyed_server
 
 
 def wait(
@@ -199,26 +196,32 @@ def test_synchronous_requests_keep_priority_and_cancel_frees_the_worker(
 ) -> None:
     with jobs_server.client() as c:
         job_id = long_job(c)
-        time.sleep(0.3)  # the chunk is computing
-        sync = {"method": "saliency", "inputs": [[0.1, 0.2]], "target": 1}
-        for _ in range(3):  # served between the job's internal batches, not after its chunk
+        cancelled = False
+        try:
+            time.sleep(0.3)  # the chunk is computing
+            sync = {"method": "saliency", "inputs": [[0.1, 0.2]], "target": 1}
+            for _ in range(3):  # served between the job's internal batches, not after its chunk
+                t0 = time.perf_counter()
+                r = c.post("/v1/models/slow/attributions", json=sync, headers=A)
+                assert r.status_code == 200, r.text
+                assert time.perf_counter() - t0 < 5.0  # not after the chunk (~50 s)
+            info = c.get(f"/v1/jobs/{job_id}", headers=A).json()
+            assert info["status"] == "running"
             t0 = time.perf_counter()
-            r = c.post("/v1/models/slow/attributions", json=sync, headers=A)
-            assert r.status_code == 200, r.text
-            assert time.perf_counter() - t0 < 5.0  # not after the chunk (~50 s)
-        info = c.get(f"/v1/jobs/{job_id}", headers=A).json()
-        assert info["status"] == "running"
-        t0 = time.perf_counter()
-        r = c.delete(f"/v1/jobs/{job_id}", headers=A)
-        assert r.status_code == 200 and r.json()["status"] == "cancelled"
-        r = c.post(
-            "/v1/models/tabular-mlp/attributions",
-            json={"method": "saliency", "inputs": [[1.0] * 8], "target": 0},
-            headers=A,
-        )
-        assert r.status_code == 200 and time.perf_counter() - t0 < 5.0
-        assert c.get(f"/v1/jobs/{job_id}/result", headers=A).status_code == 409
-        assert wait(c, job_id, A)["status"] == "cancelled"
+            r = c.delete(f"/v1/jobs/{job_id}", headers=A)
+            cancelled = True
+            assert r.status_code == 200 and r.json()["status"] == "cancelled"
+            r = c.post(
+                "/v1/models/tabular-mlp/attributions",
+                json={"method": "saliency", "inputs": [[1.0] * 8], "target": 0},
+                headers=A,
+            )
+            assert r.status_code == 200 and time.perf_counter() - t0 < 5.0
+            assert c.get(f"/v1/jobs/{job_id}/result", headers=A).status_code == 409
+            assert wait(c, job_id, A)["status"] == "cancelled"
+        finally:  # a failure above must not leave the long job holding the jobs that follow
+            if not cancelled:
+                c.delete(f"/v1/jobs/{job_id}", headers=A)
 
 
 @pytest.mark.lifecycle
