@@ -16,6 +16,8 @@ import httpx
 import pytest
 import torch
 
+from model_registry.builtin.noisy import FILES as NOISY
+
 REPO = Path(__file__).resolve().parents[2]
 
 MODELS_TOML = """
@@ -87,6 +89,21 @@ class Server:
                 pass
             time.sleep(0.2)
         raise TimeoutError("server not ready:\n" + self.log.read_text())
+
+
+@dataclass
+class Restartable:
+    """A server that a lifecycle test may stop and start again on the same data directory:
+    later tests get the fresh one from ``current``."""
+
+    tmp: Path
+    settings: dict[str, object]
+    current: Server
+
+    def restart(self) -> Server:
+        stop_server(self.current)
+        self.current = start_server(self.tmp, **self.settings)  # type: ignore[arg-type]
+        return self.current
 
 
 def models_dir(tmp: Path, toml: str = MODELS_TOML) -> Path:
@@ -225,3 +242,43 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(tmp, workers=1, api_keys=KEYED_KEYS, job_chunk_cost=256)
     yield s
     stop_server(s)
+
+
+#: models of ``store_server``: concepts (tests/service/concepts) on image-cnn, training-data
+#: influence (tests/service/influence) on tabular-noisy and "projected", none on tabular-mlp
+STORE_TOML = f"""
+[[models]]
+id = "image-cnn"
+source = "builtin:image-cnn"
+
+[[models]]
+id = "tabular-mlp"
+source = "builtin:tabular-mlp"
+
+[[models]]
+id = "tabular-noisy"
+source = "builtin:tabular-noisy"
+
+[[models]]
+id = "projected"
+source = "builtin:tabular-noisy"
+
+[models.influence]
+train_data = "{NOISY / "train.npz"}"
+checkpoints = [{{ path = "{NOISY / "checkpoint-2.pt"}", lr = 0.1 }},
+               {{ path = "{NOISY / "checkpoint-3.pt"}", lr = 0.05 }}]
+method = "tracin_cp_fast_rand_proj"
+projection_dim = 2
+seed = 3
+"""
+
+
+@pytest.fixture(scope="session")
+def store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restartable]:
+    """A server of what persists in its data directory (concept sets, CAVs, influence indexes),
+    that the lifecycle tests restart on the same directory."""
+    tmp = tmp_path_factory.mktemp("store")
+    settings: dict[str, object] = {"toml": STORE_TOML, "workers": 1}
+    s = Restartable(tmp, settings, start_server(tmp, **settings))  # type: ignore[arg-type]
+    yield s
+    stop_server(s.current)

@@ -4,21 +4,14 @@ model; activations and CAVs computed once, and still cached after a restart."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
 import methods
 from model_registry.builtin import build, image
-from tests.service.conftest import Server, start_server, stop_server
+from tests.service.conftest import Restartable, Server
 
-TOML = (
-    '[[models]]\nid = "image-cnn"\nsource = "builtin:image-cnn"\n\n'
-    '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n'
-)
 LAYERS = ["features.3", "classifier.1"]
 
 
@@ -48,15 +41,9 @@ INPUTS = squares(12, 3, 0)
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("concepts")
-
-
-@pytest.fixture(scope="module")
-def server(data: Path) -> Iterator[Server]:
-    s = start_server(data, toml=TOML, workers=1)
-    yield s
-    stop_server(s)
+def server(store_server: Restartable) -> Server:
+    """The session's store server (tests/service/conftest.py, STORE_TOML)."""
+    return store_server.current
 
 
 def _query(**over: object) -> dict[str, object]:
@@ -177,16 +164,12 @@ def test_the_built_in_demo_shows_a_significant_concept_and_an_insignificant_one(
 
 
 @pytest.mark.lifecycle
-def test_sets_and_cavs_survive_a_restart(server: Server, data: Path) -> None:
+def test_sets_and_cavs_survive_a_restart(server: Server, store_server: Restartable) -> None:
     with server.client() as c:
         first = c.post("/v1/models/image-cnn/tcav", json=_query()).json()
-    stop_server(server)
-    fresh = start_server(data, toml=TOML, workers=1)
-    try:
-        with fresh.client() as c:
-            listed = c.get("/v1/models/image-cnn/concepts").json()["concepts"]
-            assert sorted(x["name"] for x in listed) == sorted([*SETS, *DEMO])
-            body = c.post("/v1/models/image-cnn/tcav", json=_query()).json()
-            assert body["computed"] == 0 and body["scores"] == first["scores"]
-    finally:
-        stop_server(fresh)
+    fresh = store_server.restart()  # stops ``server``, starts on the same data
+    with fresh.client() as c:
+        listed = c.get("/v1/models/image-cnn/concepts").json()["concepts"]
+        assert sorted(x["name"] for x in listed) == sorted([*SETS, *DEMO])
+        body = c.post("/v1/models/image-cnn/tcav", json=_query()).json()
+        assert body["computed"] == 0 and body["scores"] == first["scores"]

@@ -6,7 +6,6 @@ tabular-noisy's wrong labels found; bad requests refused."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,45 +14,18 @@ import torch
 
 import methods
 from model_registry.builtin import noisy, tabular
-from tests.service.conftest import Server, start_server, stop_server
+from tests.service.conftest import Restartable, Server
 
 FILES = noisy.FILES
-TOML = f"""
-[[models]]
-id = "tabular-noisy"
-source = "builtin:tabular-noisy"
-
-[[models]]
-id = "projected"
-source = "builtin:tabular-noisy"
-
-[models.influence]
-train_data = "{FILES / "train.npz"}"
-checkpoints = [{{ path = "{FILES / "checkpoint-2.pt"}", lr = 0.1 }},
-               {{ path = "{FILES / "checkpoint-3.pt"}", lr = 0.05 }}]
-method = "tracin_cp_fast_rand_proj"
-projection_dim = 2
-seed = 3
-
-[[models]]
-id = "tabular-mlp"
-source = "builtin:tabular-mlp"
-"""
 CHECKPOINTS = [
     {"weights": str(FILES / f"checkpoint-{i}.pt"), "lr": lr} for i, lr in enumerate(noisy.LRS, 1)
 ]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("influence")
-
-
-@pytest.fixture(scope="module")
-def server(data: Path) -> Iterator[Server]:
-    s = start_server(data, toml=TOML, workers=1)
-    yield s
-    stop_server(s)
+def server(store_server: Restartable) -> Server:
+    """The session's store server (tests/service/conftest.py, STORE_TOML)."""
+    return store_server.current
 
 
 def ready(server: Server, model: str, timeout: float = 120) -> dict:
@@ -195,19 +167,15 @@ def test_predicted_labels_are_the_model_s_own_class(server: Server) -> None:
 
 
 @pytest.mark.lifecycle
-def test_the_index_is_reused_after_a_restart(server: Server, data: Path) -> None:
+def test_the_index_is_reused_after_a_restart(server: Server, store_server: Restartable) -> None:
     first = ready(server, "tabular-noisy")
-    stop_server(server)
-    fresh = start_server(data, toml=TOML, workers=1)
-    try:
-        with fresh.client() as c:
-            state = c.get("/v1/models/tabular-noisy").json()["influence"]
-            assert state["status"] == "ready" and state["job_id"] == first["job_id"]
-            jobs = c.get("/v1/jobs").json()["jobs"]
-            assert sum(j["model_id"] == "tabular-noisy" for j in jobs) == 1  # not built again
-            assert c.get("/v1/models/tabular-noisy/influence/self").status_code == 200
-    finally:
-        stop_server(fresh)
+    fresh = store_server.restart()  # stops ``server``, starts on the same data
+    with fresh.client() as c:
+        state = c.get("/v1/models/tabular-noisy").json()["influence"]
+        assert state["status"] == "ready" and state["job_id"] == first["job_id"]
+        jobs = c.get("/v1/jobs").json()["jobs"]
+        assert sum(j["model_id"] == "tabular-noisy" for j in jobs) == 1  # not built again
+        assert c.get("/v1/models/tabular-noisy/influence/self").status_code == 200
 
 
 def test_an_index_that_cannot_be_followed_fails_alone(tmp_path: Path) -> None:
