@@ -303,3 +303,21 @@ def test_a_job_across_a_predictor_restart_loses_nothing(served: Server, tmp_path
         proc.wait(10)
     want = methods.attribute(mlp(), xs, "feature_ablation", target=1).attributions
     torch.testing.assert_close(torch.tensor(result["attributions"]), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_metrics_that_need_only_forwards_run_on_a_remote_model(served: Server) -> None:
+    metrics = {"infidelity": {}, "sensitivity_max": {"n_perturb_samples": 3},
+               "deletion": {"steps": 4}, "insertion": {"steps": 4}}  # fmt: skip
+    body = {"method": "feature_ablation", "inputs": x().tolist(), "target": 1, "metrics": metrics}
+    r = post(served, "remote-v2", body)
+    assert r.status_code == 200, r.text
+    attrs = methods.attribute(mlp(), x(), "feature_ablation", target=1).attributions
+    want = methods.evaluate(mlp(), x(), attrs, target=1, metrics=metrics, seed=0,
+                            method="feature_ablation", method_params={})  # fmt: skip
+    got = r.json()["metrics"]
+    for name in ("infidelity", "sensitivity_max"):
+        torch.testing.assert_close(torch.tensor(got[name]), want[name].float(), rtol=1e-4,
+                                   atol=1e-5)  # fmt: skip
+    for name in ("deletion", "insertion"):
+        torch.testing.assert_close(torch.tensor(got[name]["curve"]), want[name]["curve"].float(),
+                                   rtol=1e-4, atol=1e-5)  # fmt: skip
