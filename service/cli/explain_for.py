@@ -122,7 +122,7 @@ def _toml_table(value: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.cli.main import serve
+    from service.cli.serving import serve
 
     folder = Path(tempfile.mkdtemp(prefix="attrserve-explainer-"))
     path = folder / "models.toml"

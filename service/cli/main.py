@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 import orjson
 
 from service.cli import explain_for
+from service.cli.serving import serve
 
 
 def openapi_spec() -> dict[str, Any]:
@@ -28,36 +27,6 @@ def openapi_spec() -> dict[str, Any]:
 def openapi_text() -> str:
     options = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
     return orjson.dumps(openapi_spec(), option=options).decode() + "\n"
-
-
-def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
-    from service.app import create_app
-    from service.core.settings import Settings
-    from service.http.server import GracefulServer
-
-    settings = Settings.from_env(host=args.host, port=args.port, models=args.models)
-    level = logging.getLevelName(settings.log_level.upper())  # uvicorn's "trace" is not one
-    logging.basicConfig(
-        level=level if isinstance(level, int) else logging.DEBUG, format="%(message)s"
-    )
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,  # ours (service.http.middleware) carries the request id, model and method
-        timeout_keep_alive=settings.keep_alive_s,
-        limit_concurrency=settings.max_concurrency,
-        # uvicorn cancels what is still running after this; the pool answers first (503)
-        timeout_graceful_shutdown=math.ceil(settings.drain_s) + 5,
-    )
-    server = GracefulServer(config, app.state.attrserve.pool, settings.drain_s)
-    server.run()
-    if not server.started:  # the start failed (ATTRSERVE_STRICT_START, a port in use)
-        sys.exit(3)
 
 
 #: the source checkout holding this package, where ``benchmarks/`` lives (not installed)

@@ -44,6 +44,12 @@ class AttributionRules:
         """The dtype the model runs in: the request's, else the model's default; None: the
         model's own dtype (so is a precision equal to it)."""
         chosen = req.precision if req.precision is not None else spec.precision
+        if chosen is not None and spec.remote is not None:
+            raise InvalidRequest(
+                f"model {spec.id!r} is served by the {spec.remote.describe()}, which computes "
+                "in its own dtype; omit precision",
+                loc=("body", "precision"),
+            )
         return None if chosen == spec.dtype else chosen
 
     def engine_params(self, p: MethodParams) -> dict[str, Any]:

@@ -165,6 +165,10 @@ def test_gradient_methods_are_refused_by_name(served: Server) -> None:
     assert "'remote-v1'" in detail and "only forwards reach it" in detail and "mlp" in detail
     info = httpx.get(f"{served.url}/v1/models/remote-v1").json()
     assert "integrated_gradients" not in info["methods"] and "kernel_shap" in info["methods"]
+    r = post(served, "remote-v1", {"method": "feature_ablation", "inputs": x().tolist(),
+                                    "target": 1, "precision": "bfloat16"})  # fmt: skip
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "precision"]
+    assert "its own dtype" in r.json()["detail"]
     assert not any(m.startswith(("layer_", "neuron_")) for m in info["methods"])
 
 
