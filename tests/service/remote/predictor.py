@@ -5,7 +5,9 @@ names, each behaving as a predictor in trouble does:
 - ``mlp``: answers right (V1 ``instances`` and V2 ``inputs``);
 - ``mlp-flaky``: answers 500 to every other call (a retry gets through);
 - ``mlp-500``: always 500; ``mlp-shape``: one score per instance, not three;
-- ``mlp-slow``: answers right after 2 s.
+- ``mlp-slow``: answers right after 2 s;
+- ``cnn``: the built-in image CNN (3x32x32 images); ``forest``: a scikit-learn random forest
+  (``predict_proba``), which no gradient reaches.
 
 Every call's ``Authorization`` header is appended to the file AUTH_LOG, so a test can check
 that credentials arrive."""
@@ -24,17 +26,37 @@ from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 import model_registry
 
 
-def mlp() -> torch.nn.Module:
-    spec = next(s for s in model_registry.builtin_specs() if s.id == "tabular-mlp")
+def builtin(name: str) -> torch.nn.Module:
+    spec = next(s for s in model_registry.builtin_specs() if s.id == name)
     model: torch.nn.Module = model_registry.load(spec).model
     return model
+
+
+def mlp() -> torch.nn.Module:
+    return builtin("tabular-mlp")
+
+
+def cnn() -> torch.nn.Module:
+    return builtin("image-cnn")
+
+
+def forest() -> Any:
+    """A scikit-learn random forest over 8 features and 3 classes, fit deterministically: a
+    model no gradient reaches, as a KServe sklearn predictor serves it."""
+    from sklearn.ensemble import RandomForestClassifier
+
+    rng = np.random.RandomState(0)
+    x = rng.uniform(-2, 2, size=(300, 8))
+    y = (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(int) + (x[:, 3] > 1).astype(int)
+    return RandomForestClassifier(n_estimators=20, max_depth=5, random_state=0).fit(x, y)
 
 
 class Predictor(Model):  # type: ignore[misc]
     def __init__(self, name: str, behaviour: str, auth_log: Path) -> None:
         super().__init__(name)
         self.behaviour, self.auth_log, self.calls = behaviour, auth_log, 0
-        self.net = mlp()
+        self.net = cnn() if behaviour == "cnn" else mlp()
+        self.forest = forest() if behaviour == "sklearn" else None
         self.ready = True
 
     def predict(
@@ -49,8 +71,11 @@ class Predictor(Model):  # type: ignore[misc]
             time.sleep(2.0)
         v2 = isinstance(payload, InferRequest)
         x = payload.inputs[0].as_numpy() if v2 else np.asarray(payload["instances"])
-        with torch.no_grad():
-            out = self.net(torch.as_tensor(x, dtype=torch.float32)).numpy()
+        if self.forest is not None:
+            out = self.forest.predict_proba(np.asarray(x, dtype=np.float64)).astype(np.float32)
+        else:
+            with torch.no_grad():
+                out = self.net(torch.as_tensor(x, dtype=torch.float32)).numpy()
         if self.behaviour == "shape":
             out = out[:, :1]
         if v2:
@@ -69,6 +94,8 @@ def main() -> None:
             ("mlp-500", "500"),
             ("mlp-shape", "shape"),
             ("mlp-slow", "slow"),
+            ("cnn", "cnn"),
+            ("forest", "sklearn"),
         )
     ]
     ModelServer(http_port=port, enable_grpc=False, workers=1).start(models)

@@ -22,25 +22,33 @@ import torch
 
 import methods
 from tests.service.conftest import REPO, Server, free_port, start_server, stop_server
-from tests.service.remote.predictor import mlp
+from tests.service.remote.predictor import cnn, forest, mlp
 
 pytest.importorskip("kserve", reason="kserve is a dev dependency")
 
 TOKEN = "s3cret-token-for-the-predictor"
 BREAKER = "retries = 1\nbreaker_failures = 2\nbreaker_cooldown_s = 600"
 DOWN = "retries = 1\ntimeout_s = 2"
-INPUTS = '[{ name = "x", dtype = "float32", shape = ["N", 8] }]'
+TABULAR = (
+    'inputs = [{ name = "x", dtype = "float32", shape = ["N", 8] }]\n'
+    'labels = ["low", "mid", "high"]'
+)
+CNN = (
+    'inputs = [{ name = "image", dtype = "float32", shape = ["N", 3, 32, 32] }]\n'
+    'labels = ["top-left", "top-right", "bottom-left", "bottom-right"]'
+)
 
 
-def remote(id_: str, protocol: str, url: str, name: str, extra: str = "") -> str:
+def remote(
+    id_: str, protocol: str, url: str, name: str, extra: str = "", shape: str = TABULAR
+) -> str:
     return f"""
 [[models]]
 id = "{id_}"
 source = "remote:{protocol}"
 url = "{url}"
 model_name = "{name}"
-inputs = {INPUTS}
-labels = ["low", "mid", "high"]
+{shape}
 group = "remote"
 headers = {{ Authorization = "Bearer ${{REMOTE_TOKEN}}" }}
 max_batch = 16
@@ -105,6 +113,8 @@ def served(
             remote("remote-shape", "oip-v2", url, "mlp-shape"),
             remote("remote-slow", "kserve-v1", url, "mlp-slow", "timeout_s = 0.5\nretries = 0"),
             remote("remote-down", "kserve-v1", f"http://127.0.0.1:{free_port()}", "mlp", DOWN),
+            remote("remote-cnn", "oip-v2", url, "cnn", shape=CNN),
+            remote("remote-forest", "kserve-v1", url, "forest"),
             remote(
                 "remote-restart",
                 "kserve-v1",
@@ -325,3 +335,41 @@ def test_the_metrics_that_need_only_forwards_run_on_a_remote_model(served: Serve
     for name in ("deletion", "insertion"):
         torch.testing.assert_close(torch.tensor(got[name]["curve"]), want[name]["curve"].float(),
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
+def test_an_image_model_behind_a_predictor_is_occluded_as_the_local_one(served: Server) -> None:
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    params = {"sliding_window_shapes": [3, 8, 8], "strides": [3, 8, 8]}
+    body = {"method": "occlusion", "inputs": images.tolist(), "target": "bottom-left",
+            "params": params}  # fmt: skip
+    r = post(served, "remote-cnn", body)
+    assert r.status_code == 200, r.text
+    want = methods.attribute(cnn(), images, "occlusion", target=2, **params).attributions
+    got = torch.tensor(r.json()["attributions"])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_scikit_learn_model_is_explained_as_captum_explains_it(served: Server) -> None:
+    """No gradient reaches a random forest: KernelSHAP and feature ablation through its KServe
+    predictor equal Captum's on a forward that calls the forest itself."""
+    from captum.attr import FeatureAblation, KernelShap
+
+    model = forest()
+
+    def forward(t: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(model.predict_proba(t.double().numpy())).float()
+
+    body = {"method": "feature_ablation", "inputs": x().tolist(), "target": 2}
+    r = post(served, "remote-forest", body)
+    assert r.status_code == 200, r.text
+    want = FeatureAblation(forward).attribute(x(), target=2)
+    torch.testing.assert_close(torch.tensor(r.json()["attributions"]), want, rtol=1e-5, atol=1e-6)
+    body = {"method": "kernel_shap", "inputs": x()[:1].tolist(), "target": 1, "seed": 0,
+            "params": {"n_samples": 300}}  # fmt: skip
+    r = post(served, "remote-forest", body)
+    assert r.status_code == 200, r.text
+    ours = torch.tensor(r.json()["attributions"])
+    theirs = KernelShap(forward).attribute(x()[:1], target=1, n_samples=300)
+    # two samplers: the same Shapley values within sampling error, and the same sum (efficiency)
+    torch.testing.assert_close(ours.sum(), theirs.sum(), rtol=1e-4, atol=1e-5)
+    assert float((ours - theirs).norm() / theirs.norm()) < 0.25
