@@ -179,6 +179,7 @@ def auto_integral(
     acc: Tensors | None = None
     prev: int | None = None
     attrs: Tensors = ()
+    change: float | None = None
     delta = torch.zeros_like(fx)
     evaluated = 0
     echo: dict[str, Any] = {}
@@ -223,13 +224,39 @@ def auto_integral(
             grads = part if acc is None else tuple(a + q for a, q in zip(acc, part, strict=True))
             acc = grads
             evaluated += len(pts)
-        attrs = _finish(tuple(g * h for g in grads), xs, bs, True)
+        last, attrs = attrs, _finish(tuple(g * h for g in grads), xs, bs, True)
         delta = completeness_delta(attrs, fx, fb)
         prev = n
-        if bool((delta.abs() <= tol).all()):
+        change = _change(attrs, last) if last else None
+        met = bool((delta.abs() <= tol).all())
+        # Stop when the delta is met and the last rung moved the attributions by less than the
+        # tolerance (on a ReLU net the delta can be met while single attributions are still
+        # 5% off: measured on ResNet-50), or when the rungs agree ten times closer than that
+        # though the delta is not met: the rest of the delta is not quadrature error (rounding
+        # of a small output gap; measured on ViT-B, where 513 steps did not meet 1e-3)
+        if change is not None and change <= p.delta_tolerance and met:
+            stopped = "delta"
             break
-    converged = bool((delta.abs() <= tol).all())
+        if change is not None and change <= 0.1 * p.delta_tolerance:
+            stopped = "stable"
+            break
+    else:
+        stopped = "ladder_top"
     echo.update(
-        n_steps=prev, n_steps_evaluated=evaluated, converged=converged, approximation_method=method
+        n_steps=prev,
+        n_steps_evaluated=evaluated,
+        converged=bool((delta.abs() <= tol).all()),
+        stopped=stopped,
+        change=change,
+        approximation_method=method,
     )
     return attrs, delta, echo
+
+
+def _change(attrs: Tensors, last: Tensors) -> float:
+    """||attrs - last|| / ||attrs|| over every input: how much the last rung moved them."""
+    num = sum(
+        float((a.double() - b.double()).pow(2).sum()) for a, b in zip(attrs, last, strict=True)
+    )
+    den = sum(float(a.double().pow(2).sum()) for a in attrs)
+    return (num / den) ** 0.5 if den > 0 else (0.0 if num == 0 else float("inf"))

@@ -239,3 +239,30 @@ def test_layer_ig_auto_steps_stop_where_the_fixed_rule_agrees() -> None:
     with pytest.raises(InvalidArgumentError, match="multiply_by_inputs"):
         methods.attribute(m, ids, "layer_integrated_gradients", n_steps="auto",
                           multiply_by_inputs=False, **kw)  # fmt: skip
+
+
+class _Stepped(nn.Module):
+    """A smooth part and a jump no gradient sees: the delta can never be met."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x)) + 10.0 * (x[:, :1] > 0.5).to(x.dtype)
+
+
+def test_auto_steps_stop_when_the_rungs_agree_though_the_delta_cannot_be_met() -> None:
+    torch.manual_seed(7)
+    m = _Stepped().double()
+    x = torch.full((3, 4), 0.9, dtype=torch.float64)
+    r = methods.attribute(m, x, "integrated_gradients", target=0, n_steps="auto",
+                          delta_tolerance=1e-3)  # fmt: skip
+    assert r.params["stopped"] == "stable" and not r.params["converged"]
+    assert r.params["change"] <= 1e-4 and r.params["n_steps"] < 513
+    # where the delta is met, one more rung still has to agree before it stops
+    smooth = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    s = methods.attribute(smooth, x, "integrated_gradients", target=0, n_steps="auto",
+                          delta_tolerance=1e-3)  # fmt: skip
+    assert s.params["stopped"] == "delta" and s.params["converged"]
+    assert s.params["change"] <= 1e-3
