@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from methods.cost import CostShape
 from methods.engine.baselines import format_baselines
@@ -31,7 +31,10 @@ from methods.params import MultiplyByInputsParams, PositiveInt, QuadratureParams
 from methods.registry import TokenCounterpart, register
 
 
-class IntegratedGradientsParams(QuadratureParams, MultiplyByInputsParams):
+class AutoStepsParams(BaseModel):
+    """``n_steps`` that may be ``"auto"``, and the tolerance it stops on (integrated gradients
+    and layer integrated gradients)."""
+
     n_steps: PositiveInt | Literal["auto"] = Field(
         50, description="integration points, or 'auto' for the fewest meeting delta_tolerance"
     )
@@ -41,6 +44,10 @@ class IntegratedGradientsParams(QuadratureParams, MultiplyByInputsParams):
         description="n_steps='auto' only: largest accepted |convergence delta|, as a fraction "
         "of |f(inputs) - f(baselines)| per example",
     )
+
+
+class IntegratedGradientsParams(AutoStepsParams, QuadratureParams, MultiplyByInputsParams):
+    pass
 
 
 #: Ladders for n_steps="auto". Riemann grids nest when refined (left/right/trapezoid by

@@ -10,10 +10,7 @@ models the layer is the embedding: baselines are token ids (e.g. the pad id) and
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 
 from methods.engine import layers
 from methods.engine.baselines import format_baselines
@@ -23,6 +20,7 @@ from methods.engine.path import completeness_delta, path_gradient_sum
 from methods.engine.quadrature import rule_tensors
 from methods.errors import InvalidArgumentError
 from methods.gradient.integrated_gradients import (
+    AutoStepsParams,
     auto_cost,
     auto_integral,
     auto_rule,
@@ -30,20 +28,14 @@ from methods.gradient.integrated_gradients import (
     ladder_top,
 )
 from methods.layer._common import LayerPathParams, layer_output, target_layer
-from methods.params import MultiplyByInputsParams, PositiveInt
+from methods.params import MultiplyByInputsParams
 from methods.registry import register
 
 
-class LayerIntegratedGradientsParams(LayerPathParams, MultiplyByInputsParams):
-    n_steps: PositiveInt | Literal["auto"] = Field(  # type: ignore[assignment]
-        50, description="integration points, or 'auto' for the fewest meeting delta_tolerance"
-    )
-    delta_tolerance: float = Field(
-        0.01,
-        gt=0,
-        description="n_steps='auto' only: largest accepted |convergence delta|, as a fraction "
-        "of |f(inputs) - f(baselines)| per example",
-    )
+class LayerIntegratedGradientsParams(  # type: ignore[misc]  # n_steps may be "auto" here
+    AutoStepsParams, LayerPathParams, MultiplyByInputsParams
+):
+    pass
 
 
 def endpoint_values(

@@ -44,6 +44,7 @@ from service.jobs.store import JobRow, JobStore
 from service.jobs.stored import dumps, fingerprint, loads
 from service.kinds.base import Ran, envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
+from service.pool.predictors import UPSTREAM_CODES
 from service.pool.split import chunk
 from service.wire.attributions import AttributionRequest
 
@@ -66,7 +67,6 @@ MAX_BACKOFF_S = 30.0
 #: (a restart, a rollout): the chunk is tried again, waiting 1, 2, 4 ... 15 s, for this long
 #: after its first failure before the job fails
 UPSTREAM_PATIENCE_S = 300.0
-UPSTREAM_CODES = frozenset({"upstream_failed", "upstream_timeout"})
 
 
 def job_settings(settings: Settings) -> Settings:

@@ -44,6 +44,7 @@ from service.core.work import Batch, Reply, Work
 from service.pool import split
 from service.pool.cores import Cores
 from service.pool.costs import Costs
+from service.pool.predictors import Predictors
 from service.pool.processes import Processes
 from service.pool.records import DEPTH, PREEMPTED, Entry, Pending, Worker
 from service.worker import threads
@@ -78,8 +79,7 @@ class Group(Processes):
         #: why the group has no worker after one exited by itself (None: it has, or none did)
         self.crash: str | None = None
         self.costs = Costs(settings)
-        #: remote models: how their predictor answered lately (``note_predictor``)
-        self.predictors: dict[str, dict[str, Any]] = {}
+        self.predictors = Predictors(specs)  # remote models: how their predictor answers
         self._ids = itertools.count(1)
         self._waiting: deque[Pending] = deque()
         self._by_key: dict[tuple[Any, ...], Pending] = {}
@@ -213,15 +213,9 @@ class Group(Processes):
             )
 
     def status(self) -> list[dict[str, Any]]:
+        keys = ("index", "pid", "state", "restarts")  # and the group, the last restart reason
         return [
-            {
-                "index": w.index,
-                "group": self.name,
-                "pid": w.pid,
-                "state": w.state,
-                "restarts": w.restarts,
-                "last_restart_reason": w.reason,
-            }
+            {"group": self.name, "last_restart_reason": w.reason} | {k: getattr(w, k) for k in keys}
             for w in self.workers
         ]
 
@@ -444,24 +438,8 @@ class Group(Processes):
             cancelled = reply.error is not None and reply.error.get("code") == "cancelled"
             if pending.preempted and cancelled:  # stopped for synchronous work: the job's
                 reply = Reply(job_id=reply.job_id, error=PREEMPTED)  # runner tries a smaller one
-            self.note_predictor(entry.job.model_id, reply)
+            self.predictors.note(entry.job.model_id, reply)
             entry.future.set_result(reply)
-
-    def note_predictor(self, model_id: str, reply: Reply) -> None:
-        """A remote model's predictor health from its answers: its last failure (502/504)
-        and success, and failures in a row."""
-        spec = next((s for s in self.specs if s.id == model_id), None)
-        if spec is None or spec.remote is None:
-            return
-        seen = self.predictors.setdefault(model_id, {"failures_in_a_row": 0})
-        code = None if reply.error is None else reply.error.get("code")
-        if code in ("upstream_failed", "upstream_timeout"):
-            seen["failures_in_a_row"] += 1
-            seen["last_error"] = str((reply.error or {}).get("detail", code))
-            seen["last_error_at"] = time.time()
-        elif reply.error is None:
-            seen["failures_in_a_row"] = 0
-            seen["last_ok_at"] = time.time()
 
     def _fail_waiting(self) -> None:
         """Answer the queued requests of models now "failed" at once (503 naming the model)."""
