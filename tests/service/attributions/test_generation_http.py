@@ -188,13 +188,15 @@ def test_a_cancelled_generation_stops_and_leaves_its_worker_idle(lm_server: Serv
         t0 = time.monotonic()
         r = c.post("/v1/models/gpt2-dir/attributions", json=expensive)
         assert r.status_code == 504, r.text
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 10.0
         cheap = {"method": "feature_ablation", "target": "paris",
                  "inputs": {"prompt": "{} lives in", "features": ["alice"]}}  # fmt: skip
         t0 = time.monotonic()
         r = c.post("/v1/models/gpt2-dir/attributions", json=cheap)
         assert r.status_code == 200, r.text
-        assert time.monotonic() - t0 < 2.0  # not behind the abandoned sampling
+        # not behind the abandoned sampling (19,800 single-row forwards); generous
+        # for a loaded CI machine, where one cheap request alone has taken 2 s
+        assert time.monotonic() - t0 < 15.0
         (after,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
                     if w["group"] == "gpt2-dir"]  # fmt: skip
         assert after == before
