@@ -154,6 +154,12 @@ class ModelSpec:
     influence: Any = None
 
     @property
+    def takes_text(self) -> bool:
+        """Whether requests may send texts, which the loaded model's tokenizer makes ids: token
+        models (their embedding layer named) and remote predictors sent text."""
+        return self.embedding_layer is not None or getattr(self.remote, "send", "") == "text"
+
+    @property
     def group_name(self) -> str:
         """The worker group serving the model: ``group``, else the model's own id."""
         return self.group or self.id

@@ -23,14 +23,10 @@ sent, never logged nor shown.
 from __future__ import annotations
 
 import copy
-import os
 import random
-import re
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -42,8 +38,15 @@ from methods.errors import AttributionError
 from model_registry.errors import RegistryError
 from model_registry.model_kinds import model_kind
 from model_registry.sources.base import ModelSource, Source, register
-from model_registry.spec import LoadedModel, ModelSpec
-from model_registry.table import Table, describe_value
+from model_registry.sources.remote_payloads import (
+    Words,
+    encode_images,
+    pointer_get,
+    pointer_put,
+)
+from model_registry.sources.remote_spec import RemoteSpec, expand, remote_spec
+from model_registry.spec import InputSpec, LoadedModel, ModelSpec, OutputSpec
+from model_registry.table import Table
 
 PROTOCOLS = ("kserve-v1", "oip-v2", "http")
 #: the OIP datatype of each input dtype
@@ -55,7 +58,6 @@ DATATYPES = {
     "int32": "INT32",
     "bool": "BOOL",
 }
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: what a model served elsewhere cannot be given in models.toml
 _REFUSED = {
     key: f"a remote model runs on its predictor; it has no {what} here"
@@ -81,75 +83,6 @@ class RemoteFailure(AttributionError):
     def __init__(self, message: str, status: int = 502, upstream: int | None = None) -> None:
         super().__init__(message, argument="model")
         self.status, self.upstream = status, upstream
-
-
-@dataclass(frozen=True)
-class RemoteSpec:
-    """Where and how to call a remote predictor (models.toml's remote keys)."""
-
-    protocol: str
-    url: str
-    model_name: str
-    #: header name -> value, ``${NAME}`` standing for an environment variable (read at load)
-    headers: Mapping[str, str] = field(default_factory=dict)
-    timeout_s: float = 30.0
-    max_batch: int = 64
-    max_concurrency: int = 4
-    retries: int = 2
-    breaker_failures: int = 5
-    breaker_cooldown_s: float = 30.0
-    #: remote:http: the request body, the batch placed at ``inputs_pointer``
-    request_template: Mapping[str, Any] = field(default_factory=dict)
-    inputs_pointer: str = "/instances"
-    outputs_pointer: str = "/predictions"
-    #: oip-v2: the output to read (None: the first)
-    output_name: str | None = None
-
-    def endpoint(self) -> str:
-        base = self.url.rstrip("/")
-        if self.protocol == "kserve-v1":
-            return f"{base}/v1/models/{self.model_name}:predict"
-        if self.protocol == "oip-v2":
-            return f"{base}/v2/models/{self.model_name}/infer"
-        return self.url
-
-    def describe(self) -> str:
-        """The predictor as messages name it (no headers: they may hold credentials)."""
-        return f"{self.protocol} predictor {self.model_name!r} at {self.endpoint()}"
-
-
-# -- JSON pointers (RFC 6901) ---------------------------------------------------------------
-
-
-def _tokens(pointer: str) -> list[str]:
-    if pointer == "":
-        return []
-    if not pointer.startswith("/"):
-        raise ValueError(f"a JSON pointer starts with '/', got {pointer!r}")
-    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
-
-
-def pointer_get(doc: Any, pointer: str) -> Any:
-    for t in _tokens(pointer):
-        doc = doc[int(t)] if isinstance(doc, list) else doc[t]
-    return doc
-
-
-def pointer_put(doc: Any, pointer: str, value: Any) -> Any:
-    tokens = _tokens(pointer)
-    if not tokens:
-        return value
-    at = doc
-    for t in tokens[:-1]:
-        at = at.setdefault(t, {}) if isinstance(at, dict) else at[int(t)]
-    if isinstance(at, list):
-        at[int(tokens[-1])] = value
-    else:
-        at[tokens[-1]] = value
-    return doc
-
-
-# -- the model ------------------------------------------------------------------------------
 
 
 class Breaker:
@@ -191,9 +124,15 @@ class Breaker:
 class RemoteModel(nn.Module):
     """A model whose forward is a call to a remote predictor (no parameters, no gradients)."""
 
-    def __init__(self, spec: ModelSpec, remote: RemoteSpec, headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        remote: RemoteSpec,
+        headers: dict[str, str],
+        words: Words | None = None,
+    ) -> None:
         super().__init__()
-        self.spec, self.remote = spec, remote
+        self.spec, self.remote, self.words = spec, remote, words
         self._headers = headers
         self.breaker = Breaker(remote.breaker_failures, remote.breaker_cooldown_s)
         self._client: Any = None
@@ -221,7 +160,18 @@ class RemoteModel(nn.Module):
 
     def body(self, xs: tuple[torch.Tensor, ...]) -> Any:
         r, names = self.remote, [i.name for i in self.spec.inputs]
-        if r.protocol == "oip-v2":
+        if r.send != "tensors":
+            if r.send == "text":
+                if self.words is None:
+                    raise RemoteFailure("a model that sends text needs its words (load it)")
+                values: list[str] = self.words.texts(xs[0])
+            else:
+                values = encode_images(xs[0], r.send, r.pixel_max)
+            if r.protocol == "oip-v2":
+                data = {"name": names[0], "shape": [len(values)], "datatype": "BYTES"}
+                return {"inputs": [{**data, "data": values}]}
+            rows: Any = [{r.instance_key: v} if r.instance_key else v for v in values]
+        elif r.protocol == "oip-v2":
             return {
                 "inputs": [
                     {
@@ -233,14 +183,15 @@ class RemoteModel(nn.Module):
                     for name, x in zip(names, xs, strict=True)
                 ]
             }
-        rows: Any = (
-            xs[0].tolist()
-            if len(xs) == 1
-            else [
-                {name: x[i].tolist() for name, x in zip(names, xs, strict=True)}
-                for i in range(xs[0].shape[0])
-            ]
-        )
+        else:
+            rows = (
+                xs[0].tolist()
+                if len(xs) == 1
+                else [
+                    {name: x[i].tolist() for name, x in zip(names, xs, strict=True)}
+                    for i in range(xs[0].shape[0])
+                ]
+            )
         if r.protocol == "kserve-v1":
             return {"instances": rows}
         return pointer_put(copy.deepcopy(dict(r.request_template)), r.inputs_pointer, rows)
@@ -359,6 +310,7 @@ class RemoteModel(nn.Module):
 class RemoteSource(ModelSource):
     name = "remote"
     syntax = "remote:kserve-v1|oip-v2|http"
+    kinds = ("tensor", "text_classification")
     hookable = False
     differentiable = False
     local = False
@@ -376,6 +328,11 @@ class RemoteSource(ModelSource):
         "inputs_pointer",
         "outputs_pointer",
         "output_name",
+        "send",
+        "instance_key",
+        "words",
+        "mask",
+        "pixel_max",
     )
     refused = MappingProxyType(_REFUSED)
 
@@ -383,10 +340,34 @@ class RemoteSource(ModelSource):
         if target not in PROTOCOLS:
             raise ValueError(f"remote: takes one of {list(PROTOCOLS)}, got {target!r}")
 
+    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
+        """A predictor that takes text: its input is the request's words (``Words``)."""
+        if kind != "text_classification":
+            return None
+        if "inputs" in table:
+            table.fail("inputs", "a predictor that takes text is sent texts; remove this")
+        return ModelSpec(
+            id="",
+            version="",
+            description="",
+            source="",
+            device="cpu",
+            dtype="float32",
+            inputs=(InputSpec("text", "int64", (None, None)),),
+            output=OutputSpec(shape=(None,)),
+            kind=kind,
+            texts_batch=True,  # each row is its own text: padding changes nothing
+        )
+
     def spec(self, table: Table, source: Source) -> ModelSpec:
         from dataclasses import replace
 
-        if "inputs" not in table:
+        text = table.get("send") == "text"
+        if text and table.get("kind", "tensor") != "text_classification":
+            table.fail("kind", 'a predictor sent text is kind = "text_classification"')
+        if table.get("kind") == "text_classification" and not text:
+            table.fail("send", 'a text_classification predictor is sent text: send = "text"')
+        if "inputs" not in table and not text:
             table.fail("inputs", "required for a remote model: what its predictor takes")
         spec = super().spec(table, source)
         return replace(spec, remote=remote_spec(table, source, spec))
@@ -399,86 +380,15 @@ class RemoteSource(ModelSource):
         if remote is None:
             raise RegistryError("a remote model needs its remote keys", model=spec.id)
         headers = {name: expand(value, spec, name) for name, value in remote.headers.items()}
+        words = Words(remote.words, remote.mask) if remote.send == "text" else None
         loaded = LoadedModel(
-            spec=spec, model=RemoteModel(spec, remote, headers), device=torch.device("cpu")
+            spec=spec,
+            model=RemoteModel(spec, remote, headers, words),
+            device=torch.device("cpu"),
+            tokenizer=words,
         )
         loaded.extra["source_kind"] = self.name
         return loaded
-
-
-def expand(value: str, spec: ModelSpec, name: str) -> str:
-    """``value`` with each ``${NAME}`` replaced by that environment variable."""
-
-    def one(m: re.Match[str]) -> str:
-        found = os.environ.get(m.group(1))
-        if found is None:
-            raise RegistryError(
-                f"header {name!r} names the environment variable {m.group(1)}, which is not set",
-                model=spec.id,
-                field="headers",
-            )
-        return found
-
-    return _ENV.sub(one, value)
-
-
-def _number(table: Table, key: str, default: float, *, integer: bool, low: float) -> Any:
-    v = table.get(key, default)
-    kind_ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not kind_ok or v < low:
-        what = "an integer" if integer else "a number"
-        table.fail(key, f"expected {what} >= {low:g}, got {describe_value(v)}")
-    return v
-
-
-def remote_spec(table: Table, source: Source, spec: ModelSpec) -> RemoteSpec:
-    url = table.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        table.fail(
-            "url", f"expected the predictor's http:// or https:// URL, got {describe_value(url)}"
-        )
-    headers = table.get("headers", {})
-    if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-    ):
-        table.fail("headers", "expected a table of header names to string values")
-    template = table.get("request_template", {})
-    if not isinstance(template, dict):
-        table.fail("request_template", f"expected a table, got {describe_value(template)}")
-    if source.target != "http":
-        for key in ("request_template", "inputs_pointer", "outputs_pointer"):
-            if key in table:
-                table.fail(key, f"only remote:http takes {key}")
-    if "output_name" in table and source.target != "oip-v2":
-        table.fail("output_name", "only remote:oip-v2 takes output_name")
-    pointers = {}
-    for key, default in (("inputs_pointer", "/instances"), ("outputs_pointer", "/predictions")):
-        v = table.get(key, default)
-        if not isinstance(v, str) or not (v == "" or v.startswith("/")):
-            table.fail(key, f"expected a JSON pointer such as '/data', got {describe_value(v)}")
-        pointers[key] = v
-    name = table.get("model_name", spec.id)
-    if not isinstance(name, str) or not name:
-        table.fail("model_name", f"expected the predictor's model name, got {describe_value(name)}")
-    out_name = table.get("output_name")
-    if out_name is not None and not isinstance(out_name, str):
-        table.fail("output_name", f"expected a string, got {describe_value(out_name)}")
-    return RemoteSpec(
-        protocol=source.target,
-        url=url,
-        model_name=name,
-        headers=dict(headers),
-        timeout_s=float(_number(table, "timeout_s", 30.0, integer=False, low=0.001)),
-        max_batch=int(_number(table, "max_batch", 64, integer=True, low=1)),
-        max_concurrency=int(_number(table, "max_concurrency", 4, integer=True, low=1)),
-        retries=int(_number(table, "retries", 2, integer=True, low=0)),
-        breaker_failures=int(_number(table, "breaker_failures", 5, integer=True, low=1)),
-        breaker_cooldown_s=float(_number(table, "breaker_cooldown_s", 30.0, integer=False, low=0)),
-        request_template=dict(template),
-        inputs_pointer=pointers["inputs_pointer"],
-        outputs_pointer=pointers["outputs_pointer"],
-        output_name=out_name,
-    )
 
 
 def health(model: Any) -> dict[str, Any] | None:

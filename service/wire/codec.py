@@ -231,7 +231,7 @@ def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) 
                 "...] or pixel_values as a tensor",
                 loc=loc,
             )
-        if spec.embedding_layer is None:
+        if not spec.takes_text:
             raise InvalidRequest(
                 f"model {spec.id!r} has no tokenizer; send tensors, not text", loc=loc
             )

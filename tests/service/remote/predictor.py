@@ -7,7 +7,10 @@ names, each behaving as a predictor in trouble does:
 - ``mlp-500``: always 500; ``mlp-shape``: one score per instance, not three;
 - ``mlp-slow``: answers right after 2 s;
 - ``cnn``: the built-in image CNN (3x32x32 images); ``forest``: a scikit-learn random forest
-  (``predict_proba``), which no gradient reaches.
+  (``predict_proba``), which no gradient reaches;
+- ``text``: the built-in text classifier, sent texts (strings, or ``{"text": ...}``), which
+  it tokenizes itself; ``cnn-png``: the image CNN, sent base64 PNG files (strings or
+  ``{"b64": ...}``), which it decodes to 0..1 pixels itself.
 
 Every call's ``Authorization`` header is appended to the file AUTH_LOG, so a test can check
 that credentials arrive."""
@@ -40,6 +43,31 @@ def cnn() -> torch.nn.Module:
     return builtin("image-cnn")
 
 
+def text() -> torch.nn.Module:
+    return builtin("text-classifier")
+
+
+def decoded(x: Any, behaviour: str) -> Any:
+    """What a predictor that takes text or images makes of its instances: token ids, pixels."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from model_registry.builtin.text import WordTokenizer
+
+    def value(v: Any) -> str:
+        v = v.get("text", v.get("b64")) if isinstance(v, dict) else v
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    values = [value(v) for v in np.asarray(x, dtype=object).reshape(-1)]
+    if behaviour == "text":
+        ids, _ = WordTokenizer()(values)
+        return ids
+    pictures = [np.asarray(Image.open(io.BytesIO(base64.b64decode(v)))) for v in values]
+    return np.stack(pictures).transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+
+
 def forest() -> Any:
     """A scikit-learn random forest over 8 features and 3 classes, fit deterministically: a
     model no gradient reaches, as a KServe sklearn predictor serves it."""
@@ -55,7 +83,9 @@ class Predictor(Model):  # type: ignore[misc]
     def __init__(self, name: str, behaviour: str, auth_log: Path) -> None:
         super().__init__(name)
         self.behaviour, self.auth_log, self.calls = behaviour, auth_log, 0
-        self.net = cnn() if behaviour == "cnn" else mlp()
+        self.net = (
+            cnn() if behaviour.startswith("cnn") else text() if behaviour == "text" else mlp()
+        )
         self.forest = forest() if behaviour == "sklearn" else None
         self.ready = True
 
@@ -70,8 +100,11 @@ class Predictor(Model):  # type: ignore[misc]
         if self.behaviour == "slow":
             time.sleep(2.0)
         v2 = isinstance(payload, InferRequest)
-        x = payload.inputs[0].as_numpy() if v2 else np.asarray(payload["instances"])
-        if self.forest is not None:
+        x = payload.inputs[0].as_numpy() if v2 else payload["instances"]
+        if self.behaviour in ("text", "cnn-png"):
+            with torch.no_grad():
+                out = self.net(torch.as_tensor(decoded(x, self.behaviour))).numpy()
+        elif self.forest is not None:
             out = self.forest.predict_proba(np.asarray(x, dtype=np.float64)).astype(np.float32)
         else:
             with torch.no_grad():
@@ -96,6 +129,8 @@ def main() -> None:
             ("mlp-slow", "slow"),
             ("cnn", "cnn"),
             ("forest", "sklearn"),
+            ("text", "text"),
+            ("cnn-png", "cnn-png"),
         )
     ]
     ModelServer(http_port=port, enable_grpc=False, workers=1).start(models)

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 import methods
+from model_registry.builtin.text import WordTokenizer
 from tests.service.conftest import REPO, Server, free_port, start_server, stop_server
-from tests.service.remote.predictor import cnn, forest, mlp
+from tests.service.remote.predictor import cnn, forest, mlp, text
 
 pytest.importorskip("kserve", reason="kserve is a dev dependency")
 
@@ -37,6 +38,9 @@ CNN = (
     'inputs = [{ name = "image", dtype = "float32", shape = ["N", 3, 32, 32] }]\n'
     'labels = ["top-left", "top-right", "bottom-left", "bottom-right"]'
 )
+
+TEXT = 'kind = "text_classification"\nsend = "text"\nlabels = ["negative", "positive"]'
+PNG = f'{CNN}\nsend = "png"'
 
 
 def remote(
@@ -115,6 +119,19 @@ def served(
             remote("remote-down", "kserve-v1", f"http://127.0.0.1:{free_port()}", "mlp", DOWN),
             remote("remote-cnn", "oip-v2", url, "cnn", shape=CNN),
             remote("remote-forest", "kserve-v1", url, "forest"),
+            remote("remote-text-v1", "kserve-v1", url, "text", shape=TEXT),
+            remote("remote-text-v2", "oip-v2", url, "text", shape=TEXT),
+            remote(
+                "remote-text-http",
+                "http",
+                f"{url}/v1/models/text:predict",
+                "text",
+                'instance_key = "text"',
+                shape=TEXT,
+            ),
+            remote("remote-text-mask", "kserve-v1", url, "text", 'mask = "[UNK]"', shape=TEXT),
+            remote("remote-png", "kserve-v1", url, "cnn-png", shape=PNG),
+            remote("remote-png-v2", "oip-v2", url, "cnn-png", 'instance_key = "b64"', shape=PNG),
             remote(
                 "remote-restart",
                 "kserve-v1",
@@ -373,3 +390,62 @@ def test_a_scikit_learn_model_is_explained_as_captum_explains_it(served: Server)
     # two samplers: the same Shapley values within sampling error, and the same sum (efficiency)
     torch.testing.assert_close(ours.sum(), theirs.sum(), rtol=1e-4, atol=1e-5)
     assert float((ours - theirs).norm() / theirs.norm()) < 0.25
+
+
+REVIEWS = ["the plot was great but the ending was awful", "A boring, dull film; I hated it!"]
+TEXT_CASES = [CASES[0], CASES[2], CASES[3]]
+
+
+@pytest.mark.parametrize("model", ["remote-text-v1", "remote-text-v2", "remote-text-http"])
+@pytest.mark.parametrize(("method", "params"), TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
+def test_a_predictor_that_takes_text_is_explained_over_its_words(
+    served: Server, model: str, method: str, params: dict[str, Any]
+) -> None:
+    """The predictor tokenizes texts itself; attrserve sends each perturbation as a text with
+    the word dropped. Dropping a word is what the local model's padding baseline does, so the
+    attributions per word equal the local model's per token (one word, one token here)."""
+    body = {"method": method, "inputs": REVIEWS, "target": "positive", "params": params,
+            "seed": 3}  # fmt: skip
+    r = post(served, model, body)
+    assert r.status_code == 200, r.text
+    ids, words = WordTokenizer()(REVIEWS)
+    want = methods.attribute(text(), ids, method, target=1, seed=3, baselines=0, **params)
+    got = r.json()
+    assert got["tokens"] == [t.split() for t in REVIEWS]
+    for i, row in enumerate(words):
+        ours = torch.tensor(got["attributions"][i][: len(row)])
+        torch.testing.assert_close(ours, want.attributions[i, : len(row)], rtol=1e-5, atol=1e-6)
+
+
+def test_the_text_sent_keeps_everything_but_the_word_replaced(served: Server) -> None:
+    """``mask`` replaces an ablated word, the text around it kept: "[UNK]" is a word the
+    model knows as unknown, so each attribution is the output's change when that word becomes
+    an unknown one, which the local model gives with the UNK id as its baseline."""
+    from model_registry.builtin.text import UNK_ID
+
+    body = {"method": "feature_ablation", "inputs": REVIEWS[1:], "target": "negative"}
+    r = post(served, "remote-text-mask", body)
+    assert r.status_code == 200, r.text
+    ids, _ = WordTokenizer()(REVIEWS[1:])
+    want = methods.attribute(text(), ids, "feature_ablation", target=0, baselines=UNK_ID)
+    torch.testing.assert_close(torch.tensor(r.json()["attributions"]), want.attributions,
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert r.json()["tokens"][0] == ["A", "boring,", "dull", "film;", "I", "hated", "it!"]
+
+
+@pytest.mark.parametrize("model", ["remote-png", "remote-png-v2"])
+def test_a_predictor_that_takes_encoded_images_is_occluded_as_the_local_model(
+    served: Server, model: str
+) -> None:
+    """Each occluded image is sent as a PNG file; PNG is lossless, so pixels on the 1/255 grid
+    arrive as they are and the answer equals the local model's."""
+    g = torch.Generator().manual_seed(5)
+    images = torch.randint(0, 256, (2, 3, 32, 32), generator=g).float() / 255
+    params = {"sliding_window_shapes": [3, 8, 8], "strides": [3, 8, 8]}
+    body = {"method": "occlusion", "inputs": images.tolist(), "target": "bottom-left",
+            "params": params}  # fmt: skip
+    r = post(served, model, body)
+    assert r.status_code == 200, r.text
+    want = methods.attribute(cnn(), images, "occlusion", target=2, **params).attributions
+    torch.testing.assert_close(torch.tensor(r.json()["attributions"]), want, rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
