@@ -283,6 +283,27 @@ def test_hf_tables_agree() -> None:
             "headers",
             "string values",
         ),
+        ('source = "remote:kserve-v1"\nurl = "http://h"\nsend = "pdf"', "send", "tensors"),
+        ('source = "remote:kserve-v1"\nurl = "http://h"\nsend = "text"', "kind", "text_class"),
+        (
+            'source = "remote:kserve-v1"\nurl = "http://h"\nkind = "text_classification"',
+            "send",
+            'send = "text"',
+        ),
+        (
+            'source = "remote:kserve-v1"\nurl = "http://h"\nkind = "text_classification"\n'
+            'send = "text"',
+            "inputs",
+            "remove this",
+        ),
+        ('source = "remote:kserve-v1"\nurl = "http://h"\nwords = "x"', "words", "sent text"),
+        ('source = "remote:kserve-v1"\nurl = "http://h"\npixel_max = 2', "pixel_max", "images"),
+        ('source = "remote:kserve-v1"\nurl = "http://h"\nsend = "png"', "inputs", "C, H, W"),
+        (
+            'source = "remote:kserve-v1"\nurl = "http://h"\ninstance_key = "b64"',
+            "instance_key",
+            "one value",
+        ),
     ],
 )
 def test_a_remote_table_s_mistakes_name_their_field(
@@ -310,3 +331,41 @@ def test_a_remote_header_names_an_environment_variable(
     monkeypatch.setenv("NOT_SET_ANYWHERE", "xyz")
     loaded = model_registry.load(spec)
     assert "xyz" not in repr(loaded.model) and "Bearer" not in repr(loaded.model)
+
+
+def test_a_remote_text_model_reads_its_words(tmp_path: Path) -> None:
+    head = (
+        'source = "remote:oip-v2"\nurl = "http://h"\nkind = "text_classification"\n'
+        'send = "text"\nlabels = ["a", "b"]\n'
+    )
+    with pytest.raises(RegistryError, match="regular expression") as info:
+        read(tmp_path, head + 'words = "(unclosed"')
+    assert info.value.field == "words"
+    spec = read(tmp_path, head + "words = '\\w+'\nmask = \"[MASK]\"")
+    assert spec.takes_text and spec.texts_batch and spec.inputs[0].dtype == "int64"
+    loaded = model_registry.load(spec)
+    ids, words = loaded.tokenizer(["Hi, you!"])
+    assert words == [["Hi", "you"]]
+    assert loaded.model.words.texts(loaded.tokenizer.baseline(ids)) == ["[MASK], [MASK]!"]
+
+
+def test_words_rebuild_each_text_and_mask_one_word_at_a_time() -> None:
+    from model_registry.sources.remote_payloads import PADDED, Words
+
+    words = Words()
+    texts = ["  Hello,  world!\n", "one", "Hello,  again"]
+    ids, tokens = words(texts)
+    assert tokens == [["Hello,", "world!"], ["one"], ["Hello,", "again"]]
+    assert words.texts(ids) == texts[:2] + ["Hello,  again"]
+    assert int(ids[1, 1]) == PADDED
+    masked = ids.clone()
+    masked[0, 0] = words.baseline(ids)[0, 0]
+    assert words.texts(masked)[0] == "    world!\n"  # the word dropped, the space around kept
+    with pytest.raises(ValueError, match="no words"):
+        words(["   "])
+    with pytest.raises(Exception, match="names no word"):
+        words.texts(torch.tensor([[10_000]]))
+    small = Words(limit=4)
+    small(["a b c"])
+    again, _ = small(["d e"])  # past the limit: the table starts over, the new ids still hold
+    assert small.texts(again) == ["d e"]
