@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,8 @@ def predictor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
 
 #: where the predictor of ``remote-restart`` comes up only in the middle of a job
 RESTART_PORT = free_port()
+#: where the predictor of ``remote-killed`` dies in the middle of a call
+KILLED_PORT = free_port()
 
 
 def start_predictor(port: int, auth: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -119,6 +122,13 @@ def served(
             remote("remote-down", "kserve-v1", f"http://127.0.0.1:{free_port()}", "mlp", DOWN),
             remote("remote-cnn", "oip-v2", url, "cnn", shape=CNN),
             remote("remote-forest", "kserve-v1", url, "forest"),
+            remote(
+                "remote-killed",
+                "kserve-v1",
+                f"http://127.0.0.1:{KILLED_PORT}",
+                "mlp-slow",
+                "retries = 1\ntimeout_s = 20",
+            ),
             remote("remote-text-v1", "kserve-v1", url, "text", shape=TEXT),
             remote("remote-text-v2", "oip-v2", url, "text", shape=TEXT),
             remote(
@@ -308,6 +318,37 @@ def test_the_kserve_explainer_manifest_runs_explain_for() -> None:
     toml = models_toml(args)
     assert 'source = "remote:kserve-v1"' in toml and "churn-predictor.default" in toml
     assert args.http_port == container["ports"][0]["containerPort"]
+
+
+def test_a_predictor_killed_in_the_middle_of_a_call_is_a_502_at_once(
+    served: Server, tmp_path: Path
+) -> None:
+    """The connection drops while the predictor computes (SIGKILL): the call is tried again,
+    finds nothing listening, and the request is a 502 naming the model and the predictor, long
+    before the call's 20 s timeout; the worker serves the next request."""
+    proc = start_predictor(KILLED_PORT, tmp_path / "auth.log", tmp_path / "predictor.log")
+    try:
+        with httpx.Client(timeout=60) as client:
+            body = {"method": "feature_ablation", "inputs": x()[:1].tolist(), "target": 1}
+            t0 = time.monotonic()
+            pending = client.build_request(
+                "POST", f"{served.url}/v1/models/remote-killed/attributions", json=body
+            )
+            killer = threading.Timer(0.8, proc.kill)  # within the predictor's 2 s of sleep
+            killer.start()
+            r = client.send(pending)
+            killer.join()
+            assert r.status_code == 502, r.text
+            assert time.monotonic() - t0 < 15
+            problem = r.json()
+            assert problem["type"].endswith("/upstream_failed")
+            assert "remote-killed" in problem["detail"] and str(KILLED_PORT) in problem["detail"]
+            ok = post(served, "remote-v1", {"method": "feature_ablation", "inputs": x().tolist(),
+                                            "target": 1})  # fmt: skip
+            assert ok.status_code == 200, ok.text
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_a_job_across_a_predictor_restart_loses_nothing(served: Server, tmp_path: Path) -> None:
