@@ -23,10 +23,12 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 install-dev: $(STAMP)
 
 # The layer contracts first ([tool.importlinter] in pyproject.toml: layers point one way, no
-# import cycles, runtime code never imports benchmarks or tests), then the suite.
+# import cycles, runtime code never imports benchmarks or tests), then the suite: two
+# processes (pytest-xdist), a test file per process at a time, so a module's fixtures (its
+# servers) stay in one; measured 539 s against 700 s in one process on this 2-core machine.
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check methods service model_registry tests benchmarks

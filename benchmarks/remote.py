@@ -3,8 +3,9 @@ same predictor, side by side in one process.
 
     python -m benchmarks.remote [--examples 64] [--kernel-samples 64]
 
-A real KServe predictor (``tests.service.remote.predictor``: the built-in tabular MLP behind a
-``kserve.ModelServer`` in a subprocess, on this machine) answers every forward. Rows:
+A real KServe predictor (``tests.service.remote.predictor``: the built-in tabular MLP and
+image CNN behind a ``kserve.ModelServer`` in a subprocess, on this machine) answers every
+forward; the CNN's features are 16 patches of 8x8 pixels. Rows:
 
 - attrserve: ``methods.attribute`` on the ``remote:kserve-v1`` model (what a server worker
   runs): perturbations batched into calls of ``max_batch`` instances, ``max_concurrency`` calls
@@ -75,9 +76,9 @@ class Counted:
         return torch.tensor(r.json()["predictions"])
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
     t0 = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     return time.perf_counter() - t0, out
 
 
@@ -91,52 +92,57 @@ def main(argv: list[str] | None = None) -> int:
 
     import model_registry
     from model_registry.sources.remote import RemoteModel, RemoteSpec
-    from tests.service.remote.predictor import mlp
+    from tests.service.remote.predictor import cnn, mlp
 
     folder = Path(tempfile.mkdtemp(prefix="attrserve-remote-bench-"))
     port = free_port()
     proc = start_predictor(port, folder)
     url = f"http://127.0.0.1:{port}"
     try:
-        spec = next(s for s in model_registry.builtin_specs() if s.id == "tabular-mlp")
-        remote = RemoteModel(spec, RemoteSpec("kserve-v1", url, "mlp"), {})
-        local = mlp()
-        x = torch.linspace(-2, 2, args.examples * 8).reshape(args.examples, 8)
-        forward = Counted(f"{url}/v1/models/mlp:predict")
-        rows = []
-        cases = [
-            ("feature ablation", "feature_ablation", FeatureAblation, {}, {}),
-            ("KernelSHAP", "kernel_shap", KernelShap, {"n_samples": args.kernel_samples},
-             {"n_samples": args.kernel_samples}),
+        specs = {s.id: s for s in model_registry.builtin_specs()}
+        g = torch.Generator().manual_seed(0)
+        # the CNN's features: 16 patches of 8x8 pixels, all three channels together
+        patches = torch.arange(16).reshape(4, 4).repeat_interleave(8, 0).repeat_interleave(8, 1)
+        models = [
+            ("tabular MLP", "tabular-mlp", "mlp", mlp(),
+             torch.linspace(-2, 2, args.examples * 8).reshape(args.examples, 8), {}),
+            ("image CNN", "image-cnn", "cnn", cnn(),
+             torch.rand(args.examples, 3, 32, 32, generator=g),
+             {"feature_mask": patches.expand(1, 3, 32, 32)}),
         ]  # fmt: skip
-        for label, name, cls, ours_kw, captum_kw in cases:
-            before = remote.calls
-            t_ours, ours = timed(
-                lambda n=name, kw=ours_kw: methods.attribute(remote, x, n, target=1, seed=0, **kw)
-            )
-            ours_calls = remote.calls - before
-            t_local, _ = timed(
-                lambda n=name, kw=ours_kw: methods.attribute(local, x, n, target=1, seed=0, **kw)
-            )
-            forward.calls = 0
-            explainer = cls(forward)
-            t_one, _ = timed(
-                lambda e=explainer, kw=captum_kw: [
-                    e.attribute(x[i : i + 1], target=1, **kw) for i in range(len(x))
-                ]
-            )
-            one_calls, forward.calls = forward.calls, 0
-            t_whole, _ = timed(lambda e=explainer, kw=captum_kw: e.attribute(x, target=1, **kw))
-            whole_calls = forward.calls
-            rows += [
-                [label, "attrserve (remote)", t_ours, ours_calls, 1.0],
-                [label, "Captum, one example at a time", t_one, one_calls, t_one / t_ours],
-                [label, "Captum, the whole batch", t_whole, whole_calls, t_whole / t_ours],
-                [label, "attrserve (model held locally)", t_local, 0, t_local / t_ours],
+        rows: list[list[Any]] = []
+        for model_label, spec_id, name_there, local, x, masks in models:
+            remote = RemoteModel(specs[spec_id], RemoteSpec("kserve-v1", url, name_there), {})
+            forward = Counted(f"{url}/v1/models/{name_there}:predict")
+            kernel = {"n_samples": args.kernel_samples}
+            cases = [
+                ("feature ablation", "feature_ablation", FeatureAblation, masks),
+                ("KernelSHAP", "kernel_shap", KernelShap, {**kernel, **masks}),
             ]
-            del ours
-        print(f"\n## Remote model: {args.examples} examples, built-in tabular MLP behind a "
-              "kserve ModelServer on this machine\n")  # fmt: skip
+            for label, name, cls, kw in cases:
+                label = f"{model_label}, {label}"
+                before = remote.calls
+                t_ours, _ = timed(methods.attribute, remote, x, name, target=1, seed=0, **kw)
+                ours_calls = remote.calls - before
+                t_local, _ = timed(methods.attribute, local, x, name, target=1, seed=0, **kw)
+                forward.calls = 0
+                explainer = cls(forward)
+                t_one = sum(
+                    timed(explainer.attribute, x[i : i + 1], target=1, **kw)[0]
+                    for i in range(len(x))
+                )
+                one_calls, forward.calls = forward.calls, 0
+                t_whole, _ = timed(explainer.attribute, x, target=1, **kw)
+                whole_calls = forward.calls
+                rows += [
+                    [label, "attrserve (remote)", t_ours, ours_calls, 1.0],
+                    [label, "Captum, one example at a time", t_one, one_calls, t_one / t_ours],
+                    [label, "Captum, the whole batch", t_whole, whole_calls, t_whole / t_ours],
+                    [label, "attrserve (model held locally)", t_local, 0, t_local / t_ours],
+                ]
+        print(f"\n## Remote models: {args.examples} examples each, the built-in tabular MLP and "
+              "image CNN (16 patches of 8x8) behind a kserve ModelServer on this machine\n"
+              )  # fmt: skip
         print(table(["method", "who", "seconds", "predictor calls", "x attrserve's time"], rows))
     finally:
         proc.terminate()
