@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 from torch import nn
 
@@ -83,6 +84,15 @@ class RemoteFailure(AttributionError):
     def __init__(self, message: str, status: int = 502, upstream: int | None = None) -> None:
         super().__init__(message, argument="model")
         self.status, self.upstream = status, upstream
+
+
+JSON = {"content-type": "application/json"}
+
+
+def plain(x: torch.Tensor) -> np.ndarray:
+    """A tensor as the numpy array orjson writes (bfloat16, which numpy lacks, as float32)."""
+    x = x.detach().cpu()
+    return (x.float() if x.dtype == torch.bfloat16 else x).contiguous().numpy()
 
 
 class Breaker:
@@ -178,17 +188,17 @@ class RemoteModel(nn.Module):
                         "name": name,
                         "shape": list(x.shape),
                         "datatype": DATATYPES.get(str(x.dtype).removeprefix("torch."), "FP32"),
-                        "data": x.reshape(-1).tolist(),
+                        "data": plain(x.reshape(-1)),
                     }
                     for name, x in zip(names, xs, strict=True)
                 ]
             }
         else:
             rows = (
-                xs[0].tolist()
+                plain(xs[0])
                 if len(xs) == 1
                 else [
-                    {name: x[i].tolist() for name, x in zip(names, xs, strict=True)}
+                    {name: plain(x[i]) for name, x in zip(names, xs, strict=True)}
                     for i in range(xs[0].shape[0])
                 ]
             )
@@ -234,14 +244,17 @@ class RemoteModel(nn.Module):
 
         client, _ = self._session()
         r, n = self.remote, int(xs[0].shape[0])
-        body = self.body(xs)
+        # orjson writes numpy arrays ~20x faster than json writes nested lists: a CNN's
+        # 64 rows of 3x32x32 pixels took 0.23 s per call that way, most of the time of a
+        # feature ablation on a predictor on the same machine (``benchmarks.remote``)
+        body = orjson.dumps(self.body(xs), option=orjson.OPT_SERIALIZE_NUMPY)
         failure: RemoteFailure | None = None
         for attempt in range(r.retries + 1):
             if attempt:
                 time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
             self.breaker.check(r.describe())
             try:
-                resp = client.post(r.endpoint(), json=body)
+                resp = client.post(r.endpoint(), content=body, headers=JSON)
             except httpx.TimeoutException:
                 failure = RemoteFailure(
                     f"{r.describe()} did not answer within {r.timeout_s:g} s", status=504
@@ -251,7 +264,7 @@ class RemoteModel(nn.Module):
             else:
                 if resp.status_code < 300:
                     try:
-                        arr = self.scores(resp.json(), n)
+                        arr = self.scores(orjson.loads(resp.content), n)
                     except ValueError:
                         failure = RemoteFailure(f"{r.describe()} answered a body that is not JSON")
                     except RemoteFailure as exc:
