@@ -26,15 +26,21 @@ from PIL import Image
 from benchmarks import hf_text
 
 
-def build(root: Path) -> Path:
-    """The classifier's directory and a models.toml serving it."""
+def build(root: Path, size: str = "tiny") -> Path:
+    """The classifier's directory and a models.toml serving it: ``tiny`` (64 px in 8 px
+    patches, 2 layers of 64) or ``base`` (ViT-B/16's default config: 224 px, 12 layers of
+    768, 86M parameters)."""
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=2,
-                    num_attention_heads=4, intermediate_size=128, num_labels=5)  # fmt: skip
+    if size == "base":
+        cfg, side = ViTConfig(num_labels=5), 224
+    else:
+        cfg = ViTConfig(image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=128, num_labels=5)  # fmt: skip
+        side = 64
     ViTForImageClassification(cfg).save_pretrained(root / "vit")
-    ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(root / "vit")
+    ViTImageProcessor(size={"height": side, "width": side}).save_pretrained(root / "vit")
     (root / "models.toml").write_text('[[models]]\nid = "vit"\nsource = "hf:vit"\n')
     return root / "models.toml"
 
@@ -80,7 +86,8 @@ def main() -> None:
     ours, captum = hf_text.compare(
         args, build, lambda path, n: captum_loop(path, files, n), images, "vit"
     )
-    hf_text.table(args, "images", f"ViT 64px/8, 2x64, {args.count} PNGs of 200x150, IG "
+    name = "ViT-B/16 224px" if args.size == "base" else "ViT 64px/8, 2x64"
+    hf_text.table(args, "images", f"{name}, {args.count} PNGs of 200x150, IG "
                   f"n_steps={args.n_steps}", ours, captum)  # fmt: skip
 
 

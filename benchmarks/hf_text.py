@@ -30,14 +30,18 @@ from benchmarks.load import start, stop
 WORDS = [f"w{i}" for i in range(1000)]
 
 
-def build(root: Path) -> Path:
-    """The classifier's directory and a models.toml serving it."""
+def build(root: Path, size: str = "tiny") -> Path:
+    """The classifier's directory and a models.toml serving it: ``tiny`` (2 layers of 64) or
+    ``base`` (BERT-base's default config: 12 layers of 768, 110M parameters)."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
-                     num_labels=2)  # fmt: skip
+    if size == "base":
+        cfg = BertConfig(num_labels=2)
+    else:
+        cfg = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, intermediate_size=128,
+                         max_position_embeddings=64, num_labels=2)  # fmt: skip
     BertForSequenceClassification(cfg).save_pretrained(root / "bert")
     vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
     BertTokenizerFast(vocab=vocab).save_pretrained(root / "bert")
@@ -80,12 +84,21 @@ def captum_loop(path: Path, batch: list[str], n_steps: int) -> float:
 
 
 async def over_http(
-    url: str, batch: list[Any], clients: int, n_steps: int, model: str = "bert"
+    url: str,
+    batch: list[Any],
+    clients: int,
+    n_steps: int,
+    model: str = "bert",
+    precision: str | None = None,
 ) -> float:
     """Examples per second: one example per request (integrated gradients, target 1) from
     ``clients`` concurrent clients."""
     queue = list(batch)
-    body = {"method": "integrated_gradients", "target": 1, "params": {"n_steps": n_steps}}
+    body: dict[str, Any] = {
+        "method": "integrated_gradients", "target": 1, "params": {"n_steps": n_steps}
+    }  # fmt: skip
+    if precision is not None:
+        body["precision"] = precision
     route = f"/v1/models/{model}/attributions"
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await client.post(route, json={**body, "inputs": batch[:1]})
@@ -113,6 +126,16 @@ def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.
         "default: torch's for Captum, the server's rule for attrserve)",
     )  # fmt: skip
     p.add_argument("--workers", type=int, default=1, help="attrserve workers")
+    p.add_argument(
+        "--size", choices=("tiny", "base"), default="tiny",
+        help="tiny: 2 layers of 64 (the default); base: the architecture's default config "
+        "(BERT-base, ViT-B/16 at 224 px)",
+    )  # fmt: skip
+    p.add_argument(
+        "--precision", default=None,
+        help="attrserve's precision per request (float32, bfloat16, float16, auto); unset: "
+        "the model's dtype",
+    )  # fmt: skip
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -121,7 +144,7 @@ def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.
 
 def compare(
     args: argparse.Namespace,
-    build: Callable[[Path], Path],
+    build: Callable[[Path, str], Path],
     captum: Callable[[Path, int], float],
     batch: list[Any],
     model: str,
@@ -129,12 +152,14 @@ def compare(
     """Examples/s of attrserve serving ``build``'s directory (``model``) over HTTP, and of
     ``captum(directory, n_steps)``, run first, alone."""
     with tempfile.TemporaryDirectory() as tmp:
-        toml = build(Path(tmp))
+        toml = build(Path(tmp), args.size)
         theirs = captum(Path(tmp) / model, args.n_steps)
         settings = {"torch_threads": args.threads} if args.threads else {}
         proc, url = start("attrserve", models=toml, workers=args.workers, **settings)
         try:
-            ours = asyncio.run(over_http(url, batch, args.clients, args.n_steps, model))
+            ours = asyncio.run(
+                over_http(url, batch, args.clients, args.n_steps, model, args.precision)
+            )
         finally:
             stop(proc)
     return ours, theirs
@@ -144,15 +169,18 @@ def table(args: argparse.Namespace, unit: str, case: str, ours: float, captum: f
     print(f"| case | attrserve {unit}/s | Captum loop {unit}/s | ratio |")
     print("|---|---|---|---|")
     threads = args.threads or "default"
-    print(f"| {case}, {args.clients} clients, {args.workers} worker(s), {threads} thread(s) | "
-          f"{ours:.1f} | {captum:.1f} | {ours / captum:.2f} |")  # fmt: skip
+    precision = f", {args.precision}" if args.precision else ""
+    print(f"| {case}, {args.clients} clients, {args.workers} worker(s), {threads} thread(s)"
+          f"{precision} | "
+          f"{ours:.3g} | {captum:.3g} | {ours / captum:.2f} |")  # fmt: skip
 
 
 def main() -> None:
     args = arguments("benchmarks.hf_text", __doc__, "texts", 96)
     batch = texts(args.count)
     ours, captum = compare(args, build, lambda path, n: captum_loop(path, batch, n), batch, "bert")
-    table(args, "texts", f"BERT 2x64, {args.count} texts of 16-40 words, layer IG "
+    name = "BERT-base" if args.size == "base" else "BERT 2x64"
+    table(args, "texts", f"{name}, {args.count} texts of 16-40 words, layer IG "
           f"n_steps={args.n_steps}", ours, captum)  # fmt: skip
 
 

@@ -240,6 +240,25 @@ class Batch:
     threads: int = 1
 
 
+def stack_examples(parts: list[np.ndarray]) -> np.ndarray:
+    """Pieces' arrays of examples as one, along dim 0; every later dim padded with zeros to the
+    widest piece's. Pieces of texts are tokenized apart, so their token dims differ: past a
+    text's end its scores are zero, as in one padded batch."""
+    if not parts:
+        return np.zeros(0)
+    first = parts[0]
+    if first.ndim < 2 or all(p.shape[1:] == first.shape[1:] for p in parts):
+        return np.concatenate(parts, axis=0)
+    if any(p.ndim != first.ndim for p in parts):
+        raise ValueError(f"pieces of {sorted({p.ndim for p in parts})} dims cannot be joined")
+    widest = [max(p.shape[d] for p in parts) for d in range(1, first.ndim)]
+    return np.concatenate(
+        [np.pad(p, [(0, 0), *((0, w - s) for w, s in zip(widest, p.shape[1:], strict=True))])
+         for p in parts],
+        axis=0,
+    )  # fmt: skip
+
+
 def worst(fidelities: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The fidelity of a reply joined from pieces: each figure at its worst over the pieces
     (largest errors, smallest agreement), verified only if every piece was."""

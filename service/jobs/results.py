@@ -12,21 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from service.core.work import Reply, Work
+from service.core.work import Reply, Work, stack_examples
 from service.jobs.store import JobRow
 
 
 def concat(parts: list[np.ndarray]) -> np.ndarray:
-    """Chunks along dim 0; token scores padded with zeros to the longest chunk's length."""
-    if parts and parts[0].ndim >= 2:
-        width = max(p.shape[-1] for p in parts)
-        parts = [
-            np.pad(p, [(0, 0)] * (p.ndim - 1) + [(0, width - p.shape[-1])])
-            if p.shape[-1] != width
-            else p
-            for p in parts
-        ]
-    return np.concatenate(parts, axis=0) if parts else np.zeros(0)
+    """Chunks along dim 0 (token scores padded with zeros to the longest chunk's length)."""
+    return stack_examples(parts)
 
 
 def chunk_arrays(reply: Reply, job: Work) -> dict[str, np.ndarray]:

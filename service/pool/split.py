@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from service.core.work import Reply, Work, new_id, worst
+from service.core.work import Reply, Work, new_id, stack_examples, worst
 from service.pool.records import Entry
 
 W = TypeVar("W", bound=Work)
@@ -42,7 +42,7 @@ def _joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
     first = arrays[0]
     if first is None or first.ndim == 0:
         return first
-    return np.concatenate(arrays, axis=0)  # type: ignore[arg-type]
+    return stack_examples(arrays)  # type: ignore[arg-type]
 
 
 def join(job: Work, replies: list[Reply]) -> Reply:
@@ -106,4 +106,9 @@ def _settle(whole: Entry, cancel: Callable[[Entry], None]) -> None:
             return
     if all(p.future.done() for p in whole.parts):
         whole.dispatched = min(p.dispatched for p in whole.parts)
-        whole.future.set_result(join(whole.job, [p.future.result() for p in whole.parts]))
+        try:
+            joined = join(whole.job, [p.future.result() for p in whole.parts])
+        except Exception as exc:  # the request fails now, never waits out its deadline
+            whole.future.set_exception(exc)
+        else:
+            whole.future.set_result(joined)

@@ -302,3 +302,26 @@ def test_concurrent_texts_merge_and_equal_one_by_one(hf_server: tuple[Server, Pa
         assert b["tokens"] == a["tokens"]
         assert np.shape(b["attributions"]) == np.shape(a["attributions"])
         np.testing.assert_allclose(b["attributions"], a["attributions"], rtol=1e-6, atol=1e-9)
+
+
+def test_an_expensive_request_of_texts_is_split_and_joined(hf_server: tuple[Server, Path]) -> None:
+    """A request of texts of many lengths, expensive enough to be cut into pieces of about
+    ``split_ms`` (each piece tokenized on its own, so of its own width): joined, it is the
+    one-batch answer (zeros past each text's end), not a request that waits out its
+    deadline."""
+    server, _ = hf_server
+    words = ["the", "film", "was", "great", "a", "dull", "plot", "not", "very", "good"]
+    texts = [" ".join(words[: 1 + (7 * i) % 10]) for i in range(10)]
+    body = {"method": "integrated_gradients", "target": "positive", "params": {"n_steps": 300}}
+    assert post(server, {**body, "inputs": texts[:1]}).status_code == 200  # its rate, known
+    r = post(server, {**body, "inputs": texts})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["timing_ms"]["compute"] > 200  # more than a piece (split_ms: 100)
+    for i, text in enumerate(texts):
+        alone = post(server, {**body, "inputs": [text]}).json()
+        assert got["tokens"][i] == alone["tokens"][0]
+        width = len(alone["tokens"][0])
+        np.testing.assert_allclose(got["attributions"][i][:width], alone["attributions"][0],
+                                   rtol=1e-6, atol=1e-9)  # fmt: skip
+        assert not np.any(got["attributions"][i][width:])
