@@ -94,8 +94,11 @@ async def over_http(
     """Examples per second: one example per request (integrated gradients, target 1) from
     ``clients`` concurrent clients."""
     queue = list(batch)
+    # the longest deadline a server allows: at real sizes, requests queue behind each other
+    # for longer than the default 30 s
     body: dict[str, Any] = {
-        "method": "integrated_gradients", "target": 1, "params": {"n_steps": n_steps}
+        "method": "integrated_gradients", "target": 1, "params": {"n_steps": n_steps},
+        "deadline_ms": 300000,
     }  # fmt: skip
     if precision is not None:
         body["precision"] = precision

@@ -20,6 +20,12 @@ AGING = 0.01
 #: estimated compute (ms) from which a batch may compute on more than one thread: below it,
 #: tensors are too small for torch to split and waking a thread team costs more than it saves
 PARALLEL_MS = 2.0
+#: estimated compute (ms) from which a batch always gets the free cores, untried on one thread:
+#: its tensors are big enough for torch to split, and a one-thread trial would compute a whole
+#: such batch at a fraction of the speed (ViT-B/16 integrated gradients of one image, 6 s:
+#: with the trial, ``benchmarks.hf_image --size base`` served 0.73x the images/s of a Captum
+#: loop on this 2-core machine, 0.93x with the threads fixed at 2)
+HEAVY_MS = 250.0
 #: more threads are kept for a model and method while they measure at least this much faster
 #: per row than one thread (else one thread: its ops are too small to split, or too many)
 PARALLEL_GAIN = 0.9
@@ -60,9 +66,11 @@ class Costs:
         (``PARALLEL_MS``), and more threads measured faster per row on its model and method's
         big batches (the medians of their last ``SAMPLES``). Untried, more threads are tried
         first, then one, then the faster kept; every ``RETRY``-th big batch runs the other way,
-        so the choice follows the load."""
+        so the choice follows the load. A heavy batch (``HEAVY_MS``) always may."""
         if not pending.timed or not pending.entries:
             return False
+        if self.estimate(pending) >= HEAVY_MS:
+            return True
         job = pending.entries[0].job
         key = (job.model_id, job.name)
         sides = self.by_threads.get(key, {})

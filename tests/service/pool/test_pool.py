@@ -18,7 +18,7 @@ from service.core.settings import Settings
 from service.core.telemetry import Telemetry
 from service.core.work import Attribution, Batch, Prediction, Reply
 from service.pool.cores import Cores
-from service.pool.costs import RETRY
+from service.pool.costs import HEAVY_MS, RETRY
 from service.pool.group import Group
 from service.pool.records import Pending, Worker
 from service.worker.channel import HEADER
@@ -352,6 +352,9 @@ async def _threads() -> None:
     # every RETRY-th big batch measures the other way
     threads = [run(i, 9.0, "ig") for i in range(11, 11 + RETRY)]
     assert sorted(threads) == [1] * (RETRY - 1) + [4]
+    # a heavy batch (HEAVY_MS) is never tried on one thread: every free core, each time
+    p.costs.rates["m", "vit"] = 2 * HEAVY_MS
+    assert [run(i, 2 * HEAVY_MS, "vit") for i in range(20, 20 + RETRY + 2)] == [4] * (RETRY + 2)
     p.costs.rates["m", "saliency"] = 0.5  # a batch of 0.5 ms: one thread, cores free or not
     assert run(40, 0.5) == 1
     p.cores = Cores(4, 2, lambda: p.workers)  # ATTRSERVE_TORCH_THREADS: fixed
