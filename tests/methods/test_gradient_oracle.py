@@ -266,3 +266,25 @@ def test_auto_steps_stop_when_the_rungs_agree_though_the_delta_cannot_be_met() -
                           delta_tolerance=1e-3)  # fmt: skip
     assert s.params["stopped"] == "delta" and s.params["converged"]
     assert s.params["change"] <= 1e-3
+
+
+def test_neuron_ig_auto_steps_meet_completeness_against_the_neuron() -> None:
+    """Neuron integrated gradients take n_steps="auto": the attributions sum to the neuron's
+    change from the baseline within the tolerance, equal Captum's at many steps, and a
+    selector that gives no value per example (an aggregate) is refused by name."""
+    from captum.attr import NeuronIntegratedGradients
+
+    torch.manual_seed(8)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    r = methods.attribute(m, x, "neuron_integrated_gradients", layer="1", neuron_selector=3,
+                          n_steps="auto", delta_tolerance=1e-4)  # fmt: skip
+    assert r.params["converged"] and 3 < r.params["n_steps"] < 513
+    with torch.no_grad():
+        change = torch.tanh(m[0](x))[:, 3] - torch.tanh(m[0](torch.zeros_like(x)))[:, 3]
+    assert float((r.attributions.sum(1) - change).abs().max()) <= 1e-4 * float(change.abs().max())
+    theirs = NeuronIntegratedGradients(m, m[1]).attribute(x, neuron_selector=3, n_steps=400)
+    torch.testing.assert_close(r.attributions, theirs, rtol=1e-6, atol=1e-8)
+    with pytest.raises(InvalidArgumentError, match="one per example"):
+        methods.attribute(m, x, "neuron_integrated_gradients", layer="1",
+                          neuron_selector=lambda out: out.sum(), n_steps="auto")  # fmt: skip

@@ -177,10 +177,8 @@ def test_merging(spec: MethodSpec) -> None:
     never = {"feature_permutation", "kernel_shap", "lime"}
     assert spec.coupled(p) == (spec.name in never)
     # the integrated gradients with n_steps="auto" couple the examples only then
-    by_steps = {"integrated_gradients", "layer_integrated_gradients"}
-    assert (spec.couples_examples is not None and spec.name not in by_steps) == (
-        spec.name in never
-    )
+    by_steps = {"integrated_gradients", "layer_integrated_gradients", "neuron_integrated_gradients"}
+    assert (spec.couples_examples is not None and spec.name not in by_steps) == (spec.name in never)
     if spec.name in by_steps:
         assert spec.coupled(_defaults(spec, n_steps="auto"))
 
