@@ -288,3 +288,19 @@ def test_neuron_ig_auto_steps_meet_completeness_against_the_neuron() -> None:
     with pytest.raises(InvalidArgumentError, match="one per example"):
         methods.attribute(m, x, "neuron_integrated_gradients", layer="1",
                           neuron_selector=lambda out: out.sum(), n_steps="auto")  # fmt: skip
+
+
+def test_noise_tunnel_over_ig_takes_auto_steps() -> None:
+    """SmoothGrad over integrated gradients with n_steps="auto": the ladder stops when every
+    noisy copy has converged, and the answer is the fixed rule's at the steps it stopped at,
+    with the same noise."""
+    torch.manual_seed(9)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    nt = {"nt_type": "smoothgrad", "nt_samples": 4, "stdevs": 0.1}
+    auto = methods.attribute(m, x, "integrated_gradients", target=1, n_steps="auto",
+                             noise_tunnel=nt, seed=0, delta_tolerance=1e-4)  # fmt: skip
+    assert auto.params["converged"] and auto.params["noise_tunnel"]["nt_samples"] == 4
+    fixed = methods.attribute(m, x, "integrated_gradients", target=1, noise_tunnel=nt, seed=0,
+                              n_steps=auto.params["n_steps"])  # fmt: skip
+    torch.testing.assert_close(auto.attributions, fixed.attributions, rtol=1e-9, atol=1e-12)
