@@ -18,6 +18,9 @@ install: $(BIN)/python
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray]'
+	# inseq, a test oracle, without its dependencies (they would move torch and transformers)
+	# but the few its import needs
+	$(PIP) install --quiet --no-deps inseq==0.7.1 jaxtyping==0.3.11 wadler-lindig treescope==0.1.10
 	touch $(STAMP)
 
 install-dev: $(STAMP)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from methods.api import attribute
 from methods.errors import InvalidArgumentError, InvalidTypeError
-from methods.generation import gradient
+from methods.generation import gradient, targets
 from methods.generation.catalog import (
     METHODS,
     PER_OUTPUT,
@@ -58,6 +58,12 @@ class GenerationResult:
     output_ids: list[int]
     #: log-probability of each target token after the unperturbed prompt: [n_target_tokens]
     output_log_probs: Tensor
+    #: what was attributed (``targets.TARGET_FNS``) and its value per target token after the
+    #: unperturbed prompt: [n_target_tokens] (seq_attr attributes their sum)
+    target_fn: str = "log_prob"
+    output_scores: Tensor | None = None
+    #: the unperturbed answer's steps: probability, entropy and rank of each target token
+    step_scores: dict[str, list[Any]] = field(default_factory=dict)
     #: every effective parameter
     params: dict[str, Any] = field(default_factory=dict)
     #: how the work was done: forwards, prompts evaluated, tokens run and taken from the cache
@@ -80,6 +86,9 @@ def attribute_generation(
     internal_batch_size: int | str | None = "auto",
     use_cache: bool = True,
     progress: bool = False,
+    target_fn: str = "log_prob",
+    contrast_target: str | Tensor | list[int] | None = None,
+    contrast_fn: str = "log_prob",
     **params: Any,
 ) -> GenerationResult:
     """Attribute a causal LM's answer ``target`` (None: generated greedily with ``gen_args``,
@@ -93,6 +102,9 @@ def attribute_generation(
     ``internal_batch_size``: rows per forward+backward of the gradient methods (default: the
     memory budget decides both; a 50-step layer IG of GPT-2 small in one pass needs ~26 GB).
     ``use_cache=False`` runs every prompt whole (same numbers, slower).
+    ``target_fn``: what is attributed of each target token (``targets``: ``log_prob``,
+    ``prob``, ``logit``, ``entropy``, or ``contrast``: its ``contrast_fn`` value minus
+    ``contrast_target``'s at the same step, a contrast answer of as many tokens).
     ``params``: the method's own (``n_samples``, ``n_steps``, ...).
     """
     if method not in METHODS:
@@ -111,13 +123,18 @@ def attribute_generation(
         raise InvalidTypeError("use_cache must be a bool", argument="use_cache")
     if not isinstance(progress, bool):
         raise InvalidTypeError("progress must be a bool", argument="progress")
+    targets.check(target_fn, contrast_target, contrast_fn)
     lm = wrap(model)
     feats = make_features(tokenizer, prompt, features, baselines, skip_tokens)
     target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
+    objective = targets.Objective(target_ids, target_fn, contrast_fn)
+    if contrast_target is not None:
+        objective.contrast = _given_ids(tokenizer, contrast_target, "contrast_target")
+        targets.check_aligned(target_ids, objective.contrast)
     if method in PERTURBATION:
         with show_progress(progress, method):
             out = _perturbation(
-                lm, feats, target_ids, method, seed, perturbations_per_eval, use_cache, params
+                lm, feats, objective, method, seed, perturbations_per_eval, use_cache, params
             )
     else:
         if not isinstance(feats, TokenFeatures):
@@ -128,9 +145,12 @@ def attribute_generation(
                 argument="method",
             )
         with show_progress(progress, method):
-            out = gradient.run(lm, feats, target_ids, method, seed, internal_batch_size, params)
-    seq, tok, ran, echo, stats, logp = out
-    echo.update({"use_cache": use_cache})
+            out = gradient.run(lm, feats, objective, method, seed, internal_batch_size, params)
+    seq, tok, ran, echo, stats, scores = out
+    echo.update({"use_cache": use_cache, "target_fn": target_fn})
+    if target_fn == "contrast":
+        echo.update({"contrast_fn": contrast_fn, "contrast_ids": objective.contrast_list()})
+    table = _step_table(lm, feats, target_ids)
     if gen_args is not None or target is None:
         echo["gen_args"] = dict(gen_args or DEFAULT_GEN_ARGS)
     return GenerationResult(
@@ -140,10 +160,46 @@ def attribute_generation(
         token_attr=tok,
         method=ran,
         output_ids=[int(i) for i in target_ids.tolist()],
-        output_log_probs=logp,
+        output_log_probs=torch.tensor(table.pop("log_prob"), dtype=torch.float32),
         params=echo,
         stats=stats,
+        target_fn=target_fn,
+        output_scores=scores,
+        step_scores=table,
     )
+
+
+def _step_table(lm: LanguageModel, feats: Features, target_ids: Tensor) -> dict[str, Any]:
+    """The unperturbed answer's score table (``targets.step_table``) and its log-probs."""
+    prompt = torch.tensor([feats.prompt_ids()], dtype=torch.long)
+    ids = torch.cat([prompt, target_ids.reshape(1, -1)], dim=1).to(lm.device)
+    n, t = prompt.shape[1], int(target_ids.numel())
+    with torch.no_grad():
+        logits = lm.logits(ids, keep_from=n - 1)[0, :t]
+    table: dict[str, Any] = targets.step_table(logits, target_ids)
+    table["log_prob"] = targets.log_prob(logits[None].float(), target_ids)[0].cpu().tolist()
+    return table
+
+
+def _given_ids(tokenizer: Any, value: Any, argument: str) -> Tensor:
+    """An answer given as text or token ids, as a 1-D id tensor (none empty)."""
+    if isinstance(value, str):
+        out = torch.tensor(encode(tokenizer, value, add_special_tokens=False), dtype=torch.long)
+    elif isinstance(value, Tensor) and not value.is_floating_point() and value.dim() <= 1:
+        out = value.detach().to("cpu", torch.long).reshape(-1)
+    elif isinstance(value, (list, tuple)) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    ):
+        out = torch.tensor(list(value), dtype=torch.long)
+    else:
+        raise InvalidTypeError(
+            f"{argument} must be the answer's text or its token ids (a 1-D integer tensor or a "
+            f"list of ints); got {type(value).__name__}",
+            argument=argument,
+        )
+    if out.numel() == 0:
+        raise EmptyTargetError(f"the {argument} {value!r} has no tokens", argument=argument)
+    return out
 
 
 def _target_ids(
@@ -174,28 +230,18 @@ def _target_ids(
         raise InvalidArgumentError(
             "gen_args apply only when the target is generated (target=None)", argument="gen_args"
         )
-    if isinstance(target, str):
-        out = torch.tensor(encode(tokenizer, target, add_special_tokens=False), dtype=torch.long)
-    elif isinstance(target, Tensor) and not target.is_floating_point() and target.dim() <= 1:
-        out = target.detach().to("cpu", torch.long).reshape(-1)
-    elif isinstance(target, (list, tuple)) and all(
-        isinstance(i, int) and not isinstance(i, bool) for i in target
-    ):
-        out = torch.tensor(list(target), dtype=torch.long)
-    else:
+    if not isinstance(target, (str, Tensor, list, tuple)):
         raise InvalidTypeError(
             "target must be the answer's text, its token ids (a 1-D integer tensor or a list of "
             f"ints), or None to generate it; got {type(target).__name__}",
             argument="target",
         )
-    if out.numel() == 0:
-        raise EmptyTargetError(f"the target {target!r} has no tokens", argument="target")
-    return out
+    return _given_ids(tokenizer, target, "target")
 
 
 class _Presence:
-    """The model as a function of feature presence: [B, F] -> [B, 1 + T] log-probabilities
-    (the target's total, then each token's)."""
+    """The model as a function of feature presence: [B, F] -> [B, 1 + T] step values (the
+    target's total, then each token's)."""
 
     def __init__(self, feats: Features, scorer: Scorer, lm: LanguageModel) -> None:
         self.feats, self.scorer, self.lm = feats, scorer, lm
@@ -203,14 +249,14 @@ class _Presence:
     def __call__(self, present: Tensor) -> Tensor:
         prompts = self.feats.ids(present == 1)
         check_length(self.lm, prompts, self.scorer.t)
-        logp = self.scorer.score(prompts).to(present.device)
-        return torch.cat([logp.sum(1, keepdim=True), logp], dim=1)
+        v = self.scorer.score(prompts).to(present.device)
+        return torch.cat([v.sum(1, keepdim=True), v], dim=1)
 
 
 def _perturbation(
     lm: LanguageModel,
     feats: Features,
-    target_ids: Tensor,
+    objective: targets.Objective,
     method: str,
     seed: int | None,
     ppe: int | str | None,
@@ -228,12 +274,15 @@ def _perturbation(
         )
     n = feats.n
     absent = feats.ids(torch.zeros(1, n, dtype=torch.bool))[0]
+    target_ids = objective.target
+
     scorer = Scorer(
         lm,
         target_ids.to(lm.device),
         references=[feats.prompt_ids(), absent],
         use_cache=use_cache,
         max_rows=ppe if isinstance(ppe, int) else None,
+        fn=objective.step_fn(),
     )
     f = _Presence(feats, scorer, lm)
     ones = torch.ones(1, n, dtype=lm.dtype)
@@ -261,7 +310,7 @@ def _perturbation(
     echo = {k: v for k, v in res.params.items() if k != "perturbations_per_eval"}
     echo["perturbations_per_eval"] = ppe if ppe is not None else "auto"
     echo["seed"] = seed
-    logp = scorer.score([feats.prompt_ids()])[0].detach().cpu()
+    scores = scorer.score([feats.prompt_ids()])[0].detach().cpu()
     st = scorer.stats
     stats = {
         "forwards": st.forwards,
@@ -270,7 +319,7 @@ def _perturbation(
         "tokens_run": st.tokens,
         "tokens_from_cache": st.cached_tokens,
     }
-    return rows[0].detach(), rows[1:].detach(), method, echo, stats, logp
+    return rows[0].detach(), rows[1:].detach(), method, echo, stats, scores
 
 
 def _pretty(tokenizer: Any, ids: list[int]) -> list[str]:

@@ -1,7 +1,8 @@
 """Gradient methods on a generated answer: at the token embedding, per target token.
 
 Captum's ``LLMGradientAttribution`` runs the layer method once per target token ``t`` on
-prompt + the first ``t`` target tokens, objective ``log_softmax(last logits)[target_t]``, and
+prompt + the first ``t`` target tokens, objective ``log_softmax(last logits)[target_t]`` (here:
+any ``targets`` function of the step's logits), and
 sums the embedding-layer attributions over the embedding dim. Here one call does every target
 token: the examples are the T target tokens (example ``t`` selects output ``t``), and each
 forward runs prompt + whole target once; causal attention makes output ``t`` depend on the
@@ -23,32 +24,33 @@ from methods.generation.catalog import check_length, counterpart
 from methods.generation.errors import UnsupportedGenerationMethodError
 from methods.generation.features import TokenFeatures
 from methods.generation.lm import LanguageModel
+from methods.generation.targets import Objective, StepFn
 
 
-class _TargetLogProbs(nn.Module):
-    """feature presence [B, F] -> log-probability of each target token [B, T]. The caller's
-    model is the submodule ``lm``, so its embedding is the layer ``lm.<path>``."""
+class _TargetScores(nn.Module):
+    """feature presence [B, F] -> each step's value [B, T] of ``answer`` (a ``targets`` step
+    function of the step's logits: by default its log-probability). The caller's model is
+    the submodule ``lm``, so its embedding is the layer ``lm.<path>``."""
 
-    def __init__(self, lm: LanguageModel, feats: TokenFeatures, target: Tensor) -> None:
+    def __init__(self, lm: LanguageModel, feats: TokenFeatures, answer: Tensor, fn: StepFn) -> None:
         super().__init__()
         self.lm = lm.module
-        self.adapter, self.feats, self.target = lm, feats, target
+        self.adapter, self.feats, self.answer, self.fn = lm, feats, answer, fn
         self.n = len(feats.base)
 
     def forward(self, present: Tensor) -> Tensor:
         prompt = self.feats.id_rows(present == 1)
-        target = self.target.to(prompt.device)
-        b, t = int(prompt.shape[0]), int(target.numel())
-        ids = torch.cat([prompt, target.expand(b, t)], dim=1).to(self.adapter.device)
+        answer = self.answer.to(prompt.device)
+        b, t = int(prompt.shape[0]), int(answer.numel())
+        ids = torch.cat([prompt, answer.expand(b, t)], dim=1).to(self.adapter.device)
         logits = self.adapter.logits(ids, keep_from=self.n - 1)[:, :t]
-        logp = torch.log_softmax(logits, dim=-1)
-        return logp.gather(-1, target.to(logp.device).expand(b, t).unsqueeze(-1)).squeeze(-1)
+        return self.fn(logits, answer.to(logits.device))
 
 
 def run(
     lm: LanguageModel,
     feats: TokenFeatures,
-    target_ids: Tensor,
+    objective: Objective,
     method: str,
     seed: int | None,
     internal_batch_size: Any,
@@ -67,10 +69,11 @@ def run(
         post_abs = post_abs and given.pop("abs", True) is not False
     if "abs" in given:
         raise InvalidArgumentError(f"{method} takes no parameter 'abs'", argument="abs")
+    target_ids = objective.target
     check_length(lm, [tuple(feats.base)], int(target_ids.numel()))
-    module = _TargetLogProbs(lm, feats, target_ids)
     t = int(target_ids.numel())
     ones = torch.ones(t, feats.n, dtype=torch.long)
+    module = _TargetScores(lm, feats, target_ids, objective.step_fn())
     res = attribute(
         module,
         ones,
@@ -90,7 +93,7 @@ def run(
     per_token = (a.abs() if post_abs else a).sum(-1)  # [T, L + T]
     token_attr = per_token[:, torch.tensor(feats.positions, device=per_token.device)].cpu()
     with torch.no_grad():
-        logp = module(torch.ones(1, feats.n, dtype=torch.long))[0].detach().cpu()
+        scores = module(torch.ones(1, feats.n, dtype=torch.long))[0].detach().cpu()
     echo = {k: v for k, v in res.params.items()}
     echo["seed"] = seed
-    return token_attr.sum(0), token_attr, ran, echo, {"forwards": 0}, logp
+    return token_attr.sum(0), token_attr, ran, echo, {"forwards": 0}, scores

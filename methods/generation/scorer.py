@@ -1,4 +1,5 @@
-"""The log-probability of a fixed target after each of many perturbed prompts, fast.
+"""A fixed target's value per step (its log-probability, or another ``targets`` function)
+after each of many perturbed prompts, fast.
 
 Captum runs one perturbed prompt at a time, one forward per target token. Here:
 
@@ -31,6 +32,7 @@ from methods.cancel import checkpoint
 from methods.engine.batching import memory_budget
 from methods.errors import InvalidArgumentError
 from methods.generation.lm import LanguageModel
+from methods.generation.targets import StepFn, log_prob
 
 #: the fixed cost of one forward (kernel launches, Python, the cache copy) counted in tokens;
 #: grouping prompts into forwards weighs this against padding and lost prefix sharing
@@ -57,6 +59,8 @@ class Scorer:
     use_cache: bool = True
     #: the most prompts per forward (None: as many as the memory budget allows)
     max_rows: int | None = None
+    #: the value of each target step from its logits (``targets.STEP_FNS``)
+    fn: StepFn = log_prob
     stats: Stats = field(default_factory=Stats)
     _memo: dict[Prompt, Tensor] = field(default_factory=dict)
     _caches: dict[int, Any] = field(default_factory=dict)
@@ -66,7 +70,8 @@ class Scorer:
         return int(self.target.numel())
 
     def score(self, prompts: list[Prompt]) -> Tensor:
-        """Per-token log-probabilities of the target after each prompt: [B, T]."""
+        """Each target step's value (``fn``: by default its log-probability) after each
+        prompt: [B, T]."""
         todo = [q for q in dict.fromkeys(prompts) if q not in self._memo]
         if todo:
             self._compute(todo)
@@ -161,8 +166,7 @@ class Scorer:
                 start = torch.tensor(lengths, device=device) - 1 - keep
                 pos = start[:, None] + torch.arange(t, device=device)[None]
                 picked = logits[torch.arange(len(part), device=device)[:, None], pos]  # [B, T, V]
-                logp = torch.log_softmax(picked, dim=-1)
-                values = logp.gather(-1, target.expand(len(part), t).unsqueeze(-1)).squeeze(-1)
+                values = self.fn(picked, target)
                 for q, v in zip(part, values, strict=True):
                     self._memo[q] = v
                 s = self.stats

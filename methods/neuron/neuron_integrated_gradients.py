@@ -24,7 +24,9 @@ from methods.neuron._common import NeuronPathParams, neuron_grad_fn, neuron_path
 from methods.registry import register
 
 
-class NeuronIntegratedGradientsParams(AutoStepsParams, NeuronPathParams):
+class NeuronIntegratedGradientsParams(  # type: ignore[misc]  # n_steps may be "auto" here
+    AutoStepsParams, NeuronPathParams
+):
     pass
 
 

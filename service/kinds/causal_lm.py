@@ -19,17 +19,19 @@ import numpy as np
 import methods
 from methods import registry
 from methods.errors import AttributionCancelled, AttributionError, ModelError
+from methods.generation import targets
 from methods.generation.catalog import METHODS, PERTURBATION
 from methods.generation.features import encode, make_features
 from methods.generation.lm import DEFAULT_GEN_ARGS
 from methods.params import MethodParams
-from methods.registry import CostShape, MethodSpec
+from methods.registry import MethodSpec
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Generation, Reply, Work, new_id, runs
 from service.kinds import checks
 from service.kinds.base import Catalogue, ModelKind, Ran, envelope
+from service.kinds.generation_limits import check_counts, estimate
 from service.kinds.plan import Plan
 from service.wire.attributions import AttributionRequest
 from service.wire.engine_errors import from_engine
@@ -39,18 +41,15 @@ INPUT_KEYS = ("prompt", "features", "baselines", "skip_tokens")
 DEFAULT_NEW_TOKENS: int = DEFAULT_GEN_ARGS["max_new_tokens"]
 
 
-def estimate(method: str, p: MethodParams, features: int, prompt: int, target: int) -> int:
-    """Estimated cost: perturbed prompts (gradient methods: rows) x tokens per prompt."""
-    ms = registry.get(method)
-    prompts = ms.cost(p, CostShape(((features,),), 1, False))
-    if method not in PERTURBATION:
-        prompts *= target  # one example per target token
-    return prompts * (prompt + target)
+#: params of every generation method that say what is attributed (``methods.generation.targets``)
+TARGET_KEYS = ("target_fn", "contrast_target", "contrast_fn")
 
 
 def _params(method: str, raw: dict[str, Any]) -> tuple[MethodParams, dict[str, Any], Any]:
     params = dict(raw)
     gen_args = params.pop("gen_args", None)
+    for key in TARGET_KEYS:
+        params.pop(key, None)
     for name in ("feature_mask", "layer"):
         if name in params:
             raise InvalidRequest(
@@ -199,6 +198,7 @@ def _build_job(
         )
     g = _inputs(req.inputs)
     p, params, gen_args = _params(ms.name, req.params)
+    objective = _objective(req.params)
     checks.check_limits(ms, p, settings)
     gen, new_tokens = _gen_args(gen_args, req.target, settings)
     if not g["prompt"].strip() and not g["features"]:
@@ -246,6 +246,7 @@ def _build_job(
         max_tokens=settings.max_text_tokens,
         generation={
             **g,
+            **objective,
             "target": req.target,
             "gen_args": gen,
             "max_target_tokens": settings.max_target_tokens,
@@ -256,6 +257,29 @@ def _build_job(
 
 
 _GRADIENT = tuple(m for m in METHODS if m not in PERTURBATION)
+
+
+def _objective(params: dict[str, Any]) -> dict[str, Any]:
+    """``params.target_fn``, ``contrast_target`` and ``contrast_fn``, checked as the engine
+    checks them (the contrast's token length is checked in the worker, once tokenized)."""
+    out = {
+        "target_fn": params.get("target_fn", "log_prob"),
+        "contrast_target": params.get("contrast_target"),
+        "contrast_fn": params.get("contrast_fn", "log_prob"),
+    }
+    c = out["contrast_target"]
+    if c is not None and (not isinstance(c, str) or not c.strip()):
+        raise InvalidRequest(
+            "contrast_target is the alternative answer's text",
+            loc=("body", "params", "contrast_target"),
+        )
+    try:
+        targets.check(out["target_fn"], c, out["contrast_fn"])
+    except AttributionError as exc:
+        raise InvalidRequest(
+            str(exc), loc=("body", "params", exc.argument or "target_fn")
+        ) from None
+    return out
 
 
 def _check(
@@ -269,46 +293,6 @@ def _check(
         max_cost=settings.max_cost,
         unit="words",
     )  # fmt: skip
-
-
-def check_counts(
-    method: str,
-    p: MethodParams,
-    features: int,
-    prompt: int,
-    target: int,
-    *,
-    max_features: int,
-    max_prompt: int,
-    max_target: int,
-    max_cost: int,
-    unit: str = "tokens",
-) -> None:
-    """The codec's limits on a generation request (server: on words; worker: on tokens)."""
-    if prompt > max_prompt:
-        raise LimitExceeded(
-            f"the prompt has {prompt} {unit}; this server takes at most {max_prompt} tokens",
-            loc=("body", "inputs", "prompt"),
-        )
-    if features > max_features:
-        raise LimitExceeded(
-            f"the prompt has {features} features; this server attributes to at most "
-            f"{max_features} (group tokens into template slots)",
-            loc=("body", "inputs", "features"),
-        )
-    if target > max_target:
-        raise LimitExceeded(
-            f"the target has {target} {unit}; this server takes at most {max_target} tokens",
-            loc=("body", "target"),
-        )
-    cost = estimate(method, p, features, prompt, target)
-    if cost > max_cost:
-        raise LimitExceeded(
-            f"this request would cost about {cost} token evaluations (perturbed prompts x "
-            f"tokens); the limit is {max_cost}: use fewer features, samples or steps, or a "
-            "shorter prompt or target",
-            loc=("body",),
-        )
 
 
 def _drawn(reply: Reply) -> Reply:
@@ -331,6 +315,9 @@ _LOC: dict[str, Loc] = {
     "skip_tokens": ("body", "inputs", "skip_tokens"),
     "target": ("body", "target"),
     "gen_args": ("body", "params", "gen_args"),
+    "target_fn": ("body", "params", "target_fn"),
+    "contrast_target": ("body", "params", "contrast_target"),
+    "contrast_fn": ("body", "params", "contrast_fn"),
     "method": ("body", "method"),
     "perturbations_per_eval": ("body", "perturbations_per_eval"),
     "internal_batch_size": ("body", "internal_batch_size"),
@@ -358,13 +345,17 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
             seed=job.seed,
             perturbations_per_eval=job.perturbations_per_eval,
             internal_batch_size=job.internal_batch_size,
+            target_fn=g.get("target_fn", "log_prob"),
+            contrast_target=g.get("contrast_target"),
+            contrast_fn=g.get("contrast_fn", "log_prob"),
             **job.params,
         )
     except (ModelError, AttributionCancelled):
         raise
     except AttributionError as exc:
         raise from_engine(exc, job.request_id, _LOC) from None
-    total = res.output_log_probs.sum().reshape(1)
+    scores = res.output_scores if res.output_scores is not None else res.output_log_probs
+    total = scores.sum().reshape(1)
     return Reply(
         job_id=job.id,
         attributions=[res.seq_attr.float().numpy()[None]],
@@ -377,6 +368,8 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
             "seq_attr": res.seq_attr.tolist(),
             "token_attr": res.token_attr.tolist(),
             "target_text": tokenizer.decode(res.output_ids),
+            "target_fn": res.target_fn,
+            "step_scores": {**res.step_scores, "log_prob": res.output_log_probs.tolist()},
         },
     )
 
@@ -463,7 +456,7 @@ class CausalLMKind(ModelKind):
         body["attributions"] = [g.get("seq_attr", [])]
         if body["outputs"] is not None:
             body["outputs"] = [float(x) for x in np.asarray(body["outputs"]).reshape(-1)]
-        for name in ("input_tokens", "output_tokens", "seq_attr", "token_attr"):
+        for name in ("input_tokens", "output_tokens", "seq_attr", "token_attr", "step_scores"):
             body[name] = g.get(name)
         return body
 

@@ -356,7 +356,7 @@ def test_words_rebuild_each_text_and_mask_one_word_at_a_time() -> None:
     texts = ["  Hello,  world!\n", "one", "Hello,  again"]
     ids, tokens = words(texts)
     assert tokens == [["Hello,", "world!"], ["one"], ["Hello,", "again"]]
-    assert words.texts(ids) == texts[:2] + ["Hello,  again"]
+    assert words.texts(ids) == [*texts[:2], "Hello,  again"]
     assert int(ids[1, 1]) == PADDED
     masked = ids.clone()
     masked[0, 0] = words.baseline(ids)[0, 0]

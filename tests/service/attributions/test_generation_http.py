@@ -90,6 +90,50 @@ def test_http_equals_the_engine_on_a_hugging_face_directory(lm_server: Server) -
     assert got["output_tokens"] == ["paris", "rome"]
 
 
+@pytest.mark.parametrize(
+    "objective",
+    [
+        {"target_fn": "prob"},
+        {"target_fn": "contrast", "contrast_target": "oslo lima", "contrast_fn": "logit"},
+    ],
+    ids=["prob", "contrast"],
+)
+def test_what_is_attributed_is_a_param_of_every_generation_method(
+    lm_server: Server, objective: dict[str, Any]
+) -> None:
+    """params.target_fn (and a contrast answer) over HTTP equal the engine's, with the answer's
+    score table; mistakes name the field."""
+    for method in ("feature_ablation", "input_x_gradient"):
+        body = {"method": method, "inputs": {"prompt": "my friend alice lives in the city"},
+                "target": "paris rome", "params": objective}  # fmt: skip
+        r = post(lm_server, "gpt2-dir", body)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        want = methods.attribute_generation(
+            gpt2(), gpt2_tokenizer(), "my friend alice lives in the city", method,
+            target="paris rome", **objective,
+        )  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(got["token_attr"], dtype=torch.float64), want.token_attr
+        )
+        assert got["params"]["target_fn"] == objective["target_fn"]
+        assert got["outputs"] == pytest.approx([float(want.output_scores.sum())])
+        assert set(got["step_scores"]) == {"probability", "log_prob", "entropy", "rank"}
+        assert got["step_scores"]["probability"] == pytest.approx(want.step_scores["probability"])
+    bad = {"method": "feature_ablation", "inputs": {"prompt": "my friend alice"},
+           "target": "paris", "params": {"target_fn": "contrast"}}  # fmt: skip
+    r = post(lm_server, "gpt2-dir", bad)
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == [
+        "body", "params", "contrast_target"
+    ]  # fmt: skip
+    r = post(
+        lm_server,
+        "gpt2-dir",
+        {**bad, "params": {"target_fn": "contrast", "contrast_target": "oslo lima"}},
+    )
+    assert r.status_code == 422 and "same token length" in r.text, r.text
+
+
 def test_gradient_method_on_tokens_over_http(lm_server: Server) -> None:
     r = post(lm_server, "tiny-lm", {
         "method": "saliency",
