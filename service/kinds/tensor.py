@@ -38,7 +38,7 @@ class TensorKind(AttributionKind):
             methods=plan.served(spec),
             explanation=_explanation(spec),
             target=predicted_target(spec),
-            tokenizer=plan.token_model(spec),
+            tokenizer=spec.takes_text,
             pictures=max(1, len(spec.inputs)),
         )
 

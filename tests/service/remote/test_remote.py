@@ -472,6 +472,8 @@ def test_the_text_sent_keeps_everything_but_the_word_replaced(served: Server) ->
     torch.testing.assert_close(torch.tensor(r.json()["attributions"]), want.attributions,
                                rtol=1e-5, atol=1e-6)  # fmt: skip
     assert r.json()["tokens"][0] == ["A", "boring,", "dull", "film;", "I", "hated", "it!"]
+    info = httpx.get(f"{served.url}/v1/models/remote-text-mask").json()
+    assert info["tokenizer"] is True and info["kind"] == "text_classification"
 
 
 @pytest.mark.parametrize("model", ["remote-png", "remote-png-v2"])
