@@ -150,7 +150,7 @@ def attribute_generation(
     echo.update({"use_cache": use_cache, "target_fn": target_fn})
     if target_fn == "contrast":
         echo.update({"contrast_fn": contrast_fn, "contrast_ids": objective.contrast_list()})
-    table = _step_table(lm, feats, target_ids)
+    table, logp = _step_table(lm, feats, target_ids)
     if gen_args is not None or target is None:
         echo["gen_args"] = dict(gen_args or DEFAULT_GEN_ARGS)
     return GenerationResult(
@@ -160,7 +160,7 @@ def attribute_generation(
         token_attr=tok,
         method=ran,
         output_ids=[int(i) for i in target_ids.tolist()],
-        output_log_probs=torch.tensor(table.pop("log_prob"), dtype=torch.float32),
+        output_log_probs=logp,
         params=echo,
         stats=stats,
         target_fn=target_fn,
@@ -169,16 +169,18 @@ def attribute_generation(
     )
 
 
-def _step_table(lm: LanguageModel, feats: Features, target_ids: Tensor) -> dict[str, Any]:
-    """The unperturbed answer's score table (``targets.step_table``) and its log-probs."""
+def _step_table(
+    lm: LanguageModel, feats: Features, target_ids: Tensor
+) -> tuple[dict[str, Any], Tensor]:
+    """The unperturbed answer's score table (``targets.step_table``) and its log-probs, in
+    the model's dtype, from one forward."""
     prompt = torch.tensor([feats.prompt_ids()], dtype=torch.long)
     ids = torch.cat([prompt, target_ids.reshape(1, -1)], dim=1).to(lm.device)
     n, t = prompt.shape[1], int(target_ids.numel())
     with torch.no_grad():
         logits = lm.logits(ids, keep_from=n - 1)[0, :t]
-    table: dict[str, Any] = targets.step_table(logits, target_ids)
-    table["log_prob"] = targets.log_prob(logits[None].float(), target_ids)[0].cpu().tolist()
-    return table
+    logp = targets.log_prob(logits[None], target_ids)[0].detach().cpu()
+    return targets.step_table(logits, target_ids), logp
 
 
 def _given_ids(tokenizer: Any, value: Any, argument: str) -> Tensor:

@@ -125,7 +125,7 @@ def step_table(logits: Tensor, target: Tensor) -> dict[str, list[float] | list[i
     """The score table of the unperturbed answer, from its logits [T, V]: each target token's
     probability, the entropy of its step, and its rank among the vocabulary (1: the most
     likely)."""
-    logits = logits.detach().float()
+    logits = logits.detach()
     logp = torch.log_softmax(logits, dim=-1)
     mine = logits.gather(-1, target.to(logits.device).unsqueeze(-1))
     return {

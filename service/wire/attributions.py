@@ -454,7 +454,7 @@ class AttributionResponse(BaseModel):
     token_attr: list[list[float]] | None = Field(
         default=None, description="causal LMs: one row of scores per answer token"
     )
-    step_scores: dict[str, list[float]] | None = Field(
+    step_scores: dict[str, list[int] | list[float]] | None = Field(
         default=None,
         description="causal LMs: the answer's steps after the whole prompt: probability, "
         "log_prob, entropy and rank (1: the most likely token) of each answer token",
