@@ -19,7 +19,7 @@ from torch import Tensor
 
 from methods.api import attribute
 from methods.errors import InvalidArgumentError, InvalidTypeError
-from methods.generation import gradient, targets
+from methods.generation import chat, gradient, targets
 from methods.generation.catalog import (
     METHODS,
     PER_OUTPUT,
@@ -73,10 +73,10 @@ class GenerationResult:
 def attribute_generation(
     model: Any,
     tokenizer: Any,
-    prompt: str,
+    prompt: str | list[dict[str, str]],
     method: str = "feature_ablation",
     target: str | Tensor | list[int] | None = None,
-    features: list[str] | dict[str, str] | None = None,
+    features: list[str] | dict[str, str] | str | None = None,
     baselines: Any = None,
     gen_args: dict[str, Any] | None = None,
     *,
@@ -102,6 +102,9 @@ def attribute_generation(
     ``internal_batch_size``: rows per forward+backward of the gradient methods (default: the
     memory budget decides both; a 50-step layer IG of GPT-2 small in one pass needs ~26 GB).
     ``use_cache=False`` runs every prompt whole (same numbers, slower).
+    ``prompt`` may be a conversation, a list of ``{"role", "content"}`` messages, rendered by
+    the tokenizer's chat template (``chat``); ``features`` is then ``"turns"`` (each message a
+    feature, the default), ``"sentences"`` or ``"tokens"``.
     ``target_fn``: what is attributed of each target token (``targets``: ``log_prob``,
     ``prob``, ``logit``, ``entropy``, or ``contrast``: its ``contrast_fn`` value minus
     ``contrast_target``'s at the same step, a contrast answer of as many tokens).
@@ -124,6 +127,16 @@ def attribute_generation(
     if not isinstance(progress, bool):
         raise InvalidTypeError("progress must be a bool", argument="progress")
     targets.check(target_fn, contrast_target, contrast_fn)
+    if chat.is_chat(prompt):
+        prompt, features = chat.render(tokenizer, prompt, features)
+    elif isinstance(features, str):
+        raise InvalidTypeError(
+            'features "turns", "sentences" or "tokens" apply to a conversation (messages); '
+            "with a prompt text, give the slots' values (a list or dict) or None",
+            argument="features",
+        )
+    if not isinstance(prompt, str):
+        raise InvalidTypeError("prompt must be a text or a list of messages", argument="prompt")
     lm = wrap(model)
     feats = make_features(tokenizer, prompt, features, baselines, skip_tokens)
     target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)

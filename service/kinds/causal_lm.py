@@ -11,7 +11,6 @@ exact token counts and cost once tokenized (``service.worker.generation``).
 from __future__ import annotations
 
 import time
-from string import Formatter
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 import methods
 from methods import registry
 from methods.errors import AttributionCancelled, AttributionError, ModelError
-from methods.generation import targets
+from methods.generation import chat, targets
 from methods.generation.catalog import METHODS, PERTURBATION
 from methods.generation.features import encode, make_features
 from methods.generation.lm import DEFAULT_GEN_ARGS
@@ -29,14 +28,13 @@ from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Generation, Reply, Work, new_id, runs
-from service.kinds import checks
+from service.kinds import checks, generation_inputs
 from service.kinds.base import Catalogue, ModelKind, Ran, envelope
 from service.kinds.generation_limits import check_counts, estimate
 from service.kinds.plan import Plan
 from service.wire.attributions import AttributionRequest
 from service.wire.engine_errors import from_engine
 
-INPUT_KEYS = ("prompt", "features", "baselines", "skip_tokens")
 #: Captum's default number of generated tokens when the target is null
 DEFAULT_NEW_TOKENS: int = DEFAULT_GEN_ARGS["max_new_tokens"]
 
@@ -98,46 +96,6 @@ def _gen_args(gen_args: Any, target: Any, settings: Settings) -> tuple[dict[str,
     return {"max_new_tokens": n}, n
 
 
-def _inputs(raw: Any) -> dict[str, Any]:
-    loc = ("body", "inputs")
-    if not isinstance(raw, dict):
-        raise InvalidRequest(
-            'a causal language model takes "inputs": {"prompt": "...", "features": [...], '
-            '"baselines": [...]} (features and baselines optional)',
-            loc=loc,
-        )
-    unknown = sorted(set(raw) - set(INPUT_KEYS))
-    if unknown:
-        raise InvalidRequest(
-            f"unknown key(s) {unknown} in inputs; expected {list(INPUT_KEYS)}",
-            loc=(*loc, unknown[0]),
-        )
-    prompt = raw.get("prompt")
-    if not isinstance(prompt, str):
-        raise InvalidRequest("inputs.prompt must be a string", loc=(*loc, "prompt"))
-    features = raw.get("features")
-    if features is not None and not (
-        (isinstance(features, list) and all(isinstance(v, str) for v in features))
-        or (isinstance(features, dict) and all(isinstance(v, str) for v in features.values()))
-    ):
-        raise InvalidRequest(
-            "inputs.features must be a list of strings (one per {} slot of the prompt), an "
-            "object of strings (named {slots}), or null (every prompt token is a feature)",
-            loc=(*loc, "features"),
-        )
-    if features is not None:
-        _check_template(prompt, features)
-    skip = raw.get("skip_tokens")
-    if skip is not None and not (
-        isinstance(skip, list)
-        and all(isinstance(t, (str, int)) and not isinstance(t, bool) for t in skip)
-    ):
-        raise InvalidRequest(
-            "inputs.skip_tokens must be a list of tokens or token ids", loc=(*loc, "skip_tokens")
-        )
-    return {k: raw.get(k) for k in INPUT_KEYS}
-
-
 def _method(spec: ModelSpec, name: str) -> MethodSpec:
     ms = checks.method_spec(name)  # 404 for unknown names
     if ms.name not in METHODS:
@@ -147,31 +105,6 @@ def _method(spec: ModelSpec, name: str) -> MethodSpec:
             loc=("body", "method"),
         )
     return ms
-
-
-def _check_template(prompt: str, features: list[str] | dict[str, str]) -> None:
-    """A template's slots are plain: ``{}`` (features a list) or ``{name}`` (an object); a
-    format spec, conversion, attribute or index could make formatting run away (a width of
-    ``{:>999999999}`` is a gigabyte), and is refused before any work."""
-    loc = ("body", "inputs", "prompt")
-    try:
-        slots = [(f, spec, conv) for _, f, spec, conv in Formatter().parse(prompt) if f is not None]
-    except ValueError as exc:
-        raise InvalidRequest(
-            f"inputs.prompt is not a template: {exc} (write a literal brace as {{{{ or }}}})",
-            loc=loc,
-        ) from None
-    named = isinstance(features, dict)
-    for name, spec, conv in slots:
-        plain = (name.isidentifier() and name in features) if named else name == ""
-        if spec or conv or not plain:
-            want = "{name} slots named by inputs.features" if named else "plain {} slots"
-            shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
-            raise InvalidRequest(
-                f"inputs.prompt slot {shown[:40]!r} is not allowed: the prompt takes {want} "
-                "only (no format spec, conversion, index or attribute)",
-                loc=loc,
-            )
 
 
 def _build_job(
@@ -196,25 +129,29 @@ def _build_job(
         raise InvalidRequest(
             "target is the answer's text (or null to generate it)", loc=("body", "target")
         )
-    g = _inputs(req.inputs)
+    g = generation_inputs.parse(req.inputs)
     p, params, gen_args = _params(ms.name, req.params)
     objective = _objective(req.params)
     checks.check_limits(ms, p, settings)
     gen, new_tokens = _gen_args(gen_args, req.target, settings)
-    if not g["prompt"].strip() and not g["features"]:
+    conversation = chat.is_chat(g["prompt"])
+    if not conversation and not g["prompt"].strip() and not g["features"]:
         raise InvalidRequest("the prompt is empty", loc=("body", "inputs", "prompt"))
     # words are a lower bound of tokens: refuse what is surely over, before any work
-    text = (
-        g["prompt"]
-        + " "
-        + " ".join(
-            (g["features"] or {}).values()
-            if isinstance(g["features"], dict)
-            else g["features"] or []
+    if conversation:
+        contents = [m["content"] for m in g["prompt"]]
+        text = " ".join(contents)
+        per = {"turns": len(contents), "sentences": sum(len(chat.sentences(c)) for c in contents)}
+    else:
+        slots = g["features"]
+        text = (
+            g["prompt"] + " " + " ".join(slots.values() if isinstance(slots, dict) else slots or [])
         )
-    )
     words = len(text.split()) + 1
-    n_features = len(g["features"]) if g["features"] is not None else words
+    if conversation:
+        n_features = per.get(g["features"], words)
+    else:
+        n_features = len(g["features"]) if g["features"] is not None else words
     target_words = len(req.target.split()) if req.target is not None else new_tokens
     _check(settings, ms.name, p, n_features, words, max(1, target_words))
     ppe = checks.batch_size(
@@ -313,6 +250,7 @@ _LOC: dict[str, Loc] = {
     "features": ("body", "inputs", "features"),
     "baselines": ("body", "inputs", "baselines"),
     "skip_tokens": ("body", "inputs", "skip_tokens"),
+    "messages": ("body", "inputs", "messages"),
     "target": ("body", "target"),
     "gen_args": ("body", "params", "gen_args"),
     "target_fn": ("body", "params", "target_fn"),
@@ -378,7 +316,10 @@ def _check_tokens(lm: LoadedModel, job: Generation) -> None:
     """The exact limits, on tokens: prompt, features, target, cost."""
     g = job.generation or {}
     tokenizer = lm.text_tokenizer
-    feats = make_features(tokenizer, g["prompt"], g["features"], g["baselines"], g["skip_tokens"])
+    prompt, features = g["prompt"], g["features"]
+    if chat.is_chat(prompt):
+        prompt, features = chat.render(tokenizer, prompt, features)
+    feats = make_features(tokenizer, prompt, features, g["baselines"], g["skip_tokens"])
     prompt = max(len(feats.prompt_ids()), 1)
     if g["target"] is not None:
         target = len(encode(tokenizer, g["target"], add_special_tokens=False))

@@ -197,13 +197,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     beside MODELS_TOML, Hugging Face directories (two ViT image classifiers, a GPT-2) and
     tiny-lm, whose targets are capped at 6 tokens."""
     from tests.hf_dirs import vit_dir
-    from tests.methods.test_generation import gpt2, gpt2_tokenizer
+    from tests.methods.test_generation import gpt2
+    from tests.methods.test_generation_chat import chat_tokenizer
 
     tmp = tmp_path_factory.mktemp("main")
     vit_dir(tmp / "flowers")
     vit_dir(tmp / "cropped", processor="crop")
     gpt2().save_pretrained(tmp / "gpt2-dir")
-    gpt2_tokenizer().save_pretrained(tmp / "gpt2-dir")
+    chat_tokenizer().save_pretrained(tmp / "gpt2-dir")  # with a chat template
     s = start_server(
         tmp,
         toml=MODELS_TOML + EXTRA_TOML,

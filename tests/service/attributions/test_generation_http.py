@@ -134,6 +134,38 @@ def test_what_is_attributed_is_a_param_of_every_generation_method(
     assert r.status_code == 422 and "same token length" in r.text, r.text
 
 
+def test_a_conversation_through_the_chat_template(lm_server: Server) -> None:
+    """inputs.messages on a directory whose tokenizer has a chat template: each turn (or
+    sentence) a feature, equal to the engine's; a model without one, and malformed messages,
+    are 422s naming inputs.messages."""
+    from tests.methods.test_generation_chat import MESSAGES, chat_tokenizer
+
+    for features in ("turns", "sentences"):
+        body = {"method": "feature_ablation", "target": "paris",
+                "inputs": {"messages": MESSAGES, "features": features}}  # fmt: skip
+        r = post(lm_server, "gpt2-dir", body)
+        assert r.status_code == 200, r.text
+        want = methods.attribute_generation(gpt2(), chat_tokenizer(), MESSAGES, target="paris",
+                                            features=features)  # fmt: skip
+        assert r.json()["input_tokens"] == want.input_tokens
+        torch.testing.assert_close(
+            torch.tensor(r.json()["seq_attr"], dtype=torch.float64), want.seq_attr
+        )
+    for model, inputs in [
+        ("tiny-lm", {"messages": MESSAGES}),
+        ("gpt2-dir", {"messages": [{"role": "user"}]}),
+        ("gpt2-dir", {"messages": MESSAGES, "prompt": "both"}),
+    ]:
+        r = post(lm_server, model, {"method": "feature_ablation", "target": "paris",
+                                    "inputs": inputs})  # fmt: skip
+        assert r.status_code == 422, r.text
+        assert r.json()["errors"][0]["loc"][:2] == ["body", "inputs"], r.text
+    r = post(lm_server, "tiny-lm", {"method": "feature_ablation", "target": "paris",
+                                    "inputs": {"messages": MESSAGES}})  # fmt: skip
+    assert r.json()["errors"][0]["loc"] == ["body", "inputs", "messages"]
+    assert "chat template" in r.text
+
+
 def test_gradient_method_on_tokens_over_http(lm_server: Server) -> None:
     r = post(lm_server, "tiny-lm", {
         "method": "saliency",
