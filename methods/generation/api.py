@@ -140,10 +140,11 @@ def attribute_generation(
     lm = wrap(model)
     feats = make_features(tokenizer, prompt, features, baselines, skip_tokens)
     target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
-    objective = targets.Objective(target_ids, target_fn, contrast_fn)
+    contrast = None
     if contrast_target is not None:
-        objective.contrast = _given_ids(tokenizer, contrast_target, "contrast_target")
-        targets.check_aligned(target_ids, objective.contrast)
+        contrast = _given_ids(tokenizer, contrast_target, "contrast_target")
+        targets.check_aligned(target_ids, contrast)
+    objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
     if method in PERTURBATION:
         with show_progress(progress, method):
             out = _perturbation(
@@ -159,11 +160,11 @@ def attribute_generation(
             )
         with show_progress(progress, method):
             out = gradient.run(lm, feats, objective, method, seed, internal_batch_size, params)
-    seq, tok, ran, echo, stats, scores = out
+    seq, tok, ran, echo, stats = out
     echo.update({"use_cache": use_cache, "target_fn": target_fn})
     if target_fn == "contrast":
         echo.update({"contrast_fn": contrast_fn, "contrast_ids": objective.contrast_list()})
-    table, logp = _step_table(lm, feats, target_ids)
+    table, logp, scores = _step_table(lm, feats, objective)
     if gen_args is not None or target is None:
         echo["gen_args"] = dict(gen_args or DEFAULT_GEN_ARGS)
     return GenerationResult(
@@ -183,17 +184,20 @@ def attribute_generation(
 
 
 def _step_table(
-    lm: LanguageModel, feats: Features, target_ids: Tensor
-) -> tuple[dict[str, Any], Tensor]:
-    """The unperturbed answer's score table (``targets.step_table``) and its log-probs, in
-    the model's dtype, from one forward."""
+    lm: LanguageModel, feats: Features, objective: targets.Objective
+) -> tuple[dict[str, Any], Tensor, Tensor]:
+    """From one forward of the unperturbed prompt and answer, in the model's dtype: the score
+    table (``targets.step_table``), each step's log-probability, and the attributed value of
+    each step (``objective``)."""
+    target_ids = objective.target
     prompt = torch.tensor([feats.prompt_ids()], dtype=torch.long)
     ids = torch.cat([prompt, target_ids.reshape(1, -1)], dim=1).to(lm.device)
     n, t = prompt.shape[1], int(target_ids.numel())
     with torch.no_grad():
         logits = lm.logits(ids, keep_from=n - 1)[0, :t]
     logp = targets.log_prob(logits[None], target_ids)[0].detach().cpu()
-    return targets.step_table(logits, target_ids), logp
+    scores = objective.step_fn()(logits[None], target_ids.to(logits.device))[0].detach().cpu()
+    return targets.step_table(logits, target_ids), logp, scores
 
 
 def _given_ids(tokenizer: Any, value: Any, argument: str) -> Tensor:
@@ -277,7 +281,7 @@ def _perturbation(
     ppe: int | str | None,
     use_cache: bool,
     params: dict[str, Any],
-) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int], Tensor]:
+) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int]]:
     if (
         ppe is not None
         and ppe != "auto"
@@ -325,7 +329,6 @@ def _perturbation(
     echo = {k: v for k, v in res.params.items() if k != "perturbations_per_eval"}
     echo["perturbations_per_eval"] = ppe if ppe is not None else "auto"
     echo["seed"] = seed
-    scores = scorer.score([feats.prompt_ids()])[0].detach().cpu()
     st = scorer.stats
     stats = {
         "forwards": st.forwards,
@@ -334,7 +337,7 @@ def _perturbation(
         "tokens_run": st.tokens,
         "tokens_from_cache": st.cached_tokens,
     }
-    return rows[0].detach(), rows[1:].detach(), method, echo, stats, scores
+    return rows[0].detach(), rows[1:].detach(), method, echo, stats
 
 
 def _pretty(tokenizer: Any, ids: list[int]) -> list[str]:

@@ -55,7 +55,7 @@ def run(
     seed: int | None,
     internal_batch_size: Any,
     params: dict[str, Any],
-) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int], Tensor]:
+) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int]]:
     if not isinstance(lm.module, nn.Module) or lm.embedding_layer is None:
         raise UnsupportedGenerationMethodError(
             f"{method} needs the model's token embedding layer: a Hugging Face causal LM, or "
@@ -92,8 +92,6 @@ def run(
     a = a.detach()
     per_token = (a.abs() if post_abs else a).sum(-1)  # [T, L + T]
     token_attr = per_token[:, torch.tensor(feats.positions, device=per_token.device)].cpu()
-    with torch.no_grad():
-        scores = module(torch.ones(1, feats.n, dtype=torch.long))[0].detach().cpu()
     echo = {k: v for k, v in res.params.items()}
     echo["seed"] = seed
-    return token_attr.sum(0), token_attr, ran, echo, {"forwards": 0}, scores
+    return token_attr.sum(0), token_attr, ran, echo, {"forwards": 0}

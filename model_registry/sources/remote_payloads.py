@@ -104,12 +104,12 @@ class Words:
             for row in ids.tolist():
                 parts = []
                 for i in row:
-                    k = int(i) if i > 0 else -int(i) - 1
                     if i == PADDED:
                         continue
+                    k = i if i > 0 else -i - 1  # a piece, or its baseline
                     if not 0 < k < known:
                         raise InvalidArgumentError(
-                            f"word id {int(i)} names no word of this request: a model that "
+                            f"word id {i} names no word of this request: a model that "
                             "takes text is sent texts, not ids (baselines: leave them out, "
                             "and each word is masked)",
                             argument="inputs",
