@@ -21,6 +21,8 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	# inseq, a test oracle, without its dependencies (they would move torch and transformers)
 	# but the few its import needs
 	$(PIP) install --quiet --no-deps inseq==0.7.1 jaxtyping==0.3.11 wadler-lindig treescope==0.1.10
+	# context-cite, the oracle of context attribution, likewise (its imports are dev extras)
+	$(PIP) install --quiet --no-deps context-cite==0.0.4
 	touch $(STAMP)
 
 install-dev: $(STAMP)

@@ -26,6 +26,7 @@ from methods.errors import (
 from methods.evaluation import evaluate
 from methods.export import NotExportableError, export
 from methods.generation import GenerationResult, attribute_generation
+from methods.generation.context import ContextResult, attribute_context
 from methods.registry import MethodInfo
 from methods.robustness import AttackResult, MinPerturbationResult, attack, min_perturbation
 
@@ -34,6 +35,7 @@ __all__ = [
     "AttributionCancelled",
     "AttributionError",
     "BaselineError",
+    "ContextResult",
     "GenerationResult",
     "InfluenceResult",
     "InvalidArgumentError",
@@ -50,6 +52,7 @@ __all__ = [
     "UnsupportedModelError",
     "attack",
     "attribute",
+    "attribute_context",
     "attribute_generation",
     "available",
     "cancel_scope",
