@@ -24,6 +24,7 @@ from service.compat import kserve
 from service.compat import router as compat
 from service.concepts import router as concepts
 from service.concepts.serving import store_builtin
+from service.contexts import router as contexts
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
@@ -49,6 +50,7 @@ CAPABILITIES = (
     health,
     catalog,
     attributions,
+    contexts,
     compat,
     jobs,
     repository,

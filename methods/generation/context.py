@@ -112,12 +112,12 @@ def attribute_context(
     _check_args(query, n_ablations, seed, keep_prob, score, alpha, perturbations_per_eval)
     if not isinstance(use_cache, bool):
         raise InvalidTypeError("use_cache must be a bool", argument="use_cache")
-    template = _template(prompt_template)
+    template = check_template(prompt_template)
     parts = units_.split(context, units, unit_pattern)
     lm = wrap(model)
 
     def prompt_ids(keep: list[bool] | None) -> tuple[int, ...]:
-        return tuple(_encode_prompt(tokenizer, template.format(context=parts.join(keep), query=query)))
+        return tuple(encode_prompt(tokenizer, template.format(context=parts.join(keep), query=query)))
 
     full = prompt_ids(None)
     answer_ids, text = _answer(lm, tokenizer, full, answer, gen_args)
@@ -225,7 +225,7 @@ def _check_args(
         )
 
 
-def _template(template: Any) -> str:
+def check_template(template: Any) -> str:
     if template is None:
         return DEFAULT_TEMPLATE
     if not isinstance(template, str):
@@ -253,7 +253,7 @@ def _has_chat_template(tokenizer: Any) -> bool:
     )
 
 
-def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """The prompt's ids: as one user message through the chat template when there is one
     (whose text carries its own special tokens), else as the tokenizer encodes a text."""
     if _has_chat_template(tokenizer):

@@ -184,6 +184,17 @@ class Settings(BaseModel):
     max_features: int = Field(
         default=64, ge=1, description="causal LMs: most prompt features (tokens or slots) (422)"
     )
+    max_context_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="context attributions: most tokens of the prompt built from the whole context (422)",
+    )
+    max_context_units: int = Field(
+        default=512, ge=1, description="context attributions: most units of the context (422)"
+    )
+    max_answer_tokens: int = Field(
+        default=256, ge=1, description="context attributions: most tokens of the answer (422)"
+    )
     max_concurrency: int | None = Field(
         default=None,
         ge=1,

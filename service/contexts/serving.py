@@ -1,0 +1,127 @@
+"""Context attributions through the pool: the request checked without the model (its kind,
+the units, the template, limits on words as a lower bound of tokens), run in the model's worker
+(``service.contexts.work``), and the answer shaped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from methods.errors import AttributionError
+from methods.generation import units as units_
+from methods.generation.context import check_template
+from model_registry.spec import ModelSpec
+from service import kinds
+from service.contexts.protocol import ContextRequest
+from service.contexts.work import WHERE, ContextQuery
+from service.core.errors import LimitExceeded, UnsupportedMethod
+from service.core.settings import Settings
+from service.core.work import new_id
+from service.kinds.base import timing
+from service.pool.pool import WorkerPool
+from service.serving.run import budget_ms, run
+from service.wire.engine_errors import from_engine
+
+#: the kinds whose models answer a prompt with text
+GENERATIVE = ("causal_lm",)
+
+
+def build(
+    settings: Settings, spec: ModelSpec, req: ContextRequest, deadline: float, request_id: str
+) -> ContextQuery:
+    """Every check that needs no model: the request as work, or a 4xx ServiceError."""
+    kind = kinds.name_of(spec)
+    if kind not in GENERATIVE:
+        raise UnsupportedMethod(
+            f"model {spec.id!r} ({kind}) does not write answers; context attributions serve "
+            "generative language models (kind causal_lm)",
+            loc=("path", "model_id"),
+        )
+    if req.answer is not None and req.gen_args is not None:
+        raise UnsupportedMethod(
+            "gen_args apply only when the answer is generated (answer null)",
+            loc=("body", "gen_args"),
+        )
+    try:
+        parts = units_.split(req.context, req.units, req.unit_pattern)
+        check_template(req.prompt_template)
+    except AttributionError as exc:
+        raise from_engine(exc, request_id, WHERE) from None
+    if len(parts) > settings.max_context_units:
+        raise LimitExceeded(
+            f"the context has {len(parts)} units; this server attributes to at most "
+            f"{settings.max_context_units} (ATTRSERVE_MAX_CONTEXT_UNITS): use larger units",
+            loc=("body", "context"),
+        )
+    if req.n_ablations > settings.max_n_samples:
+        raise LimitExceeded(
+            f"n_ablations {req.n_ablations} is over this server's limit of "
+            f"{settings.max_n_samples}",
+            loc=("body", "n_ablations"),
+        )
+    # words are a lower bound of tokens: refuse what is surely over, before any work
+    words = len(parts.join().split()) + len(req.query.split())
+    if words > settings.max_context_tokens:
+        raise LimitExceeded(
+            f"the context and query have {words} words; this server takes prompts of at most "
+            f"{settings.max_context_tokens} tokens (ATTRSERVE_MAX_CONTEXT_TOKENS)",
+            loc=("body", "context"),
+        )
+    new_tokens = req.gen_args.max_new_tokens if req.gen_args is not None else 64
+    answer = len(req.answer.split()) if req.answer is not None else new_tokens
+    if answer > settings.max_answer_tokens:
+        raise LimitExceeded(
+            f"the answer has {answer} {'words' if req.answer is not None else 'tokens'}; this "
+            f"server takes at most {settings.max_answer_tokens} tokens "
+            "(ATTRSERVE_MAX_ANSWER_TOKENS)",
+            loc=("body", "answer" if req.answer is not None else "gen_args"),
+        )
+    cost = req.n_ablations * (words + answer)
+    if cost > settings.max_cost:
+        raise LimitExceeded(
+            f"this request would cost at least {cost} token evaluations (ablations x (prompt + "
+            f"answer)); the limit is {settings.max_cost}: use fewer ablations or a shorter "
+            "context",
+            loc=("body", "n_ablations"),
+        )
+    request = req.model_dump(exclude={"return_masks", "deadline_ms"})
+    request["gen_args"] = req.gen_args.model_dump() if req.gen_args is not None else None
+    return ContextQuery(
+        id=new_id(),
+        model_id=spec.id,
+        n=1,
+        cost=cost,
+        deadline=deadline,
+        request_id=request_id,
+        request=request,
+        limits={
+            "prompt": settings.max_context_tokens,
+            "answer": settings.max_answer_tokens,
+            "cost": settings.max_cost,
+        },
+    )
+
+
+async def attribute(
+    settings: Settings,
+    pool: WorkerPool,
+    spec: ModelSpec,
+    req: ContextRequest,
+    deadline_ms: float | None,
+    started: float,
+    request_id: str,
+    disconnected: Callable[[], Awaitable[Any]] | None,
+) -> dict[str, Any]:
+    budget = budget_ms(settings, deadline_ms, req.deadline_ms)
+    job = build(settings, spec, req, time.time() + budget / 1e3, request_id)
+    reply, queue_ms = await run(pool, job, budget, started, disconnected)
+    out = dict(reply.study or {})
+    masks = out.pop("masks", None)
+    return {
+        "model_id": spec.id,
+        "model_version": spec.version,
+        **out,
+        "masks": masks if req.return_masks else None,
+        "timing_ms": timing(queue_ms, reply.compute_ms, started),
+    }
