@@ -110,6 +110,51 @@ def attribute_generation(
     ``contrast_target``'s at the same step, a contrast answer of as many tokens).
     ``params``: the method's own (``n_samples``, ``n_steps``, ...).
     """
+    lm, feats = prepare(
+        model, tokenizer, prompt, method, features, baselines, skip_tokens, params,
+        use_cache=use_cache, progress=progress, target_fn=target_fn,
+        contrast_target=contrast_target, contrast_fn=contrast_fn,
+    )  # fmt: skip
+    target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
+    contrast = None
+    if contrast_target is not None:
+        contrast = _given_ids(tokenizer, contrast_target, "contrast_target")
+        targets.check_aligned(target_ids, contrast)
+    objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
+    if method in PERTURBATION:
+        with show_progress(progress, method):
+            out = _perturbation(
+                lm, feats, objective, method, seed, perturbations_per_eval, use_cache, params
+            )
+    else:
+        check_gradient_features(method, feats)
+        with show_progress(progress, method):
+            out = gradient.run(lm, feats, objective, method, seed, internal_batch_size, params)
+    seq, tok, ran, echo, stats = out
+    return finish(
+        lm, tokenizer, feats, objective, seq, tok, ran, echo, stats,
+        use_cache=use_cache, gen_args=gen_args, target=target,
+    )  # fmt: skip
+
+
+def prepare(
+    model: Any,
+    tokenizer: Any,
+    prompt: Any,
+    method: str,
+    features: Any,
+    baselines: Any,
+    skip_tokens: Any,
+    params: dict[str, Any],
+    *,
+    use_cache: Any,
+    progress: Any,
+    target_fn: Any,
+    contrast_target: Any,
+    contrast_fn: Any,
+) -> tuple[LanguageModel, Features]:
+    """The checks every generation request passes, and the model's adapter and the prompt's
+    features."""
     if method not in METHODS:
         raise UnsupportedGenerationMethodError(
             f"{method!r} cannot attribute a generated answer; use one of {list(METHODS)}",
@@ -138,29 +183,37 @@ def attribute_generation(
     if not isinstance(prompt, str):
         raise InvalidTypeError("prompt must be a text or a list of messages", argument="prompt")
     lm = wrap(model)
-    feats = make_features(tokenizer, prompt, features, baselines, skip_tokens)
-    target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
-    contrast = None
-    if contrast_target is not None:
-        contrast = _given_ids(tokenizer, contrast_target, "contrast_target")
-        targets.check_aligned(target_ids, contrast)
-    objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
-    if method in PERTURBATION:
-        with show_progress(progress, method):
-            out = _perturbation(
-                lm, feats, objective, method, seed, perturbations_per_eval, use_cache, params
-            )
-    else:
-        if not isinstance(feats, TokenFeatures):
-            raise UnsupportedGenerationMethodError(
-                f"{method} differentiates through the token embedding, which needs the prompt's "
-                "tokens as the features; template slots (which may change the prompt's length) "
-                f"take a perturbation method: {list(PERTURBATION)}",
-                argument="method",
-            )
-        with show_progress(progress, method):
-            out = gradient.run(lm, feats, objective, method, seed, internal_batch_size, params)
-    seq, tok, ran, echo, stats = out
+    return lm, make_features(tokenizer, prompt, features, baselines, skip_tokens)
+
+
+def check_gradient_features(method: str, feats: Features) -> None:
+    if not isinstance(feats, TokenFeatures):
+        raise UnsupportedGenerationMethodError(
+            f"{method} differentiates through the token embedding, which needs the prompt's "
+            "tokens as the features; template slots (which may change the prompt's length) "
+            f"take a perturbation method: {list(PERTURBATION)}",
+            argument="method",
+        )
+
+
+def finish(
+    lm: LanguageModel,
+    tokenizer: Any,
+    feats: Features,
+    objective: targets.Objective,
+    seq: Tensor,
+    tok: Tensor,
+    ran: str,
+    echo: dict[str, Any],
+    stats: dict[str, int],
+    *,
+    use_cache: bool,
+    gen_args: Any,
+    target: Any,
+) -> GenerationResult:
+    """The result, with the unperturbed answer's score table (one forward)."""
+    target_fn, contrast_fn = objective.target_fn, objective.contrast_fn
+    target_ids = objective.target
     echo.update({"use_cache": use_cache, "target_fn": target_fn})
     if target_fn == "contrast":
         echo.update({"contrast_fn": contrast_fn, "contrast_ids": objective.contrast_list()})

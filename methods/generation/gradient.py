@@ -55,7 +55,9 @@ def run(
     seed: int | None,
     internal_batch_size: Any,
     params: dict[str, Any],
+    steps: list[int] | None = None,
 ) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int]]:
+    """Rows of the target tokens ``steps`` (None: every one); the last is the streamed row."""
     if not isinstance(lm.module, nn.Module) or lm.embedding_layer is None:
         raise UnsupportedGenerationMethodError(
             f"{method} needs the model's token embedding layer: a Hugging Face causal LM, or "
@@ -72,13 +74,14 @@ def run(
     target_ids = objective.target
     check_length(lm, [tuple(feats.base)], int(target_ids.numel()))
     t = int(target_ids.numel())
-    ones = torch.ones(t, feats.n, dtype=torch.long)
+    rows = list(range(t)) if steps is None else steps
+    ones = torch.ones(len(rows), feats.n, dtype=torch.long)
     module = _TargetScores(lm, feats, target_ids, objective.step_fn())
     res = attribute(
         module,
         ones,
         ran,
-        target=list(range(t)),
+        target=rows,
         baselines=0,
         seed=seed,
         internal_batch_size=internal_batch_size,
@@ -90,7 +93,7 @@ def run(
     if not isinstance(a, Tensor):
         raise TypeError("unexpected attribution form")  # the embedding gives one tensor
     a = a.detach()
-    per_token = (a.abs() if post_abs else a).sum(-1)  # [T, L + T]
+    per_token = (a.abs() if post_abs else a).sum(-1)  # [rows, L + T]
     token_attr = per_token[:, torch.tensor(feats.positions, device=per_token.device)].cpu()
     echo = {k: v for k, v in res.params.items()}
     echo["seed"] = seed

@@ -96,6 +96,14 @@ class LanguageModel:
         """Logits of ``ids`` [B, S] continuing the first ``p`` cached tokens."""
         raise NotImplementedError
 
+    def extend(self, state: Any, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
+        """Logits of ``ids`` [B, S] (from position ``keep_from`` of them on) after what
+        ``state`` holds (None: nothing), and the state holding both: rows decoded on, one
+        token at a time (streaming). Here the state is the ids so far, run whole each time."""
+        full = ids if state is None else torch.cat([state, ids], dim=1)
+        start = full.shape[1] - ids.shape[1] + keep_from
+        return self.logits(full, keep_from=start), full
+
     def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
         """Greedy continuation of ``ids`` [1, P]: the new ids (1-D), stopping after ``eos``."""
         steps = _greedy_steps(gen_args)
@@ -161,6 +169,10 @@ class KVLanguageModel(LanguageModel):
         )
         logits, _ = self.model.forward_cached(ids, past, keep_from)
         return logits
+
+    def extend(self, state: Any, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
+        logits, past = self.model.forward_cached(ids, state, keep_from)
+        return logits, tuple(past)
 
     def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
         steps = _greedy_steps(gen_args)
@@ -237,6 +249,14 @@ class HFLanguageModel(LanguageModel):
         )
         logits = _logits_of(out)
         return logits[:, keep_from - s :] if keep_from > 0 else logits
+
+    def extend(self, state: Any, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
+        s = int(ids.shape[1])
+        out = self.model(
+            input_ids=ids, past_key_values=state, use_cache=True, **self._kept(s, keep_from)
+        )
+        logits = _logits_of(out)
+        return (logits[:, keep_from - s :] if keep_from > 0 else logits), out.past_key_values
 
     def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
         args = gen_args or DEFAULT_GEN_ARGS  # Captum: the defaults replace, not merge

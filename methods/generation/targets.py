@@ -123,8 +123,8 @@ def check_aligned(target: Tensor, contrast: Tensor) -> None:
 
 def step_table(logits: Tensor, target: Tensor) -> dict[str, list[float] | list[int]]:
     """The score table of the unperturbed answer, from its logits [T, V]: each target token's
-    probability, the entropy of its step, and its rank among the vocabulary (1: the most
-    likely)."""
+    probability, the entropy of its step, and its rank among the vocabulary (0: the most
+    likely, as CONTRACT 8.3 counts)."""
     logits = logits.detach()
     logp = torch.log_softmax(logits, dim=-1)
     mine = logits.gather(-1, target.to(logits.device).unsqueeze(-1))
@@ -134,5 +134,5 @@ def step_table(logits: Tensor, target: Tensor) -> dict[str, list[float] | list[i
         .exp()
         .tolist(),
         "entropy": (-(logp.exp() * logp).sum(-1)).tolist(),
-        "rank": (1 + (logits > mine).sum(-1)).tolist(),
+        "rank": (logits > mine).sum(-1).tolist(),
     }

@@ -133,3 +133,15 @@ def test_target_fn_mistakes_name_their_argument() -> None:
         with pytest.raises(AttributionError) as info:
             run(**kw)
         assert info.value.argument == argument, kw
+
+
+def test_rank_counts_from_zero_and_a_greedy_answer_ranks_first_at_every_step() -> None:
+    """CONTRACT 8.3: rank 0 is the most likely token; a greedily generated answer is, at each
+    of its steps, the most likely token."""
+    res = methods.attribute_generation(
+        model(), gpt2_tokenizer(), PROMPT, "feature_ablation",
+        gen_args={"max_new_tokens": 4, "do_sample": False},
+    )  # fmt: skip
+    assert res.step_scores["rank"] == [0] * len(res.output_ids)
+    given = methods.attribute_generation(model(), gpt2_tokenizer(), PROMPT, target=TARGET)
+    assert all(isinstance(r, int) and r >= 0 for r in given.step_scores["rank"])
