@@ -27,6 +27,7 @@ from methods.evaluation import evaluate
 from methods.export import NotExportableError, export
 from methods.generation import GenerationResult, attribute_generation
 from methods.generation.context import ContextResult, attribute_context
+from methods.generation.stream import GenerationStep, stream_generation
 from methods.registry import MethodInfo
 from methods.robustness import AttackResult, MinPerturbationResult, attack, min_perturbation
 
@@ -37,6 +38,7 @@ __all__ = [
     "BaselineError",
     "ContextResult",
     "GenerationResult",
+    "GenerationStep",
     "InfluenceResult",
     "InvalidArgumentError",
     "InvalidTypeError",
@@ -65,6 +67,7 @@ __all__ = [
     "self_influence",
     "sensitivity_max",
     "set_memory_budget",
+    "stream_generation",
     "tcav",
 ]
 

@@ -127,9 +127,9 @@ def attribute_generation(
                 lm, feats, objective, method, seed, perturbations_per_eval, use_cache, params
             )
     else:
-        check_gradient_features(method, feats)
+        tokens = token_features(method, feats)
         with show_progress(progress, method):
-            out = gradient.run(lm, feats, objective, method, seed, internal_batch_size, params)
+            out = gradient.run(lm, tokens, objective, method, seed, internal_batch_size, params)
     seq, tok, ran, echo, stats = out
     return finish(
         lm, tokenizer, feats, objective, seq, tok, ran, echo, stats,
@@ -186,7 +186,8 @@ def prepare(
     return lm, make_features(tokenizer, prompt, features, baselines, skip_tokens)
 
 
-def check_gradient_features(method: str, feats: Features) -> None:
+def token_features(method: str, feats: Features) -> TokenFeatures:
+    """The prompt's tokens as features, which a gradient method needs."""
     if not isinstance(feats, TokenFeatures):
         raise UnsupportedGenerationMethodError(
             f"{method} differentiates through the token embedding, which needs the prompt's "
@@ -194,6 +195,7 @@ def check_gradient_features(method: str, feats: Features) -> None:
             f"take a perturbation method: {list(PERTURBATION)}",
             argument="method",
         )
+    return feats
 
 
 def finish(

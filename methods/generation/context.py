@@ -117,7 +117,9 @@ def attribute_context(
     lm = wrap(model)
 
     def prompt_ids(keep: list[bool] | None) -> tuple[int, ...]:
-        return tuple(encode_prompt(tokenizer, template.format(context=parts.join(keep), query=query)))
+        return tuple(
+            encode_prompt(tokenizer, template.format(context=parts.join(keep), query=query))
+        )
 
     full = prompt_ids(None)
     answer_ids, text = _answer(lm, tokenizer, full, answer, gen_args)
@@ -146,7 +148,7 @@ def attribute_context(
     counts = torch.tensor([b - a for a, b in ranges], dtype=torch.float64)
     weights, bias = surrogate(x, outputs, counts, alpha)
     r2 = held_out_r2(x, outputs, counts, alpha, seed)
-    top = [sorted(range(len(parts)), key=lambda j, w=w: (-float(w[j]), j)) for w in weights]
+    top = [_ranked(w) for w in weights]
     st = scorer.stats
     return ContextResult(
         units=list(parts.parts),
@@ -184,9 +186,7 @@ def attribute_context(
     )
 
 
-def _check_args(
-    query: Any, n: Any, seed: Any, keep: Any, score: Any, alpha: Any, ppe: Any
-) -> None:
+def _check_args(query: Any, n: Any, seed: Any, keep: Any, score: Any, alpha: Any, ppe: Any) -> None:
     if not isinstance(query, str):
         raise InvalidTypeError("query must be a text", argument="query")
     if isinstance(n, bool) or not isinstance(n, int) or n < MIN_ABLATIONS:
@@ -275,7 +275,9 @@ def _answer(
                 argument="gen_args",
             )
         if not isinstance(answer, str):
-            raise InvalidTypeError("answer must be a text, or None to generate it", argument="answer")
+            raise InvalidTypeError(
+                "answer must be a text, or None to generate it", argument="answer"
+            )
         ids = encode(tokenizer, answer, add_special_tokens=False)
         if not ids or not answer.strip():
             raise EmptyTargetError("the answer is empty", argument="answer")
@@ -322,6 +324,11 @@ def _token_ranges(
         return next((k for k, e in enumerate(ends) if c < e), len(ids) - 1)
 
     return [(token_at(a), token_at(b - 1) + 1) for a, b in spans]
+
+
+def _ranked(w: Tensor) -> list[int]:
+    """Indices best first (ties by index)."""
+    return sorted(range(int(w.numel())), key=lambda j: (-float(w[j]), j))
 
 
 def ablation_masks(n: int, n_units: int, keep_prob: float, seed: int) -> np.ndarray:

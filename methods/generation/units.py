@@ -21,8 +21,9 @@ KINDS = ("sentences", "paragraphs", "documents")
 #: a sentence's end: its punctuation and closing marks, before white space or the line's end
 _END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s|$)")
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc e.g i.e cf al fig no vol approx dept est inc ltd co".split()
-)
+    ("mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "cf", "al",
+     "fig", "no", "vol", "approx", "dept", "est", "inc", "ltd", "co")
+)  # fmt: skip
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 #: documents given as a list are joined with this (a paragraph break)
 DOCUMENT_SEPARATOR = "\n\n"
@@ -128,7 +129,9 @@ def split(
             "context must be a text or a list of texts (documents)", argument=argument
         )
     if not any(d.strip() for d in docs):
-        raise InvalidArgumentError("the context is empty: nothing to attribute to", argument=argument)
+        raise InvalidArgumentError(
+            "the context is empty: nothing to attribute to", argument=argument
+        )
     if pattern is not None:
         try:
             rx = re.compile(pattern)
@@ -139,13 +142,15 @@ def split(
         if rx.fullmatch("") is not None:
             raise InvalidArgumentError(
                 "unit_pattern matches the empty text; it must match the separators between "
-                "units (e.g. \"\\n\" or \"; \")",
+                'units (e.g. "\\n" or "; ")',
                 argument="unit_pattern",
             )
         text = DOCUMENT_SEPARATOR.join(docs)
         return _from_spans(text, _pieces(text, rx))
     if units not in KINDS:
-        raise InvalidArgumentError(f"units must be one of {list(KINDS)}, got {units!r}", argument="units")
+        raise InvalidArgumentError(
+            f"units must be one of {list(KINDS)}, got {units!r}", argument="units"
+        )
     if units == "documents":
         kept = [d for d in docs if d.strip()]
         seps = ("",) + (DOCUMENT_SEPARATOR,) * (len(kept) - 1)

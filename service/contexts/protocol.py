@@ -41,7 +41,7 @@ class ContextRequest(BaseModel):
     keep_prob: float = Field(0.5, gt=0, lt=1, description="each unit's chance to be kept")
     prompt_template: str | None = Field(
         None,
-        description='how the prompt is built, with {context} and {query} once each; default '
+        description="how the prompt is built, with {context} and {query} once each; default "
         '"{context}\\n\\n{query}", through the model\'s chat template when it has one',
     )
     score: Literal["log_prob", "logit_prob"] = Field(

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Body, Depends, Request
 
 from service.contexts import serving
 from service.contexts.protocol import ContextRequest, ContextResponse
-from service.http.headers import Deadline
 from service.core.context import request_id
+from service.http.headers import Deadline
 from service.http.observed import ERRORS, Observed, until_disconnect
 from service.http.responses import OrjsonResponse
 from service.http.routing import OrjsonRoute

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import methods
 from methods.errors import AttributionCancelled, AttributionError, ModelError
 from methods.generation import units as units_
-from methods.generation.context import encode_prompt, check_template
+from methods.generation.context import check_template, encode_prompt
 from methods.generation.features import encode
 from model_registry.spec import LoadedModel
 from service.core.errors import LimitExceeded, Loc
@@ -24,7 +24,8 @@ WHERE: dict[str, Loc] = {
         "context", "query", "answer", "units", "unit_pattern", "n_ablations", "seed",
         "keep_prob", "prompt_template", "score", "alpha", "gen_args", "perturbations_per_eval",
     )
-} | {"target": ("body", "context")}  # fmt: skip
+}  # fmt: skip
+WHERE["target"] = ("body", "context")  # the prompt and answer over the model's positions
 
 
 @dataclass(kw_only=True)
@@ -61,7 +62,7 @@ def run(lm: LoadedModel, job: ContextQuery) -> Reply:
             "top": res.top,
             "fit": res.fit,
             "intercepts": res.intercepts.tolist(),
-            "masks": res.masks.to(int).tolist(),
+            "masks": res.masks.long().tolist(),
             "params": res.params,
             "stats": res.stats,
         },

@@ -187,7 +187,8 @@ class Settings(BaseModel):
     max_context_tokens: int = Field(
         default=4096,
         ge=1,
-        description="context attributions: most tokens of the prompt built from the whole context (422)",
+        description="context attributions: most tokens of the prompt built from the whole "
+        "context (422)",
     )
     max_context_units: int = Field(
         default=512, ge=1, description="context attributions: most units of the context (422)"

@@ -63,7 +63,7 @@ class CopyLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, **_: Any) -> Any:
         ids = input_ids
-        b, n = ids.shape
+        n = ids.shape[1]
         same = ids[:, :, None] == ids[:, None, :]  # [B, i, j]
         earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)[None]
         votes = (same & earlier)[:, :, :-1].to(torch.float32)  # j < n - 1: it has a successor

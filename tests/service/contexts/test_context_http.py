@@ -33,7 +33,11 @@ def test_the_engine_s_numbers_over_http(server: Server) -> None:
     want = methods.attribute_context(
         gpt2(), chat_tokenizer(), CONTEXT, QUERY, ANSWER, n_ablations=24, seed=3
     )
-    assert got["units"] == want.units == ["alice lives in paris.", "bob lives in rome.", "carol is old."]
+    assert (
+        got["units"]
+        == want.units
+        == ["alice lives in paris.", "bob lives in rome.", "carol is old."]
+    )
     assert got["answer_sentences"] == want.answer_sentences
     torch.testing.assert_close(torch.tensor(got["scores"], dtype=torch.float64), want.scores)
     assert got["top"] == want.top
