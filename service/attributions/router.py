@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.attributions import fastpath, serving
+from service.attributions import fastpath, serving, streaming
 from service.core.context import request_id
 from service.core.offload import large
 from service.http.headers import Deadline
@@ -72,6 +73,12 @@ async def serve(
     """The routes' work once the body is valid (the route's and its fast handler's). With
     ``picture`` ("png", "html"; by default what an ``Accept: image/png`` or ``text/html`` header
     asks for) the answer is the one picture itself."""
+    if picture is None and streaming.wanted(request.headers.get("accept")):
+        spec = state.serving(model_id)
+        return await streaming.stream(
+            state, spec, body, x_deadline_ms, time.perf_counter(), request_id.get(),
+            request.url.path,
+        )  # fmt: skip
     picture = picture or pictures.accepted(request.headers.get("accept"))
     if picture is not None:
         drawing = (body.render or RenderSpec()).model_copy(update={"format": picture})
@@ -110,7 +117,11 @@ async def serve(
         200: {
             "description": "the attributions. With `Accept: image/png` or `text/html` (and "
             "one example to draw) the picture itself, as `render` (`POST "
-            "/v1/models/{model_id}/attributions:render`) documents it"
+            "/v1/models/{model_id}/attributions:render`) documents it. On a generative "
+            "language model, `Accept: text/event-stream` streams the answer as it is "
+            'attributed: an event `token` (`{"index", "token", "attr": [per feature]}`) per '
+            "answer token, then `result` (this body) or `error` (a problem object); hanging "
+            "up stops the work"
         },
         **ERRORS,
     },

@@ -32,6 +32,13 @@ HANDLED = (ServiceError, RequestValidationError, AttributionError, HTTPException
 def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
     """The problem+json response for ``err``; on the KServe and OIP routes the detail is also
     the ``error`` member, the one their clients read."""
+    return ProblemResponse(
+        problem_body(err, instance), status_code=err.status, headers=err.headers or None
+    )
+
+
+def problem_body(err: ServiceError, instance: str | None = None) -> dict[str, Any]:
+    """The problem object of ``err`` (what ``problem`` answers, and a stream's error event)."""
     body: dict[str, Any] = {
         "type": TYPE_BASE + err.code,
         "title": err.title,
@@ -46,7 +53,7 @@ def problem(err: ServiceError, instance: str | None = None) -> ProblemResponse:
         body["request_id"] = rid
     if instance and COMPAT_PATHS.fullmatch(instance):
         body["error"] = err.detail
-    return ProblemResponse(body, status_code=err.status, headers=err.headers or None)
+    return body
 
 
 def _message(e: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from methods.generation.lm import DEFAULT_GEN_ARGS
 from methods.params import MethodParams
 from methods.registry import MethodSpec
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
+from service.core import events
 from service.core.errors import InvalidRequest, LimitExceeded, Loc, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Generation, Reply, Work, new_id, runs
@@ -270,24 +271,25 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
     tokenizer = lm.text_tokenizer
     try:
         _check_tokens(lm, job)
-        res = methods.attribute_generation(
-            lm.model,
-            tokenizer,
-            g["prompt"],
-            job.method,
-            target=g["target"],
-            features=g["features"],
-            baselines=g["baselines"],
-            gen_args=g["gen_args"],
-            skip_tokens=g["skip_tokens"],
-            seed=job.seed,
-            perturbations_per_eval=job.perturbations_per_eval,
-            internal_batch_size=job.internal_batch_size,
-            target_fn=g.get("target_fn", "log_prob"),
-            contrast_target=g.get("contrast_target"),
-            contrast_fn=g.get("contrast_fn", "log_prob"),
+        args = (lm.model, tokenizer, g["prompt"], job.method)
+        kw: dict[str, Any] = {
+            "target": g["target"],
+            "features": g["features"],
+            "baselines": g["baselines"],
+            "gen_args": g["gen_args"],
+            "skip_tokens": g["skip_tokens"],
+            "seed": job.seed,
+            "perturbations_per_eval": job.perturbations_per_eval,
+            "internal_batch_size": job.internal_batch_size,
+            "target_fn": g.get("target_fn", "log_prob"),
+            "contrast_target": g.get("contrast_target"),
+            "contrast_fn": g.get("contrast_fn", "log_prob"),
             **job.params,
-        )
+        }
+        if g.get("stream"):
+            res = _streamed(methods.stream_generation(*args, **kw))
+        else:
+            res = methods.attribute_generation(*args, **kw)
     except (ModelError, AttributionCancelled):
         raise
     except AttributionError as exc:
@@ -310,6 +312,18 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
             "step_scores": {**res.step_scores, "log_prob": res.output_log_probs.tolist()},
         },
     )
+
+
+def _streamed(stream: Any) -> methods.GenerationResult:
+    """Each token's row sent as an event as soon as it is known; the whole result."""
+    for item in stream:
+        if isinstance(item, methods.GenerationStep):
+            events.emit(
+                {"index": item.index, "token": item.token, "attr": item.attr.tolist()}
+            )
+        else:
+            return item
+    raise RuntimeError("the stream ended without its result")
 
 
 def _check_tokens(lm: LoadedModel, job: Generation) -> None:

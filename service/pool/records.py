@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -55,6 +56,8 @@ class Entry:
     parts: list[Entry] = field(default_factory=list)
     #: a piece: the request it is part of
     whole: Entry | None = None
+    #: where the work's events go as they come (a stream), before its reply
+    on_event: Callable[[Any], None] | None = None
 
 
 @dataclass(eq=False)

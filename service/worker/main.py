@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from model_registry.sources.remote import RemoteFailure
@@ -32,6 +33,7 @@ from service.core.errors import (
     UpstreamFailed,
     UpstreamTimeout,
 )
+from service.core import events
 from service.core.work import Batch, Reply, Work
 from service.wire.engine_errors import from_engine
 from service.worker.channel import BlockingChannel
@@ -39,6 +41,8 @@ from service.worker.merge import merge, split
 
 log = logging.getLogger("attrserve.worker")
 Run = Callable[[Any, Work], Reply]
+#: a running job's event to the parent: (job id, payload)
+Send = Callable[[int, Any], None]
 
 
 class Control:
@@ -128,7 +132,9 @@ def worker_main(
         if batch is None:
             return
         threads.use(batch.threads)
-        replies = run_batch(models, batch.jobs, kinds.run, control)
+        replies = run_batch(
+            models, batch.jobs, kinds.run, control, lambda jid, p: chan.send(("event", jid, p))
+        )
         control.forget(batch.jobs)
         try:
             chan.send(("done", batch.id, replies))
@@ -178,13 +184,22 @@ def upstream(job: Work, exc: RemoteFailure) -> ServiceError:
     return cls(f"model {job.model_id!r}: {exc}")
 
 
-def _safe(run: Run, models: dict[str, Any], job: Work, jobs: list[Work], c: Control) -> Reply:
-    """``run(job)`` under a cancel scope; every failure as a reply (logged when unexpected)."""
+def _safe(
+    run: Run,
+    models: dict[str, Any],
+    job: Work,
+    jobs: list[Work],
+    c: Control,
+    send: Send | None = None,
+) -> Reply:
+    """``run(job)`` under a cancel scope, its events (``service.core.events``) sent as
+    ``("event", job id, payload)``; every failure as a reply (logged when unexpected)."""
     import methods
     from methods.errors import AttributionCancelled, AttributionError, ModelError
 
+    emit = None if send is None else partial(send, job.id)
     try:
-        with methods.cancel_scope(c.should_stop(jobs)):
+        with methods.cancel_scope(c.should_stop(jobs)), events.sink(emit):
             reply: Reply = run(models[job.model_id], job)
         return reply
     except ServiceError as err:
@@ -222,7 +237,9 @@ def _safe(run: Run, models: dict[str, Any], job: Work, jobs: list[Work], c: Cont
         return _error(job, ServiceError(f"internal error (request id {job.request_id})"))
 
 
-def run_batch(models: dict[str, Any], jobs: list[Work], run: Run, c: Control) -> list[Reply]:
+def run_batch(
+    models: dict[str, Any], jobs: list[Work], run: Run, c: Control, send: Send | None = None
+) -> list[Reply]:
     now = time.time()
     replies: list[Reply] = []
     live: list[Work] = []
@@ -243,5 +260,5 @@ def run_batch(models: dict[str, Any], jobs: list[Work], run: Run, c: Control) ->
             return replies + [Reply(job_id=j.id, error=merged.error) for j in live]
         # one bad request must not fail its companions: run them one by one
     for j in live:
-        replies.append(_safe(run, models, j, [j], c))
+        replies.append(_safe(run, models, j, [j], c, send))
     return replies
