@@ -318,9 +318,7 @@ def _streamed(stream: Any) -> methods.GenerationResult:
     """Each token's row sent as an event as soon as it is known; the whole result."""
     for item in stream:
         if isinstance(item, methods.GenerationStep):
-            events.emit(
-                {"index": item.index, "token": item.token, "attr": item.attr.tolist()}
-            )
+            events.emit({"index": item.index, "token": item.token, "attr": item.attr.tolist()})
         else:
             return item
     raise RuntimeError("the stream ended without its result")

@@ -26,6 +26,7 @@ from typing import Any
 
 from model_registry.sources.remote import RemoteFailure
 from model_registry.spec import ModelSpec
+from service.core import events
 from service.core.errors import (
     DeadlineExceeded,
     RequestCancelled,
@@ -33,7 +34,6 @@ from service.core.errors import (
     UpstreamFailed,
     UpstreamTimeout,
 )
-from service.core import events
 from service.core.work import Batch, Reply, Work
 from service.wire.engine_errors import from_engine
 from service.worker.channel import BlockingChannel
