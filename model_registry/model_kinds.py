@@ -191,7 +191,7 @@ NOT_FOR_LM: Mapping[str, str] = MappingProxyType(
 )
 
 
-def _causal_lm_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
+def _causal_lm_spec(table: Table, base: ModelSpec | None, kind: str = "causal_lm") -> ModelSpec:
     table.refuse(NOT_FOR_LM)
     if "precision" in table:
         table.fail("precision", "generation runs in the model's dtype; set dtype instead")
@@ -203,8 +203,13 @@ def _causal_lm_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
         layers=table.layers(base),
         embedding_layer=table.embedding_layer(base),
         weights=table.weights(),
-        kind="causal_lm",
+        kind=kind,
     )
+
+
+def _seq2seq_lm_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
+    """An encoder-decoder: as a causal_lm, its prompt the source (``hf:`` directories)."""
+    return _causal_lm_spec(table, base, "seq2seq_lm")
 
 
 def _finish_causal_lm(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
@@ -252,6 +257,7 @@ MODEL_KINDS: Mapping[str, KindLoader] = MappingProxyType(
         for k in (
             *(KindLoader(name, _tensor_spec, _finish_tensor) for name in TENSOR_KINDS),
             KindLoader("causal_lm", _causal_lm_spec, _finish_causal_lm),
+            KindLoader("seq2seq_lm", _seq2seq_lm_spec, _finish_causal_lm),
         )
     }
 )

@@ -118,8 +118,9 @@ class ModelSpec:
     #: models.toml ``explain``; None: the built-in default for the model's kind
     explain: ExplainSpec | None = None
     #: "tensor" (tensors in, one tensor out; the Hugging Face classifiers name their task:
-    #: ``TENSOR_KINDS``) or "causal_lm" (a generative language model with its tokenizer:
-    #: attributions of an answer to the prompt, ``methods.attribute_generation``)
+    #: ``TENSOR_KINDS``), "causal_lm" (a generative language model with its tokenizer:
+    #: attributions of an answer to the prompt, ``methods.attribute_generation``) or
+    #: "seq2seq_lm" (an encoder-decoder: the same, the prompt its source)
     kind: str = "tensor"
     #: models.toml ``compile``: hook-free methods run on ``torch.compile(model, dynamic=True,
     #: mode=compile_mode)``, warmed up at load (eager on failure, with the reason reported)

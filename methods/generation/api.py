@@ -32,7 +32,7 @@ from methods.generation.errors import (
     UnsupportedGenerationMethodError,
 )
 from methods.generation.features import Features, TokenFeatures, encode, make_features
-from methods.generation.lm import DEFAULT_GEN_ARGS, LanguageModel, wrap
+from methods.generation.lm import DEFAULT_GEN_ARGS, LanguageModel, Seq2SeqLanguageModel, wrap
 from methods.generation.scorer import Scorer
 from methods.progress import shown as show_progress
 
@@ -118,7 +118,7 @@ def attribute_generation(
     target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
     contrast = None
     if contrast_target is not None:
-        contrast = _given_ids(tokenizer, contrast_target, "contrast_target")
+        contrast = _given_ids(tokenizer, contrast_target, "contrast_target", lm.seq2seq)
         targets.check_aligned(target_ids, contrast)
     objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
     if method in PERTURBATION:
@@ -245,20 +245,29 @@ def _step_table(
     table (``targets.step_table``), each step's log-probability, and the attributed value of
     each step (``objective``)."""
     target_ids = objective.target
-    prompt = torch.tensor([feats.prompt_ids()], dtype=torch.long)
-    ids = torch.cat([prompt, target_ids.reshape(1, -1)], dim=1).to(lm.device)
-    n, t = prompt.shape[1], int(target_ids.numel())
     with torch.no_grad():
-        logits = lm.logits(ids, keep_from=n - 1)[0, :t]
+        if isinstance(lm, Seq2SeqLanguageModel):
+            logits = lm.target_logits([feats.prompt_ids()], target_ids)[0]
+        else:
+            prompt = torch.tensor([feats.prompt_ids()], dtype=torch.long)
+            ids = torch.cat([prompt, target_ids.reshape(1, -1)], dim=1).to(lm.device)
+            n, t = prompt.shape[1], int(target_ids.numel())
+            logits = lm.logits(ids, keep_from=n - 1)[0, :t]
     logp = targets.log_prob(logits[None], target_ids)[0].detach().cpu()
     scores = objective.step_fn()(logits[None], target_ids.to(logits.device))[0].detach().cpu()
     return targets.step_table(logits, target_ids), logp, scores
 
 
-def _given_ids(tokenizer: Any, value: Any, argument: str) -> Tensor:
-    """An answer given as text or token ids, as a 1-D id tensor (none empty)."""
+def _given_ids(tokenizer: Any, value: Any, argument: str, seq2seq: bool = False) -> Tensor:
+    """An answer given as text or token ids, as a 1-D id tensor (none empty). An
+    encoder-decoder's answer is tokenized as a target (``text_target``: Marian's target
+    vocabulary), without special tokens (no end of sequence appended)."""
     if isinstance(value, str):
-        out = torch.tensor(encode(tokenizer, value, add_special_tokens=False), dtype=torch.long)
+        if seq2seq and callable(tokenizer):
+            ids = tokenizer(text_target=value, add_special_tokens=False)["input_ids"]
+        else:
+            ids = encode(tokenizer, value, add_special_tokens=False)
+        out = torch.tensor([int(i) for i in ids], dtype=torch.long)
     elif isinstance(value, Tensor) and not value.is_floating_point() and value.dim() <= 1:
         out = value.detach().to("cpu", torch.long).reshape(-1)
     elif isinstance(value, (list, tuple)) and all(
@@ -287,7 +296,10 @@ def _target_ids(
         new = (gen_args or DEFAULT_GEN_ARGS).get(
             "max_new_tokens", DEFAULT_GEN_ARGS["max_new_tokens"]
         )
-        if limit is not None and isinstance(new, int) and len(prompt) + new > limit:
+        over = isinstance(new, int) and (
+            max(len(prompt), new) if lm.seq2seq else len(prompt) + new
+        ) > (limit or 0)
+        if limit is not None and over:
             raise TargetTooLongError(
                 f"the prompt has {len(prompt)} tokens and max_new_tokens is {new}: more than "
                 f"the {limit} positions the model attends to; lower max_new_tokens",
@@ -310,7 +322,7 @@ def _target_ids(
             f"ints), or None to generate it; got {type(target).__name__}",
             argument="target",
         )
-    return _given_ids(tokenizer, target, "target")
+    return _given_ids(tokenizer, target, "target", lm.seq2seq)
 
 
 class _Presence:

@@ -32,6 +32,14 @@ def check_length(lm: LanguageModel, prompts: list[tuple[int, ...]], t: int) -> N
     if limit is None or not prompts:
         return
     longest = max(len(q) for q in prompts)
+    if lm.seq2seq:  # the source and the answer each have the model's positions
+        if max(longest, t) > limit:
+            raise TargetTooLongError(
+                f"a source of {longest} tokens and a target of {t} tokens: the model attends "
+                f"to {limit} positions on each side",
+                argument="target" if t > limit else "prompt",
+            )
+        return
     if longest + t > limit:
         raise TargetTooLongError(
             f"a prompt of {longest} tokens and a target of {t} tokens need {longest + t} "

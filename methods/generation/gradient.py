@@ -23,7 +23,7 @@ from methods.errors import InvalidArgumentError
 from methods.generation.catalog import check_length, counterpart
 from methods.generation.errors import UnsupportedGenerationMethodError
 from methods.generation.features import TokenFeatures
-from methods.generation.lm import LanguageModel
+from methods.generation.lm import LanguageModel, Seq2SeqLanguageModel
 from methods.generation.targets import Objective, StepFn
 
 
@@ -47,6 +47,40 @@ class _TargetScores(nn.Module):
         return self.fn(logits, answer.to(logits.device))
 
 
+class _ScaledEmbedding(nn.Module):
+    """The encoder's token embeddings as the encoder uses them (times its scale): the layer a
+    gradient method attaches to on an encoder-decoder. Its own module, so that the decoder's
+    calls of the shared embedding are not attributed."""
+
+    def __init__(self, embedding: nn.Module, scale: float) -> None:
+        super().__init__()
+        self.embedding, self.scale = embedding, scale
+
+    def forward(self, ids: Tensor) -> Tensor:
+        out: Tensor = self.embedding(ids) * self.scale
+        return out
+
+
+class _SourceScores(nn.Module):
+    """An encoder-decoder's ``_TargetScores``: presence -> source ids -> scaled embeddings
+    (``source_embed``, the attributed layer) -> the model with ``inputs_embeds`` -> each
+    target step's value [B, T]."""
+
+    def __init__(
+        self, lm: Seq2SeqLanguageModel, feats: TokenFeatures, answer: Tensor, fn: StepFn
+    ) -> None:
+        super().__init__()
+        self.source_embed = _ScaledEmbedding(lm.model.get_input_embeddings(), lm.embed_scale)
+        self.adapter, self.feats, self.answer, self.fn = lm, feats, answer, fn
+
+    def forward(self, present: Tensor) -> Tensor:
+        ids = self.feats.id_rows(present == 1).to(self.adapter.device)
+        prompts = [tuple(int(i) for i in row) for row in ids.tolist()]
+        embeds = self.source_embed(ids)
+        logits = self.adapter.target_logits(prompts, self.answer, embeds=embeds)
+        return self.fn(logits, self.answer.to(logits.device))
+
+
 def run(
     lm: LanguageModel,
     feats: TokenFeatures,
@@ -58,7 +92,8 @@ def run(
     steps: list[int] | None = None,
 ) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int]]:
     """Rows of the target tokens ``steps`` (None: every one); the last is the streamed row."""
-    if not isinstance(lm.module, nn.Module) or lm.embedding_layer is None:
+    seq2seq = isinstance(lm, Seq2SeqLanguageModel)
+    if not isinstance(lm.module, nn.Module) or (lm.embedding_layer is None and not seq2seq):
         raise UnsupportedGenerationMethodError(
             f"{method} needs the model's token embedding layer: a Hugging Face causal LM, or "
             "an nn.Module with forward_cached and an embedding_layer attribute; use a "
@@ -76,7 +111,12 @@ def run(
     t = int(target_ids.numel())
     rows = list(range(t)) if steps is None else steps
     ones = torch.ones(len(rows), feats.n, dtype=torch.long)
-    module = _TargetScores(lm, feats, target_ids, objective.step_fn())
+    module: nn.Module
+    if isinstance(lm, Seq2SeqLanguageModel):
+        module, layer = _SourceScores(lm, feats, target_ids, objective.step_fn()), "source_embed"
+    else:
+        module = _TargetScores(lm, feats, target_ids, objective.step_fn())
+        layer = f"lm.{lm.embedding_layer}"
     res = attribute(
         module,
         ones,
@@ -85,7 +125,7 @@ def run(
         baselines=0,
         seed=seed,
         internal_batch_size=internal_batch_size,
-        layer=f"lm.{lm.embedding_layer}",
+        layer=layer,
         **extra,
         **given,
     )

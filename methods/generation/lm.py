@@ -1,12 +1,14 @@
 """Causal language models as the generation engine sees them.
 
-Three kinds, told apart by duck typing (``transformers`` is never imported here):
+Four kinds, told apart by duck typing (``transformers`` is never imported here):
 
 - a Hugging Face causal LM (``config``, ``get_input_embeddings``, ``generate``): its
   ``past_key_values`` cache holds a prompt prefix, cropped and repeated per batch;
 - an attrserve KV model (``forward_cached(ids, past, keep_from) -> (logits, past)``, e.g. the
   built-in ``tiny-lm``): its cache is a tuple of per-layer ``(keys, values)`` tensors
   ``[B, heads, P, head_dim]``, sliced and expanded without copies;
+- a Hugging Face encoder-decoder (``config.is_encoder_decoder``): the prompt is the source,
+  the answer the decoder's (``Seq2SeqLanguageModel``);
 - any other callable ``ids [B, L] -> logits [B, L, V]`` (or an object with ``.logits``): no
   cache, every perturbed prompt is run whole (still batched).
 
@@ -57,6 +59,8 @@ class LanguageModel:
 
     #: the dotted path of the token embedding inside ``module`` (gradient methods attach there)
     embedding_layer: str | None = None
+    #: an encoder-decoder: the prompt is the source, scored by ``target_logits``
+    seq2seq = False
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -265,12 +269,104 @@ class HFLanguageModel(LanguageModel):
         return out[0, ids.shape[1] :]
 
 
+class Seq2SeqLanguageModel(LanguageModel):
+    """A Hugging Face encoder-decoder (``*ForConditionalGeneration``, ``*ForSeq2SeqLM``): the
+    prompt is the encoder's input (the source), the answer the decoder's, teacher-forced
+    after the decoder's start token. Sources of a batch are right-padded under an attention
+    mask; there is no prefix to share (every source is encoded whole)."""
+
+    seq2seq = True
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        cfg = model.config
+        start = getattr(cfg, "decoder_start_token_id", None)
+        if start is None:
+            start = getattr(
+                getattr(model, "generation_config", None), "decoder_start_token_id", None
+            )
+        if start is None:
+            raise UnsupportedLanguageModelError(
+                "the encoder-decoder model's config names no decoder_start_token_id",
+                argument="model",
+            )
+        self.start = int(start)
+        pad = getattr(cfg, "pad_token_id", None)
+        self.pad = int(pad) if pad is not None else 0
+
+    @property
+    def max_length(self) -> int | None:
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return n if isinstance(n, int) and n > 0 else None  # T5: relative positions, none
+
+    @property
+    def embed_scale(self) -> float:
+        """What the encoder multiplies its token embeddings by (inseq's rule: the encoder's
+        ``embed_scale`` attribute; newer embeddings scale inside)."""
+        return float(getattr(self.model.get_encoder(), "embed_scale", 1.0) or 1.0)
+
+    def batch(self, prompts: list[tuple[int, ...]]) -> tuple[Tensor, Tensor]:
+        """Sources right-padded, and their attention mask."""
+        width = max(len(q) for q in prompts)
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, q in enumerate(prompts):
+            ids[i, : len(q)] = torch.tensor(q, dtype=torch.long)
+            mask[i, : len(q)] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def decoder_ids(self, target: Tensor, b: int) -> Tensor:
+        """The decoder's inputs for teacher forcing ``target`` [T]: [B, T]."""
+        start = target.new_tensor([self.start])
+        return torch.cat([start, target[:-1]]).to(self.device).expand(b, -1)
+
+    def target_logits(
+        self, prompts: list[tuple[int, ...]], target: Tensor, embeds: Tensor | None = None
+    ) -> Tensor:
+        """Each target step's logits after each source: [B, T, V] (``embeds``: the sources'
+        scaled token embeddings instead of their ids)."""
+        ids, mask = self.batch(prompts)
+        kw: dict[str, Any] = {"inputs_embeds": embeds} if embeds is not None else {"input_ids": ids}
+        out = self.model(
+            attention_mask=mask,
+            decoder_input_ids=self.decoder_ids(target, len(prompts)),
+            use_cache=False,
+            **kw,
+        )
+        return _logits_of(out)
+
+    def logits(self, ids: Tensor, keep_from: int = 0) -> Tensor:
+        raise UnsupportedLanguageModelError(
+            "an encoder-decoder model scores an answer after a source (target_logits), not a "
+            "continuation of one sequence",
+            argument="model",
+        )
+
+    def extend(self, state: Any, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
+        raise UnsupportedLanguageModelError(
+            "streaming decodes causal language models; an encoder-decoder model's answer "
+            "comes whole (without a stream)",
+            argument="model",
+        )
+
+    def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
+        args = gen_args or DEFAULT_GEN_ARGS
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **args)
+        new = out[0]
+        return new[1:] if new.numel() and int(new[0]) == self.start else new
+
+
 def wrap(model: Any) -> LanguageModel:
     """The adapter for ``model`` (see the module docstring)."""
     if isinstance(model, LanguageModel):
         return model
     if callable(getattr(model, "forward_cached", None)):
         return KVLanguageModel(model)
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) and callable(
+        getattr(model, "get_encoder", None)
+    ):
+        return Seq2SeqLanguageModel(model)
     if (
         hasattr(model, "config")
         and callable(getattr(model, "get_input_embeddings", None))

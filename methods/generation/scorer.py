@@ -31,7 +31,7 @@ from methods import progress
 from methods.cancel import checkpoint
 from methods.engine.batching import memory_budget
 from methods.errors import InvalidArgumentError
-from methods.generation.lm import LanguageModel
+from methods.generation.lm import LanguageModel, Seq2SeqLanguageModel
 from methods.generation.targets import StepFn, log_prob
 
 #: the fixed cost of one forward (kernel launches, Python, the cache copy) counted in tokens;
@@ -147,6 +147,10 @@ class Scorer:
         with torch.no_grad():
             for r, p, part in plan:
                 checkpoint()
+                if isinstance(self.lm, Seq2SeqLanguageModel):  # sources encoded whole, the
+                    logits = self.lm.target_logits(part, target)  # answer decoded after each
+                    self._store(part, self.fn(logits, target), 0)
+                    continue
                 cache = self._cache(r) if r >= 0 and p > 0 else None
                 if cache is None:
                     p = 0
@@ -166,16 +170,19 @@ class Scorer:
                 start = torch.tensor(lengths, device=device) - 1 - keep
                 pos = start[:, None] + torch.arange(t, device=device)[None]
                 picked = logits[torch.arange(len(part), device=device)[:, None], pos]  # [B, T, V]
-                values = self.fn(picked, target)
-                for q, v in zip(part, values, strict=True):
-                    self._memo[q] = v
-                s = self.stats
-                s.forwards += 1
-                s.rows += len(part)
-                s.tokens += len(part) * width
-                s.cached_tokens += len(part) * p
-                s.max_rows = max(s.max_rows, len(part))
-                progress.done(len(part))
+                self._store(part, self.fn(picked, target), p, width)
+
+    def _store(self, part: list[Prompt], values: Tensor, p: int, width: int = 0) -> None:
+        """One forward's values, and its counts."""
+        for q, v in zip(part, values, strict=True):
+            self._memo[q] = v
+        s = self.stats
+        s.forwards += 1
+        s.rows += len(part)
+        s.tokens += len(part) * (width or max(len(q) for q in part) + self.t)
+        s.cached_tokens += len(part) * p
+        s.max_rows = max(s.max_rows, len(part))
+        progress.done(len(part))
 
 
 def _shared(a: Prompt, b: Prompt) -> int:

@@ -42,7 +42,7 @@ from methods.generation.api import (
     token_features,
 )
 from methods.generation.catalog import PER_OUTPUT, PERTURBATION, check_length
-from methods.generation.errors import TargetTooLongError
+from methods.generation.errors import TargetTooLongError, UnsupportedLanguageModelError
 from methods.generation.features import Features
 from methods.generation.lm import LanguageModel, _greedy_steps
 from methods.generation.scorer import _sizes
@@ -221,6 +221,12 @@ def stream_generation(
         use_cache=use_cache, progress=False, target_fn=target_fn,
         contrast_target=contrast_target, contrast_fn=contrast_fn,
     )  # fmt: skip
+    if lm.seq2seq:
+        raise UnsupportedLanguageModelError(
+            "streaming decodes causal language models; attribute an encoder-decoder's answer "
+            "whole (attribute_generation)",
+            argument="model",
+        )
     given: Tensor | None = None
     if target is not None:
         if gen_args is not None:

@@ -29,6 +29,9 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
     {
         "ForCausalLM": "causal_lm",
         "LMHeadModel": "causal_lm",
+        # encoder-decoders (T5, BART, Marian, ...): the prompt is the source
+        "ForConditionalGeneration": "seq2seq_lm",
+        "ForSeq2SeqLM": "seq2seq_lm",
         # text classifiers (texts and text pairs; per text or per token) are tensor models of
         # token ids, image classifiers of their image processor's pixel_values
         "ForSequenceClassification": "text_classification",
@@ -40,6 +43,7 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
 AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
     {
         "causal_lm": "AutoModelForCausalLM",
+        "seq2seq_lm": "AutoModelForSeq2SeqLM",
         "text_classification": hf_text.AUTO_CLASS,
         "token_classification": hf_text.TOKEN_AUTO_CLASS,
         "image_classification": hf_image.AUTO_CLASS,

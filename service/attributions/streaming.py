@@ -59,7 +59,7 @@ async def stream(
     if name not in STREAMED:
         raise InvalidRequest(
             f"model {spec.id!r} ({name}) answers in one piece; an event stream (Accept: "
-            "text/event-stream) is for generative language models",
+            "text/event-stream) is for causal language models (kind causal_lm)",
             loc=("header", "accept"),
         )
     if req.render is not None:

@@ -24,7 +24,7 @@ from service.serving.run import budget_ms, run
 from service.wire.engine_errors import from_engine
 
 #: the kinds whose models answer a prompt with text
-GENERATIVE = ("causal_lm",)
+GENERATIVE = ("causal_lm", "seq2seq_lm")
 
 
 def build(

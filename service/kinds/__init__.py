@@ -4,7 +4,8 @@ from the model's spec. Adding a kind is one module and one line below.
 
 - ``tensor``: tensors (or raw texts through a tokenizer) in, one tensor out: every method;
 - ``exported``: a file computing one attribution (``attribution-export:``);
-- ``causal_lm``: a generative language model: the prompt's part in an answer.
+- ``causal_lm``: a generative language model: the prompt's part in an answer;
+- ``seq2seq_lm``: an encoder-decoder (translation, summaries): the source's part in an answer.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from model_registry.spec import TENSOR_KINDS, LoadedModel, ModelSpec
 from service.core.work import Reply, Work
 from service.core.work import run as run_work
 from service.kinds.base import ModelKind
-from service.kinds.causal_lm import CausalLMKind
+from service.kinds.causal_lm import CausalLMKind, Seq2SeqLMKind
 from service.kinds.exported import ExportedKind
 from service.kinds.tensor import TensorKind
 
-KINDS: dict[str, ModelKind] = {k.name: k for k in (TensorKind(), ExportedKind(), CausalLMKind())}
+KINDS: dict[str, ModelKind] = {
+    k.name: k for k in (TensorKind(), ExportedKind(), CausalLMKind(), Seq2SeqLMKind())
+}
 
 
 def name_of(spec: ModelSpec) -> str:

@@ -415,3 +415,10 @@ class CausalLMKind(ModelKind):
 
     def drawn(self, reply: Reply) -> Reply:
         return _drawn(reply)
+
+
+class Seq2SeqLMKind(CausalLMKind):
+    """An encoder-decoder (T5, BART, Marian): requests as for a causal LM, the prompt its
+    source text; ``token_attr`` is answer tokens x source features."""
+
+    name = "seq2seq_lm"

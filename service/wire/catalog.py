@@ -106,8 +106,9 @@ class ModelInfo(BaseModel):
         default="tensor",
         description='"tensor" (tensors or texts in, one output); a Hugging Face classifier\'s '
         'task, served alike: "text_classification", "token_classification", '
-        '"image_classification"; or "causal_lm" (a generative language model: inputs {prompt, '
-        "features, baselines}, target the answer text)",
+        '"image_classification"; "causal_lm" (a generative language model: inputs {prompt, '
+        'features, baselines}, target the answer text); or "seq2seq_lm" (an encoder-decoder, '
+        "the same with the prompt its source text)",
     )
     influence: dict[str, Any] | None = Field(
         default=None,

@@ -188,16 +188,22 @@ source = "builtin:tiny-lm"
 id = "gpt2-dir"
 source = "hf:gpt2-dir"
 dtype = "float64"
+
+[[models]]
+id = "bart-dir"
+source = "hf:bart-dir"
+dtype = "float64"
 """
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The main server: one worker, batching on with a window wide enough to merge reliably;
-    beside MODELS_TOML, Hugging Face directories (two ViT image classifiers, a GPT-2) and
+    beside MODELS_TOML, Hugging Face directories (two ViT image classifiers, a GPT-2, a BART) and
     tiny-lm, whose targets are capped at 6 tokens."""
     from tests.hf_dirs import vit_dir
-    from tests.methods.test_generation import gpt2
+    from tests.methods.test_generation import gpt2, gpt2_tokenizer
+    from tests.methods.test_generation_seq2seq import seq2seq
     from tests.methods.test_generation_chat import chat_tokenizer
 
     tmp = tmp_path_factory.mktemp("main")
@@ -205,6 +211,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     vit_dir(tmp / "cropped", processor="crop")
     gpt2().save_pretrained(tmp / "gpt2-dir")
     chat_tokenizer().save_pretrained(tmp / "gpt2-dir")  # with a chat template
+    seq2seq("bart").save_pretrained(tmp / "bart-dir")  # an encoder-decoder
+    gpt2_tokenizer().save_pretrained(tmp / "bart-dir")
     s = start_server(
         tmp,
         toml=MODELS_TOML + EXTRA_TOML,

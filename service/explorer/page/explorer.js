@@ -49,8 +49,13 @@ async function loadCatalog() {
 }
 
 /** What form a model's input takes in the page. */
+/** A generative language model (a prompt in, an answer attributed)? */
+function isLM(m) {
+  return m.kind === "causal_lm" || m.kind === "seq2seq_lm";
+}
+
 function formOf(m) {
-  if (m.kind === "causal_lm") return "prompt";
+  if (isLM(m)) return "prompt";
   if (m.tokenizer) return "text";
   if (m.images) return "encoded-image";
   if (m.inputs.length === 1) {
@@ -481,10 +486,10 @@ async function explain(event) {
   state.drawn = methods.map((name) => ({ name, region: pending(name), response: null }));
   $("results").replaceChildren(...state.drawn.map((d) => d.region));
   let failed = null;
-  const asJob = countOf(inputs) > JOB_EXAMPLES && m.kind !== "causal_lm";
+  const asJob = countOf(inputs) > JOB_EXAMPLES && !isLM(m);
   const jobs = state.drawn.map(async (d) => {
     const body = { method: d.name, inputs, target, params: given[d.name] || {} };
-    if (state.methods.get(d.name)?.returns_delta && m.kind !== "causal_lm") body.return_convergence_delta = true;
+    if (state.methods.get(d.name)?.returns_delta && !isLM(m)) body.return_convergence_delta = true;
     if (Object.keys(metrics).length && !asJob) body.metrics = metrics;
     try {
       d.response = asJob

@@ -276,3 +276,32 @@ def test_a_cancelled_generation_stops_and_leaves_its_worker_idle(lm_server: Serv
         (after,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
                     if w["group"] == "gpt2-dir"]  # fmt: skip
         assert after == before
+
+
+def test_an_encoder_decoder_directory_is_served_as_seq2seq_lm(lm_server: Server) -> None:
+    """hf: with a *ForConditionalGeneration config: kind seq2seq_lm, the prompt its source;
+    the engine's numbers; context attributions too; no stream (an answer comes whole)."""
+    from tests.methods.test_generation_seq2seq import seq2seq
+
+    with lm_server.client() as c:
+        info = c.get("/v1/models/bart-dir").json()
+        assert info["kind"] == "seq2seq_lm" and "input_x_gradient" in info["methods"]
+        body = {"method": "input_x_gradient", "inputs": {"prompt": "my friend alice lives in"},
+                "target": "paris rome"}  # fmt: skip
+        r = c.post("/v1/models/bart-dir/attributions", json=body)
+        assert r.status_code == 200, r.text
+        want = methods.attribute_generation(
+            seq2seq("bart"), gpt2_tokenizer(), "my friend alice lives in", "input_x_gradient",
+            target="paris rome",
+        )  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(r.json()["token_attr"], dtype=torch.float64), want.token_attr
+        )
+        r = c.post("/v1/models/bart-dir/attributions", json=body,
+                   headers={"Accept": "text/event-stream"})  # fmt: skip
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["header", "accept"]
+        r = c.post("/v1/models/bart-dir/context-attributions", json={
+            "context": "alice lives in paris. bob lives in rome.", "query": "who lives in paris",
+            "answer": "alice lives in paris.", "n_ablations": 8})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert len(r.json()["scores"][0]) == 2
