@@ -203,8 +203,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tiny-lm, whose targets are capped at 6 tokens."""
     from tests.hf_dirs import vit_dir
     from tests.methods.test_generation import gpt2, gpt2_tokenizer
-    from tests.methods.test_generation_seq2seq import seq2seq
     from tests.methods.test_generation_chat import chat_tokenizer
+    from tests.methods.test_generation_seq2seq import seq2seq
 
     tmp = tmp_path_factory.mktemp("main")
     vit_dir(tmp / "flowers")
