@@ -60,7 +60,7 @@ def main() -> None:
     if not out.sequence_attributions:
         raise RuntimeError("inseq returned no attribution")
     t0 = time.perf_counter()
-    ours = methods.attribute_generation(
+    methods.attribute_generation(
         model, tok, prompt, "feature_ablation", target=target, target_fn="contrast",
         contrast_target=contrast, contrast_fn="prob",
     )  # fmt: skip
