@@ -107,7 +107,7 @@ def attribute_generation(
     feature, the default), ``"sentences"`` or ``"tokens"``.
     ``target_fn``: what is attributed of each target token (``targets``: ``log_prob``,
     ``prob``, ``logit``, ``entropy``, or ``contrast``: its ``contrast_fn`` value minus
-    ``contrast_target``'s at the same step, a contrast answer of as many tokens).
+    ``contrast_target``'s token paired with that step, as inseq pairs them: from the end).
     ``params``: the method's own (``n_samples``, ``n_steps``, ...).
     """
     lm, feats = prepare(
@@ -118,8 +118,7 @@ def attribute_generation(
     target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
     contrast = None
     if contrast_target is not None:
-        contrast = _given_ids(tokenizer, contrast_target, "contrast_target", lm.seq2seq)
-        targets.check_aligned(target_ids, contrast)
+        contrast = contrast_steps(lm, feats, target_ids, tokenizer, contrast_target)
     objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
     if method in PERTURBATION:
         with show_progress(progress, method):
@@ -256,6 +255,16 @@ def _step_table(
     logp = targets.log_prob(logits[None], target_ids)[0].detach().cpu()
     scores = objective.step_fn()(logits[None], target_ids.to(logits.device))[0].detach().cpu()
     return targets.step_table(logits, target_ids), logp, scores
+
+
+def contrast_steps(
+    lm: LanguageModel, feats: Features, target: Tensor, tokenizer: Any, contrast: Any
+) -> Tensor:
+    """The contrast answer's token compared at each target step (``targets.align``: inseq's
+    right-aligned default, after the prompt or the decoder's start token)."""
+    ids = _given_ids(tokenizer, contrast, "contrast_target", lm.seq2seq)
+    prefix = [lm.start] if isinstance(lm, Seq2SeqLanguageModel) else list(feats.prompt_ids())
+    return targets.align(target, ids, prefix)
 
 
 def _given_ids(tokenizer: Any, value: Any, argument: str, seq2seq: bool = False) -> Tensor:

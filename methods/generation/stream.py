@@ -37,6 +37,7 @@ from methods.generation.api import (
     GenerationResult,
     _given_ids,
     _pretty,
+    contrast_steps,
     finish,
     prepare,
     token_features,
@@ -248,8 +249,7 @@ def stream_generation(
                 "answer's, whose length is known before the answer is written",
                 argument="contrast_target",
             )
-        contrast = _given_ids(tokenizer, contrast_target, "contrast_target")
-        targets.check_aligned(given, contrast)
+        contrast = contrast_steps(lm, feats, given, tokenizer, contrast_target)
     prompt_ids = feats.prompt_ids()
     limit = lm.max_length
     if limit is not None and len(prompt_ids) + steps > limit:

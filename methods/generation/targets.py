@@ -9,8 +9,9 @@ the model gave at that step (``target_fn``), and the per-step score table.
   written in (the prompt and y_<t), the ``contrast_fn`` value (``log_prob``, ``prob`` or
   ``logit``) of the target token minus that of the contrast answer's token at the same step
   (Yin and Neubig 2022; inseq's ``contrast_prob_diff`` with ``contrast_fn="prob"``,
-  ``contrast_logits_diff`` with ``"logit"``). Steps align one to one: the contrast answer has
-  as many tokens as the target.
+  ``contrast_logits_diff`` with ``"logit"``). Steps pair as inseq pairs them by default
+  (``align``): one to one from the end, so a contrast answer of the target's length pairs
+  step by step.
 
 A sequence's value is the sum of its steps' (``seq_attr`` attributes it).
 """
@@ -112,13 +113,19 @@ def check(target_fn: object, contrast: object, contrast_fn: object) -> None:
         )
 
 
-def check_aligned(target: Tensor, contrast: Tensor) -> None:
-    if contrast.numel() != target.numel():
-        raise InvalidArgumentError(
-            f"the contrast answer has {contrast.numel()} tokens and the target {target.numel()}:"
-            " steps are compared one to one, so give a contrast of the same token length",
-            argument="contrast_target",
-        )
+def align(target: Tensor, contrast: Tensor, prefix: list[int] | tuple[int, ...]) -> Tensor:
+    """The contrast token each target step is compared with: [T]. inseq 0.7.1's default
+    (no alignments given): the sequences ``prefix + answer`` are aligned one to one from
+    their ends, so an answer and a contrast of equal length pair step by step; a target step
+    with no contrast token left takes the contrast sequence's position just before the end
+    (inseq's fill) -- with a shorter contrast, a prompt token or the contrast's last."""
+    full = [*prefix, *(int(i) for i in contrast.tolist())]
+    t = int(target.numel())
+    out = []
+    for i in range(t):
+        j = len(full) - (t - i)
+        out.append(full[j] if j > 0 else full[-1])
+    return torch.tensor(out, dtype=torch.long)
 
 
 def step_table(logits: Tensor, target: Tensor) -> dict[str, list[float] | list[int]]:

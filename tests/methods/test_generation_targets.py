@@ -36,6 +36,17 @@ CASES: list[tuple[dict[str, Any], str, dict[str, Any]]] = [
         "contrast_logits_diff",
         {"contrast_targets": f"{PROMPT} {CONTRAST}"},
     ),
+    # contrasts of another length: paired from the end, as inseq pairs them by default
+    (
+        {"target_fn": "contrast", "contrast_target": "oslo", "contrast_fn": "prob"},
+        "contrast_prob_diff",
+        {"contrast_targets": f"{PROMPT} oslo"},
+    ),
+    (
+        {"target_fn": "contrast", "contrast_target": "oslo lima rome", "contrast_fn": "logit"},
+        "contrast_logits_diff",
+        {"contrast_targets": f"{PROMPT} oslo lima rome"},
+    ),
 ]
 
 
@@ -59,7 +70,9 @@ def inseq_rows(method: str, fn: str, extra: dict[str, Any]) -> tuple[torch.Tenso
 
 
 @pytest.mark.parametrize("method", ["saliency", "input_x_gradient"])
-@pytest.mark.parametrize(("ours", "fn", "extra"), CASES, ids=[c[1] for c in CASES])
+@pytest.mark.parametrize(
+    ("ours", "fn", "extra"), CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)]
+)
 def test_gradient_methods_equal_inseq_s_step_functions(
     method: str, ours: dict[str, Any], fn: str, extra: dict[str, Any]
 ) -> None:
@@ -91,12 +104,17 @@ def _steps(prompt_ids: list[int], target: list[int], ours: dict[str, Any]) -> to
                 "entropy": -(logp.exp() * logp).sum(-1)}[fn]  # fmt: skip
 
     if ours["target_fn"] == "contrast":
-        contrast = gpt2_tokenizer()(CONTRAST, add_special_tokens=False)["input_ids"]
-        return value(ours["contrast_fn"], target) - value(ours["contrast_fn"], contrast)
+        tok = gpt2_tokenizer()
+        contrast = tok(ours["contrast_target"], add_special_tokens=False)["input_ids"]
+        # paired from the end of prompt + contrast (the unperturbed prompt's), as inseq pairs
+        paired = [*tok(PROMPT)["input_ids"], *contrast][-len(target) :]
+        return value(ours["contrast_fn"], target) - value(ours["contrast_fn"], paired)
     return value(ours["target_fn"], target)
 
 
-@pytest.mark.parametrize(("ours", "fn", "extra"), CASES, ids=[c[1] for c in CASES])
+@pytest.mark.parametrize(
+    ("ours", "fn", "extra"), CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)]
+)
 def test_feature_ablation_equals_plain_forwards_of_each_ablated_prompt(
     ours: dict[str, Any], fn: str, extra: dict[str, Any]
 ) -> None:
@@ -126,7 +144,7 @@ def test_target_fn_mistakes_name_their_argument() -> None:
         ({"target_fn": "surprise"}, "target_fn"),
         ({"target_fn": "contrast"}, "contrast_target"),
         ({"contrast_target": CONTRAST}, "contrast_target"),
-        ({"target_fn": "contrast", "contrast_target": "oslo"}, "contrast_target"),
+        ({"target_fn": "contrast", "contrast_target": ""}, "contrast_target"),
         ({"target_fn": "contrast", "contrast_target": CONTRAST, "contrast_fn": "x"},
          "contrast_fn"),
     ]:  # fmt: skip
