@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -23,6 +24,8 @@ from service.jobs.store import STATUSES, JobRow
 from service.wire.attributions import AttributionRequest, AttributionResponse
 from service.wire.catalog import Problem
 
+#: a job in one of these states is done: DELETE removes it
+FINISHED = ("succeeded", "failed", "cancelled")
 router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)
 State = Annotated[AppState, Depends(get_state)]
 JOB_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -136,6 +139,11 @@ def _npz(body: dict[str, Any]) -> bytes:
     for name in ("outputs", "convergence_delta", "predictions"):
         if body.get(name) is not None:
             arrays[name] = body[name]
+    if body.get("target") is not None:  # per example, as `attrserve attribute` writes it
+        target = np.asarray(body["target"])
+        if target.dtype == object:  # mixed forms: each as its JSON text
+            target = np.asarray([json.dumps(t) for t in body["target"]])
+        arrays["target"] = target
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # type: ignore[arg-type]
     return buf.getvalue()
@@ -145,9 +153,17 @@ def _npz(body: dict[str, Any]) -> bytes:
     "/v1/jobs/{job_id}", operation_id="cancelJob", response_model=JobInfo, responses=JOB_ERRORS
 )
 async def cancel_job(job_id: str, state: State, request: Request) -> OrjsonResponse:
-    """Cancel a queued or running job (running work stops within a second)."""
-    row = runner(state).cancel(_job(state, request, job_id))
-    return OrjsonResponse(row.public())
+    """Cancel a queued or running job (running work stops within a second; the job stays
+    listed, cancelled). A finished job (succeeded, failed or cancelled) is deleted with its
+    result: afterwards GET answers 404 and the listing omits it. The answer is the job as it
+    was."""
+    row = runner(state).shown(_job(state, request, job_id))
+    if row.status in FINISHED:
+        import asyncio
+
+        await asyncio.to_thread(runner(state).delete, row)
+        return OrjsonResponse(row.public())
+    return OrjsonResponse(runner(state).cancel(row).public())
 
 
 @router.get("/v1/jobs", operation_id="listJobs", response_model=JobList)

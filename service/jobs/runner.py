@@ -229,6 +229,15 @@ class JobRunner:
         self._gauges()
         return self.shown(self.store.get(row.id) or row)
 
+    def delete(self, row: JobRow) -> None:
+        """A finished job and its result, gone (a cancelled job's last chunk, if it still
+        computes, is stopped: nothing is written after)."""
+        if self._current is not None and self._current[0] == row.id:
+            self.pool.cancel(self._current[1])
+        self._cancelling.discard(row.id)
+        self.store.delete(row.id)
+        self._gauges()
+
     def shown(self, row: JobRow) -> JobRow:
         """``row`` as the API shows it: cancelled if a cancellation waits to be written."""
         if row.id in self._cancelling and row.status in ("queued", "running"):

@@ -94,6 +94,15 @@ def test_job_equals_the_synchronous_answer(jobs_server: Server) -> None:
         with np.load(io.BytesIO(npz.content)) as z:
             np.testing.assert_allclose(z["attributions"], result["attributions"], rtol=1e-6)
             assert z["outputs"].shape == (300,)
+            assert z["target"].tolist() == body["target"]  # as `attrserve attribute` writes
+        # a finished job: DELETE removes it and its result (CONTRACT 8.4)
+        listed = [j["id"] for j in c.get("/v1/jobs", headers=A).json()["jobs"]]
+        assert job_id in listed
+        r = c.delete(f"/v1/jobs/{job_id}", headers=A)
+        assert r.status_code == 200 and r.json()["status"] == "succeeded"
+        assert c.get(f"/v1/jobs/{job_id}", headers=A).status_code == 404
+        assert c.get(f"/v1/jobs/{job_id}/result", headers=A).status_code == 404
+        assert job_id not in [j["id"] for j in c.get("/v1/jobs", headers=A).json()["jobs"]]
 
 
 def chunks_run(c: httpx.Client) -> float:
@@ -219,6 +228,9 @@ def test_synchronous_requests_keep_priority_and_cancel_frees_the_worker(
             assert r.status_code == 200 and time.perf_counter() - t0 < 5.0
             assert c.get(f"/v1/jobs/{job_id}/result", headers=A).status_code == 409
             assert wait(c, job_id, A)["status"] == "cancelled"
+            # cancelled, it stays listed; a second DELETE removes it
+            assert c.delete(f"/v1/jobs/{job_id}", headers=A).json()["status"] == "cancelled"
+            assert c.get(f"/v1/jobs/{job_id}", headers=A).status_code == 404
         finally:  # a failure above must not leave the long job holding the jobs that follow
             if not cancelled:
                 c.delete(f"/v1/jobs/{job_id}", headers=A)
