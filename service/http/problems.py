@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from methods.errors import AttributionError
@@ -64,13 +66,60 @@ def _message(e: dict[str, Any]) -> str:
     return msg
 
 
-def _validation(exc: RequestValidationError) -> ServiceError:
+def _model_at(model: Any, path: list[Any]) -> type[BaseModel] | None:
+    """The pydantic model holding the field at ``path`` inside ``model`` (list indices and
+    optional or union types passed through); None where it cannot be told."""
+    current: Any = model
+    for key in path:
+        found = _models_in(current)
+        if isinstance(key, int):
+            current = next((m for m in _inner(current) if m is not None), None)
+            continue
+        field = next((m.model_fields[key] for m in found if key in m.model_fields), None)
+        if field is None:
+            return None
+        current = field.annotation
+    found = _models_in(current)
+    return found[0] if len(found) == 1 else None
+
+
+def _inner(tp: Any) -> list[Any]:
+    return list(get_args(tp)) or [None]
+
+
+def _models_in(tp: Any) -> list[type[BaseModel]]:
+    """The pydantic models a type is or may be (``X | None``, ``list[X]`` looked through)."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    out: list[type[BaseModel]] = []
+    for arg in get_args(tp):
+        out += _models_in(arg)
+    return out
+
+
+def _unknown_field(e: dict[str, Any], body: Any) -> str:
+    """An unknown field's message: the nearest known name, and the known names."""
+    *path, name = e["loc"][1:] or [""]
+    holder = _model_at(body, path) if body is not None else None
+    if holder is None or not isinstance(name, str):
+        return f"unknown field {name!r}"
+    known = [f.alias or n for n, f in holder.model_fields.items()]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown field {name!r}{hint} (the fields here: {', '.join(known)})"
+
+
+def _validation(exc: RequestValidationError, body: Any = None) -> ServiceError:
+    """``body``: the route's body model, for the names an unknown field is compared with."""
     # pydantic's "input" and "ctx" echo what was sent: left out (size, and bytes that are not
     # Unicode), the location and message say what is wrong
     errors = [
         {"loc": list(e.get("loc", ())), "msg": _message(e), "type": e.get("type", "")}
         for e in exc.errors()
     ]
+    for e in errors:
+        if e["type"] == "extra_forbidden" and e["loc"][:1] == ["body"]:
+            e["msg"] = _unknown_field(e, body)
     if any(e["type"] in ("json_invalid", "model_attributes_type") for e in errors) or any(
         e["loc"] == ["body"] and e["type"] == "missing" for e in errors
     ):
@@ -101,13 +150,13 @@ def _http(exc: HTTPException, path: str = "") -> ServiceError:
     return err
 
 
-def to_service_error(exc: Exception, path: str = "") -> ServiceError:
+def to_service_error(exc: Exception, path: str = "", body: Any = None) -> ServiceError:
     """Map any exception the app may see to a service error (the one mapping); ``path``: the
-    request's, for a 404 that can say what was meant."""
+    request's, for a 404 that can say what was meant; ``body``: its route's body model."""
     if isinstance(exc, ServiceError):
         return exc
     if isinstance(exc, RequestValidationError):
-        return _validation(exc)
+        return _validation(exc, body)
     if isinstance(exc, AttributionError):
         return from_engine(exc)
     if isinstance(exc, HTTPException):
@@ -130,7 +179,10 @@ def install(app: FastAPI) -> None:
                     f"send the JSON body with Content-Type: application/json ({shown})",
                     loc=("header", "content-type"),
                 )
-        return problem(to_service_error(exc, request.url.path), request.url.path)
+        route = request.scope.get("route")
+        field = getattr(route, "body_field", None)
+        body = getattr(getattr(field, "field_info", None), "annotation", None)
+        return problem(to_service_error(exc, request.url.path, body), request.url.path)
 
     # Exception: Starlette raises it again after this answer; service.http.middleware logs it
     for cls in (ServiceError, RequestValidationError, AttributionError, HTTPException, Exception):

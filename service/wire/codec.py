@@ -239,6 +239,13 @@ def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) 
             raise LimitExceeded(
                 f"inputs hold {len(raw)} texts; the limit is {max_batch} per request", loc=loc
             )
+        for i, text in enumerate(raw):
+            if any(not piece.strip() for piece in ([text] if isinstance(text, str) else text)):
+                raise InvalidRequest(
+                    f"text {i} is empty (or only white space): there is no word in it to "
+                    "attribute to",
+                    loc=(*loc, i),
+                )
         return DecodedInputs(texts=tuple(t if isinstance(t, str) else (t[0], t[1]) for t in raw))
     if isinstance(raw, dict) and not is_tensor_object(raw):
         unknown = sorted(set(raw) - set(names))

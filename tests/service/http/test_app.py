@@ -251,3 +251,30 @@ def test_large_responses_are_gzipped_at_the_set_level() -> None:
             assert "content-encoding" not in plain.headers
             assert plain.num_bytes_downloaded > sizes[level]
     assert sizes[1] > sizes[9]
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "hint"),
+    [
+        ({"method": "saliency", "inputs": X, "targets": 0}, ["body", "targets"], "'target'"),
+        (
+            {"method": "saliency", "inputs": X, "target": 0, "metrics": {"infidelty": {}}},
+            ["body", "metrics", "infidelty"],
+            "'infidelity'",
+        ),
+        (
+            {"method": "saliency", "inputs": X, "target": 0, "render": {"fromat": "png"}},
+            ["body", "render", "fromat"],
+            "'format'",
+        ),
+    ],
+)
+def test_an_unknown_field_names_the_nearest_and_the_known_ones(
+    client: TestClient, body: dict[str, object], loc: list[str], hint: str
+) -> None:
+    """Not "Extra inputs are not permitted": which field was meant, and which there are."""
+    got = problem(client.post(ATTR, json=body), 422)
+    (err,) = got["errors"]  # type: ignore[misc]
+    assert err["loc"] == loc
+    assert f"did you mean {hint}?" in err["msg"] and "the fields here:" in err["msg"]
+    assert hint in str(got["detail"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,12 @@ def test_number_baselines_keep_integer_inputs_integer() -> None:
     with pytest.raises(InvalidRequest, match="whole token ids") as info:
         codec.decode_baselines(0.5, TOK, texts, 100)
     assert info.value.errors[0]["loc"] == ["body", "baselines"]
+
+
+@pytest.mark.parametrize("raw", [[""], ["a film", "   "], [["a premise", ""]]])
+def test_an_empty_text_is_refused_naming_it(raw: object) -> None:
+    """An empty text has no word to attribute to (it used to answer [[0.0]])."""
+    spec = dataclasses.replace(TOK, embedding_layer="embed")
+    with pytest.raises(InvalidRequest, match="empty") as err:
+        codec.decode_inputs(raw, spec, max_elements=1000, max_batch=8)
+    assert err.value.errors[0]["loc"][:2] == ["body", "inputs"]
