@@ -72,7 +72,14 @@ async def attribute(
     job = await offload_if(offload or spec.images is not None, build)
     if predictions and isinstance(job, Attribution):
         job.predictions = True
-    reply, queue_ms = await run(pool, job, budget, started, disconnected)
+    advice = ""
+    if kind.catalogue(spec).jobs:
+        advice = (
+            f"Ask a longer deadline (up to {settings.max_deadline_ms:g} ms), or submit the same "
+            f"body as a job, which has none: POST /v1/models/{spec.id}/attribution-jobs "
+            f"(this request's estimated cost: {job.cost} forward rows)"
+        )
+    reply, queue_ms = await run(pool, job, budget, started, disconnected, advice)
     body = kind.response(spec, req, job, reply, timing(queue_ms, reply.compute_ms, started))
     if req.render is not None:  # PNG encoding takes milliseconds: off the event loop
         title = f"{spec.id} · {body['method']}"

@@ -43,27 +43,43 @@ def budget_ms(settings: Settings, *given: float | None) -> float:
     return min(chosen, settings.max_deadline_ms)
 
 
+def late(budget: float, started: float, advice: str = "") -> DeadlineExceeded:
+    """The 504 of a request past its deadline: how long it had, how long it was here, and
+    what to do (``advice``; by default, ask a longer deadline)."""
+    here = time.perf_counter() - started
+    advice = advice or (
+        "ask a longer deadline (the X-Deadline-Ms header or the body's deadline_ms) if the "
+        "work needs it"
+    )
+    return DeadlineExceeded(
+        f"the request did not finish within its deadline of {budget:g} ms (it was here "
+        f"{here:.1f} s, queued and computing); the work was stopped. {advice}"
+    )
+
+
 async def run(
     pool: WorkerPool,
     job: Work,
     budget: float,
     started: float,
     disconnected: Callable[[], Awaitable[Any]] | None,
+    advice: str = "",
 ) -> tuple[Reply, float]:
     """Queue the job and wait for it (cancelled at the deadline or when the client goes);
-    the reply and the time it queued (ms)."""
+    the reply and the time it queued (ms). ``advice``: what a 504 suggests (``late``)."""
     submitted = time.perf_counter()
     entry = pool.submit(job)
     remaining = budget / 1e3 - (submitted - started)
     try:
         reply = await wait(pool, entry, remaining, disconnected)
     except DeadlineExceeded:
-        raise DeadlineExceeded(
-            f"the request did not finish within its deadline of {budget:g} ms; the work was stopped"
-        ) from None
+        raise late(budget, started, advice) from None
     record_work(submitted, entry.dispatched, reply)  # spans, when on: after the fact
     if reply.error is not None:
-        raise ServiceError.from_data(reply.error)
+        err = ServiceError.from_data(reply.error)
+        if isinstance(err, DeadlineExceeded):  # a piece that had not started yet, say
+            raise late(budget, started, advice) from None
+        raise err
     queue_ms = 0.0
     if reply.compute_ms:
         queue_ms = max(0.0, (time.perf_counter() - started) * 1e3 - reply.compute_ms)

@@ -70,6 +70,10 @@ def test_cheap_request_after_a_504_is_served_promptly(core: Server) -> None:
         r = attribute(c, "slow", {**SLOW, "deadline_ms": 300})
         assert r.status_code == 504 and r.headers["content-type"] == PROBLEM
         assert time.monotonic() - t0 < 2.0
+        # how long it was here, and what to do: a longer deadline, or a job (with its cost)
+        detail = r.json()["detail"]
+        assert "deadline of 300 ms (it was here" in detail, detail
+        assert "POST /v1/models/slow/attribution-jobs" in detail and "estimated cost" in detail
         cheap_is_prompt(c)
 
 
