@@ -55,8 +55,8 @@ class Target:
         if self.kind == "index":
             if len(self.index) > out.dim() - 1:
                 raise TargetError(
-                    f"target {self.index} has {len(self.index)} indices but the model output "
-                    f"{tuple(out.shape)} has only {out.dim() - 1} dims after the batch dim",
+                    f"target {self.index} has {len(self.index)} indices but each example's "
+                    f"output (shape {tuple(out.shape[1:])}) has only {out.dim() - 1} dims",
                     argument="target",
                 )
             for d, i in enumerate(self.index):
@@ -64,7 +64,7 @@ class Target:
                 if isinstance(i, int) and not -size <= i < size:
                     raise TargetError(
                         f"target index {i} is out of range for output dim {d + 1} of size "
-                        f"{size} (output shape {tuple(out.shape)})",
+                        f"{size} (each example's output has shape {tuple(out.shape[1:])})",
                         argument="target",
                     )
             if len(self.index) == 1 and isinstance(self.index[0], int):
@@ -87,8 +87,8 @@ class Target:
         k = idx.shape[1]
         if k > out.dim() - 1:
             raise TargetError(
-                f"per-example targets index {k} dims but the model output {tuple(out.shape)} "
-                f"has only {out.dim() - 1} dims after the batch dim",
+                f"per-example targets index {k} dims but each example's output (shape "
+                f"{tuple(out.shape[1:])}) has only {out.dim() - 1} dims",
                 argument="target",
             )
         sizes = torch.tensor(out.shape[1 : 1 + k], device=idx.device)
@@ -97,7 +97,8 @@ class Target:
             r, d = (int(v) for v in bad.nonzero()[0])
             raise TargetError(
                 f"target {int(idx[r, d])} for example {r} is out of range for output dim "
-                f"{d + 1} of size {int(sizes[d])} (output shape {tuple(out.shape)})",
+                f"{d + 1} of size {int(sizes[d])} (each example's output has shape "
+                f"{tuple(out.shape[1:])})",
                 argument="target",
             )
         idx = torch.where(idx < 0, idx + sizes, idx)

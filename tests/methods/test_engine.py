@@ -268,3 +268,15 @@ def test_auto_batch_size_counts_what_a_row_costs_not_the_weights() -> None:
     finally:
         methods.set_memory_budget(old)
     assert 50 <= r.params["internal_batch_size"] <= 200
+
+
+def test_a_target_out_of_range_names_each_example_s_output_shape() -> None:
+    """Not the shape of the rows integrated gradients runs (examples x n_steps)."""
+    from methods.errors import TargetError
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Unflatten(1, (4, 3)))
+    x = torch.randn(2, 6)
+    for target in [(5, 1), [(0, 1), (7, 2)]]:
+        with pytest.raises(TargetError) as err:
+            methods.attribute(model, x, "integrated_gradients", target=target, n_steps=50)
+        assert "(4, 3)" in str(err.value) and "(100" not in str(err.value), str(err.value)
