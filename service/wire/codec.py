@@ -63,6 +63,13 @@ def decode_tensor(obj: Any, loc: Loc, max_elements: int, dtype: str | None = Non
     if arr.dtype.kind not in "biuf":
         if arr.dtype == object and any(v is None for v in arr.ravel()):
             raise InvalidRequest(f"{WHERE} holds null (NaN is not a valid input)", loc=loc)
+        huge = next(
+            (v for v in arr.ravel() if isinstance(v, int) and not isinstance(v, bool)), None
+        )
+        if huge is not None:  # numpy keeps integers past 64 bits as Python objects
+            raise InvalidRequest(
+                f"{WHERE} holds the integer {huge}, beyond the 64-bit range of a tensor", loc=loc
+            )
         raise InvalidRequest(f"{WHERE} must hold only numbers", loc=loc)
     return _converted(arr, loc, max_elements, dtype)
 
@@ -76,9 +83,23 @@ def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) 
         return arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64, copy=False)
     target = numpy_dtype(dtype)
     if target.kind in "iub" and arr.dtype.kind == "f":
-        raise InvalidRequest(
-            f"{WHERE} must hold integers ({dtype}), got floating-point numbers", loc=loc
-        )
+        flat = arr.ravel()
+        frac = np.flatnonzero(flat != np.floor(flat))
+        if frac.size:
+            raise InvalidRequest(
+                f"{WHERE} must hold integers ({dtype}); it holds {float(flat[frac[0]])!r}",
+                loc=loc,
+            )
+        info = np.iinfo(target) if target.kind != "b" else None
+        if info is not None:
+            out = np.flatnonzero((flat > info.max) | (flat < info.min))
+            if out.size:  # a JSON integer past 64 bits, read as a float
+                raise InvalidRequest(
+                    f"{WHERE} holds {float(flat[out[0]]):.0f}, beyond {dtype}'s range "
+                    f"({info.min} to {info.max})",
+                    loc=loc,
+                )
+        # whole numbers written as floats (3.0): taken as the integers they are
     return arr.astype(target, copy=False)
 
 

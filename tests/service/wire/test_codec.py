@@ -165,3 +165,14 @@ def test_an_empty_text_is_refused_naming_it(raw: object) -> None:
     with pytest.raises(InvalidRequest, match="empty") as err:
         codec.decode_inputs(raw, spec, max_elements=1000, max_batch=8)
     assert err.value.errors[0]["loc"][:2] == ["body", "inputs"]
+
+
+def test_integers_past_64_bits_are_named_as_such() -> None:
+    """Not "floating-point" nor "not numbers": the value, and the range it is beyond."""
+    with pytest.raises(InvalidRequest, match="99999999999999999999, beyond the 64-bit"):
+        dec([[99999999999999999999, 1]], TOK)
+    with pytest.raises(InvalidRequest, match="beyond int64's range"):
+        dec([[1e20, 1]], TOK)  # what a JSON parser reading it as a float gives
+    with pytest.raises(InvalidRequest, match=r"integers \(int64\); it holds 1.5"):
+        dec([[1.5, 1]], TOK)
+    assert dec([[3.0, 1]], TOK).arrays[0].tolist() == [[3, 1]]  # a whole number is one
