@@ -133,7 +133,7 @@ def _validation(exc: RequestValidationError, body: Any = None) -> ServiceError:
 _VERB_AS_SEGMENT = re.compile(r"/v1/models/(?P<model>[^/:]+)/(?P<verb>predict|explain)")
 
 
-def _http(exc: HTTPException, path: str = "") -> ServiceError:
+def _http(exc: HTTPException, path: str = "", method: str = "") -> ServiceError:
     slip = _VERB_AS_SEGMENT.fullmatch(path) if exc.status_code in (404, 405) else None
     if slip is not None:
         return NotFound(
@@ -141,7 +141,11 @@ def _http(exc: HTTPException, path: str = "") -> ServiceError:
             f"/v1/models/{slip['model']}:{slip['verb']}",
             loc=("path",),
         )
-    err = ServiceError(str(exc.detail))
+    detail = str(exc.detail)
+    allow = (exc.headers or {}).get("Allow", "")
+    if exc.status_code == 405 and allow:
+        detail = f"{path} does not take {method or 'this method'}; it takes {allow}"
+    err = ServiceError(detail, headers=dict(exc.headers) if exc.headers else None)
     err.status = exc.status_code
     err.code = "http_" + str(exc.status_code)
     err.title = str(exc.detail)
@@ -150,7 +154,9 @@ def _http(exc: HTTPException, path: str = "") -> ServiceError:
     return err
 
 
-def to_service_error(exc: Exception, path: str = "", body: Any = None) -> ServiceError:
+def to_service_error(
+    exc: Exception, path: str = "", body: Any = None, method: str = ""
+) -> ServiceError:
     """Map any exception the app may see to a service error (the one mapping); ``path``: the
     request's, for a 404 that can say what was meant; ``body``: its route's body model."""
     if isinstance(exc, ServiceError):
@@ -160,7 +166,7 @@ def to_service_error(exc: Exception, path: str = "", body: Any = None) -> Servic
     if isinstance(exc, AttributionError):
         return from_engine(exc)
     if isinstance(exc, HTTPException):
-        return _http(exc, path)
+        return _http(exc, path, method)
     # anything else is a bug: the client learns only the request id, the log has the rest
     return ServiceError(f"internal error (request id {request_id.get() or 'unknown'})")
 
@@ -182,7 +188,8 @@ def install(app: FastAPI) -> None:
         route = request.scope.get("route")
         field = getattr(route, "body_field", None)
         body = getattr(getattr(field, "field_info", None), "annotation", None)
-        return problem(to_service_error(exc, request.url.path, body), request.url.path)
+        err = to_service_error(exc, request.url.path, body, request.method)
+        return problem(err, request.url.path)
 
     # Exception: Starlette raises it again after this answer; service.http.middleware logs it
     for cls in (ServiceError, RequestValidationError, AttributionError, HTTPException, Exception):

@@ -278,3 +278,10 @@ def test_an_unknown_field_names_the_nearest_and_the_known_ones(
     assert err["loc"] == loc
     assert f"did you mean {hint}?" in err["msg"] and "the fields here:" in err["msg"]
     assert hint in str(got["detail"])
+
+
+def test_a_wrong_http_method_says_which_the_route_takes(client: TestClient) -> None:
+    r = client.get(ATTR)
+    body = problem(r, 405)
+    assert r.headers["allow"] == "POST"
+    assert body["detail"] == f"{ATTR} does not take GET; it takes POST"
