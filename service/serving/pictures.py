@@ -103,7 +103,7 @@ def draw(
                     "params.interpolate_to_input",
                     loc=(*LOC, "kind"),
                 )
-            target = "" if reply.target is None else f" · target {reply.target[i]}"
+            target = "" if reply.target is None else f" · {_named(model, reply.target[i])}"
             try:
                 columns = model.inputs[k].features if k < len(model.inputs) else None
                 pic = render.draw(
@@ -156,6 +156,15 @@ def on_original(
     region = placed[box[1] : box[1] + height, box[0] : box[0] + width]
     region[...] = np.asarray(stretched, dtype=np.float64)[: region.shape[0], : region.shape[1]]
     return placed, np.asarray(original, dtype=np.float64).transpose(2, 0, 1) / 255.0
+
+
+def _named(model: ModelSpec, target: Any) -> str:
+    """The target as a title says it: its label's name where the model has labels."""
+    labels = model.output.labels
+    if labels and isinstance(target, int) and not isinstance(target, bool):
+        if -len(labels) <= target < len(labels):
+            return f"{labels[target]} (class {target % len(labels)})"
+    return f"target {target}"
 
 
 def _layer_of(reply: Reply, part: int) -> str:

@@ -102,6 +102,7 @@ class _Style:
     cmap: Colormap
     lo: float  # the score at the colormap's first entry: -1 (sign "all" or diverging) or 0
     title: str | None
+    width: int | None = None  # the PNG's width in pixels (None: as drawn)
 
     def colours(self, norm: Floats) -> NDArray[np.uint8]:
         return self.cmap.colours(norm, self.lo)
@@ -182,7 +183,10 @@ def draw(
     sign = options.sign
     cmap = colormap(options.colormap or DEFAULT_COLORMAP[sign])
     lo = -1.0 if sign == "all" or cmap.diverging else 0.0
-    style = _Style(options.format, options.kind, sign, cmap, lo, title)
+    width = getattr(options, "width", None)
+    if title and attr.ndim == 3 and attr.shape[0] > 1 and tokens is None:
+        title = f"{title} · {attr.shape[0]} channels summed"  # what the map shows
+    style = _Style(options.format, options.kind, sign, cmap, lo, title, width)
     if options.kind == "overlay" and (tokens is not None or attr.ndim not in (2, 3)):
         raise RenderError("kind 'overlay' needs an image attribution ([C, H, W] or [H, W])")
     if tokens is not None:
@@ -202,7 +206,7 @@ def draw(
             f"cannot draw an attribution of shape {attr.shape}: expected [F] (tabular), "
             "[H, W] or [C, H, W] (image), or [L] with tokens (text)"
         )
-    png = _encode(_image(attr, inputs, style))
+    png = _encode(_image(attr, inputs, style), style.width)
     if style.format == "png":
         return Rendered("image/png", png)
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
@@ -293,7 +297,7 @@ def _text(attr: Floats, tokens: list[str], style: _Style) -> Rendered:
     for (bx, by, bw, text), rgb in zip(boxes, colours, strict=True):
         pen.rectangle((bx, by, bx + bw - 1, by + LINE_H - 1), fill=rgb)
         pen.text((bx + GAP, by + 1), text, fill=_ink(rgb), font=font)
-    return Rendered("image/png", _encode(_framed(body, style, scale)))
+    return Rendered("image/png", _encode(_framed(body, style, scale), style.width))
 
 
 # --- tabular ------------------------------------------------------------------------------
@@ -308,7 +312,7 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
     peak = float(np.abs(values).max()) or 1.0
     if style.format == "html":
         rows = "".join(
-            f"<tr><td>{html.escape(name, quote=True)}</td><td class=num>{v:.3g}</td>"
+            f"<tr><td>{html.escape(name, quote=True)}</td><td class=num>{number(v)}</td>"
             f'<td class=neg><div style="width:{max(-v, 0) / peak * 100:.1f}%;'
             f'background:{_css(neg)}"></div></td><td class=pos><div style="width:'
             f'{max(v, 0) / peak * 100:.1f}%;background:{_css(pos)}"></div></td></tr>'
@@ -317,7 +321,7 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
         return _document(style.title, f"<table>{rows}</table>")
     font = _font()
     labels = [_drawable(name, font) for name in names]
-    texts = [f"{v:.3g}" for v in values.tolist()]
+    texts = [number(v) for v in values.tolist()]
     name_w = int(max(font.getlength(s) for s in labels)) + GAP
     value_w = int(max(font.getlength(s) for s in texts)) + GAP
     row = LINE_H + GAP
@@ -338,7 +342,7 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
             )
         pen.text((name_w + CHART_W + 2 * GAP, top + 1), text, fill="black", font=font)
     pen.line((axis, 0, axis, size[1] - 1), fill="black")
-    return Rendered("image/png", _encode(_framed(body, style, None)))
+    return Rendered("image/png", _encode(_framed(body, style, None), style.width))
 
 
 # --- shared -------------------------------------------------------------------------------
@@ -401,15 +405,25 @@ def _framed(body: Image.Image, style: _Style, scale: float | None) -> Image.Imag
         y = top + body.height + GAP
         ramp = style.colours(np.linspace(style.lo, 1.0, body.width))
         canvas.paste(Image.fromarray(np.repeat(ramp[None], BAR_H, axis=0)), (PAD, y))
-        right = f"{scale:.3g}"
-        pen.text((PAD, y + BAR_H), f"{style.lo * scale:.3g}", fill="black", font=font)
+        right = number(scale)
+        pen.text((PAD, y + BAR_H), number(style.lo * scale), fill="black", font=font)
         pen.text(
             (PAD + body.width - font.getlength(right), y + BAR_H), right, fill="black", font=font
         )
     return canvas
 
 
-def _encode(picture: Image.Image) -> bytes:
+def number(v: float) -> str:
+    """A score for a label: 3 significant digits, and never "-0"."""
+    text = f"{v:.3g}"
+    return "0" if float(text) == 0 else text
+
+
+def _encode(picture: Image.Image, width: int | None = None) -> bytes:
+    """PNG bytes, scaled to ``width`` pixels wide (the height in proportion) when given."""
+    if width is not None and width != picture.width:
+        height = max(1, min(MAX_SIDE, round(picture.height * width / picture.width)))
+        picture = picture.resize((width, height), Image.Resampling.LANCZOS)
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")  # no metadata chunks, so the bytes are deterministic
     return buffer.getvalue()

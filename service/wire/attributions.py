@@ -313,6 +313,13 @@ class RenderSpec(BaseModel):
     examples: list[int] | None = Field(
         default=None, description="which examples to draw (indices); default all"
     )
+    width: int | None = Field(
+        default=480,
+        ge=64,
+        le=2048,
+        description="PNG pictures: the width in pixels (null: the picture's own size, one "
+        "pixel per input pixel on images)",
+    )
     #: set by the route when the Accept header asks for the picture itself (one, then)
     _single: bool = PrivateAttr(default=False)
 

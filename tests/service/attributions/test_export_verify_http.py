@@ -367,7 +367,8 @@ def test_a_model_s_default_precision_and_auto(served: Server) -> None:
     assert text["fidelity"]["precision"] == "bfloat16" and text["fidelity"]["verified"]
     assert text["fidelity"]["relative_l2"] < 0.05
     assert httpx.get(f"{served.url}/v1/models/text-bf16").json()["precision"] == {
-        "default": "bfloat16", "probe": None
+        "default": "bfloat16",
+        "probe": None,
     }
 
 

@@ -180,7 +180,8 @@ def test_pictures_overlay_the_original_at_its_size(vit_server: tuple[Server, Pat
     server, _ = vit_server
     original = picture(300, 260, 5)
     r = post(server, {"method": "saliency", "inputs": [{"image": b64(original)}],
-                      "target": 0, "render": {"kind": "overlay"}}, "cropped")  # fmt: skip
+                      "target": 0, "render": {"kind": "overlay", "width": None}},
+             "cropped")  # fmt: skip
     assert r.status_code == 200, r.text
     drawn = Image.open(io.BytesIO(base64.b64decode(r.json()["renders"][0]["b64"])))
     pixels = np.asarray(drawn.convert("RGB"))
@@ -197,7 +198,7 @@ def test_pictures_overlay_the_original_at_its_size(vit_server: tuple[Server, Pat
     assert np.abs(body[centre] - source[centre]).mean() > 5  # the heat map is over the centre
     # and over the whole original when the processor only resizes
     plain = post(server, {"method": "saliency", "inputs": [{"image": b64(original)}],
-                          "target": 0, "render": {"kind": "heatmap"}})  # fmt: skip
+                          "target": 0, "render": {"kind": "heatmap", "width": None}})  # fmt: skip
     width, height = _png_size(plain.json()["renders"][0]["b64"])
     assert width >= 300 and 260 < height < 400
 

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from service.serving import render
 from tests.service.conftest import Server
 
 
@@ -54,7 +53,7 @@ def test_renders_in_the_json_response(server: Server) -> None:
     for p in renders:
         assert p["media_type"] == "image/png"
         im = png(base64.b64decode(p["b64"]))
-        assert im.width == 256 + 2 * render.PAD  # 32 px upscaled 8 times, in the margins
+        assert im.width == 480  # render.width's default
     # text: tokens highlighted in escaped HTML, one span per token
     r = post(
         server,
@@ -83,6 +82,16 @@ def test_renders_in_the_json_response(server: Server) -> None:
     assert r.status_code == 200, r.text
     im = png(base64.b64decode(r.json()["renders"][0]["b64"]))
     assert im.height > 8 * 10  # a row per feature
+    # the target by its label's name, the features by theirs, as wide as asked
+    labels = httpx.get(f"{server.url}/v1/models/tabular-mlp").json()["output"]["labels"]
+    features = httpx.get(f"{server.url}/v1/models/tabular-mlp").json()["inputs"][0]["features"]
+    r = post(server, "tabular-mlp", {"method": "saliency", "inputs": [[1.0] * 8], "target": 1,
+                                     "render": {"format": "html"}})  # fmt: skip
+    page = base64.b64decode(r.json()["renders"][0]["b64"]).decode()
+    assert f"{labels[1]} (class 1)" in page and all(f in page for f in features)
+    r = post(server, "tabular-mlp", {"method": "saliency", "inputs": [[1.0] * 8], "target": 1,
+                                     "render": {"width": 1000}})  # fmt: skip
+    assert png(base64.b64decode(r.json()["renders"][0]["b64"])).width == 1000
 
 
 def _spans(page: str) -> list[str]:

@@ -21,8 +21,12 @@ rng = np.random.default_rng(0)
 
 
 def draw(attribution: Any, **kwargs: Any) -> render.Rendered:
+    """Drawn at its own size (``width`` None: the layout these tests measure), unless a
+    ``width`` is given."""
     spec = {k: kwargs.pop(k) for k in ("format", "kind", "sign", "colormap") if k in kwargs}
-    return render.draw(RenderSpec(**spec), np.asarray(attribution), **kwargs)
+    width = kwargs.pop("width", None)
+    options = RenderSpec(**spec).model_copy(update={"width": width})
+    return render.draw(options, np.asarray(attribution), **kwargs)
 
 
 def pixels(out: render.Rendered) -> np.ndarray:
@@ -361,3 +365,20 @@ def test_normalize_zero_map_and_float32() -> None:
     assert (render.normalize(-np.ones((4, 4)), "positive") == 0).all()
     x = rng.normal(size=(6, 6)).astype(np.float32)
     np.testing.assert_allclose(render.normalize(x, "all"), render.normalize(x.astype(float), "all"))
+
+
+@pytest.mark.parametrize("width", [480, 64, 1000])
+def test_a_png_is_as_wide_as_asked_and_480_by_default(width: int) -> None:
+    for attribution, kw in (
+        (rng.normal(size=(3, 32, 32)), {}),
+        (rng.normal(size=8), {}),
+        (rng.normal(size=5), {"tokens": ["a", "fine", "film", "it", "is"]}),
+    ):
+        assert pixels(draw(attribution, width=width, **kw)).shape[1] == width
+    assert RenderSpec().width == 480
+
+
+def test_no_label_reads_minus_zero() -> None:
+    assert render.number(-0.0) == "0" and render.number(-1e-9) == "-1e-09"
+    assert render.number(-0.00001) == "-1e-05" and render.number(-0.0004) == "-0.0004"
+    assert render.number(-1e-30 * 0) == "0"
