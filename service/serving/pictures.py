@@ -161,9 +161,9 @@ def on_original(
 def _named(model: ModelSpec, target: Any) -> str:
     """The target as a title says it: its label's name where the model has labels."""
     labels = model.output.labels
-    if labels and isinstance(target, int) and not isinstance(target, bool):
-        if -len(labels) <= target < len(labels):
-            return f"{labels[target]} (class {target % len(labels)})"
+    whole = isinstance(target, int) and not isinstance(target, bool)
+    if labels and whole and -len(labels) <= target < len(labels):
+        return f"{labels[target]} (class {target % len(labels)})"
     return f"target {target}"
 
 
