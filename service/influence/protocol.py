@@ -22,12 +22,27 @@ class InfluenceRequest(BaseModel):
     target: Target = Field(None, description="the same as labels (either may be given)")
     k: int = Field(5, ge=1, description="training examples per test example")
     opponents: bool = Field(False, description="also the k most opposing training examples")
+    include_examples: bool = Field(
+        False,
+        description="each listed training example also carries its inputs and label "
+        "(examples), to be shown beside the prediction",
+    )
     deadline_ms: float | None = Field(None, gt=0, description="deadline in ms")
+
+
+class TrainingExample(BaseModel):
+    index: int = Field(description="its row in train_data")
+    inputs: Any = Field(description="its inputs as the model takes them (one per input)")
+    label: Any = Field(description="its label in train_data")
+    label_name: str | None = Field(None, description="the label's name, where the model has them")
 
 
 class TopK(BaseModel):
     indices: list[int] = Field(description="training examples (row indices of train_data)")
     scores: list[float]
+    examples: list[TrainingExample] | None = Field(
+        None, description="with include_examples: the listed examples themselves, in order"
+    )
 
 
 class InfluenceResponse(BaseModel):

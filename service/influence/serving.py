@@ -3,12 +3,14 @@ then answered by a worker from the model's influence index."""
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from model_registry.influence import read_train_data
 from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest
 from service.core.offload import offload as in_thread
@@ -95,6 +97,40 @@ def query_job(
     )
 
 
+#: training sets read for include_examples, by (file, size, mtime)
+_TRAIN: dict[tuple[str, int, int], tuple[tuple[np.ndarray, ...], np.ndarray]] = {}
+
+
+def _with_examples(spec: ModelSpec, body: dict[str, Any]) -> None:
+    """Each listed training example's inputs and label, beside its index."""
+    inf = spec.influence
+    if inf is None:
+        return
+    path = inf.train_data
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _TRAIN:
+        _TRAIN.clear()  # one training set at a time: they can be large
+        _TRAIN[key] = read_train_data(spec, path)
+    inputs, labels = _TRAIN[key]
+    names = spec.output.labels
+    for part in ("proponents", "opponents"):
+        for top in body.get(part) or []:
+            shown = []
+            for i in top["indices"]:
+                label = labels[i].tolist()
+                whole = isinstance(label, int) and not isinstance(label, bool)
+                shown.append({
+                    "index": i,
+                    "inputs": inputs[0][i].tolist() if len(inputs) == 1
+                    else [x[i].tolist() for x in inputs],
+                    "label": label,
+                    "label_name": names[label] if names and whole and 0 <= label < len(names)
+                    else None,
+                })  # fmt: skip
+            top["examples"] = shown
+
+
 async def influence(
     settings: Settings,
     pool: WorkerPool,
@@ -119,5 +155,7 @@ async def influence(
     }
     if "opponents" in found:
         body["opponents"] = per_example(found["opponents"])
+    if req.include_examples:
+        await in_thread(partial(_with_examples, spec, body))
     body["timing_ms"] = timing(queue_ms, reply.compute_ms, started)
     return body

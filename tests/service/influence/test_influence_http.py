@@ -91,6 +91,18 @@ def test_queries_equal_the_engine(server: Server) -> None:
         assert [e["indices"] for e in body[side]] == ref.indices.tolist()
         got = np.array([e["scores"] for e in body[side]])
         np.testing.assert_allclose(got, ref.scores.numpy(), rtol=1e-4, atol=1e-6)
+        assert all(e.get("examples") is None for e in body[side])
+    # include_examples: each listed training example's own inputs and label, in order
+    with server.client() as c:
+        r = c.post("/v1/models/tabular-noisy/influence", json={
+            "inputs": test_x.tolist(), "labels": labels, "k": 3, "include_examples": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    for top in r.json()["proponents"]:
+        assert [e["index"] for e in top["examples"]] == top["indices"]
+        for e in top["examples"]:
+            np.testing.assert_allclose(e["inputs"], x[e["index"]].numpy(), rtol=1e-6)
+            assert e["label"] == int(y[e["index"]])
+            assert e["label_name"] == tabular.LABELS[e["label"]]
 
 
 def test_a_projected_index_from_models_toml(server: Server) -> None:
