@@ -94,8 +94,8 @@ def test_queries_equal_the_engine(server: Server) -> None:
         assert all(e.get("examples") is None for e in body[side])
     # include_examples: each listed training example's own inputs and label, in order
     with server.client() as c:
-        r = c.post("/v1/models/tabular-noisy/influence", json={
-            "inputs": test_x.tolist(), "labels": labels, "k": 3, "include_examples": True})  # fmt: skip
+        query = {"inputs": test_x.tolist(), "labels": labels, "k": 3, "include_examples": True}
+        r = c.post("/v1/models/tabular-noisy/influence", json=query)
     assert r.status_code == 200, r.text
     for top in r.json()["proponents"]:
         assert [e["index"] for e in top["examples"]] == top["indices"]
