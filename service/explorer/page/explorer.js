@@ -21,7 +21,36 @@ const state = {
   running: null,
   drawn: [], // [{name, region, response}] of the last explain
   explained: 0,
+  example: 0, // which example of the batch is shown (0-based; the control counts from 1)
+  count: 1, // examples in the last explain
+  predictions: null, // the model's outputs for them (:predict), when it has them
 };
+
+/** The target as a person reads it: the label's name where the model has labels. */
+function labelOf(target) {
+  const labels = state.model && state.model.output && state.model.output.labels;
+  if (labels && Number.isInteger(target) && target >= 0 && target < labels.length) return labels[target];
+  return JSON.stringify(target);
+}
+
+/** The Example control: one option per example of the batch, shown when there are several. */
+function setExamples(n) {
+  state.count = n;
+  state.example = Math.min(state.example, n - 1);
+  const select = $("example");
+  select.replaceChildren(...Array.from({ length: n }, (_, i) => el("option", { value: String(i + 1) }, String(i + 1))));
+  select.value = String(state.example + 1);
+  $("example-of").textContent = `Example ${state.example + 1} of ${n}`;
+  $("example-bar").hidden = n <= 1;
+}
+
+function showExample(i) {
+  state.example = i;
+  $("example").value = String(i + 1);
+  $("example-of").textContent = `Example ${i + 1} of ${state.count}`;
+  drawPrediction(state.predictions);
+  redraw();
+}
 
 // -- errors ---------------------------------------------------------------------------------
 
@@ -343,25 +372,26 @@ function drawResult(region, name, res) {
   region.replaceChildren(el("h2", {}, name));
   const facts = el("p", { class: "facts" });
   const add = (text) => facts.append(el("span", {}, text));
+  const n = res.target && !res.token_attr ? res.target.length : 1;
+  const i = Math.min(state.example, n - 1); // the example shown
   if (res.requested_method && res.requested_method !== res.method) add(`ran ${res.method}`);
-  if (res.target) add(`target ${JSON.stringify(res.target[0])}`);
-  if (res.outputs !== null && res.outputs !== undefined) add(`output ${fmt(flat(res.outputs)[0])}`);
-  if (res.convergence_delta) add(`delta ${fmt(flat(res.convergence_delta)[0])}`);
+  if (res.target) add(`target ${res.token_attr ? JSON.stringify(res.target[0]) : labelOf(res.target[i])}`);
+  if (res.outputs !== null && res.outputs !== undefined) add(`output ${fmt(flat(res.outputs)[res.token_attr ? 0 : i])}`);
+  if (res.convergence_delta) add(`delta ${fmt(flat(res.convergence_delta)[i])}`);
   add(`${fmt(res.timing_ms.compute)} ms compute, ${fmt(res.timing_ms.total)} ms total`);
   region.append(facts);
+  region.dataset.example = String(i + 1);
   const look = style();
   const m = state.model;
-  const n = res.target ? res.target.length : 1;
-  if (n > 1) region.append(el("p", { class: "hint" }, `example 1 of ${n}`));
   if (res.token_attr) {
     drawGrid(region, res.token_attr, res.input_tokens, res.output_tokens, look);
   } else if (res.tokens) {
-    drawTokens(region, res.attributions[0], res.tokens[0], look);
+    drawTokens(region, res.attributions[i], res.tokens[i], look);
   } else {
     const multi = m.inputs.length > 1 && Array.isArray(res.attributions) && res.attributions.length === m.inputs.length && !Array.isArray(res.params.layer);
     const parts = multi ? res.attributions : [res.attributions];
     parts.forEach((part, k) => {
-      const one = part[0];
+      const one = part[i];
       const shape = shapeOf(one);
       if (multi) region.append(el("p", { class: "hint" }, m.inputs[k].name));
       if (shape.length === 3 || (shape.length === 2 && ["image", "encoded-image"].includes(formOf(m)))) {
@@ -386,10 +416,12 @@ function drawFailure(region, name, err) {
 }
 
 function drawPrediction(predictions) {
+  state.predictions = predictions;
   const box = $("prediction");
   box.replaceChildren();
   if (!predictions) return;
-  const row = flat(predictions[0]);
+  const i = Math.min(state.example, predictions.length - 1);
+  const row = flat(predictions[i]);
   const labels = state.model.output.labels;
   const probs = row.every((v) => v >= 0 && v <= 1) && Math.abs(row.reduce((a, b) => a + b, 0) - 1) < 1e-3 ? row : softmax(row);
   const order = probs.map((p, i) => [p, i]).sort((a, b) => b[0] - a[0]).slice(0, 5);
@@ -401,7 +433,8 @@ function drawPrediction(predictions) {
     track.append(bar);
     grid.append(el("span", {}, labels[i] ?? String(i)), track, el("span", {}, `${(100 * p).toFixed(1)}%`));
   }
-  box.append(el("h2", {}, "Prediction"), grid);
+  const which = state.count > 1 ? ` of example ${i + 1}` : "";
+  box.append(el("h2", {}, `Prediction${which}`), grid);
 }
 
 function softmax(row) {
@@ -482,10 +515,14 @@ async function explain(event) {
   $("explain").disabled = true;
   $("cancel").disabled = false;
   $("status").textContent = "computing…";
+  state.example = 0;
+  setExamples(isLM(m) ? 1 : Math.max(1, countOf(inputs)));
   const started = performance.now();
   state.drawn = methods.map((name) => ({ name, region: pending(name), response: null }));
   $("results").replaceChildren(...state.drawn.map((d) => d.region));
+  $("results").scrollIntoView({ block: "nearest" }); // where the answers will come
   let failed = null;
+  let failures = 0;
   const asJob = countOf(inputs) > JOB_EXAMPLES && !isLM(m);
   const jobs = state.drawn.map(async (d) => {
     const body = { method: d.name, inputs, target, params: given[d.name] || {} };
@@ -498,6 +535,7 @@ async function explain(event) {
       drawResult(d.region, d.name, d.response);
     } catch (err) {
       failed ||= err;
+      failures += 1;
       drawFailure(d.region, d.name, err);
     }
   });
@@ -518,9 +556,14 @@ async function explain(event) {
   $("cancel").disabled = true;
   if (controller.signal.aborted) {
     $("status").textContent = "cancelled";
+  } else if (failed) {
+    const ok = methods.length - failures;
+    $("status").textContent = ok
+      ? `${ok} of ${methods.length} methods answered in ${ms.toFixed(0)} ms; ${failures} failed (see the alert)`
+      : `failed after ${ms.toFixed(0)} ms (see the alert)`;
+    showError(failed);
   } else {
     $("status").textContent = `done in ${ms.toFixed(0)} ms`;
-    if (failed) showError(failed);
   }
   state.explained += 1;
   document.body.dataset.explained = String(state.explained);
@@ -590,6 +633,7 @@ async function start() {
       showError(err);
     }
   });
+  $("example").addEventListener("change", () => showExample(Number($("example").value) - 1));
   $("sign").addEventListener("change", redraw);
   $("colormap").addEventListener("change", redraw);
   $("form").addEventListener("submit", explain);

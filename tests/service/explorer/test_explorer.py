@@ -265,7 +265,39 @@ def test_many_examples_go_as_a_job_with_progress(page: Page) -> None:
         np.testing.assert_allclose(
             page.scores(method), by_method[method]["attributions"][0], rtol=1e-6
         )
-        assert "example 1 of 40" in page.page.get_by_role("region", name=method).inner_text()
+    # the Example control reaches every example, each method's region follows it
+    assert page.page.locator("#example-of").inner_text() == "Example 1 of 40"
+    page.page.get_by_label("Example", exact=True).select_option("40")
+    for method in ("saliency", "integrated_gradients"):
+        np.testing.assert_allclose(
+            page.scores(method), by_method[method]["attributions"][39], rtol=1e-6
+        )
+
+
+def test_every_example_of_a_batch_with_its_own_prediction(page: Page) -> None:
+    """A batch of 3: the Example control (counted from 1) shows each example's attributions,
+    its target by the label's name, and its own prediction."""
+    rows = [[1.0, 0, 0, 1.0, 0, 0, 0, 0], [0.0] * 8, [-1.0, 0, 0, -1.0, 0, 0, 0, 0]]
+    page.open()
+    page.choose("tabular-mlp", ["saliency"])
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(rows))
+    page.explain()
+    (sent,) = page.requests("saliency")
+    want = api(page.server, "tabular-mlp", sent)
+    labels = httpx.get(f"{page.server.url}/v1/models/tabular-mlp").json()["output"]["labels"]
+    control = page.page.get_by_label("Example", exact=True)
+    assert control.locator("option").all_inner_texts() == ["1", "2", "3"]
+    region = page.page.get_by_role("region", name="saliency", exact=True)
+    prediction = page.page.get_by_role("region", name="Prediction")
+    for i in range(3):
+        control.select_option(str(i + 1))
+        assert page.page.locator("#example-of").inner_text() == f"Example {i + 1} of 3"
+        np.testing.assert_allclose(page.scores("saliency"), want["attributions"][i], rtol=1e-6)
+        assert f"target {labels[want['target'][i]]}" in region.inner_text()
+        shown = prediction.inner_text()
+        assert f"Prediction of example {i + 1}" in shown
+        assert shown.split("\n")[1] == labels[want["target"][i]]  # the top class first
+    page.shot("batch")
 
 
 @pytest.fixture(scope="module")
