@@ -137,6 +137,41 @@ function startRow(m) {
   return new Array(m.inputs[0].shape[1]).fill(1);
 }
 
+/** What a parameter is called for a person (its wire name is shown beside it). */
+const HUMAN = {
+  n_steps: "steps along the path",
+  sliding_window_shapes: "window shape",
+  strides: "window step",
+  n_samples: "samples",
+  baselines: "baseline",
+  multiply_by_inputs: "multiply by the input",
+  delta_tolerance: "tolerance for automatic steps",
+  approximation_method: "integration rule",
+  stdevs: "noise standard deviation",
+  abs: "absolute values",
+  layer: "layer",
+  attribute_to_layer_input: "at the layer's input",
+  interpolate_to_input: "resize to the input",
+  feature_mask: "feature groups",
+  perturbations_per_eval: "perturbations per forward",
+  internal_batch_size: "rows per forward",
+  show_progress: "show progress",
+};
+
+/** A value for a required parameter, from the model: occlusion's window an eighth of each
+ * spatial side of the input (a whole channel stack), one feature or token elsewhere; a layer
+ * method's layer the model's first. */
+function suggested(param, m) {
+  if (!m) return undefined;
+  if (param === "layer" && m.layers && m.layers.length) return m.layers[0];
+  if (param === "sliding_window_shapes") {
+    const dims = (m.inputs[0] && m.inputs[0].shape ? m.inputs[0].shape.slice(1) : []).map((d) => d || 1);
+    if (dims.length === 3) return [dims[0], Math.max(1, Math.ceil(dims[1] / 8)), Math.max(1, Math.ceil(dims[2] / 8))];
+    return dims.map(() => 1);
+  }
+  return undefined;
+}
+
 /** A form of each chosen method's parameters, from its JSON schema (GET /v1/methods). */
 function renderParams(preset) {
   const given = preset || collectParams(true);
@@ -152,9 +187,12 @@ function renderParams(preset) {
     const grid = el("div", { class: "params" });
     for (const [param, schema] of Object.entries(props)) {
       const id = `p-${name}-${param}`;
-      const label = el("label", { for: id }, required.has(param) ? `${param} *` : param);
+      const human = HUMAN[param] || param.replace(/_/g, " ");
+      const label = el("label", { for: id }, `${human}${required.has(param) ? " *" : ""} `);
+      label.append(el("code", {}, param)); // the wire name, as the API takes it
       const control = paramControl(param, schema, id, `${name} ${param}`);
-      const value = (given[name] || {})[param];
+      let value = (given[name] || {})[param];
+      if (value === undefined && required.has(param)) value = suggested(param, state.model);
       if (value !== undefined) setControl(control, value);
       grid.append(label, control);
     }

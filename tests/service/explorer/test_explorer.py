@@ -183,6 +183,27 @@ def test_image_upload_two_methods_with_metrics(page: Page, tmp_path: Path) -> No
     np.testing.assert_allclose(page.scores("saliency"), before)
 
 
+def test_occlusion_and_a_layer_method_work_with_no_typing(page: Page) -> None:
+    """Required parameters come filled from the model: occlusion's window (an eighth of each
+    side of image-cnn's 32x32 input, every channel), a layer method's layer (the first)."""
+    page.open()
+    page.choose("image-cnn", ["occlusion", "layer_gradcam"])
+    window = page.page.get_by_label("occlusion sliding_window_shapes")
+    assert json.loads(window.input_value()) == [3, 4, 4]
+    layers = httpx.get(f"{page.server.url}/v1/models/image-cnn").json()["layers"]
+    assert page.page.get_by_label("layer_gradcam layer").input_value() == layers[0]
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(np.zeros((1, 3, 32, 32)).tolist()))
+    page.explain()
+    for method in ("occlusion", "layer_gradcam"):
+        (sent,) = page.requests(method)
+        region = page.page.get_by_role("region", name=method, exact=True)
+        assert region.get_attribute("data-state") == "done", region.inner_text()
+    (sent,) = page.requests("occlusion")
+    assert sent["params"]["sliding_window_shapes"] == [3, 4, 4]
+    # a person's name for each parameter, the wire name beside it
+    assert "window shape" in page.page.locator("#params").inner_text()
+
+
 def test_sign_and_colormap_redraw_and_nothing_shifts(page: Page) -> None:
     """Sign and colormap change the colours only (the scores stay); results arrive into
     reserved space: no layout shift as they are drawn."""
