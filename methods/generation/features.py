@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from methods.cancel import checkpoint
 from methods.errors import InvalidArgumentError, InvalidTypeError
 from methods.generation.errors import EmptyPromptError, TemplateMismatchError
 
@@ -225,7 +226,9 @@ class TemplateFeatures(Features):
 
     def ids(self, present: Tensor) -> list[tuple[int, ...]]:
         out = []
-        for row in present.cpu().tolist():
+        for i, row in enumerate(present.cpu().tolist()):
+            if i % 256 == 255:
+                checkpoint()  # thousands of texts to tokenize: a cancelled request stops here
             key = tuple(bool(x) for x in row)
             found = self._memo.get(key)
             if found is None:
