@@ -40,14 +40,18 @@ COLORMAPS: dict[str, tuple[bool, str]] = {
     "inferno": (False, "000004 210c4a 57106e 8a226a bc3754 e45a31 f98e09 f9cb35 fcffa4"),
     # Diverging (-1..1): blue for negative, white at 0, red for positive (RdBu reversed).
     "rdbu": (True, "053061 2a71b2 6bacd1 c2ddec ffffff fbccb4 e48066 ba2832 67001f"),
-    # Captum's default for sign "all": red for negative, white at 0, green for positive.
+    # Captum's default for sign "all": red for negative, white at 0, green for positive (not
+    # attrserve's default: red-green is what colour-blind readers cannot tell apart, and red
+    # meant positive in the explorer).
     "red_white_green": (True, "ff0000 ffffff 008000"),
 }
+#: one convention with the explorer: red is positive, blue negative (RdBu: colour-blind safe),
+#: grey a magnitude without its sign (Captum's defaults are blues, greens, reds, and red-green)
 DEFAULT_COLORMAP = {
-    "absolute": "blues",
-    "positive": "greens",
-    "negative": "reds",
-    "all": "red_white_green",
+    "absolute": "greys",
+    "positive": "reds",
+    "negative": "blues",
+    "all": "rdbu",
 }
 SIGNS = tuple(DEFAULT_COLORMAP)
 

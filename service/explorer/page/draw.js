@@ -9,6 +9,33 @@ const ANCHORS = {
   grays: ["ffffff", "000000"],
 };
 const DIVERGING = { redblue: true, viridis: false, grays: false };
+/** What each colormap's ends look like, for the legend's words. */
+const ENDS = { redblue: ["blue", "red"], viridis: ["purple", "yellow"], grays: ["white", "black"] };
+
+/** The legend of a view: a swatch of the colours shown, and in words which colour is positive
+ * (raises the target's score) and which negative (lowers it). */
+export function legend(sign, cmap) {
+  const diverging = DIVERGING[cmap];
+  const map = sign === "absolute" && diverging ? "grays" : cmap;
+  const [low, high] = ENDS[map] || ["light", "dark"];
+  const half = Math.floor(ANCHORS[map].length / 2);
+  let anchors = ANCHORS[map];
+  if (diverging && sign === "positive") anchors = anchors.slice(half);
+  if (diverging && sign === "negative") anchors = anchors.slice(0, half + 1).reverse();
+  const strong = diverging && sign === "negative" ? low : high;
+  const words = {
+    all: `${high}: positive, raises the target's score; ${low}: negative, lowers it; ${diverging ? "white" : "the middle"}: no effect`,
+    absolute: `${high}: a large effect either way (the sign is not shown); ${low}: none`,
+    positive: `${strong}: positive, raises the target's score (negative scores are not shown)`,
+    negative: `${strong}: negative, lowers the target's score (positive scores are not shown)`,
+  }[sign];
+  const box = el("p", { class: "legend", role: "note", "aria-label": "Legend" });
+  const swatch = el("span", { class: "swatch", "aria-hidden": "true" });
+  const stops = anchors.map((h) => `#${h}`);
+  swatch.style.background = `linear-gradient(to right, ${stops.join(", ")})`;
+  box.append(swatch, el("span", {}, `Colour: ${words}.`));
+  return box;
+}
 
 function rgb(hex) {
   return [0, 2, 4].map((i) => parseInt(hex.slice(i, i + 2), 16));
@@ -31,12 +58,18 @@ export function palette(values, sign, cmap) {
   for (const v of values) scale = Math.max(scale, Math.abs(shown(v)));
   scale = scale || 1;
   const two = sign === "all" || DIVERGING[cmap];
+  // one convention with the API's pictures: on a diverging map positive is its red end,
+  // negative its blue end, and a magnitude without its sign is grey
+  const map = sign === "absolute" && DIVERGING[cmap] ? "grays" : cmap;
   return {
     scale,
     colour(v) {
       const s = shown(v) / scale; // -1..1 for "all", 0..1 otherwise
-      const t = two ? (sign === "all" ? (s + 1) / 2 : 0.5 + s / 2) : s;
-      const [r, g, b] = lookup(cmap, t);
+      let t = s; // grey, and the sequential maps: 0..1 as it is
+      if (map !== cmap) t = s;
+      else if (sign === "all") t = (s + 1) / 2;
+      else if (two) t = sign === "negative" ? 0.5 - s / 2 : 0.5 + s / 2;
+      const [r, g, b] = lookup(map, t);
       return `rgb(${r}, ${g}, ${b})`;
     },
     alpha(v) {

@@ -3,7 +3,7 @@
 // POST /v1/uploads); the page's state lives in its URL, so a link reproduces a result.
 
 import { Problem, apiKey, call, setApiKey, tensorB64 } from "./api.js";
-import { drawBars, drawGrid, drawImage, drawMetrics, drawTokens, el, flat, fmt, shapeOf } from "./draw.js";
+import { drawBars, drawGrid, drawImage, drawMetrics, drawTokens, el, flat, fmt, legend, shapeOf } from "./draw.js";
 
 const $ = (id) => document.getElementById(id);
 const PREFERRED = ["integrated_gradients", "saliency", "occlusion", "feature_ablation"];
@@ -442,7 +442,8 @@ function drawResult(region, name, res) {
       }
     });
   }
-  if (res.metrics) drawMetrics(region, res.metrics, 0);
+  region.append(legend(look.sign, look.colormap));
+  if (res.metrics) drawMetrics(region, res.metrics, i);
   region.dataset.state = "done";
 }
 

@@ -155,7 +155,7 @@ def test_token_model_curves_over_tokens(server: Server) -> None:
 @pytest.mark.parametrize(
     ("method", "params", "metrics", "loc", "words"),
     [
-        ("saliency", {}, {"fidelity": {}}, ["body", "metrics", "fidelity"], "xtra"),
+        ("saliency", {}, {"fidelity": {}}, ["body", "metrics", "fidelity"], "unknown field"),
         (
             "saliency",
             {},
@@ -168,7 +168,7 @@ def test_token_model_curves_over_tokens(server: Server) -> None:
             {},
             {"infidelity": {"noise": 1}},
             ["body", "metrics", "infidelity", "noise"],
-            "xtra",
+            "unknown field",
         ),
         (
             "layer_integrated_gradients",

@@ -319,6 +319,12 @@ def test_every_example_of_a_batch_with_its_own_prediction(page: Page) -> None:
         assert f"Prediction of example {i + 1}" in shown
         assert shown.split("\n")[1] == labels[want["target"][i]]  # the top class first
     page.shot("batch")
+    # each view says which colour is positive and which negative, as the PNGs draw them
+    legend = region.get_by_role("note", name="Legend").inner_text()
+    assert "red: positive" in legend and "blue: negative" in legend
+    page.page.get_by_label("Sign", exact=True).select_option("negative")
+    legend = region.get_by_role("note", name="Legend").inner_text()
+    assert legend.startswith("Colour: blue: negative")
 
 
 @pytest.fixture(scope="module")

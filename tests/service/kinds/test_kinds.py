@@ -29,6 +29,10 @@ BUILTIN = {s.id: s for s in model_registry.builtin_specs()}
 EXAMPLES: dict[str, ModelSpec] = {
     "tensor": BUILTIN["tabular-mlp"],
     "causal_lm": BUILTIN["tiny-lm"],
+    # an encoder-decoder: as a causal LM, its prompt the source (a spec alone: no load here)
+    "seq2seq_lm": dataclasses.replace(
+        BUILTIN["tiny-lm"], id="t5-dir", source="hf:t5-dir", kind="seq2seq_lm"
+    ),
     "exported": dataclasses.replace(
         BUILTIN["tabular-mlp"],
         id="tab-ig",

@@ -78,8 +78,8 @@ def test_heatmap_colour_is_where_the_attribution_mass_is() -> None:
     attr += rng.normal(scale=1e-3, size=attr.shape)
     block = heat(draw(attr), 256, 256)
     inside, outside = block[40:90, 170:220], block[150:250, 10:120]
-    assert np.abs(inside - lut("blues", 1.0)).max() <= 3  # saturated
-    assert np.abs(outside - lut("blues", 0.0)).max() <= 3  # near the light end of the map
+    assert np.abs(inside - lut("greys", 1.0)).max() <= 3  # saturated
+    assert np.abs(outside - lut("greys", 0.0)).max() <= 3  # near the light end of the map
     assert inside.mean(axis=(0, 1)).sum() < outside.mean(axis=(0, 1)).sum() - 300
 
 
@@ -97,12 +97,14 @@ def test_all_zero_map_is_neutral() -> None:
 def test_positive_shows_nothing_for_an_all_negative_map() -> None:
     attr = -rng.uniform(0.1, 1.0, size=(3, 16, 16))
     block = heat(draw(attr, sign="positive"), 256, 256)
-    assert (block == lut("greens", 0.0)).all()
+    assert (block == lut("reds", 0.0)).all()
     shown = heat(draw(attr, sign="negative"), 256, 256)
-    assert (shown != lut("reds", 0.0)).any(axis=-1).mean() > 0.9
+    assert (shown != lut("blues", 0.0)).any(axis=-1).mean() > 0.9
 
 
-@pytest.mark.parametrize(("colormap", "plus", "minus"), [(None, 1, 0), ("rdbu", 0, 2)])
+@pytest.mark.parametrize(
+    ("colormap", "plus", "minus"), [(None, 0, 2), ("rdbu", 0, 2), ("red_white_green", 1, 0)]
+)
 def test_sign_all_uses_different_hues_for_plus_and_minus(
     colormap: str | None, plus: int, minus: int
 ) -> None:
@@ -110,7 +112,8 @@ def test_sign_all_uses_different_hues_for_plus_and_minus(
     attr[:, 8:] = -1.0
     block = heat(draw(attr, sign="all", colormap=colormap), 256, 256)
     left, right = block[:, :128].mean(axis=(0, 1)), block[:, 128:].mean(axis=(0, 1))
-    assert left.argmax() == plus and right.argmax() == minus  # green/red, or red/blue
+    # by default red positive and blue negative, as the explorer draws; Captum's map on request
+    assert left.argmax() == plus and right.argmax() == minus
 
 
 @pytest.mark.parametrize(
@@ -203,7 +206,9 @@ def bar_runs(image: np.ndarray, colour: Any) -> list[tuple[int, int, int]]:
 def test_tabular_bar_chart_one_bar_per_feature_on_its_side_of_the_axis() -> None:
     scores = [2.0, -1.0, 0.5, -0.25]
     image = pixels(draw(scores, sign="all", feature_names=["age", "income", "x", "y"]))
-    green, red = bar_runs(image, (0, 128, 0)), bar_runs(image, (255, 0, 0))
+    # red positive, blue negative: the explorer's convention (rdbu's ends)
+    green = bar_runs(image, tuple(lut("rdbu", 1.0, lo=-1.0)))
+    red = bar_runs(image, tuple(lut("rdbu", -1.0, lo=-1.0)))
     assert [r[0] for r in green] == [0, 2] and [r[0] for r in red] == [1, 3]
     axis = green[0][1] - 1
     assert (image[PAD:-PAD, axis] == 0).all()  # the zero axis, black
@@ -216,9 +221,9 @@ def test_tabular_bar_chart_one_bar_per_feature_on_its_side_of_the_axis() -> None
 
 
 def test_tabular_sign_filters_bars() -> None:
-    positive = bar_runs(pixels(draw([2.0, -1.0], sign="positive")), lut("greens", 1.0))
+    positive = bar_runs(pixels(draw([2.0, -1.0], sign="positive")), lut("reds", 1.0))
     assert [row for row, *_ in positive] == [0]
-    absolute = bar_runs(pixels(draw([2.0, -1.0], sign="absolute")), lut("blues", 1.0))
+    absolute = bar_runs(pixels(draw([2.0, -1.0], sign="absolute")), lut("greys", 1.0))
     assert [row for row, *_ in absolute] == [0, 1]
     assert absolute[0][1] == absolute[1][1]  # both to the right of the axis
 
