@@ -117,6 +117,11 @@ class AttrServe(FastAPI):
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = found(scope)
+        if not route.full and self.table is not None:
+            moved = _slash_redirect(self.table, scope)
+            if moved is not None:  # what Starlette redirects with an empty body, said in words
+                await moved(scope, receive, send)
+                return
         fast = route.policy.fast
         if fast is not None and self.fast_path and route.full and not scope.get("root_path"):
             state = self.state.attrserve
@@ -136,6 +141,26 @@ class AttrServe(FastAPI):
             table = self.table or RouteTable(self.routes)
             self.openapi_schema = openapi_doc.finish(doc, table.policies())
         return self.openapi_schema
+
+
+def _slash_redirect(table: RouteTable, scope: Scope) -> OrjsonResponse | None:
+    """A path with a trailing slash whose route has none: 307 to it, with a body saying so."""
+    path: str = scope["path"]
+    bare = path.rstrip("/")
+    if not bare or bare == path or table.find({**scope, "path": bare}).route is None:
+        return None
+    query = scope.get("query_string", b"").decode("latin-1")
+    location = bare + (f"?{query}" if query else "")
+    return OrjsonResponse(
+        {
+            "title": "Temporary Redirect",
+            "status": 307,
+            "detail": f"no route {path}: the route is {bare}, without the trailing slash",
+            "location": location,
+        },
+        status_code=307,
+        headers={"Location": location},
+    )
 
 
 def worker_count(settings: Settings) -> int:

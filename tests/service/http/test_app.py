@@ -285,3 +285,12 @@ def test_a_wrong_http_method_says_which_the_route_takes(client: TestClient) -> N
     body = problem(r, 405)
     assert r.headers["allow"] == "POST"
     assert body["detail"] == f"{ATTR} does not take GET; it takes POST"
+
+
+def test_a_trailing_slash_redirects_with_a_body_saying_why(client: TestClient) -> None:
+    """Starlette's redirect had an empty body, which curl shows as nothing at all."""
+    r = client.get("/v1/models/?page=1", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/v1/models?page=1"
+    assert "without the trailing slash" in r.json()["detail"]
+    assert client.get("/v1/models/").status_code == 200  # followed, it serves
+    assert client.get("/nowhere/", follow_redirects=False).status_code == 404
