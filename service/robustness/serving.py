@@ -224,7 +224,15 @@ def draw(
             try:
                 if after.ndim == 2 or (after.ndim == 3 and after.shape[0] in (1, 3)):
                     drawn.append(("perturbed", render.image(after, f"{title} · perturbed")))
-                drawn.append(("difference", render.draw(style, diff, title=f"{title} · change")))
+                change = "change" if diff.any() else "no change: the input is as it was"
+                features = model.inputs[k].features if k < len(model.inputs) else None
+                drawn.append((
+                    "difference",
+                    render.draw(
+                        style, diff, title=f"{title} · {change}",
+                        feature_names=list(features) if features and diff.ndim == 1 else None,
+                    ),
+                ))  # fmt: skip
             except render.RenderError as exc:
                 raise InvalidRequest(f"render: {exc}", loc=LOC) from None
             for picture, pic in drawn:

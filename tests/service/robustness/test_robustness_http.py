@@ -253,3 +253,35 @@ def test_token_models_are_refused(server: Server) -> None:
     r = post(server, "text-classifier", "attacks", {"inputs": ["a fine film"], **FGSM})
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["loc"] == ["path", "model_id"]
+
+
+def test_a_difference_picture_names_features_and_says_when_nothing_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The difference's bars carry the model's feature names (not f0, f1, ...), and a
+    perturbation that changed nothing is titled so (not a blank picture)."""
+    from types import SimpleNamespace
+
+    import model_registry
+    from service.robustness import serving
+    from service.robustness.protocol import PerturbationRender
+    from service.serving import render
+
+    seen: list[dict[str, Any]] = []
+    real = render.draw
+
+    def spy(options: Any, attribution: Any, **kw: Any) -> render.Rendered:
+        seen.append(kw)
+        return real(options, attribution, **kw)
+
+    monkeypatch.setattr(render, "draw", spy)
+    (spec,) = [s for s in model_registry.builtin_specs() if s.id == "tabular-mlp"]
+    x = np.zeros((2, 8), np.float32)
+    moved = x.copy()
+    moved[0, 3] = 0.5  # example 0 moved, example 1 not
+    job = SimpleNamespace(arrays=(x,), n=2)
+    reply = SimpleNamespace(attributions=[moved])
+    serving.draw(PerturbationRender(), spec, job, reply, "tabular-mlp · fgsm")  # type: ignore[arg-type]
+    assert [kw["title"].endswith("change") for kw in seen] == [True, False]
+    assert "no change" in seen[1]["title"]
+    assert seen[0]["feature_names"] == list(spec.inputs[0].features)
