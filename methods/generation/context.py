@@ -257,9 +257,16 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """The prompt's ids: as one user message through the chat template when there is one
     (whose text carries its own special tokens), else as the tokenizer encodes a text."""
     if _has_chat_template(tokenizer):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
+        try:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # the template's own refusal (a system turn required, ...)
+            raise InvalidArgumentError(
+                "the model's chat template refused the prompt as one user message: "
+                f"{' '.join(str(exc).split())}",
+                argument="prompt_template",
+            ) from None
         return encode(tokenizer, text, add_special_tokens=False)
     return encode(tokenizer, prompt)
 

@@ -21,9 +21,9 @@ from starlette.responses import StreamingResponse
 from model_registry.spec import ModelSpec
 from service import kinds
 from service.attributions.serving import build_job
-from service.core.errors import DeadlineExceeded, InvalidRequest, ServiceError
+from service.core.errors import DeadlineExceeded, InvalidRequest, RequestCancelled, ServiceError
 from service.core.work import Generation
-from service.http.problems import problem_body
+from service.http.problems import problem_body, to_service_error
 from service.http.state import AppState
 from service.kinds.base import timing
 from service.serving.run import budget_ms
@@ -103,6 +103,19 @@ async def stream(
                 break
             while not events.empty():  # events come before the reply: all are here
                 yield sse("token", events.get_nowait())
+            failure: BaseException | None = (
+                RequestCancelled("the work was cancelled")
+                if entry.future.cancelled()
+                else entry.future.exception()
+            )
+            if failure is not None:  # the worker lost, the model unloaded, ...: said, not raised
+                err = (
+                    to_service_error(failure)
+                    if isinstance(failure, Exception)
+                    else ServiceError("the work was stopped")
+                )
+                yield sse("error", problem_body(err, path))
+                return
             reply = entry.future.result()
             if reply.error is not None:
                 yield sse("error", problem_body(ServiceError.from_data(reply.error), path))

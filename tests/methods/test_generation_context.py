@@ -234,3 +234,12 @@ def test_a_context_longer_than_the_model_attends_to_is_refused() -> None:
     with pytest.raises(AttributionError) as err:
         methods.attribute_context(model, tok, CONTEXT, QUERY, ANSWER)
     assert "positions" in str(err.value)
+
+
+def test_a_chat_template_that_refuses_the_prompt_names_the_template() -> None:
+    tok = bpe_tokenizer()
+    tok.chat_template = "{{ raise_exception('a system turn must come first') }}"
+    with pytest.raises(AttributionError) as err:
+        methods.attribute_context(CopyLM(len(tok)), tok, CONTEXT, QUERY, ANSWER)
+    assert err.value.argument == "prompt_template"
+    assert "system turn must come first" in str(err.value)
