@@ -363,13 +363,11 @@ def _perturbation_row(
 def _perturbation_total(
     feats: Features, rows: _Rows, method: str, seed: int, params: dict[str, Any]
 ) -> Tensor:
-    dtype = rows.lm.dtype
-
     def f(present: Tensor) -> Tensor:
         prompts = feats.ids(present == 1)
         return rows.total(prompts).to(present.device)[:, None]
 
-    row, _ = _run_method(f, feats.n, method, seed, params, dtype)
+    row, _ = _run_method(f, feats.n, method, seed, params, rows.lm.dtype)
     return row
 
 

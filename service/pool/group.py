@@ -418,9 +418,11 @@ class Group(Processes):
             self.load_errors = {s.id: failed.get(s.id, error) for s in self.specs}
             self._report_load_errors()
             self._fail_waiting()
-        elif kind == "event":
-            self._event(w, msg[1], msg[2])
-            return  # nothing to dispatch
+        elif kind == "event":  # a running job's event, to its waiter; nothing to dispatch
+            entry = w.sent(msg[1])
+            if entry is not None:
+                entry.event(msg[2])
+            return
         elif kind == "done":
             pending = w.outstanding.popleft() if w.outstanding else None
             if not w.outstanding:
@@ -428,14 +430,6 @@ class Group(Processes):
             if pending is not None:
                 self._done(pending, msg[2])
         self._dispatch()
-
-    def _event(self, w: Worker, job_id: int, payload: Any) -> None:
-        """A running job's event to its waiter (none: the request is gone or does not listen)."""
-        for pending in w.outstanding:
-            for e in pending.entries:
-                if e.job.id == job_id and e.on_event is not None and not e.future.done():
-                    e.on_event(payload)
-                    return
 
     def _done(self, pending: Pending, replies: list[Reply]) -> None:
         started = min((e.dispatched for e in pending.entries), default=time.perf_counter())

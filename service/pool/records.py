@@ -59,6 +59,11 @@ class Entry:
     #: where the work's events go as they come (a stream), before its reply
     on_event: Callable[[Any], None] | None = None
 
+    def event(self, payload: Any) -> None:
+        """The work's event to its waiter (none: the request is gone or does not listen)."""
+        if self.on_event is not None and not self.future.done():
+            self.on_event(payload)
+
 
 @dataclass(eq=False)
 class Worker:
@@ -76,3 +81,7 @@ class Worker:
     reason: str | None = None  # why it was last restarted
     #: what the worker reported of each model when it became ready
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def sent(self, job_id: int) -> Entry | None:
+        """The entry of a job sent to this worker and not answered yet."""
+        return next((e for p in self.outstanding for e in p.entries if e.job.id == job_id), None)

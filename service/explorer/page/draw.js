@@ -66,9 +66,8 @@ export function palette(values, sign, cmap) {
     colour(v) {
       const s = shown(v) / scale; // -1..1 for "all", 0..1 otherwise
       let t = s; // grey, and the sequential maps: 0..1 as it is
-      if (map !== cmap) t = s;
-      else if (sign === "all") t = (s + 1) / 2;
-      else if (two) t = sign === "negative" ? 0.5 - s / 2 : 0.5 + s / 2;
+      if (map === cmap && sign === "all") t = (s + 1) / 2;
+      else if (map === cmap && two) t = sign === "negative" ? 0.5 - s / 2 : 0.5 + s / 2;
       const [r, g, b] = lookup(map, t);
       return `rgb(${r}, ${g}, ${b})`;
     },
