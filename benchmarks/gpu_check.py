@@ -622,7 +622,6 @@ def check_oom(device: str, n_steps: int = 512, cap_mib: int = 320) -> list[Row]:
     kw: dict[str, Any] = {"target": 3, "n_steps": n_steps}
     with _tf32_off():  # chunks of other sizes may pick other conv kernels: compare exactly
         fixed = methods.attribute(model, x, "integrated_gradients", internal_batch_size=64, **kw)
-        budget = batching.memory_budget()
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(dev).total_memory
         cap = torch.cuda.memory_reserved(dev) + cap_mib * 2**20
@@ -637,7 +636,7 @@ def check_oom(device: str, n_steps: int = 512, cap_mib: int = 320) -> list[Row]:
             peak = torch.cuda.max_memory_reserved(dev)
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, dev)
-            batching.set_memory_budget(budget)
+            batching.set_memory_budget(None)  # by device again (this process sets none)
             torch.cuda.empty_cache()
     n_ooms = torch.cuda.memory_stats(dev).get("num_ooms", 0) - ooms
     rows = auto.params.get("internal_batch_size")

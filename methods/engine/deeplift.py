@@ -270,7 +270,7 @@ def run_rows(
             lambda: 2 * row_bytes_estimate(lambda: chunk(0, probe), probe),
             call.shape_family(call.method),
         )
-        per = rows_per_chunk("auto", total, measure)
+        per = rows_per_chunk("auto", total, measure, device=call.inputs[0].device)
     else:
         per = max(1, int(spec) // 2)
     parts, used = run_chunks(total, per, chunk, retry_oom=spec == "auto")

@@ -48,6 +48,7 @@ def steps_per_chunk(call: Call, n_steps: int, probe_points: Tensors, grad_fn: Gr
                 call.shape_family("path"),
             ),
             granule=n,
+            device=probe_points[0].device,
         )
         return max(1, rows // n)
     return max(1, int(spec) // n)  # Captum: steps per batch = max(1, ibs // N)

@@ -123,7 +123,7 @@ def _per_chunk(call: Call, perturbation_bytes: int, total: int) -> int:
     if isinstance(spec, int):
         return max(1, min(spec, total))
     # "auto" (and None): 3x covers the inputs, the activations and the allocator's slack.
-    cap = memory_budget() // (3 * perturbation_bytes)
+    cap = memory_budget(call.inputs[0].device) // (3 * perturbation_bytes)
     if call.inputs[0].device.type == "cpu":
         cap = min(cap, CPU_CHUNK_BYTES // perturbation_bytes)
     return max(1, min(total, cap))

@@ -95,7 +95,7 @@ class Scorer:
         vocab, width = _sizes(self.lm)
         # logits kept for ~T positions per row, plus ~16 activations of the model's width
         per_token = itemsize * (16 * width + vocab * 2)
-        return max(1, memory_budget() // per_token)
+        return max(1, memory_budget(self.lm.device) // per_token)
 
     def _plan(self, todo: list[Prompt]) -> list[tuple[int, int, list[Prompt]]]:
         """Forwards as (reference, depth, prompts)."""

@@ -100,7 +100,7 @@ class _Rows:
                 )
             by_len.setdefault(len(q), []).append(q)
         vocab, _ = _sizes(self.lm)
-        per_token, budget = _kv_bytes(self.lm), memory_budget()
+        per_token, budget = _kv_bytes(self.lm), memory_budget(self.lm.device)
         for length, qs in by_len.items():
             row = (length + steps) * per_token
             cap = max(1, budget // max(1, row + vocab * 8))

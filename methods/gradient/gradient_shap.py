@@ -99,6 +99,7 @@ def gradient_shap(call: Call, p: GradientShapParams) -> Output:
             lambda: row_bytes_estimate(lambda: chunk(0, min(rows, n)), min(rows, n)),
         ),
         granule=1,
+        device=xs[0].device,
     )
     parts, used = run_chunks(rows, per, chunk, retry_oom=call.internal_batch_size == "auto")
     grads = tuple(torch.cat([pt[i] for pt in parts]) for i in range(len(xs)))

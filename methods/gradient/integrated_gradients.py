@@ -196,7 +196,7 @@ def auto_integral(
     index: list[int] = []
     point_bytes = sum(x.numel() * x.element_size() for x in xs)  # one point's gradients
     for n in ladder:
-        if method == "clenshaw_curtis" and n * point_bytes > memory_budget():
+        if method == "clenshaw_curtis" and n * point_bytes > memory_budget(device):
             # keeping every point's gradient would pass the memory budget: the rung whole,
             # as Gauss-Legendre's ladder goes (nothing kept)
             alphas, weights = rule_tensors(method, n, dtype, device)

@@ -144,8 +144,11 @@ class Settings(BaseModel):
     max_perturbations_per_eval: int = Field(
         default=4096, ge=1, description="cap on perturbations_per_eval"
     )
-    memory_budget_bytes: int = Field(
-        default=1 << 30, ge=1, description="working memory per engine call ('auto' batch sizes)"
+    memory_budget_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="working memory per engine call ('auto' batch sizes); unset: 1 GiB on the "
+        "CPU, half the device's free memory at the call on a GPU",
     )
     torch_threads: int | None = Field(
         default=None,

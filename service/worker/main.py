@@ -94,7 +94,8 @@ def worker_main(
         from service.worker import threads
 
         threads.limit(int(options.get("torch_threads") or 1))
-        methods.set_memory_budget(int(options["memory_budget_bytes"]))
+        budget = options["memory_budget_bytes"]
+        methods.set_memory_budget(None if budget is None else int(budget))
     except BaseException as exc:  # report why, then exit: the parent decides on restarts
         log.error("attrserve: worker %d cannot start\n%s", index, traceback.format_exc())
         chan.send(("failed", {"error": f"{type(exc).__name__}: {exc}", "models": {}}))

@@ -142,9 +142,28 @@ def test_auto_batch_size_halves_and_retries_on_out_of_memory() -> None:
     assert max(b for b in model.batches if b <= 40) <= 40
 
 
+def test_memory_budget_follows_the_device_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, the budget is 1 GiB on the CPU and half a CUDA device's free memory (never under
+    1 GiB); set, it is what was set on every device."""
+    free = {"bytes": 80 << 30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 96 << 30))
+    cuda = torch.device("cuda", 0)
+    assert methods.memory_budget() == methods.memory_budget(torch.device("cpu")) == 1 << 30
+    assert methods.memory_budget(cuda) == 40 << 30
+    free["bytes"] = 1 << 20
+    assert methods.memory_budget(cuda) == 1 << 30
+    try:
+        methods.set_memory_budget(3 << 20)
+        assert methods.memory_budget(cuda) == methods.memory_budget() == 3 << 20
+    finally:
+        methods.set_memory_budget(None)
+    assert methods.memory_budget(cuda) == 1 << 30
+    with pytest.raises(methods.InvalidArgumentError, match="positive"):
+        methods.set_memory_budget(0)
+
+
 def test_auto_batch_size_follows_the_memory_budget() -> None:
     model, x = _mlp()
-    old = methods.memory_budget()
     try:
         methods.set_memory_budget(1 << 16)
         small = methods.attribute(model, x, "integrated_gradients", target=0,
@@ -153,7 +172,7 @@ def test_auto_batch_size_follows_the_memory_budget() -> None:
         large = methods.attribute(model, x, "integrated_gradients", target=0,
                                   internal_batch_size="auto")  # fmt: skip
     finally:
-        methods.set_memory_budget(old)
+        methods.set_memory_budget(None)  # by device again
     assert small.params["internal_batch_size"] < large.params["internal_batch_size"] == 200
     torch.testing.assert_close(small.attributions, large.attributions)
 
@@ -259,14 +278,13 @@ def test_auto_batch_size_counts_what_a_row_costs_not_the_weights() -> None:
     model = nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 2)).eval()
     x = torch.randn(4, 512)
     row = 2 * 512 * 4  # bytes a row keeps for backward
-    old = methods.memory_budget()
     try:
         methods.set_memory_budget(3 * row * 100)
         r = methods.attribute(
             model, x, "integrated_gradients", target=0, internal_batch_size="auto"
         )
     finally:
-        methods.set_memory_budget(old)
+        methods.set_memory_budget(None)  # by device again
     assert 50 <= r.params["internal_batch_size"] <= 200
 
 
