@@ -819,7 +819,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--memory-budget-gib", type=float, default=None,
                    help="the engine's memory budget for 'auto' batch sizes (default: the "
-                   "engine's, 1 GiB)")  # fmt: skip
+                   "engine's: 1 GiB on the CPU, half a GPU's free memory)")  # fmt: skip
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the tests' configs
     return p.parse_args(argv)
 
