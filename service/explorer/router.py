@@ -28,6 +28,9 @@ FILES = {
     "explorer.js": "text/javascript; charset=utf-8",
     "api.js": "text/javascript; charset=utf-8",
     "draw.js": "text/javascript; charset=utf-8",
+    "change.js": "text/javascript; charset=utf-8",
+    "concepts.js": "text/javascript; charset=utf-8",
+    "influence.js": "text/javascript; charset=utf-8",
     "explorer.css": "text/css; charset=utf-8",
 }
 HEADERS = {

@@ -75,9 +75,14 @@ def _validated(ms: MethodSpec, params: dict[str, Any]) -> MethodParams:
 
 
 def _gen_args(gen_args: Any, target: Any, settings: Settings) -> tuple[dict[str, Any] | None, int]:
-    """Over HTTP only ``max_new_tokens`` (greedy decoding); the tokens the target may have."""
+    """Over HTTP only ``max_new_tokens`` (greedy decoding); the tokens the target may have.
+    Unset, an answer is generated up to the default length or the server's target limit,
+    whichever is less (a server with a lower limit must not refuse every generated answer)."""
     loc = ("body", "params", "gen_args")
     if gen_args is None:
+        n = min(DEFAULT_NEW_TOKENS, settings.max_target_tokens)
+        if target is None and n < DEFAULT_NEW_TOKENS:
+            return {"max_new_tokens": n}, n
         return None, DEFAULT_NEW_TOKENS
     if target is not None:
         raise InvalidRequest("gen_args apply only when target is null (generated)", loc=loc)

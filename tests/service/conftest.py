@@ -168,8 +168,9 @@ def stop_server(server: Server) -> None:
         server.process.wait(5)
 
 
-#: served by the main server beside MODELS_TOML, for tests/service/kinds/test_hf_images.py and
-#: tests/service/attributions/test_generation_http.py (one server start instead of three)
+#: served by the main server beside MODELS_TOML, for tests/service/kinds/test_hf_images.py,
+#: tests/service/attributions/test_generation_http.py and the explorer's influence view
+#: (tabular-noisy: its built-in influence index) (one server start instead of four)
 EXTRA_TOML = """
 [[models]]
 id = "flowers"
@@ -193,6 +194,10 @@ dtype = "float64"
 id = "bart-dir"
 source = "hf:bart-dir"
 dtype = "float64"
+
+[[models]]
+id = "tabular-noisy"
+source = "builtin:tabular-noisy"
 """
 
 

@@ -13,8 +13,8 @@ const DIVERGING = { redblue: true, viridis: false, grays: false };
 const ENDS = { redblue: ["blue", "red"], viridis: ["purple", "yellow"], grays: ["white", "black"] };
 
 /** The legend of a view: a swatch of the colours shown, and in words which colour is positive
- * (raises the target's score) and which negative (lowers it). */
-export function legend(sign, cmap) {
+ * (by default: raises the target's score) and which negative (lowers it). */
+export function legend(sign, cmap, up = "raises the target's score", down = "lowers it") {
   const diverging = DIVERGING[cmap];
   const map = sign === "absolute" && diverging ? "grays" : cmap;
   const [low, high] = ENDS[map] || ["light", "dark"];
@@ -24,10 +24,10 @@ export function legend(sign, cmap) {
   if (diverging && sign === "negative") anchors = anchors.slice(0, half + 1).reverse();
   const strong = diverging && sign === "negative" ? low : high;
   const words = {
-    all: `${high}: positive, raises the target's score; ${low}: negative, lowers it; ${diverging ? "white" : "the middle"}: no effect`,
+    all: `${high}: positive, ${up}; ${low}: negative, ${down}; ${diverging ? "white" : "the middle"}: no effect`,
     absolute: `${high}: a large effect either way (the sign is not shown); ${low}: none`,
-    positive: `${strong}: positive, raises the target's score (negative scores are not shown)`,
-    negative: `${strong}: negative, lowers the target's score (positive scores are not shown)`,
+    positive: `${strong}: positive, ${up} (negative scores are not shown)`,
+    negative: `${strong}: negative, ${down} (positive scores are not shown)`,
   }[sign];
   const box = el("p", { class: "legend", role: "note", "aria-label": "Legend" });
   const swatch = el("span", { class: "swatch", "aria-hidden": "true" });
@@ -100,6 +100,25 @@ function flat(a) {
   return Array.isArray(a) ? a.flat(Infinity) : [a];
 }
 
+/** A [C, H, W] image (values in [0, 1], clipped; one channel drawn grey) as a canvas. */
+export function imageCanvas(chw, name = "image") {
+  const c = chw.length;
+  const h = chw[0].length;
+  const w = chw[0][0].length;
+  const canvas = el("canvas", { width: String(w), height: String(h), class: "picture", role: "img", "aria-label": name });
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(w, h);
+  for (let y = 0; y < h; y++) {
+    for (let x = 0; x < w; x++) {
+      const p = 4 * (y * w + x);
+      for (let k = 0; k < 3; k++) img.data[p + k] = Math.round(255 * Math.min(1, Math.max(0, chw[c === 1 ? 0 : k][y][x])));
+      img.data[p + 3] = 255;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+
 /** Blocks of an [C, H, W] or [H, W] map: each the sum over its pixels and channels. */
 export function blocks(map) {
   const planes = shapeOf(map).length === 3 ? map : [map];
@@ -148,12 +167,12 @@ export function drawTokens(target, scores, tokens, style) {
   target.append(box);
 }
 
-/** Horizontal bars, one per feature, from the middle line. */
-export function drawBars(target, scores, names, style) {
+/** Horizontal bars, one per feature, from the middle line (`title(i)`: each bar's tooltip). */
+export function drawBars(target, scores, names, style, title = (i) => `${names[i]}: ${fmt(scores[i])}`) {
   const box = el("div", { class: "bars" });
   const p = palette(scores, style.sign, style.colormap);
   scores.forEach((s, i) => {
-    const row = el("div", { class: "track", "data-score": String(s), title: `${names[i]}: ${fmt(s)}` });
+    const row = el("div", { class: "track", "data-score": String(s), title: title(i) });
     const bar = el("div", { class: "bar" });
     const frac = Math.abs(s) / p.scale / 2;
     bar.style.background = p.colour(s);
@@ -165,9 +184,12 @@ export function drawBars(target, scores, names, style) {
   target.append(box);
 }
 
-/** Generated text: one row per output token, one column per prompt feature. */
+/** Generated text: one row per output token, one column per prompt feature. The numbers are
+ * fixed-point with one count of decimals for the whole grid (no exponents, no wrapping), and
+ * the grid scrolls sideways inside its region when it is wider than the screen. */
 export function drawGrid(target, rows, inputs, outputs, style) {
   const table = el("table", { class: "grid" });
+  const fixed = fixedPoint(rows.flat());
   const head = el("tr");
   head.append(el("th"));
   inputs.forEach((t) => head.append(el("th", {}, t)));
@@ -177,49 +199,90 @@ export function drawGrid(target, rows, inputs, outputs, style) {
     const tr = el("tr");
     tr.append(el("th", {}, outputs[i] ?? String(i)));
     row.forEach((s, j) => {
-      const td = el("td", { "data-score": String(s), title: `${outputs[i]} ← ${inputs[j]}: ${fmt(s)}` }, fmt(s));
+      const td = el("td", { "data-score": String(s), title: `${outputs[i]} ← ${inputs[j]}: ${fmt(s)}` }, fixed(s));
       td.style.background = p.colour(s);
       tr.append(td);
     });
     table.append(tr);
   });
-  target.append(table);
+  const scroll = el("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": "attribution grid" });
+  scroll.append(table);
+  target.append(scroll, el("p", { class: "hint" }, "Rows: the answer's tokens; columns: the prompt's. Scroll sideways for more."));
 }
 
-/** A deletion or insertion curve as a small line. */
-function sparkline(values) {
-  const w = 120;
-  const h = 28;
-  const lo = Math.min(...values);
+/** A formatter of a set of values: fixed-point, with enough decimals for three significant
+ * digits of the largest, the same for all (so columns line up), and no "-0". */
+export function fixedPoint(values) {
+  let top = 0;
+  for (const v of values) if (Number.isFinite(v)) top = Math.max(top, Math.abs(v));
+  const decimals = top > 0 ? Math.min(8, Math.max(0, 2 - Math.floor(Math.log10(top)))) : 0;
+  return (v) => {
+    if (v === null || v === undefined || !Number.isFinite(v)) return "–";
+    const text = v.toFixed(decimals);
+    return Number(text) === 0 ? (0).toFixed(decimals) : text;
+  };
+}
+
+/** How to read each metric, in one sentence. */
+const READ = {
+  infidelity: "How far the attributions miss the change in the output when the input is nudged; lower is better, 0 is perfect.",
+  sensitivity_max: "How much the attributions move when the input is jittered a little; lower is steadier.",
+  deletion: "The model's output as the most important features are removed first: a steep early drop (a small area) means the attributions found what the answer rests on.",
+  insertion: "The model's output as the most important features are put back first into a blank input: a fast rise (a large area) means the attributions found what the answer rests on.",
+};
+const NAMES = { infidelity: "Infidelity", sensitivity_max: "Sensitivity (max)", deletion: "Deletion curve", insertion: "Insertion curve" };
+
+/** A deletion or insertion curve as a small chart: the share of features changed along, the
+ * output up, the area under it shaded. */
+function curveChart(values, name) {
+  const w = 200;
+  const h = 64;
+  const pad = 18;
+  const lo = Math.min(0, ...values);
   const hi = Math.max(...values);
-  const pts = values
-    .map((v, i) => `${((i / Math.max(1, values.length - 1)) * w).toFixed(1)},${(h - ((v - lo) / (hi - lo || 1)) * h).toFixed(1)}`)
-    .join(" ");
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("width", w);
-  svg.setAttribute("height", h);
-  svg.setAttribute("role", "img");
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", pts);
-  line.setAttribute("fill", "none");
-  line.setAttribute("stroke", "#0b5cad");
-  svg.setAttribute("aria-label", `curve of ${values.length} points`);
-  svg.append(line);
+  const x = (i) => pad + (i / Math.max(1, values.length - 1)) * (w - pad - 4);
+  const y = (v) => 4 + (1 - (v - lo) / (hi - lo || 1)) * (h - pad - 4);
+  const svg = svgEl("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img", "aria-label": `${name}: ${values.length} points from ${fmt(values[0])} to ${fmt(values[values.length - 1])}` });
+  const pts = values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`);
+  svg.append(
+    svgEl("polygon", { points: `${x(0)},${y(lo)} ${pts.join(" ")} ${x(values.length - 1)},${y(lo)}`, fill: "#d1e5f0" }),
+    svgEl("polyline", { points: pts.join(" "), fill: "none", stroke: "#0b5cad", "stroke-width": 1.5 }),
+    svgEl("line", { x1: pad, y1: y(lo), x2: w - 4, y2: y(lo), stroke: "#57606a" }),
+    svgEl("line", { x1: pad, y1: 4, x2: pad, y2: y(lo), stroke: "#57606a" }),
+  );
+  const label = (text, attrs) => {
+    const t = svgEl("text", { "font-size": 9, fill: "#57606a", ...attrs });
+    t.textContent = text;
+    return t;
+  };
+  svg.append(label("0%", { x: pad, y: h - 4 }), label("100% of features", { x: w - 4, y: h - 4, "text-anchor": "end" }));
   return svg;
 }
 
-/** The §7.3 metrics of example `i`. */
+function svgEl(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  return node;
+}
+
+/** The metrics of example `i`: each with its value or curve, and how to read it. */
 export function drawMetrics(target, metrics, i) {
   const box = el("div", { class: "metrics" });
   for (const [name, value] of Object.entries(metrics)) {
     if (value === null || value === undefined) continue;
-    const line = el("div");
+    const item = el("figure", { class: "metric", "data-metric": name });
+    const head = el("figcaption");
     if (Array.isArray(value)) {
-      line.append(el("b", {}, `${name}: `), fmt(value[i]));
+      head.append(el("b", {}, `${NAMES[name] || name} `), el("code", {}, name), ": ", el("span", { "data-value": String(value[i]) }, fmt(value[i])));
+      item.append(head);
     } else {
-      line.append(el("b", {}, `${name}: `), `auc ${fmt(value.auc[i])} `, sparkline(value.curve[i]));
+      head.append(el("b", {}, `${NAMES[name] || name} `), el("code", {}, name), ": ", el("span", { "data-value": String(value.auc[i]) }, `area ${fmt(value.auc[i])}`));
+      const curve = value.curve[i];
+      const ends = el("p", { class: "hint" }, `output ${fmt(curve[0])} at the start, ${fmt(curve[curve.length - 1])} at the end`);
+      item.append(head, curveChart(curve, NAMES[name] || name), ends);
     }
-    box.append(line);
+    item.append(el("p", { class: "hint" }, READ[name] || ""));
+    box.append(item);
   }
   target.append(box);
 }

@@ -3,7 +3,10 @@
 // POST /v1/uploads); the page's state lives in its URL, so a link reproduces a result.
 
 import { Problem, apiKey, call, setApiKey, tensorB64 } from "./api.js";
+import { view as change } from "./change.js";
+import { view as concepts } from "./concepts.js";
 import { drawBars, drawGrid, drawImage, drawMetrics, drawTokens, el, flat, fmt, legend, shapeOf } from "./draw.js";
+import { view as influence } from "./influence.js";
 
 const $ = (id) => document.getElementById(id);
 const PREFERRED = ["integrated_gradients", "saliency", "occlusion", "feature_ablation"];
@@ -13,7 +16,19 @@ const URL_INPUT_MAX = 6000;
 /** more examples than this go as attribution jobs: progress shown, cancellable */
 const JOB_EXAMPLES = 32;
 
+/** The questions the page answers: attributions (this file), and one module each for the
+ * others (change.js, concepts.js, influence.js: offered, form, collect, run, draw). */
+const EXPLAIN = {
+  id: "explain",
+  title: "Why this prediction?",
+  about: "Scores each part of the input by how much it raised or lowered the model's answer.",
+  offered: () => true,
+};
+const VIEWS = [EXPLAIN, change, concepts, influence];
+
 const state = {
+  view: EXPLAIN,
+  viewForm: null, // the promise of the chosen view's form (concept sets load)
   models: [],
   methods: new Map(),
   model: null,
@@ -24,6 +39,7 @@ const state = {
   example: 0, // which example of the batch is shown (0-based; the control counts from 1)
   count: 1, // examples in the last explain
   predictions: null, // the model's outputs for them (:predict), when it has them
+  drawMs: 0, // time spent drawing the last explain's answers
 };
 
 /** The target as a person reads it: the label's name where the model has labels. */
@@ -48,8 +64,10 @@ function showExample(i) {
   state.example = i;
   $("example").value = String(i + 1);
   $("example-of").textContent = `Example ${i + 1} of ${state.count}`;
+  const t0 = performance.now();
   drawPrediction(state.predictions);
   redraw();
+  document.body.dataset.redrawMs = (performance.now() - t0).toFixed(3); // benchmarks.explorer
 }
 
 // -- errors ---------------------------------------------------------------------------------
@@ -116,6 +134,7 @@ function chooseModel(id, preset = {}) {
     }),
   );
   renderParams(preset.params || {});
+  renderViews(m, preset.view, preset.viewParams);
   $("image-field").hidden = !(form === "image" || form === "encoded-image");
   state.image = null;
   $("input").value = preset.input ?? (SAMPLES[form] || (form === "row" ? JSON.stringify([startRow(m)]) : ""));
@@ -127,9 +146,43 @@ function chooseModel(id, preset = {}) {
     row: "Edit the row below, or paste JSON (one list per example).",
     json: "The attributions route's inputs, as JSON.",
   }[form];
+  $("target").placeholder = form === "prompt" ? "generated" : "predicted";
   $("target-hint").textContent =
     form === "prompt" ? "The answer to attribute; empty: the model generates one." : "Empty: each example's predicted class.";
   renderRowEditor();
+}
+
+/** The Question radios: every view, those this model cannot answer disabled with the reason. */
+function renderViews(m, wanted, given) {
+  const list = $("view-list");
+  list.replaceChildren();
+  let chosen = VIEWS.find((v) => v.id === wanted && v.offered(m) === true) || EXPLAIN;
+  for (const v of VIEWS) {
+    const ok = v.offered(m);
+    const radio = el("input", { type: "radio", name: "view", value: v.id });
+    radio.checked = v === chosen;
+    radio.disabled = ok !== true;
+    radio.addEventListener("change", () => {
+      chooseView(v, m, {});
+      saveURL();
+    });
+    const label = el("label", ok === true ? {} : { title: `Not for this model: ${ok}` });
+    label.append(radio, ` ${v.title}`);
+    if (ok !== true) label.append(el("span", { class: "hint" }, ` (not for this model: ${ok})`));
+    list.append(label);
+  }
+  chooseView(chosen, m, given || {});
+}
+
+/** Show the view's own controls, and the page's shared ones it uses. */
+function chooseView(v, m, given) {
+  state.view = v;
+  $("view-about").textContent = v.about;
+  for (const node of document.querySelectorAll("[data-view]")) node.hidden = !node.dataset.view.split(" ").includes(v.id);
+  const box = $("view-form");
+  box.replaceChildren();
+  box.hidden = v === EXPLAIN;
+  state.viewForm = v === EXPLAIN ? null : Promise.resolve(v.form(box, m, given)).catch((err) => showError(err));
 }
 
 /** A starting row: ones (all zeros would sit on the usual baseline, and explain nothing). */
@@ -354,7 +407,7 @@ async function takeImage(blob, uploadId) {
   const bytes = new Uint8Array(await blob.arrayBuffer());
   let b64 = "";
   for (let i = 0; i < bytes.length; i += 0x8000) b64 += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  const image = { id, blob, b64: btoa(b64), width: bitmap.width, height: bitmap.height };
+  const image = { id, blob, bitmap, b64: btoa(b64), width: bitmap.width, height: bitmap.height };
   if (formOf(m) === "image") {
     // a built-in tensor model: scaled to [0, 1] (pixel / 255), resized to the model's input
     const [, channels, h, w] = m.inputs[0].shape;
@@ -374,9 +427,19 @@ async function takeImage(blob, uploadId) {
   document.body.dataset.image = id;
 }
 
-/** A canvas of the input image at the map's size, to draw the blocks over. */
+/** A canvas of the input image at the map's size, to draw the blocks over: the model's own
+ * pixels for a tensor model, the photo itself (scaled to the map) for one with an image
+ * processor, whose resizing the page cannot see. */
 function pictureFor(map) {
-  if (!state.image || !state.image.pixels) return null;
+  if (!state.image) return null;
+  if (!state.image.pixels) {
+    const shape = shapeOf(map);
+    const [h, w] = shape.slice(-2);
+    if (!state.image.bitmap || shape.length < 2) return null;
+    const canvas = el("canvas", { width: String(w), height: String(h), "aria-hidden": "true" });
+    canvas.getContext("2d").drawImage(state.image.bitmap, 0, 0, w, h);
+    return canvas;
+  }
   const [, channels, h, w] = state.image.shape;
   const shape = shapeOf(map);
   if (shape[shape.length - 1] !== w || shape[shape.length - 2] !== h) return null;
@@ -404,7 +467,30 @@ function pending(name) {
   return region;
 }
 
-function drawResult(region, name, res) {
+/** The class the model gave example i before any change (from :predict), or null. */
+function before(i) {
+  const p = state.predictions;
+  if (!p || !p[i]) return null;
+  const row = flat(p[i]);
+  return row.length > 1 ? row.indexOf(Math.max(...row)) : null;
+}
+
+/** A view's answer (change, concepts, influence), at the example shown. */
+function drawView(region, name, res, d) {
+  region.classList.remove("pending");
+  region.removeAttribute("aria-busy");
+  region.replaceChildren(el("h2", {}, name));
+  const i = d.view.perExample === false ? 0 : Math.min(state.example, state.count - 1);
+  const facts = el("p", { class: "facts" });
+  if (res.timing_ms) facts.append(el("span", {}, `${fmt(res.timing_ms.compute)} ms compute, ${fmt(res.timing_ms.total)} ms total`));
+  region.append(facts);
+  region.dataset.example = String(i + 1);
+  d.view.draw(region, res, i, { m: state.model, inputs: d.context.inputs, target: d.context.target, labelOf, look: style(), before, image: state.image });
+  region.dataset.state = "done";
+}
+
+function drawResult(region, name, res, d) {
+  if (d && d.view) return drawView(region, name, res, d);
   region.classList.remove("pending");
   region.removeAttribute("aria-busy");
   region.replaceChildren(el("h2", {}, name));
@@ -412,7 +498,11 @@ function drawResult(region, name, res) {
   const add = (text) => facts.append(el("span", {}, text));
   const n = res.target && !res.token_attr ? res.target.length : 1;
   const i = Math.min(state.example, n - 1); // the example shown
-  if (res.requested_method && res.requested_method !== res.method) add(`ran ${res.method}`);
+  if (res.requested_method && res.requested_method !== res.method) {
+    // a token model: ids have no gradient, so the method ran at the embedding layer
+    const where = res.attributed_layer ? ` at ${res.attributed_layer}` : "";
+    region.append(el("p", { class: "hint rewritten" }, `Ran ${res.method}${where}: this model takes token ids, which have no gradient, so ${res.requested_method} is computed at the token embeddings and summed over each token's vector.`));
+  }
   if (res.target) add(`target ${res.token_attr ? JSON.stringify(res.target[0]) : labelOf(res.target[i])}`);
   if (res.outputs !== null && res.outputs !== undefined) add(`output ${fmt(flat(res.outputs)[res.token_attr ? 0 : i])}`);
   if (res.convergence_delta) add(`delta ${fmt(flat(res.convergence_delta)[i])}`);
@@ -484,7 +574,7 @@ function softmax(row) {
 }
 
 function redraw() {
-  for (const d of state.drawn) if (d.response) drawResult(d.region, d.name, d.response);
+  for (const d of state.drawn) if (d.response) drawResult(d.region, d.name, d.response, d);
   saveURL();
 }
 
@@ -493,6 +583,14 @@ function redraw() {
 function saveURL() {
   const q = new URLSearchParams();
   if (state.model) q.set("model", state.model.id);
+  if (state.view !== EXPLAIN) {
+    q.set("view", state.view.id);
+    try {
+      q.set("ask", JSON.stringify(state.view.collect($("view-form"))));
+    } catch {
+      /* its form is still loading: the link names the view alone */
+    }
+  }
   q.set("methods", chosenMethods().join(","));
   const given = collectParams(true);
   if (Object.keys(given).length) q.set("params", JSON.stringify(given));
@@ -513,6 +611,8 @@ async function fromURL() {
     methods: q.get("methods") ? q.get("methods").split(",").filter(Boolean) : undefined,
     params: q.get("params") ? parseJSON(q.get("params"), "The link's params") : {},
     input: q.get("input") ?? undefined,
+    view: q.get("view") || undefined,
+    viewParams: q.get("ask") ? parseJSON(q.get("ask"), "The link's question") : undefined,
   };
   for (const [id, key] of [["sign", "sign"], ["colormap", "colormap"], ["target", "target"]]) {
     if (q.has(key)) $(id).value = q.get(key);
@@ -533,7 +633,8 @@ async function explain(event) {
   if (event) event.preventDefault();
   clearError();
   const m = state.model;
-  const methods = chosenMethods();
+  const v = state.view;
+  const methods = v === EXPLAIN ? chosenMethods() : [v.title];
   let inputs;
   let target;
   let given;
@@ -542,12 +643,17 @@ async function explain(event) {
     if (!methods.length) throw new Error("Choose at least one method.");
     inputs = buildInputs();
     target = buildTarget();
-    given = collectParams();
+    if (v === EXPLAIN) given = collectParams();
+    else {
+      await state.viewForm;
+      given = v.collect($("view-form"));
+    }
   } catch (err) {
     showError(err);
     return;
   }
   saveURL();
+  state.drawMs = 0;
   const metrics = Object.fromEntries(chosenMetrics().map((x) => [x, {}]));
   const controller = new AbortController();
   state.running = controller;
@@ -555,15 +661,22 @@ async function explain(event) {
   $("cancel").disabled = false;
   $("status").textContent = "computing…";
   state.example = 0;
-  setExamples(isLM(m) ? 1 : Math.max(1, countOf(inputs)));
+  setExamples(isLM(m) || v.perExample === false ? 1 : Math.max(1, countOf(inputs)));
   const started = performance.now();
   state.drawn = methods.map((name) => ({ name, region: pending(name), response: null }));
   $("results").replaceChildren(...state.drawn.map((d) => d.region));
   $("results").scrollIntoView({ block: "nearest" }); // where the answers will come
   let failed = null;
   let failures = 0;
-  const asJob = countOf(inputs) > JOB_EXAMPLES && !isLM(m);
-  const jobs = state.drawn.map(async (d) => {
+  const asJob = countOf(inputs) > JOB_EXAMPLES && !isLM(m) && v === EXPLAIN;
+  const instances = m.predicts && formOf(m) !== "prompt" ? instancesOf(inputs) : null;
+  const predicted = instances
+    ? call(`/v1/models/${encodeURIComponent(m.id)}:predict`, { method: "POST", body: { instances }, signal: controller.signal })
+        .then((r) => drawPrediction(r.predictions))
+        .catch(() => drawPrediction(null))
+    : Promise.resolve(drawPrediction(null));
+  const asked = v === EXPLAIN ? state.drawn : [];
+  const jobs = asked.map(async (d) => {
     const body = { method: d.name, inputs, target, params: given[d.name] || {} };
     if (state.methods.get(d.name)?.returns_delta && !isLM(m)) body.return_convergence_delta = true;
     if (Object.keys(metrics).length && !asJob) body.metrics = metrics;
@@ -571,23 +684,32 @@ async function explain(event) {
       d.response = asJob
         ? await runJob(m, body, d.region, controller.signal)
         : await call(`/v1/models/${encodeURIComponent(m.id)}/attributions`, { method: "POST", body, signal: controller.signal });
-      drawResult(d.region, d.name, d.response);
+      timed(() => drawResult(d.region, d.name, d.response));
     } catch (err) {
       failed ||= err;
       failures += 1;
       drawFailure(d.region, d.name, err);
     }
   });
-  const instances = m.predicts && formOf(m) !== "prompt" ? instancesOf(inputs) : null;
-  if (instances) {
+  if (v !== EXPLAIN) {
+    const d = state.drawn[0];
+    Object.assign(d, { view: v, context: { inputs, target } });
+    d.region.classList.add("wide"); // one answer: the results' whole width
     jobs.push(
-      call(`/v1/models/${encodeURIComponent(m.id)}:predict`, { method: "POST", body: { instances }, signal: controller.signal })
-        .then((r) => drawPrediction(r.predictions))
-        .catch(() => drawPrediction(null)),
+      (async () => {
+        try {
+          d.response = await v.run({ m, inputs, target, signal: controller.signal }, given);
+          await predicted; // the answer before, for the view's "before → after"
+          timed(() => drawResult(d.region, d.name, d.response, d));
+        } catch (err) {
+          failed ||= err;
+          failures += 1;
+          drawFailure(d.region, d.name, err);
+        }
+      })(),
     );
-  } else {
-    drawPrediction(null);
   }
+  jobs.push(predicted);
   await Promise.all(jobs);
   const ms = performance.now() - started;
   state.running = null;
@@ -607,6 +729,14 @@ async function explain(event) {
   state.explained += 1;
   document.body.dataset.explained = String(state.explained);
   document.body.dataset.explainMs = ms.toFixed(3);
+  document.body.dataset.drawMs = state.drawMs.toFixed(3); // of which drawing the answers
+}
+
+/** Run a drawing, adding its time to the explain's drawing time. */
+function timed(draw) {
+  const t0 = performance.now();
+  draw();
+  state.drawMs += performance.now() - t0;
 }
 
 /** Examples in the inputs (a list, a base64 tensor, or one tensor per input). */

@@ -54,6 +54,15 @@ def test_tiny_lm_ground_truth_over_http(lm_server: Server) -> None:
     assert body["attributions"] == [pytest.approx(body["seq_attr"], rel=1e-6)]
 
 
+def test_a_generated_answer_stops_at_the_servers_target_limit(lm_server: Server) -> None:
+    """No gen_args on a server whose targets are capped at 6 tokens: the answer is generated
+    up to the cap (it was refused: the default length is over it)."""
+    body = {"method": "feature_ablation", "inputs": {"prompt": "alice lives in"}, "target": None}
+    r = post(lm_server, "tiny-lm", body)
+    assert r.status_code == 200, r.text
+    assert 1 <= len(r.json()["output_tokens"]) <= 6
+
+
 def test_every_listed_method_serves_tiny_lm(lm_server: Server) -> None:
     """Each method ModelInfo lists answers over HTTP (the layer methods used to be refused with
     and without a layer: attribute_generation sets it to the token embedding)."""

@@ -32,6 +32,8 @@ if not os.path.exists(CHROMIUM):
     pytest.skip("Debian's chromium is missing (apt-get install chromium)", allow_module_level=True)
 
 ARTIFACTS = Path(os.environ.get("ATTRSERVE_ARTIFACTS", REPO / "build" / "artifacts"))
+WIDE = {"width": 1280, "height": 800}
+NARROW = {"width": 390, "height": 844}
 KEY = "k-explorer"
 
 
@@ -48,7 +50,7 @@ class Page:
 
     def __init__(self, browser: Any, server: Server) -> None:
         self.server = server
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context = browser.new_context(viewport=WIDE)
         self.page = self.context.new_page()
         self.sent: list[tuple[str, str, Any]] = []
         self.errors: list[str] = []
@@ -89,8 +91,19 @@ class Page:
         return found
 
     def shot(self, name: str) -> None:
+        """Screenshots of the page as it is, at a laptop's size and a phone's; at the phone's
+        width nothing may spill sideways out of the page (wide grids scroll in their box)."""
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(ARTIFACTS / f"explorer-{name}.png"), full_page=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"explorer-{name}-1280.png"), full_page=True)
+        self.page.set_viewport_size(NARROW)
+        try:
+            self.page.screenshot(path=str(ARTIFACTS / f"explorer-{name}-390.png"), full_page=True)
+            spill = self.page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
+            assert spill <= 1, f"{name}: the page is {spill} px wider than a 390 px screen"
+        finally:
+            self.page.set_viewport_size(WIDE)
 
     def close(self) -> None:
         self.context.close()
@@ -368,3 +381,196 @@ def test_uploads_are_images_only(server: Server) -> None:
     page = httpx.get(f"{server.url}/ui")
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert httpx.get(f"{server.url}/ui/secret.py").status_code == 404
+
+
+# -- the other questions: what would change it, concepts, training examples ------------------
+
+
+def posted(page: Page, route: str) -> dict[str, Any]:
+    """The one body the page POSTed to ``route`` (the path's last part)."""
+    (body,) = [json.loads(b) for v, url, b in page.sent if v == "POST" and url.endswith(route)]
+    return dict(body)
+
+
+def again(server: Server, model: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{server.url}/v1/models/{model}/{route}", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def ask(page: Page, model: str, question: str) -> None:
+    page.page.get_by_label("Model", exact=True).select_option(model)
+    page.page.get_by_role("radio", name=question).check()
+
+
+def test_what_would_change_it_attack_on_rows(page: Page) -> None:
+    """FGSM on a batch of two: per example the verdict the API gives (flipped or not, with the
+    labels before and after), and each feature's change (perturbed - input) as its bar."""
+    rows = [[0.5, 0, 0, 0.2, 0, 0, 0, 0], [3.0, 0, 0, 3.0, 0, 0, 0, 0]]
+    page.open()
+    ask(page, "tabular-mlp", "What would change the answer?")
+    page.page.get_by_label("change epsilon").fill("0.3")
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(rows))
+    page.explain()
+    sent = posted(page, "/attacks")
+    assert sent["method"] == "fgsm" and sent["params"]["epsilon"] == 0.3
+    want = again(page.server, "tabular-mlp", "attacks", sent)
+    assert want["flipped"] == [True, False]
+    labels = httpx.get(f"{page.server.url}/v1/models/tabular-mlp").json()["output"]["labels"]
+    region = page.page.get_by_role("region", name="What would change the answer?")
+    for i in range(2):
+        page.page.get_by_label("Example", exact=True).select_option(str(i + 1))
+        change = np.asarray(want["perturbed"][i]) - np.asarray(rows[i])
+        np.testing.assert_allclose(page.scores("What would change the answer?"), change, atol=1e-6)
+        verdict = region.locator(".verdict")
+        assert verdict.get_attribute("data-flipped") == str(want["flipped"][i]).lower()
+        assert f"“{labels[want['predicted'][i]]}”" in verdict.inner_text()
+    assert "signal_0" in region.inner_text()  # the model's feature names on the bars
+    page.shot("attack")
+
+
+def test_what_would_change_it_least_noise_on_an_image(page: Page) -> None:
+    """The least-noise counterfactual on image-cnn: the sentence names the least noise the API
+    found, the input and perturbed images are drawn, and the change's blocks are the API's
+    perturbed - input summed as the page sums them."""
+    x = image.squares_in(1, 1, torch.Generator().manual_seed(3))
+    page.open()
+    ask(page, "image-cnn", "What would change the answer?")
+    page.page.get_by_label("How", exact=True).select_option("noise")
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(x.tolist()))
+    page.explain()
+    sent = posted(page, "/counterfactuals")
+    assert sent["perturbation"] == "gaussian_noise" and sent["seed"] == 0
+    want = again(page.server, "image-cnn", "counterfactuals", sent)
+    region = page.page.get_by_role("region", name="What would change the answer?")
+    text = region.inner_text()
+    if want["min_param"][0] is None:
+        assert "widen the search" in text
+    else:
+        assert f"{want['min_param'][0]:.4g}".rstrip("0").rstrip(".") in text
+    assert region.locator("canvas.picture").count() == 2  # the input and the perturbed image
+    change = np.asarray(want["perturbed"][0]) - x[0].numpy()
+    np.testing.assert_allclose(
+        page.scores("What would change the answer?"), blocks(change), rtol=1e-4, atol=1e-5
+    )
+    page.shot("counterfactual")
+
+
+def test_which_concepts_tcav_table(page: Page) -> None:
+    """TCAV over image-cnn's stored sets: concepts x layers, each cell the API's sign count,
+    the bright top-left square 'for' the top-left class at every layer, the dim noise not
+    significant, each said in a sentence."""
+    x = image.squares_in(0, 12, torch.Generator().manual_seed(1))
+    page.open()
+    ask(page, "image-cnn", "Which concepts does it use?")
+    page.page.wait_for_selector(".tcav-layers")  # the concept sets are listed
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(x.tolist()))
+    page.page.get_by_label("Target", exact=True).fill("top-left")
+    page.explain()
+    sent = posted(page, "/tcav")
+    assert sent["concepts"] == ["bright-top-left", "dim-noise"]
+    assert sent["random_concepts"] == [f"random-{i}" for i in range(image.N_RANDOM)]
+    want = again(page.server, "image-cnn", "tcav", sent)
+    cells = page.page.locator("table.tcav td")
+    assert cells.count() == len(want["scores"])
+    order = {c: k for k, c in enumerate(sent["concepts"])}
+    where = {layer: k for k, layer in enumerate(sent["layers"])}
+    table = sorted(want["scores"], key=lambda r: (order[r["concept"]], where[r["layer"]]))
+    for k, row in enumerate(table):  # row-major: concepts down, layers across
+        cell = cells.nth(k)
+        assert float(cell.get_attribute("data-score")) == pytest.approx(row["sign_count"])
+        word = "for" if row["sign_count"] >= 0.5 else "against"
+        assert cell.inner_text().endswith(word if row["significant"] else "not significant")
+    text = page.page.get_by_role("region", name="Which concepts does it use?").inner_text()
+    assert "bright-top-left at classifier.1: speaks for “top-left”" in text
+    page.shot("tcav")
+
+
+def test_which_training_examples_influence(page: Page) -> None:
+    """The influence view lists, per example, the training examples the API ranks, in its
+    order, with their labels and features; the opponents too."""
+    rows = [[1.0, 0, 0, 1.0, 0, 0, 0, 0], [-1.0, 0, 0, -1.0, 0, 0, 0, 0]]
+    page.open()
+    ask(page, "tabular-noisy", "Which training examples led to it?")
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(rows))
+    page.explain()
+    sent = posted(page, "/influence")
+    assert sent["include_examples"] is True and sent["opponents"] is True and sent["k"] == 5
+    want = again(page.server, "tabular-noisy", "influence", sent)
+    for i in range(2):
+        page.page.get_by_label("Example", exact=True).select_option(str(i + 1))
+        for key in ("proponents", "opponents"):
+            items = page.page.locator(f".influence.{key} li")
+            shown = items.evaluate_all("els => els.map(e => Number(e.dataset.trainIndex))")
+            assert shown == want[key][i]["indices"]
+            first = want[key][i]["examples"][0]
+            assert f"labelled “{first['label_name']}”" in items.first.inner_text()
+            assert "signal_0" in items.first.inner_text()
+    page.shot("influence")
+
+
+def test_language_model_grid_is_fixed_point_and_scrolls(page: Page) -> None:
+    page.open()
+    page.choose("tiny-lm", ["integrated_gradients"])
+    page.page.get_by_label("Input", exact=True).fill("alice lives in")
+    page.explain()
+    (sent,) = page.requests("integrated_gradients")
+    want = api(page.server, "tiny-lm", sent)
+    np.testing.assert_allclose(
+        page.scores("integrated_gradients"), np.ravel(want["token_attr"]), rtol=1e-6
+    )
+    texts = page.page.locator("table.grid td").all_inner_texts()
+    assert texts and not any("e" in t for t in texts)  # no exponents
+    assert len({len(t.split(".")[-1]) for t in texts}) == 1  # one count of decimals
+    region = page.page.get_by_role("region", name="integrated_gradients", exact=True)
+    assert "layer_integrated_gradients" in region.locator(".rewritten").inner_text()
+    page.shot("lm")  # at 390 px the grid scrolls in its box; the page does not spill
+
+
+def test_hugging_face_image_is_drawn_under_its_map(page: Page, tmp_path: Path) -> None:
+    png = tmp_path / "photo.png"
+    photo = np.random.default_rng(1).integers(0, 255, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(photo).save(png)
+    page.open()
+    page.choose("flowers", ["saliency"])
+    page.page.get_by_label("Image", exact=True).set_input_files(str(png))
+    page.page.wait_for_selector("body[data-image]")
+    page.explain()
+    (sent,) = page.requests("saliency")
+    want = api(page.server, "flowers", sent)
+    np.testing.assert_allclose(
+        page.scores("saliency"), blocks(np.asarray(want["attributions"][0])), rtol=1e-5, atol=1e-7
+    )
+    region = page.page.get_by_role("region", name="saliency", exact=True)
+    assert region.locator(".heat canvas").count() == 1  # the photo under the blocks
+    page.shot("hf-image")
+
+
+def test_the_main_flow_by_keyboard_alone(page: Page) -> None:
+    """Tab to the model, pick one with the arrow keys, Tab to Explain, press Enter: the
+    answers come; every stop on the way shows where the focus is."""
+    page.open()
+    page.page.locator("body").focus()
+
+    def tab_to(selector: str, limit: int = 120) -> None:
+        for _ in range(limit):
+            page.page.keyboard.press("Tab")
+            if page.page.evaluate(f"document.activeElement.matches({selector!r})"):
+                look = page.page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+                assert look != "none", f"{selector} shows no focus"
+                return
+        raise AssertionError(f"Tab never reached {selector}")
+
+    tab_to("#model")
+    target = page.page.evaluate(
+        "[...document.querySelectorAll('#model option')].findIndex(o => o.value === 'tabular-mlp')"
+    )
+    current = page.page.evaluate("document.getElementById('model').selectedIndex")
+    for _ in range(abs(target - current)):
+        page.page.keyboard.press("ArrowDown" if target > current else "ArrowUp")
+    assert page.page.evaluate("document.getElementById('model').value") == "tabular-mlp"
+    tab_to("#explain")
+    page.page.keyboard.press("Enter")
+    page.page.wait_for_selector("body[data-explained='1']", timeout=60_000)
+    assert page.page.locator("section.result[data-state='done']").count() >= 1
+    assert page.page.get_by_role("alert").is_hidden()

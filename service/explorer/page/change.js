@@ -1,0 +1,216 @@
+// "What would change the answer?": an attack (FGSM, PGD: POST .../attacks) or the least
+// perturbation that changes it (POST .../counterfactuals). Each example is drawn as the input,
+// the perturbed input and the change, with the answer before and after in words.
+
+import { call } from "./api.js";
+import { drawBars, drawImage, el, flat, fmt, imageCanvas, legend, shapeOf } from "./draw.js";
+
+/** The ways to perturb: the route, its method or perturbation, and its parameters with a
+ * default from the model (`image`: inputs are pixels in [0, 1]). */
+const HOW = {
+  fgsm: {
+    label: "FGSM attack: one step against the answer",
+    route: "attacks",
+    params: (k) => ({ epsilon: k.image ? 0.03 : 0.3, ...k.bounds }),
+  },
+  pgd: {
+    label: "PGD attack: ten small steps within a budget",
+    route: "attacks",
+    params: (k) => ({ radius: k.image ? 0.03 : 0.3, step_size: k.image ? 0.01 : 0.1, step_num: 10, ...k.bounds }),
+  },
+  noise: {
+    label: "Least random noise that changes the answer",
+    route: "counterfactuals",
+    perturbation: "gaussian_noise",
+    params: (k) => ({ arg_min: 0, arg_max: k.image ? 0.5 : 3, arg_step: k.image ? 0.01 : 0.05, mode: "binary" }),
+  },
+  ablation: {
+    label: "Fewest features removed, most important first",
+    route: "counterfactuals",
+    perturbation: "feature_ablation",
+    params: (k) => ({ arg_min: 0, arg_max: k.features + 1, arg_step: 1, mode: k.features > 64 ? "binary" : "linear" }),
+  },
+  step: {
+    label: "Least FGSM step that changes the answer",
+    route: "counterfactuals",
+    perturbation: "fgsm",
+    params: (k) => ({ arg_min: 0, arg_max: k.image ? 0.3 : 3, arg_step: k.image ? 0.005 : 0.05, mode: "binary", ...k.bounds }),
+  },
+};
+
+/** What each parameter is called for a person (the wire name is shown beside it). */
+const HUMAN = {
+  epsilon: "step size ε",
+  radius: "budget ε (largest change)",
+  step_size: "size of each step",
+  step_num: "steps",
+  lower_bound: "smallest input value",
+  upper_bound: "largest input value",
+  arg_min: "search from",
+  arg_max: "search up to",
+  arg_step: "search step",
+  mode: "search",
+};
+
+/** What the searched parameter is, for the sentence under a counterfactual. */
+const SEARCHED = {
+  noise: "noise standard deviation",
+  ablation: "number of features removed",
+  step: "FGSM step size",
+};
+
+function shapeFacts(m) {
+  const shape = (m.inputs[0] && m.inputs[0].shape) || [];
+  const image = shape.length === 4 && [1, 3].includes(shape[1]);
+  const features = shape.slice(1).reduce((a, d) => a * (d || 1), 1);
+  return { image, features, bounds: image ? { lower_bound: 0, upper_bound: 1 } : {} };
+}
+
+export const view = {
+  id: "change",
+  title: "What would change the answer?",
+  about: "Perturbs each input to see what it takes to change the model's answer: an attack " +
+    "within a budget, or the least perturbation that changes it.",
+
+  offered(m) {
+    if (!m.predicts) return "this model gives no predictions";
+    if (m.tokenizer || m.kind === "causal_lm" || m.kind === "seq2seq_lm") return "its inputs are tokens, not numbers to perturb";
+    return true;
+  },
+
+  form(box, m, preset = {}) {
+    const how = el("select", { id: "change-how", "aria-label": "How" });
+    for (const [value, h] of Object.entries(HOW)) how.append(el("option", { value }, h.label));
+    how.value = preset.how && HOW[preset.how] ? preset.how : "fgsm";
+    const grid = el("div", { class: "params", id: "change-params" });
+    const fill = (given) => {
+      grid.replaceChildren();
+      const defaults = HOW[how.value].params(shapeFacts(m));
+      for (const [param, value] of Object.entries({ ...defaults, ...(given || {}) })) {
+        const id = `change-${param}`;
+        const label = el("label", { for: id }, `${HUMAN[param] || param.replace(/_/g, " ")} `);
+        label.append(el("code", {}, param));
+        const input = el("input", { id, type: "text", "data-param": param, "aria-label": `change ${param}` });
+        input.value = typeof value === "string" ? value : JSON.stringify(value);
+        grid.append(label, input);
+      }
+    };
+    how.addEventListener("change", () => fill({}));
+    fill(preset.params);
+    const field = el("div", { class: "field" });
+    field.append(el("label", { for: "change-how" }, "How"), how);
+    box.append(field, grid);
+  },
+
+  collect(box) {
+    const params = {};
+    for (const input of box.querySelectorAll("[data-param]")) {
+      const raw = input.value.trim();
+      if (!raw) continue;
+      try {
+        params[input.dataset.param] = JSON.parse(raw);
+      } catch {
+        params[input.dataset.param] = raw; // mode: "binary" typed without quotes
+      }
+    }
+    return { how: box.querySelector("#change-how").value, params };
+  },
+
+  async run({ m, inputs, target, signal }, chosen) {
+    const how = HOW[chosen.how];
+    const body = { inputs, target: target ?? "predicted", params: chosen.params };
+    // encoded images: the page cannot see the processor's pixels, so the server draws them
+    if (m.images && Array.isArray(inputs) && inputs[0] && inputs[0].image) body.render = {};
+    if (how.route === "attacks") body.method = chosen.how;
+    else Object.assign(body, { perturbation: how.perturbation, seed: 0 });
+    return call(`/v1/models/${encodeURIComponent(m.id)}/${how.route}`, { method: "POST", body, signal });
+  },
+
+  /** Example `i` of the answer: the verdict in words, then input, perturbed and change. */
+  draw(region, res, i, ctx) {
+    const { m, inputs, labelOf, look, before } = ctx;
+    const was = before(i);
+    const now = res.predicted[i];
+    const verdict = el("p", { class: "verdict" });
+    const changed = res.flipped ? res.flipped[i] : res.min_param[i] !== null;
+    verdict.dataset.flipped = String(changed);
+    const from = was === null ? "the answer" : `“${labelOf(was)}”`;
+    verdict.textContent = changed
+      ? `The answer changed: ${from} became “${labelOf(now)}”.`
+      : `The answer did not change: still ${was === null ? `“${labelOf(now)}”` : from}.`;
+    region.append(verdict);
+    if (res.min_param) {
+      const what = SEARCHED[Object.keys(HOW).find((k) => HOW[k].perturbation === res.perturbation)] || "parameter";
+      const p = res.params;
+      region.append(el("p", { class: "hint" }, res.min_param[i] === null
+        ? `Nothing from ${fmt(p.arg_min)} up to ${fmt(p.arg_max)} (${what}) changed it: widen the search.`
+        : `The least ${what} that changes it: ${fmt(res.min_param[i])}.`));
+    }
+    const original = originalOf(inputs, ctx, i);
+    const perturbed = pick(res.perturbed, m, i);
+    const drawn = (res.renders || []).filter((r) => r.example === i);
+    if ((!original || !perturbed) && drawn.length) {
+      const row = el("div", { class: "triptych" });
+      for (const r of drawn) {
+        const f = el("figure");
+        f.append(el("img", { src: `data:${r.media_type};base64,${r.b64}`, alt: `${r.picture} (drawn by the server)`, class: "picture" }),
+          el("figcaption", {}, r.picture === "perturbed" ? "perturbed, as the model saw it" : "change (summed over channels)"));
+        row.append(f);
+      }
+      region.append(row);
+      return;
+    }
+    if (!original || !perturbed) {
+      region.append(el("p", { class: "hint" }, "This model has several inputs: the perturbed inputs are in the API's answer."));
+      return;
+    }
+    const diff = subtract(perturbed, original);
+    const shape = shapeOf(perturbed);
+    if (shape.length === 3) {
+      const row = el("div", { class: "triptych" });
+      row.append(figure("input", imageCanvas(original)), figure("perturbed", imageCanvas(perturbed)));
+      const change = el("figure");
+      drawImage(change, diff, null, look);
+      change.append(el("figcaption", {}, "change (summed over channels)"));
+      row.append(change);
+      region.append(row);
+    } else {
+      const values = flat(diff);
+      const names = (m.inputs[0].features || values.map((_, k) => `${m.inputs[0].name}[${k}]`)).slice(0, values.length);
+      const was_ = flat(original);
+      const now_ = flat(perturbed);
+      region.append(el("p", { class: "hint" }, "The change of each feature (perturbed − input):"));
+      drawBars(region, values, names, look, (k) => `${names[k]}: ${fmt(was_[k])} → ${fmt(now_[k])}`);
+    }
+    region.append(legend(look.sign, look.colormap, "raises the input", "lowers it"));
+  },
+};
+
+/** Example i of one input (a nested list) of the answer's perturbed inputs. */
+function pick(perturbed, m, i) {
+  if (m.inputs.length > 1) return null;
+  return Array.isArray(perturbed) ? perturbed[i] : null;
+}
+
+/** Example i of the inputs the page sent, as nested lists (null if it cannot tell). */
+function originalOf(inputs, ctx, i) {
+  if (ctx.m.inputs.length > 1) return null;
+  if (Array.isArray(inputs) && Array.isArray(inputs[0])) return inputs[i];
+  const image = ctx.image;
+  if (inputs && inputs.b64 && image && image.pixels) {
+    const [, c, h, w] = image.shape;
+    const px = image.pixels;
+    return Array.from({ length: c }, (_, k) => Array.from({ length: h }, (_, y) => Array.from(px.subarray(k * h * w + y * w, k * h * w + (y + 1) * w))));
+  }
+  return null;
+}
+
+function subtract(a, b) {
+  return Array.isArray(a) ? a.map((x, k) => subtract(x, b[k])) : a - b;
+}
+
+function figure(caption, canvas) {
+  const f = el("figure");
+  f.append(canvas, el("figcaption", {}, caption));
+  return f;
+}
