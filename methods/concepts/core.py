@@ -167,15 +167,23 @@ def score_rows(
         for layer, found in per_layer.items():
             signs, mags = signs_and_magnitudes(grads[layer], found)
             _, p = ttest_ind(signs, null[layer])
+            significant = not math.isnan(p) and p < alpha
+            sign_count = sum(signs) / len(signs)
+            random_sign_count = sum(null[layer]) / len(null[layer])
+            verdict = "not significant"
+            if significant:
+                verdict = "for" if sign_count > random_sign_count else "against"
             rows.append(
                 {
                     "concept": concept,
                     "layer": layer,
-                    "sign_count": sum(signs) / len(signs),
+                    "sign_count": sign_count,
                     "magnitude": sum(mags) / len(mags),
                     "sign_counts": signs,
+                    "random_sign_count": random_sign_count,
                     "p_value": None if math.isnan(p) else p,
-                    "significant": not math.isnan(p) and p < alpha,
+                    "significant": significant,
+                    "verdict": verdict,
                     "cav_accuracy": sum(c.accuracy for c in found) / len(found),
                 }
             )

@@ -111,7 +111,16 @@ class TCAVRow(BaseModel):
         description="pooled two-sided t-test against random-vs-random sign counts (null: "
         "both constant and equal)"
     )
+    random_sign_count: float = Field(
+        description="the sign count of the random sets against each other (mean): what chance "
+        "gives, the baseline the concept's is tested against"
+    )
     significant: bool = Field(description="p_value < alpha")
+    verdict: Literal["for", "against", "not significant"] = Field(
+        description='in words: significant and above the random sets\' sign count ("for": the '
+        'concept raises the target), significant and below it ("against": it lowers the '
+        'target), or "not significant"'
+    )
     cav_accuracy: float = Field(description="the CAVs' held-out accuracy, mean over randoms")
 
 

@@ -95,7 +95,7 @@ export const view = {
         const r = res.scores.find((x) => x.concept === concept && x.layer === layer);
         const td = el("td", { "data-score": String(r.sign_count), "data-significant": String(r.significant) });
         const track = el("div", { class: "track" });
-        const bar = el("div", { class: `bar ${r.significant ? (r.sign_count >= 0.5 ? "for" : "against") : "none"}` });
+        const bar = el("div", { class: `bar ${{ for: "for", against: "against" }[r.verdict] || "none"}` });
         bar.style.width = `${(100 * r.sign_count).toFixed(1)}%`;
         track.append(bar);
         td.append(track, el("span", {}, `${Math.round(100 * r.sign_count)}% ${word(r)}`));
@@ -113,7 +113,7 @@ export const view = {
     region.append(
       el("p", { class: "legend", role: "note", "aria-label": "Legend" },
         "Each cell: the share of the examples whose answer rises when the layer's state moves " +
-        "toward the concept (50% is what chance gives). “for”: significantly more than random " +
+        "toward the concept. “for”: significantly more than random " +
         "sets give; “against”: significantly fewer; “not significant”: no different from random."),
       list,
     );
@@ -121,18 +121,18 @@ export const view = {
 };
 
 function word(r) {
-  if (!r.significant) return "not significant";
-  return r.sign_count >= 0.5 ? "for" : "against";
+  return r.verdict;
 }
 
 function sentence(r, target) {
   const what = target === null || target === undefined || target === "predicted" ? "the predicted class" : `“${target}”`;
   const share = `${Math.round(100 * r.sign_count)}% of the examples`;
-  const p = r.p_value === null ? "" : ` (p = ${fmt(r.p_value)})`;
-  if (!r.significant) {
-    return `${r.concept} at ${r.layer}: ${share} lean toward ${what}, no different from random sets${p}.`;
+  const chance = `random sets give ${Math.round(100 * r.random_sign_count)}%`;
+  const p = r.p_value === null ? "" : `, p = ${fmt(r.p_value)}`;
+  if (r.verdict === "not significant") {
+    return `${r.concept} at ${r.layer}: ${share} lean toward ${what}, no different from random sets (${chance}${p}).`;
   }
-  return r.sign_count >= 0.5
-    ? `${r.concept} at ${r.layer}: speaks for ${what}: ${share} rise toward it, more than random sets give${p}.`
-    : `${r.concept} at ${r.layer}: speaks against ${what}: only ${share} rise toward it, fewer than random sets give${p}.`;
+  return r.verdict === "for"
+    ? `${r.concept} at ${r.layer}: speaks for ${what}: ${share} rise toward it, more than random sets (${chance}${p}).`
+    : `${r.concept} at ${r.layer}: speaks against ${what}: only ${share} rise toward it, fewer than random sets (${chance}${p}).`;
 }

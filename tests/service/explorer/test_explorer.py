@@ -479,10 +479,12 @@ def test_which_concepts_tcav_table(page: Page) -> None:
     for k, row in enumerate(table):  # row-major: concepts down, layers across
         cell = cells.nth(k)
         assert float(cell.get_attribute("data-score")) == pytest.approx(row["sign_count"])
-        word = "for" if row["sign_count"] >= 0.5 else "against"
-        assert cell.inner_text().endswith(word if row["significant"] else "not significant")
+        assert cell.inner_text().endswith(row["verdict"])
     text = page.page.get_by_role("region", name="Which concepts does it use?").inner_text()
     assert "bright-top-left at classifier.1: speaks for “top-left”" in text
+    assert {r["verdict"] for r in want["scores"] if r["concept"] == "dim-noise"} == {
+        "not significant"
+    }
     page.shot("tcav")
 
 
