@@ -62,6 +62,7 @@ REFUSED = {"method": "integrated_gradients", "inputs": [[1.0, 2.0]], "target": 0
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     ray.init(
+        address="local",  # a new cluster, even where one is left running on this machine
         num_cpus=3,
         include_dashboard=False,
         object_store_memory=128 << 20,

@@ -11,12 +11,12 @@ const HOW = {
   fgsm: {
     label: "FGSM attack: one step against the answer",
     route: "attacks",
-    params: (k) => ({ epsilon: k.image ? 0.03 : 0.3, ...k.bounds }),
+    params: (k) => ({ epsilon: k.image ? 0.03 : 0.3, loss: "cross_entropy", ...k.bounds }),
   },
   pgd: {
     label: "PGD attack: ten small steps within a budget",
     route: "attacks",
-    params: (k) => ({ radius: k.image ? 0.03 : 0.3, step_size: k.image ? 0.01 : 0.1, step_num: 10, ...k.bounds }),
+    params: (k) => ({ radius: k.image ? 0.03 : 0.3, step_size: k.image ? 0.01 : 0.1, step_num: 10, loss: "cross_entropy", ...k.bounds }),
   },
   noise: {
     label: "Least random noise that changes the answer",
@@ -34,7 +34,7 @@ const HOW = {
     label: "Least FGSM step that changes the answer",
     route: "counterfactuals",
     perturbation: "fgsm",
-    params: (k) => ({ arg_min: 0, arg_max: k.image ? 0.3 : 3, arg_step: k.image ? 0.005 : 0.05, mode: "binary", ...k.bounds }),
+    params: (k) => ({ arg_min: 0, arg_max: k.image ? 0.3 : 3, arg_step: k.image ? 0.005 : 0.05, mode: "binary", loss: "cross_entropy", ...k.bounds }),
   },
 };
 
@@ -50,6 +50,7 @@ const HUMAN = {
   arg_max: "search up to",
   arg_step: "search step",
   mode: "search",
+  loss: "loss the attack raises",
 };
 
 /** What the searched parameter is, for the sentence under a counterfactual. */
@@ -59,10 +60,13 @@ const SEARCHED = {
   step: "FGSM step size",
 };
 
+/** What the defaults follow: pixels in [0, 1] (a tensor model whose pixels the page makes, not
+ * a processor's normalised pixel_values), and how many features an example has. */
 function shapeFacts(m) {
   const shape = (m.inputs[0] && m.inputs[0].shape) || [];
-  const image = shape.length === 4 && [1, 3].includes(shape[1]);
-  const features = shape.slice(1).reduce((a, d) => a * (d || 1), 1);
+  const image = !m.images && shape.length === 4 && [1, 3].includes(shape[1]);
+  const dims = shape.slice(1);
+  const features = dims.every((d) => d) ? dims.reduce((a, d) => a * d, 1) : 64;
   return { image, features, bounds: image ? { lower_bound: 0, upper_bound: 1 } : {} };
 }
 
@@ -74,6 +78,8 @@ export const view = {
 
   offered(m) {
     if (!m.predicts) return "this model gives no predictions";
+    const out = m.output.shape;
+    if (out.length !== 1 || !(out[0] >= 2)) return "its answer is not a choice among classes";
     if (m.tokenizer || m.kind === "causal_lm" || m.kind === "seq2seq_lm") return "its inputs are tokens, not numbers to perturb";
     return true;
   },
@@ -120,7 +126,8 @@ export const view = {
     const how = HOW[chosen.how];
     const body = { inputs, target: target ?? "predicted", params: chosen.params };
     // encoded images: the page cannot see the processor's pixels, so the server draws them
-    if (m.images && Array.isArray(inputs) && inputs[0] && inputs[0].image) body.render = {};
+    // (and several inputs: the server draws each)
+    if ((m.images && Array.isArray(inputs) && inputs[0] && inputs[0].image) || m.inputs.length > 1) body.render = {};
     if (how.route === "attacks") body.method = chosen.how;
     else Object.assign(body, { perturbation: how.perturbation, seed: 0 });
     return call(`/v1/models/${encodeURIComponent(m.id)}/${how.route}`, { method: "POST", body, signal });
@@ -154,7 +161,7 @@ export const view = {
       for (const r of drawn) {
         const f = el("figure");
         f.append(el("img", { src: `data:${r.media_type};base64,${r.b64}`, alt: `${r.picture} (drawn by the server)`, class: "picture" }),
-          el("figcaption", {}, r.picture === "perturbed" ? "perturbed, as the model saw it" : "change (summed over channels)"));
+          el("figcaption", {}, `${r.input ? `${r.input}: ` : ""}${r.picture === "perturbed" ? "perturbed, as the model saw it" : "change"}`));
         row.append(f);
       }
       region.append(row);
@@ -166,7 +173,7 @@ export const view = {
     }
     const diff = subtract(perturbed, original);
     const shape = shapeOf(perturbed);
-    if (shape.length === 3) {
+    if (shape.length === 3 && [1, 3].includes(shape[0])) {
       const row = el("div", { class: "triptych" });
       row.append(figure("input", imageCanvas(original)), figure("perturbed", imageCanvas(perturbed)));
       const change = el("figure");

@@ -26,6 +26,7 @@ export const view = {
     const url = `/v1/models/${encodeURIComponent(m.id)}/concepts`;
     return call(url).then(({ concepts }) => {
       note.remove();
+      box.dataset.built = "true";
       const names = concepts.map((c) => c.name);
       if (names.filter((n) => !RANDOM.test(n)).length < 1 || names.filter((n) => RANDOM.test(n)).length < 2) {
         box.append(el("p", { class: "hint", id: "concepts-missing" },
@@ -47,33 +48,39 @@ export const view = {
         set.append(list);
         return set;
       };
-      const pickConcept = (n) => (preset.concepts ? preset.concepts.includes(n) : true);
-      const pickRandom = (n) => (preset.random ? preset.random.includes(n) : true);
+      const given = (list) => Array.isArray(list) && list.length > 0; // an empty list: no preset
+      const pickConcept = (n) => (given(preset.concepts) ? preset.concepts.includes(n) : true);
+      const pickRandom = (n) => (given(preset.random) ? preset.random.includes(n) : true);
       const layers = el("fieldset", { class: "tcav-layers" });
       layers.append(el("legend", {}, "Layers"));
       const list = el("div", { class: "choices" });
       for (const layer of m.layers) {
         const box_ = el("input", { type: "checkbox", value: layer });
-        box_.checked = preset.layers ? preset.layers.includes(layer) : true;
+        box_.checked = given(preset.layers) ? preset.layers.includes(layer) : true;
         const label = el("label");
         label.append(box_, ` ${layer}`);
         list.append(label);
       }
       layers.append(list);
       box.append(group("Concepts", "tcav-concepts", pickConcept), group("Compared against (random sets)", "tcav-random", pickRandom), layers);
+    }, (err) => {
+      note.textContent = `The concept sets could not be listed: ${err.message}`;
+      throw err;
     });
   },
 
   collect(box) {
+    if (!box.dataset.built) return undefined; // still loading: nothing chosen yet
     const checked = (cls) => [...box.querySelectorAll(`.${cls} input:checked`)].map((x) => x.value);
     return { concepts: checked("tcav-concepts"), random: checked("tcav-random"), layers: checked("tcav-layers") };
   },
 
   async run({ m, inputs, target, signal }, chosen) {
+    if (!chosen) throw new Error("The concept sets are still loading.");
     if (!chosen.concepts.length) throw new Error("Choose at least one concept.");
     if (chosen.random.length < 2) throw new Error("Choose at least two random sets to compare against.");
     if (!chosen.layers.length) throw new Error("Choose at least one layer.");
-    const body = { inputs, target: target ?? "predicted", concepts: chosen.concepts, random_concepts: chosen.random, layers: chosen.layers };
+    const body = { inputs, target, concepts: chosen.concepts, random_concepts: chosen.random, layers: chosen.layers };
     return call(`/v1/models/${encodeURIComponent(m.id)}/tcav`, { method: "POST", body, signal });
   },
 
@@ -99,13 +106,13 @@ export const view = {
         bar.style.width = `${(100 * r.sign_count).toFixed(1)}%`;
         track.append(bar);
         td.append(track, el("span", {}, `${Math.round(100 * r.sign_count)}% ${word(r)}`));
-        td.title = sentence(r, ctx.target);
+        td.title = sentence(r, ctx);
         tr.append(td);
-        said.push(sentence(r, ctx.target));
+        said.push(sentence(r, ctx));
       }
       table.append(tr);
     }
-    const scroll = el("div", { class: "scroll" });
+    const scroll = el("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": "concepts by layers" });
     scroll.append(table);
     region.append(scroll);
     const list = el("ul", { class: "sentences" });
@@ -124,8 +131,9 @@ function word(r) {
   return r.verdict;
 }
 
-function sentence(r, target) {
-  const what = target === null || target === undefined || target === "predicted" ? "the predicted class" : `“${target}”`;
+function sentence(r, ctx) {
+  const t = ctx.target;
+  const what = t === null || t === undefined || t === "predicted" ? "the predicted class" : Array.isArray(t) ? "each example's target" : `“${typeof t === "number" ? ctx.labelOf(t) : t}”`;
   const share = `${Math.round(100 * r.sign_count)}% of the examples`;
   const chance = `random sets give ${Math.round(100 * r.random_sign_count)}%`;
   const p = r.p_value === null ? "" : `, p = ${fmt(r.p_value)}`;

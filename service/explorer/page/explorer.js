@@ -29,6 +29,7 @@ const VIEWS = [EXPLAIN, change, concepts, influence];
 const state = {
   view: EXPLAIN,
   viewForm: null, // the promise of the chosen view's form (concept sets load)
+  viewBox: null, // the element holding it
   models: [],
   methods: new Map(),
   model: null,
@@ -43,8 +44,8 @@ const state = {
 };
 
 /** The target as a person reads it: the label's name where the model has labels. */
-function labelOf(target) {
-  const labels = state.model && state.model.output && state.model.output.labels;
+function labelOf(target, m = state.model) {
+  const labels = m && m.output && m.output.labels;
   if (labels && Number.isInteger(target) && target >= 0 && target < labels.length) return labels[target];
   return JSON.stringify(target);
 }
@@ -179,10 +180,19 @@ function chooseView(v, m, given) {
   state.view = v;
   $("view-about").textContent = v.about;
   for (const node of document.querySelectorAll("[data-view]")) node.hidden = !node.dataset.view.split(" ").includes(v.id);
-  const box = $("view-form");
-  box.replaceChildren();
-  box.hidden = v === EXPLAIN;
-  state.viewForm = v === EXPLAIN ? null : Promise.resolve(v.form(box, m, given)).catch((err) => showError(err));
+  // a fresh box each time: a form still loading for another view or model fills a box that is
+  // no longer on the page
+  const box = el("div");
+  $("view-form").replaceChildren(box);
+  $("view-form").hidden = v === EXPLAIN;
+  state.viewBox = box;
+  state.viewForm =
+    v === EXPLAIN
+      ? null
+      : Promise.resolve(v.form(box, m, given)).then(
+          () => state.viewBox === box && saveURL(),
+          (err) => state.viewBox === box && showError(err),
+        );
 }
 
 /** A starting row: ones (all zeros would sit on the usual baseline, and explain nothing). */
@@ -480,12 +490,19 @@ function drawView(region, name, res, d) {
   region.classList.remove("pending");
   region.removeAttribute("aria-busy");
   region.replaceChildren(el("h2", {}, name));
-  const i = d.view.perExample === false ? 0 : Math.min(state.example, state.count - 1);
+  const rows = res.predicted || res.proponents || [null];
+  const i = d.view.perExample === false ? 0 : Math.min(state.example, state.count - 1, rows.length - 1);
   const facts = el("p", { class: "facts" });
   if (res.timing_ms) facts.append(el("span", {}, `${fmt(res.timing_ms.compute)} ms compute, ${fmt(res.timing_ms.total)} ms total`));
   region.append(facts);
   region.dataset.example = String(i + 1);
-  d.view.draw(region, res, i, { m: state.model, inputs: d.context.inputs, target: d.context.target, labelOf, look: style(), before, image: state.image });
+  const { m, image, inputs, target } = d.context; // as they were when asked
+  try {
+    d.view.draw(region, res, i, { m, inputs, target, labelOf: (t) => labelOf(t, m), look: style(), before, image });
+  } catch (err) {
+    drawFailure(region, name, err);
+    return;
+  }
   region.dataset.state = "done";
 }
 
@@ -585,11 +602,8 @@ function saveURL() {
   if (state.model) q.set("model", state.model.id);
   if (state.view !== EXPLAIN) {
     q.set("view", state.view.id);
-    try {
-      q.set("ask", JSON.stringify(state.view.collect($("view-form"))));
-    } catch {
-      /* its form is still loading: the link names the view alone */
-    }
+    const asked = state.viewBox ? state.view.collect(state.viewBox) : undefined;
+    if (asked !== undefined) q.set("ask", JSON.stringify(asked)); // undefined: still loading
   }
   q.set("methods", chosenMethods().join(","));
   const given = collectParams(true);
@@ -646,7 +660,8 @@ async function explain(event) {
     if (v === EXPLAIN) given = collectParams();
     else {
       await state.viewForm;
-      given = v.collect($("view-form"));
+      if (state.view !== v || state.model !== m) return; // the question or model changed meanwhile
+      given = v.collect(state.viewBox);
     }
   } catch (err) {
     showError(err);
@@ -693,7 +708,7 @@ async function explain(event) {
   });
   if (v !== EXPLAIN) {
     const d = state.drawn[0];
-    Object.assign(d, { view: v, context: { inputs, target } });
+    Object.assign(d, { view: v, context: { inputs, target, m, image: state.image } });
     d.region.classList.add("wide"); // one answer: the results' whole width
     jobs.push(
       (async () => {
@@ -787,7 +802,7 @@ async function start() {
     await boot(false);
   });
   $("model").addEventListener("change", () => {
-    chooseModel($("model").value);
+    chooseModel($("model").value, { view: state.view.id }); // the question stays where it can
     saveURL();
   });
   $("input").addEventListener("change", () => renderRowEditor());

@@ -50,7 +50,7 @@ export const view = {
     const parts = [["Helped most", "proponents", res.proponents], ["Hurt most", "opponents", res.opponents]];
     for (const [title, key, lists] of parts) {
       if (!lists) continue;
-      const top = lists[i];
+      const top = lists[Math.min(i, lists.length - 1)];
       const box = el("div", { class: `influence ${key}`, "aria-label": title, role: "group" });
       box.append(el("h3", {}, `${title} (${key})`));
       const list = el("ol", { class: "train" });

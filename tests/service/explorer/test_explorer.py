@@ -486,6 +486,22 @@ def test_which_concepts_tcav_table(page: Page) -> None:
         "not significant"
     }
     page.shot("tcav")
+    # the link keeps the question and its choices (the images are too long for a link)
+    assert "view=concepts" in page.page.url and "ask=" in page.page.url
+    page.page.locator(".tcav-layers input[value='features.0']").uncheck()
+    page.page.get_by_role("button", name="Explain").click()  # saves the link; no need to wait
+    page.page.reload()
+    page.page.wait_for_selector(".tcav-layers")
+    assert page.page.get_by_role("radio", name="Which concepts does it use?").is_checked()
+    checked = page.page.locator(".tcav-layers input:checked").evaluate_all(
+        "els => els.map(e => e.value)"
+    )
+    assert checked == [x for x in sent["layers"] if x != "features.0"]
+    # another model that can answer it keeps the question, with its own (missing) sets
+    page.page.get_by_label("Model", exact=True).select_option("tabular-mlp")
+    assert page.page.get_by_role("radio", name="Which concepts does it use?").is_checked()
+    page.page.wait_for_selector("#concepts-missing")
+    assert page.page.locator(".tcav-concepts input").count() == 0
 
 
 def test_which_training_examples_influence(page: Page) -> None:
