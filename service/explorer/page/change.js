@@ -154,7 +154,7 @@ export const view = {
         : `The least ${what} that changes it: ${fmt(res.min_param[i])}.`));
     }
     const original = originalOf(inputs, ctx, i);
-    const perturbed = pick(res.perturbed, m, i);
+    const perturbed = m.inputs.length === 1 && Array.isArray(res.perturbed) ? res.perturbed[i] : null;
     const drawn = (res.renders || []).filter((r) => r.example === i);
     if ((!original || !perturbed) && drawn.length) {
       const row = el("div", { class: "triptych" });
@@ -192,12 +192,6 @@ export const view = {
     region.append(legend(look.sign, look.colormap, "raises the input", "lowers it"));
   },
 };
-
-/** Example i of one input (a nested list) of the answer's perturbed inputs. */
-function pick(perturbed, m, i) {
-  if (m.inputs.length > 1) return null;
-  return Array.isArray(perturbed) ? perturbed[i] : null;
-}
 
 /** Example i of the inputs the page sent, as nested lists (null if it cannot tell). */
 function originalOf(inputs, ctx, i) {

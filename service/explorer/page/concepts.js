@@ -105,7 +105,7 @@ export const view = {
         const bar = el("div", { class: `bar ${{ for: "for", against: "against" }[r.verdict] || "none"}` });
         bar.style.width = `${(100 * r.sign_count).toFixed(1)}%`;
         track.append(bar);
-        td.append(track, el("span", {}, `${Math.round(100 * r.sign_count)}% ${word(r)}`));
+        td.append(track, el("span", {}, `${Math.round(100 * r.sign_count)}% ${r.verdict}`));
         td.title = sentence(r, ctx);
         tr.append(td);
         said.push(sentence(r, ctx));
@@ -126,10 +126,6 @@ export const view = {
     );
   },
 };
-
-function word(r) {
-  return r.verdict;
-}
 
 function sentence(r, ctx) {
   const t = ctx.target;
