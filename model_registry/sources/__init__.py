@@ -20,6 +20,7 @@ from model_registry.sources.base import (
     ModelSource,
     Source,
     parse_source,
+    preload,
     register,
     source_of,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "export",
     "hf",
     "parse_source",
+    "preload",
     "python",
     "register",
     "remote",

@@ -9,7 +9,7 @@ once, by the prefix, and never compare source names themselves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -95,6 +95,12 @@ class ModelSource:
 
     # -- loading ---------------------------------------------------------------------------
 
+    def preload(self, spec: ModelSpec, source: Source) -> tuple[str, ...]:
+        """Modules every load of ``spec`` imports, that the workers' forkserver may import
+        once for all of them (``service.pool.processes``): plain imports only, nothing that
+        starts threads or touches a device; a name that does not import is skipped there."""
+        return ()
+
     def build(self, spec: ModelSpec, source: Source, device: torch.device) -> Built:
         """The model (and its tokenizer), before its kind places it on the device."""
         raise NotImplementedError(f"{self.name}: sources build no module; they override load")
@@ -141,6 +147,16 @@ def source_of(spec: ModelSpec) -> ModelSource | None:
     """The source that serves ``spec`` (by its ``source`` string's prefix; None for a spec
     made in code with a source no one registered)."""
     return SOURCES.get(spec.source.partition(":")[0])
+
+
+def preload(specs: Iterable[ModelSpec]) -> list[str]:
+    """The modules the loads of ``specs`` import (``ModelSource.preload``), each once."""
+    names: dict[str, None] = {}
+    for spec in specs:
+        found = source_of(spec)
+        if found is not None:
+            names.update(dict.fromkeys(found.preload(spec, parse_source(spec.source))))
+    return list(names)
 
 
 def parse_source(text: str) -> Source:

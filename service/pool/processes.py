@@ -17,8 +17,10 @@ import logging
 import multiprocessing as mp
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from model_registry import sources
 from model_registry.spec import ModelSpec
 from service.core.settings import Settings
 from service.pool.cores import Cores
@@ -35,14 +37,23 @@ log = logging.getLogger("attrserve.pool")
 PRELOAD = ["torch", "methods", "model_registry", "service.kinds", "service.worker.main"]
 
 
-def start_method() -> Any:
-    """The workers' multiprocessing context: forkserver with ``PRELOAD`` where the platform
-    has it (Linux), else spawn. Never plain fork: the server process has threads (the event
-    loop's executors) and may hold CUDA state."""
+#: what the models of every group made so far import at load (their sources say):
+#: the forkserver, started with the first worker, imports these too
+_MODEL_PRELOAD: dict[str, None] = {}
+
+
+def start_method(specs: Sequence[ModelSpec] = ()) -> Any:
+    """The workers' multiprocessing context: forkserver with ``PRELOAD`` and what ``specs``'
+    sources preload, where the platform has it (Linux), else spawn. Never plain fork: the
+    server process has threads (the event loop's executors) and may hold CUDA state.
+
+    Every group is made before the first worker starts, so the forkserver imports what all
+    the pool's models need; a model loaded later imports its own in its worker."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
+    _MODEL_PRELOAD.update(dict.fromkeys(sources.preload(specs)))
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload([*PRELOAD, *_MODEL_PRELOAD])
     return ctx
 
 
@@ -58,7 +69,7 @@ class Processes:
         self.specs = specs
         self.cores = cores
         self.workers = [Worker(i) for i in workers]
-        self._ctx = start_method()
+        self._ctx = start_method(specs)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._gpus = 0

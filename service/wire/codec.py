@@ -80,7 +80,10 @@ def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) 
             f"{WHERE} has {arr.size} elements; the limit is {max_elements}", loc=loc
         )
     if dtype is None:
-        return arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64, copy=False)
+        if arr.dtype.kind == "f":
+            _within_float_range(arr, np.dtype(np.float32), loc)
+            return arr.astype(np.float32, copy=False)
+        return arr.astype(np.int64, copy=False)
     target = numpy_dtype(dtype)
     if target.kind in "iub" and arr.dtype.kind == "f":
         flat = arr.ravel()
@@ -100,7 +103,26 @@ def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) 
                     loc=loc,
                 )
         # whole numbers written as floats (3.0): taken as the integers they are
+    elif target.kind == "f":
+        _within_float_range(arr, target, loc)
     return arr.astype(target, copy=False)
+
+
+def _within_float_range(arr: np.ndarray, target: np.dtype[Any], loc: Loc) -> None:
+    """A finite number past ``target``'s range would become inf in it: refused by name (NaN
+    and inf as sent are ``check_finite``'s to name)."""
+    if arr.dtype.kind not in "iuf" or not arr.size:
+        return
+    limit = float(np.finfo(target).max)
+    flat = arr.ravel()
+    with np.errstate(invalid="ignore"):
+        out = np.flatnonzero(np.abs(flat) > limit)
+    if out.size and np.isfinite(flat[out[0]]):
+        raise InvalidRequest(
+            f"{WHERE} holds {float(flat[out[0]]):.4g}, beyond {target.name}'s range "
+            f"(±{limit:.4g})",
+            loc=loc,
+        )
 
 
 #: rows converted per step of a long nested list: numpy holds the GIL while it converts, and

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -63,9 +67,13 @@ def free_port() -> int:
 
 @dataclass
 class Server:
+    """A running server: a subprocess (``process``: what lifecycle tests signal and kill) or
+    an app in a thread of this process (``app_thread``), each with its own log file."""
+
     url: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None
     log: Path
+    app_thread: AppThread | None = None
 
     def client(self, **kw: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kw)  # type: ignore[arg-type]
@@ -74,12 +82,17 @@ class Server:
         body: dict[str, object] = httpx.get(self.url + "/v1/health/ready", timeout=5).json()
         return body
 
+    def exited(self) -> bool:
+        if self.app_thread is not None:
+            return not self.app_thread.thread.is_alive()
+        return self.process is not None and self.process.poll() is not None
+
     def wait_ready(self, timeout: float = 90, *, every_model: bool = True) -> None:
         """Until /v1/health/ready is 200 (with ``every_model``, until every model is ready:
         the server is ready as soon as one is)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if self.process.poll() is not None:
+            if self.exited():
                 raise RuntimeError("server exited:\n" + self.log.read_text())
             try:
                 r = httpx.get(self.url + "/v1/health/ready", timeout=2)
@@ -87,8 +100,38 @@ class Server:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
         raise TimeoutError("server not ready:\n" + self.log.read_text())
+
+
+class _ThreadLog(logging.Filter):
+    """Only the records of one thread (an app thread's event loop): two apps in one process
+    keep their logs apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ident: int | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread == self.ident
+
+
+@dataclass
+class AppThread:
+    server: Any  # service.http.server.GracefulServer
+    thread: threading.Thread
+    handler: logging.Handler
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        for name in LOGGERS:
+            logging.getLogger(name).removeHandler(self.handler)
+        self.handler.close()
+
+
+#: the loggers a served app writes (``attrserve serve`` sends them to its stderr)
+LOGGERS = ("attrserve", "uvicorn")
 
 
 @dataclass
@@ -102,7 +145,7 @@ class Restartable:
 
     def restart(self) -> Server:
         stop_server(self.current)
-        self.current = start_server(self.tmp, **self.settings)  # type: ignore[arg-type]
+        self.current = serve_in_thread(self.tmp, **self.settings)  # type: ignore[arg-type]
         return self.current
 
 
@@ -133,7 +176,10 @@ def start_server(
     port = free_port()
     settings.setdefault("data_dir", tmp / "data")  # jobs: never in the working tree
     settings.setdefault("torch_threads", 1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")} | (env or {})
+    # this process's HF_HUB_OFFLINE (tests/conftest.py) only where ``env`` asks for it
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    inherited.pop("HF_HUB_OFFLINE", None)
+    env = inherited | (env or {})
     env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items() if v is not None})
     log = tmp / f"server-{port}.log"
     cmd = [
@@ -159,7 +205,67 @@ def start_server(
     return server
 
 
+def serve_in_thread(
+    tmp: Path, *, toml: str = MODELS_TOML, every_model: bool = True, **settings: object
+) -> Server:
+    """The app of ``start_server``, with the same settings and real worker processes, served by
+    uvicorn in a thread of this process: no interpreter to start, and the workers fork from
+    this process's forkserver, started once (what a subprocess pays for on every start).
+
+    For every test that does not signal, kill or restart the server's own process; its log
+    file gets what ``attrserve serve`` prints (the access log included)."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.core.settings import Settings
+    from service.http.server import GracefulServer
+
+    port = free_port()
+    settings.setdefault("data_dir", tmp / "data")
+    settings.setdefault("torch_threads", 1)
+    environ = {f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items() if v is not None}
+    config = Settings.from_env(
+        environ, host="127.0.0.1", port=port, models=str(models_dir(tmp, toml))
+    )
+    log = tmp / f"server-{port}.log"
+    handler = logging.FileHandler(log)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    only = _ThreadLog()
+    handler.addFilter(only)
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+    app = create_app(config)
+    uv = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level=config.log_level,
+        log_config=None,  # this process's logging, not uvicorn's dictConfig
+        access_log=False,
+        timeout_keep_alive=config.keep_alive_s,
+        limit_concurrency=config.max_concurrency,
+        timeout_graceful_shutdown=math.ceil(config.drain_s) + 5,
+    )
+    graceful = GracefulServer(uv, app.state.attrserve.pool, config.drain_s)
+    thread = threading.Thread(target=graceful.run, name=f"app-{port}", daemon=True)
+    thread.start()
+    only.ident = thread.ident
+    server = Server(f"http://127.0.0.1:{port}", None, log, AppThread(graceful, thread, handler))
+    try:
+        server.wait_ready(every_model=every_model)
+    except Exception:
+        server.app_thread.stop()  # type: ignore[union-attr]
+        raise
+    return server
+
+
 def stop_server(server: Server) -> None:
+    if server.app_thread is not None:
+        server.app_thread.stop()
+        return
+    assert server.process is not None
     server.process.terminate()
     try:
         server.process.wait(15)
@@ -218,13 +324,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     chat_tokenizer().save_pretrained(tmp / "gpt2-dir")  # with a chat template
     seq2seq("bart").save_pretrained(tmp / "bart-dir")  # an encoder-decoder
     gpt2_tokenizer().save_pretrained(tmp / "bart-dir")
-    s = start_server(
-        tmp,
-        toml=MODELS_TOML + EXTRA_TOML,
-        workers=1,
-        batch_window_ms=25,
-        max_target_tokens=6,
-        env={"HF_HUB_OFFLINE": "1"},
+    s = serve_in_thread(
+        tmp, toml=MODELS_TOML + EXTRA_TOML, workers=1, batch_window_ms=25, max_target_tokens=6
     )
     yield s
     stop_server(s)
@@ -234,7 +335,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server with a tiny queue and no batching: for 429, 504 and a killed worker."""
     keys = '[{"key": "k-tight", "models": ["tabular-mlp", "image-cnn", "slow"]}]'
-    s = start_server(
+    s = serve_in_thread(
         tmp_path_factory.mktemp("tight"), workers=1, queue_size=1, batching="false", api_keys=keys
     )
     yield s
@@ -253,7 +354,7 @@ KEYED_KEYS = (
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server behind API keys (KEYED_KEYS) whose jobs are cut in chunks of cost 256."""
     tmp = tmp_path_factory.mktemp("keyed")
-    s = start_server(tmp, workers=1, api_keys=KEYED_KEYS, job_chunk_cost=256)
+    s = serve_in_thread(tmp, workers=1, api_keys=KEYED_KEYS, job_chunk_cost=256)
     yield s
     stop_server(s)
 
@@ -293,6 +394,6 @@ def store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restartab
     that the lifecycle tests restart on the same directory."""
     tmp = tmp_path_factory.mktemp("store")
     settings: dict[str, object] = {"toml": STORE_TOML, "workers": 1}
-    s = Restartable(tmp, settings, start_server(tmp, **settings))  # type: ignore[arg-type]
+    s = Restartable(tmp, settings, serve_in_thread(tmp, **settings))  # type: ignore[arg-type]
     yield s
     stop_server(s.current)

@@ -75,13 +75,29 @@ def local_ray() -> Iterator[None]:
         ray.shutdown()
 
 
+#: what the replicas serve: the two built-in models the tests ask (each model is a worker
+#: process in each replica: the whole demo registry made ten)
+RAY_MODELS = """
+[[models]]
+id = "tabular-mlp"
+source = "builtin:tabular-mlp"
+
+[[models]]
+id = "text-classifier"
+source = "builtin:text-classifier"
+"""
+
+
 @pytest.fixture(scope="module")
-def ray_url(local_ray: None) -> Iterator[str]:
-    """Two replicas of the app (the built-in models) behind Ray Serve's HTTP proxy."""
+def ray_url(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Two replicas of the app (two built-in models) behind Ray Serve's HTTP proxy."""
+    models = tmp_path_factory.mktemp("ray") / "models.toml"
+    models.write_text(RAY_MODELS)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        app = ray_cli.application(Settings(torch_threads=1), replicas=2)
+        settings = Settings(torch_threads=1, models=str(models))
+        app = ray_cli.application(settings, replicas=2)
         serve.run(app, name=ray_cli.APP_NAME, route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import Server, start_server, stop_server
+from tests.service.conftest import Server, serve_in_thread, start_server, stop_server
 
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
 CHEAP = {"method": "saliency", "inputs": X, "target": 0}
@@ -38,7 +38,7 @@ PROBLEM = "application/problem+json"
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One worker, batching off, a short heartbeat timeout."""
-    s = start_server(
+    s = serve_in_thread(
         tmp_path_factory.mktemp("core"), workers=1, batching="false", worker_timeout_s=2
     )
     yield s
@@ -389,9 +389,17 @@ def test_sigterm_drains_then_answers_503(tmp_path: Path) -> None:
     def send(body: dict[str, Any]) -> None:
         answers.append(httpx.post(f"{s.url}/v1/models/slow/attributions", json=body, timeout=60))
 
+    def computing() -> bool:
+        workers = s.ready()["workers"]
+        return any(w["group"] == "slow" and w["state"] == "busy" for w in workers)  # type: ignore[attr-defined]
+
     quick = {**SLOW, "params": {"n_steps": 4}}
     threads = [threading.Thread(target=send, args=(b,)) for b in (quick, SLOW, SLOW)]
-    for t in threads:
+    threads[0].start()
+    end = time.monotonic() + 30  # the quick one in the worker first (a loaded machine is slow)
+    while not computing() and time.monotonic() < end:
+        time.sleep(0.02)
+    for t in threads[1:]:
         t.start()
         time.sleep(0.05)
     time.sleep(0.3)

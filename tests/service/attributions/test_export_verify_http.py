@@ -9,9 +9,6 @@ and refused), and models whose requests run in a lower precision (``precision``)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +20,7 @@ import torch
 import methods
 import model_registry
 from methods.export import save
-from tests.service.conftest import REPO, Server, free_port, stop_server
+from tests.service.conftest import Server, serve_in_thread, stop_server
 
 MODELS = """
 [[models]]
@@ -111,32 +108,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     save(methods.export(cnn, "integrated_gradients", img, target=0, n_steps=8),
          tmp / "cnn-ig.pt2")  # fmt: skip
     torch.export.save(methods.export(tab, "saliency", x2, target=0), tmp / "plain.pt2")
-    (tmp / "models.toml").write_text(MODELS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
-    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1"}
-    env |= {"ATTRSERVE_DATA_DIR": str(tmp / "data"), "ATTRSERVE_BATCH_WINDOW_MS": "25"}
-    port = free_port()
-    log = tmp / "server.log"
-    cmd = [sys.executable, "-m", "service.cli.main", "serve", "--host", "127.0.0.1", "--port",
-           str(port), "--models", str(tmp / "models.toml")]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
-    try:  # not every model is ready (the faulty one is refused): wait for the workers
-        end = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError("server did not start:\n" + log.read_text())
-            try:
-                workers = httpx.get(server.url + "/v1/health/ready", timeout=2).json()["workers"]
-                if workers and all(w["state"] == "ready" for w in workers):
-                    break
-            except (httpx.HTTPError, KeyError):
-                pass
-            time.sleep(0.2)
-    except Exception:
-        proc.kill()
-        raise
+    # not every model is ready (the faulty one is refused): wait for the workers
+    server = serve_in_thread(tmp, toml=MODELS, every_model=False, workers=1, batch_window_ms=25)
+    end = time.monotonic() + 120
+    while True:
+        if server.exited() or time.monotonic() > end:
+            stop_server(server)
+            raise RuntimeError("server did not start:\n" + server.log.read_text())
+        try:
+            workers = httpx.get(server.url + "/v1/health/ready", timeout=2).json()["workers"]
+            if workers and all(w["state"] == "ready" for w in workers):
+                break
+        except (httpx.HTTPError, KeyError):
+            pass
+        time.sleep(0.2)
     yield server
     stop_server(server)
 
@@ -343,10 +328,11 @@ def test_a_request_in_bfloat16_says_what_it_cost(served: Server) -> None:
                              n_steps=32).attributions  # fmt: skip
     got = torch.tensor(body["attributions"])
     assert float((got - want).norm() / want.norm()) == pytest.approx(f["relative_l2"], rel=1e-3)
-    # a stochastic method is verified with the same samples in both precisions
+    # a stochastic method is verified with the same samples in both precisions (seeded: a
+    # sample on a ReLU's kink can flip it in bfloat16, 0.09 in one of ~20 unseeded runs)
     zeros = torch.zeros(4, 8).tolist()
     shap = ok(served, "tabular-mlp", {**req, "method": "gradient_shap", "params": {},
-                                      "baselines": zeros})  # fmt: skip
+                                      "baselines": zeros, "seed": 0})  # fmt: skip
     assert shap["fidelity"]["verified"] and shap["fidelity"]["relative_l2"] < 0.05
     # float32 on a float32 model is the model as served: no fidelity
     plain = ok(served, "tabular-mlp", {**req, "precision": "float32", "verify": False})

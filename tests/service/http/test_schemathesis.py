@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.conftest import Server, start_server, stop_server
+from tests.service.conftest import Server, serve_in_thread, stop_server
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
@@ -41,7 +41,7 @@ SEEN: dict[int, int] = {}
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Small limits, so that every valid request is cheap: a 504 would be a finding too."""
-    s = start_server(
+    s = serve_in_thread(
         tmp_path_factory.mktemp("fuzz"),
         workers=1,
         max_cost=20000,

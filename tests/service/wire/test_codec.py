@@ -176,3 +176,13 @@ def test_integers_past_64_bits_are_named_as_such() -> None:
     with pytest.raises(InvalidRequest, match=r"integers \(int64\); it holds 1.5"):
         dec([[1.5, 1]], TOK)
     assert dec([[3.0, 1]], TOK).arrays[0].tolist() == [[3, 1]]  # a whole number is one
+
+
+def test_floats_past_the_model_dtype_s_range_are_named_not_made_inf() -> None:
+    """A finite number float32 cannot hold would turn into inf in the cast (and a numpy
+    overflow warning): it is refused with the value and the range; inf as sent stays
+    check_finite's to name."""
+    with pytest.raises(InvalidRequest, match=r"holds 1.243e\+126, beyond float32's range") as err:
+        dec([[1.243e126, 0, 0, 0]])
+    assert err.value.errors[0]["loc"][:2] == ["body", "inputs"]
+    assert dec([[3.0e38, 0, 0, 0]]).arrays[0].dtype == np.float32  # within it
