@@ -8,11 +8,13 @@ import asyncio
 import dataclasses
 import pickle
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+import model_registry
 from service.core.errors import QueueFull, WorkerLost
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
@@ -366,3 +368,27 @@ def test_threads_follow_the_work() -> None:
     measured no faster on its model and method; else on every core no other worker's running
     batch holds (at least one)."""
     asyncio.run(_threads())
+
+
+def test_the_forkserver_imports_what_the_models_sources_say(tmp_path: Path) -> None:
+    """A Hugging Face model's workers fork with transformers and its architecture's module
+    already imported (each imported them alone: ~5 s apiece); built-in models add nothing."""
+    import multiprocessing.forkserver as mpf
+
+    from model_registry import sources
+    from service.pool.processes import PRELOAD, start_method
+    from tests.hf_dirs import vit_dir
+
+    vit_dir(tmp_path / "vit")
+    (tmp_path / "models.toml").write_text(
+        '[[models]]\nid = "vit"\nsource = "hf:vit"\n\n'
+        '[[models]]\nid = "mlp"\nsource = "builtin:tabular-mlp"\n'
+    )
+    specs = model_registry.load_specs(tmp_path / "models.toml")
+    _, mlp = specs
+    assert sources.preload([mlp]) == []
+    assert sources.preload(specs) == ["transformers", "transformers.models.vit.modeling_vit"]
+    start_method(specs)
+    preload = mpf._forkserver._preload_modules  # what the forkserver will import at its start
+    assert preload[: len(PRELOAD)] == PRELOAD
+    assert {"transformers", "transformers.models.vit.modeling_vit"} <= set(preload)
