@@ -9,7 +9,6 @@ import functools
 import warnings
 from typing import Any
 
-import inseq  # a test oracle, installed by make install-dev
 import pytest
 import torch
 import transformers
@@ -56,6 +55,8 @@ def inseq_rows(model: Any, method: str) -> tuple[torch.Tensor, list[int]]:
     tokenizer's special tokens: <bos> first)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import inseq  # the oracle (make install-dev), imported where used: 3 s of imports
+
         m = inseq.load_model(model, method, tokenizer=gpt2_tokenizer())
         out = m.attribute(SOURCE, "paris rome", show_progress=False)
     seq = out.sequence_attributions[0]

@@ -11,7 +11,6 @@ import functools
 import warnings
 from typing import Any
 
-import inseq  # a test oracle, installed by make install-dev
 import pytest
 import torch
 
@@ -61,6 +60,8 @@ def inseq_rows(method: str, fn: str, extra: dict[str, Any]) -> tuple[torch.Tenso
     over the embedding dim as Captum and we sum them, and its step scores."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import inseq  # the oracle (make install-dev), imported where used: 3 s of imports
+
         m = inseq.load_model(model(), method, tokenizer=gpt2_tokenizer())
         out = m.attribute(PROMPT, f"{PROMPT} {TARGET}", attributed_fn=fn, show_progress=False,
                           step_scores=["probability", "entropy"], **extra)  # fmt: skip
