@@ -213,7 +213,9 @@ def serve_in_thread(
     this process's forkserver, started once (what a subprocess pays for on every start).
 
     For every test that does not signal, kill or restart the server's own process; its log
-    file gets what ``attrserve serve`` prints (the access log included)."""
+    file gets what ``attrserve serve`` prints (the access log included). As in a served
+    process, the pool's start leaves this process's torch on one thread (it only routes):
+    a test that needs more sets them itself."""
     import uvicorn
 
     from service.app import create_app
