@@ -81,8 +81,7 @@ def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) 
         )
     if dtype is None:
         if arr.dtype.kind == "f":
-            _within_float_range(arr, np.dtype(np.float32), loc)
-            return arr.astype(np.float32, copy=False)
+            return _float_cast(arr, np.dtype(np.float32), loc)
         return arr.astype(np.int64, copy=False)
     target = numpy_dtype(dtype)
     if target.kind in "iub" and arr.dtype.kind == "f":
@@ -104,25 +103,30 @@ def _converted(arr: np.ndarray, loc: Loc, max_elements: int, dtype: str | None) 
                 )
         # whole numbers written as floats (3.0): taken as the integers they are
     elif target.kind == "f":
-        _within_float_range(arr, target, loc)
+        return _float_cast(arr, target, loc)
     return arr.astype(target, copy=False)
 
 
-def _within_float_range(arr: np.ndarray, target: np.dtype[Any], loc: Loc) -> None:
-    """A finite number past ``target``'s range would become inf in it: refused by name (NaN
-    and inf as sent are ``check_finite``'s to name)."""
-    if arr.dtype.kind not in "iuf" or not arr.size:
-        return
+def _float_cast(arr: np.ndarray, target: np.dtype[Any], loc: Loc) -> np.ndarray:
+    """``arr`` in the float dtype ``target``; a finite number past its range, which the cast
+    would make inf, is refused by name (NaN and inf as sent are ``check_finite``'s to name).
+    The check costs nothing unless the cast overflows."""
+    with np.errstate(over="raise"):
+        try:
+            return arr.astype(target, copy=False)
+        except FloatingPointError:
+            pass
     limit = float(np.finfo(target).max)
     flat = arr.ravel()
     with np.errstate(invalid="ignore"):
-        out = np.flatnonzero(np.abs(flat) > limit)
-    if out.size and np.isfinite(flat[out[0]]):
-        raise InvalidRequest(
-            f"{WHERE} holds {float(flat[out[0]]):.4g}, beyond {target.name}'s range "
-            f"(±{limit:.4g})",
-            loc=loc,
-        )
+        past = flat[np.isfinite(flat) & (np.abs(flat) > limit)]
+    if not past.size:  # not a value past the range: the cast as it is
+        with np.errstate(over="ignore"):
+            return arr.astype(target, copy=False)
+    raise InvalidRequest(
+        f"{WHERE} holds {float(past[0]):.4g}, beyond {target.name}'s range (±{limit:.4g})",
+        loc=loc,
+    )
 
 
 #: rows converted per step of a long nested list: numpy holds the GIL while it converts, and
