@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import socket
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from model_registry.spec import ModelSpec
 from service.core.settings import Settings
 from service.pool.cores import Cores
 from service.pool.records import STARTUP_GRACE_S, Worker
+from service.worker import preload
 from service.worker.channel import frame, read_message
 from service.worker.main import worker_main
 
@@ -34,7 +36,14 @@ log = logging.getLogger("attrserve.pool")
 #: the server ready in 15.7 s with each worker a spawned interpreter importing torch, in
 #: 5.5 s forked from the preloaded server; a worker restarted after a crash in
 #: ~0.2 s against ~3 s. The server never imports CUDA state into it (import only, no call).
-PRELOAD = ["torch", "methods", "model_registry", "service.kinds", "service.worker.main"]
+PRELOAD = [
+    "torch",
+    "methods",
+    "model_registry",
+    "service.kinds",
+    "service.worker.main",
+    "service.worker.preload",  # what the models' sources name (start_method), each guarded
+]
 
 
 #: what the models of every group made so far import at load (their sources say):
@@ -52,8 +61,9 @@ def start_method(specs: Sequence[ModelSpec] = ()) -> Any:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     _MODEL_PRELOAD.update(dict.fromkeys(sources.preload(specs)))
+    os.environ[preload.ENV] = ",".join(_MODEL_PRELOAD)  # the forkserver inherits it
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([*PRELOAD, *_MODEL_PRELOAD])
+    ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import pickle
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from service.pool.cores import Cores
 from service.pool.costs import HEAVY_MS, RETRY
 from service.pool.group import Group
 from service.pool.records import Pending, Worker
+from service.worker import preload
 from service.worker.channel import HEADER
 
 
@@ -389,6 +391,17 @@ def test_the_forkserver_imports_what_the_models_sources_say(tmp_path: Path) -> N
     assert sources.preload([mlp]) == []
     assert sources.preload(specs) == ["transformers", "transformers.models.vit.modeling_vit"]
     start_method(specs)
-    preload = mpf._forkserver._preload_modules  # what the forkserver will import at its start
-    assert preload[: len(PRELOAD)] == PRELOAD
-    assert {"transformers", "transformers.models.vit.modeling_vit"} <= set(preload)
+    assert mpf._forkserver._preload_modules == PRELOAD  # what the forkserver imports at start
+    # ... service.worker.preload among them, which imports what the environment lists
+    named = os.environ[preload.ENV].split(",")
+    assert {"transformers", "transformers.models.vit.modeling_vit"} <= set(named)
+
+
+def test_a_preload_module_that_fails_stops_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """multiprocessing's own preload stops the forkserver on anything but ImportError: a model
+    library that fails at import (built for another torch) would take every worker with it."""
+    (tmp_path / "broken_at_import.py").write_text("raise RuntimeError('built for torch 1.0')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert preload.preload(["broken_at_import", "json", "no_such_module"]) == ["json"]
