@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -125,9 +124,13 @@ class AppThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(60)
-        for name in LOGGERS:
-            logging.getLogger(name).removeHandler(self.handler)
-        self.handler.close()
+        _detach(self.handler)
+
+
+def _detach(handler: logging.Handler) -> None:
+    for name in LOGGERS:
+        logging.getLogger(name).removeHandler(handler)
+    handler.close()
 
 
 #: the loggers a served app writes (``attrserve serve`` sends them to its stderr)
@@ -216,11 +219,9 @@ def serve_in_thread(
     file gets what ``attrserve serve`` prints (the access log included). As in a served
     process, the pool's start leaves this process's torch on one thread (it only routes):
     a test that needs more sets them itself."""
-    import uvicorn
-
     from service.app import create_app
+    from service.cli.serving import server_for
     from service.core.settings import Settings
-    from service.http.server import GracefulServer
 
     port = free_port()
     settings.setdefault("data_dir", tmp / "data")
@@ -238,22 +239,18 @@ def serve_in_thread(
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
-    app = create_app(config)
-    uv = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level=config.log_level,
-        log_config=None,  # this process's logging, not uvicorn's dictConfig
-        access_log=False,
-        timeout_keep_alive=config.keep_alive_s,
-        limit_concurrency=config.max_concurrency,
-        timeout_graceful_shutdown=math.ceil(config.drain_s) + 5,
-    )
-    graceful = GracefulServer(uv, app.state.attrserve.pool, config.drain_s)
-    thread = threading.Thread(target=graceful.run, name=f"app-{port}", daemon=True)
+    try:
+        graceful = server_for(create_app(config), config, keep_logging=True)
+    except BaseException:
+        _detach(handler)
+        raise
+
+    def run() -> None:
+        only.ident = threading.get_ident()  # before uvicorn's first line
+        graceful.run()
+
+    thread = threading.Thread(target=run, name=f"app-{port}", daemon=True)
     thread.start()
-    only.ident = thread.ident
     server = Server(f"http://127.0.0.1:{port}", None, log, AppThread(graceful, thread, handler))
     try:
         server.wait_ready(every_model=every_model)
