@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
-import os
 import socket
 import time
 from collections.abc import Sequence
@@ -46,12 +45,7 @@ PRELOAD = [
 ]
 
 
-#: what the models of every group made so far import at load (their sources say):
-#: the forkserver, started with the first worker, imports these too
-_MODEL_PRELOAD: dict[str, None] = {}
-
-
-def start_method(specs: Sequence[ModelSpec] = ()) -> Any:
+def start_method(specs: Sequence[ModelSpec]) -> Any:
     """The workers' multiprocessing context: forkserver with ``PRELOAD`` and what ``specs``'
     sources preload, where the platform has it (Linux), else spawn. Never plain fork: the
     server process has threads (the event loop's executors) and may hold CUDA state.
@@ -60,8 +54,7 @@ def start_method(specs: Sequence[ModelSpec] = ()) -> Any:
     the pool's models need; a model loaded later imports its own in its worker."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    _MODEL_PRELOAD.update(dict.fromkeys(sources.preload(specs)))
-    os.environ[preload.ENV] = ",".join(_MODEL_PRELOAD)  # the forkserver inherits it
+    preload.declare(sources.preload(specs))  # the forkserver inherits the environment
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx

@@ -17,6 +17,16 @@ import os
 ENV = "ATTRSERVE_WORKER_PRELOAD"
 
 
+def declared() -> list[str]:
+    """The modules listed for the forkserver so far."""
+    return [n for n in os.environ.get(ENV, "").split(",") if n]
+
+
+def declare(names: list[str]) -> None:
+    """Add ``names`` to what a forkserver started from this process will import."""
+    os.environ[ENV] = ",".join(dict.fromkeys([*declared(), *names]))
+
+
 def preload(names: list[str]) -> list[str]:
     """Import each of ``names``; the ones that imported."""
     done = []
@@ -29,4 +39,4 @@ def preload(names: list[str]) -> list[str]:
     return done
 
 
-preload([n for n in os.environ.get(ENV, "").split(",") if n])
+preload(declared())

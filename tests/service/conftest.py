@@ -251,11 +251,12 @@ def serve_in_thread(
 
     thread = threading.Thread(target=run, name=f"app-{port}", daemon=True)
     thread.start()
-    server = Server(f"http://127.0.0.1:{port}", None, log, AppThread(graceful, thread, handler))
+    app_thread = AppThread(graceful, thread, handler)
+    server = Server(f"http://127.0.0.1:{port}", None, log, app_thread)
     try:
         server.wait_ready(every_model=every_model)
     except Exception:
-        server.app_thread.stop()  # type: ignore[union-attr]
+        app_thread.stop()
         raise
     return server
 

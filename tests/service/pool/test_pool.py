@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import pickle
 import time
 from pathlib import Path
@@ -393,8 +392,7 @@ def test_the_forkserver_imports_what_the_models_sources_say(tmp_path: Path) -> N
     start_method(specs)
     assert mpf._forkserver._preload_modules == PRELOAD  # what the forkserver imports at start
     # ... service.worker.preload among them, which imports what the environment lists
-    named = os.environ[preload.ENV].split(",")
-    assert {"transformers", "transformers.models.vit.modeling_vit"} <= set(named)
+    assert {"transformers", "transformers.models.vit.modeling_vit"} <= set(preload.declared())
 
 
 def test_a_preload_module_that_fails_stops_nothing(
