@@ -120,19 +120,21 @@ def attribute_generation(
     if contrast_target is not None:
         contrast = contrast_steps(lm, feats, target_ids, tokenizer, contrast_target)
     objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
+    scored: Tensor | None = None  # the unperturbed prompt's logits, where a scorer kept them
     if method in PERTURBATION:
         with show_progress(progress, method):
-            out = _perturbation(
+            seq, tok, ran, echo, stats, scored = _perturbation(
                 lm, feats, objective, method, seed, perturbations_per_eval, use_cache, params
             )
     else:
         tokens = token_features(method, feats)
         with show_progress(progress, method):
-            out = gradient.run(lm, tokens, objective, method, seed, internal_batch_size, params)
-    seq, tok, ran, echo, stats = out
+            seq, tok, ran, echo, stats = gradient.run(
+                lm, tokens, objective, method, seed, internal_batch_size, params
+            )
     return finish(
         lm, tokenizer, feats, objective, seq, tok, ran, echo, stats,
-        use_cache=use_cache, gen_args=gen_args, target=target,
+        use_cache=use_cache, gen_args=gen_args, target=target, logits=scored,
     )  # fmt: skip
 
 
@@ -211,14 +213,16 @@ def finish(
     use_cache: bool,
     gen_args: Any,
     target: Any,
+    logits: Tensor | None = None,
 ) -> GenerationResult:
-    """The result, with the unperturbed answer's score table (one forward)."""
+    """The result, with the unperturbed answer's score table (from ``logits``, the prompt's
+    logits at the answer's steps [T, V], or one forward)."""
     target_fn, contrast_fn = objective.target_fn, objective.contrast_fn
     target_ids = objective.target
     echo.update({"use_cache": use_cache, "target_fn": target_fn})
     if target_fn == "contrast":
         echo.update({"contrast_fn": contrast_fn, "contrast_ids": objective.contrast_list()})
-    table, logp, scores = _step_table(lm, feats, objective)
+    table, logp, scores = _step_table(lm, feats, objective, logits)
     if gen_args is not None or target is None:
         echo["gen_args"] = dict(gen_args or DEFAULT_GEN_ARGS)
     return GenerationResult(
@@ -238,20 +242,25 @@ def finish(
 
 
 def _step_table(
-    lm: LanguageModel, feats: Features, objective: targets.Objective
+    lm: LanguageModel,
+    feats: Features,
+    objective: targets.Objective,
+    logits: Tensor | None = None,
 ) -> tuple[dict[str, Any], Tensor, Tensor]:
-    """From one forward of the unperturbed prompt and answer, in the model's dtype: the score
-    table (``targets.step_table``), each step's log-probability, and the attributed value of
-    each step (``objective``)."""
+    """From the unperturbed prompt's logits at the answer's steps (``logits``, or one
+    forward), in the model's dtype: the score table (``targets.step_table``), each step's
+    log-probability, and the attributed value of each step (``objective``)."""
     target_ids = objective.target
     with torch.no_grad():
-        if isinstance(lm, Seq2SeqLanguageModel):
+        if logits is not None:
+            pass
+        elif isinstance(lm, Seq2SeqLanguageModel):
             logits = lm.target_logits([feats.prompt_ids()], target_ids)[0]
         else:
             prompt = torch.tensor([feats.prompt_ids()], dtype=torch.long)
-            ids = torch.cat([prompt, target_ids.reshape(1, -1)], dim=1).to(lm.device)
-            n, t = prompt.shape[1], int(target_ids.numel())
-            logits = lm.logits(ids, keep_from=n - 1)[0, :t]
+            fed = target_ids.reshape(1, -1)[:, :-1]  # the last answer token predicts nothing
+            ids = torch.cat([prompt, fed], dim=1).to(lm.device)
+            logits = lm.logits(ids, keep_from=prompt.shape[1] - 1)[0]
     logp = targets.log_prob(logits[None], target_ids)[0].detach().cpu()
     scores = objective.step_fn()(logits[None], target_ids.to(logits.device))[0].detach().cpu()
     return targets.step_table(logits, target_ids), logp, scores
@@ -357,7 +366,7 @@ def _perturbation(
     ppe: int | str | None,
     use_cache: bool,
     params: dict[str, Any],
-) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int]]:
+) -> tuple[Tensor, Tensor, str, dict[str, Any], dict[str, int], Tensor | None]:
     if (
         ppe is not None
         and ppe != "auto"
@@ -413,7 +422,8 @@ def _perturbation(
         "tokens_run": st.tokens,
         "tokens_from_cache": st.cached_tokens,
     }
-    return rows[0].detach(), rows[1:].detach(), method, echo, stats
+    scored = scorer.logits_of(feats.prompt_ids())
+    return rows[0].detach(), rows[1:].detach(), method, echo, stats, scored
 
 
 def _pretty(tokenizer: Any, ids: list[int]) -> list[str]:

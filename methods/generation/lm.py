@@ -2,8 +2,9 @@
 
 Four kinds, told apart by duck typing (``transformers`` is never imported here):
 
-- a Hugging Face causal LM (``config``, ``get_input_embeddings``, ``generate``): its
-  ``past_key_values`` cache holds a prompt prefix, cropped and repeated per batch;
+- a Hugging Face causal LM (``config``, ``get_input_embeddings``, ``generate``): its cache
+  (``cache``, called ``past_key_values`` before transformers 5.24) holds a prompt prefix,
+  cropped and repeated per batch;
 - an attrserve KV model (``forward_cached(ids, past, keep_from) -> (logits, past)``, e.g. the
   built-in ``tiny-lm``): its cache is a tuple of per-layer ``(keys, values)`` tensors
   ``[B, heads, P, head_dim]``, sliced and expanded without copies;
@@ -13,8 +14,9 @@ Four kinds, told apart by duck typing (``transformers`` is never imported here):
   cache, every perturbed prompt is run whole (still batched).
 
 Every kind answers ``logits`` (optionally only from position ``keep_from`` on: the rest is
-never needed), ``prefix`` (a cache of a prompt's first tokens, or None), ``logits_after``
-(the logits of continuations of a cached prefix) and ``generate`` (greedy).
+never needed), ``prefix`` (the logits of a reference prompt and answer, and their cache, or
+None), ``logits_after`` (the logits of continuations of a cached prefix) and ``generate``
+(greedy).
 """
 
 from __future__ import annotations
@@ -92,9 +94,10 @@ class LanguageModel:
     def logits(self, ids: Tensor, keep_from: int = 0) -> Tensor:
         return _logits_of(self.model(ids))[:, keep_from:]
 
-    def prefix(self, ids: Tensor) -> Any:
-        """A cache of ``ids`` [1, P] (None: this kind has none)."""
-        return None
+    def prefix(self, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
+        """The logits of ``ids`` [1, P] from ``keep_from`` on, and a cache of them (None: this
+        kind has none): one forward both scores a reference prompt and caches it."""
+        return self.logits(ids, keep_from), None
 
     def logits_after(self, cache: Any, p: int, ids: Tensor, keep_from: int = 0) -> Tensor:
         """Logits of ``ids`` [B, S] continuing the first ``p`` cached tokens."""
@@ -162,9 +165,9 @@ class KVLanguageModel(LanguageModel):
         logits, _ = self.model.forward_cached(ids, None, keep_from)
         return logits
 
-    def prefix(self, ids: Tensor) -> KV:
-        _, past = self.model.forward_cached(ids, None, int(ids.shape[1]) - 1)
-        return tuple(past)
+    def prefix(self, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, KV]:
+        logits, past = self.model.forward_cached(ids, None, keep_from)
+        return logits, tuple(past)
 
     def logits_after(self, cache: KV, p: int, ids: Tensor, keep_from: int = 0) -> Tensor:
         b = int(ids.shape[0])
@@ -195,7 +198,7 @@ class KVLanguageModel(LanguageModel):
 
 
 class HFLanguageModel(LanguageModel):
-    """A Hugging Face causal LM (``*ForCausalLM``): ``past_key_values`` holds the prefix."""
+    """A Hugging Face causal LM (``*ForCausalLM``): its cache holds the prefix."""
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -205,6 +208,18 @@ class HFLanguageModel(LanguageModel):
         )
         params = inspect.signature(model.forward).parameters
         self._keep = "logits_to_keep" in params
+        # transformers 5.24 renamed past_key_values to cache (the old name warns, then goes)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def _run(self, ids: Tensor, past: Any, keep_from: int) -> tuple[Tensor, Any]:
+        """The logits of ``ids`` from ``keep_from`` on after the cache ``past`` (None: none),
+        and the cache holding both."""
+        s = int(ids.shape[1])
+        args: dict[str, Any] = {self._cache_arg: past} if past is not None else {}
+        out = self.model(input_ids=ids, use_cache=True, **args, **self._kept(s, keep_from))
+        logits = _logits_of(out)
+        cache = next((out[k] for k in ("cache", "past_key_values") if k in out), None)
+        return (logits[:, keep_from - s :] if keep_from > 0 else logits), cache
 
     @property
     def max_length(self) -> int | None:
@@ -229,15 +244,13 @@ class HFLanguageModel(LanguageModel):
         logits = _logits_of(out)
         return logits[:, keep_from - s :] if keep_from > 0 else logits
 
-    def prefix(self, ids: Tensor) -> Any:
-        s = int(ids.shape[1])
-        out = self.model(input_ids=ids, use_cache=True, **self._kept(s, s - 1))
-        cache = out.past_key_values
+    def prefix(self, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
+        logits, cache = self._run(ids, None, keep_from)
         if cache is None or not all(
             callable(getattr(cache, m, None)) for m in ("crop", "batch_repeat_interleave")
         ):
-            return None  # a cache this engine cannot crop and repeat: prompts run whole
-        return (cache, s)
+            return logits, None  # a cache this engine cannot crop and repeat: prompts run whole
+        return logits, (cache, int(ids.shape[1]))
 
     def logits_after(self, cache: Any, p: int, ids: Tensor, keep_from: int = 0) -> Tensor:
         full, length = cache
@@ -247,20 +260,10 @@ class HFLanguageModel(LanguageModel):
         b = int(ids.shape[0])
         if b > 1:
             past.batch_repeat_interleave(b)
-        s = int(ids.shape[1])
-        out = self.model(
-            input_ids=ids, past_key_values=past, use_cache=True, **self._kept(s, keep_from)
-        )
-        logits = _logits_of(out)
-        return logits[:, keep_from - s :] if keep_from > 0 else logits
+        return self._run(ids, past, keep_from)[0]
 
     def extend(self, state: Any, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
-        s = int(ids.shape[1])
-        out = self.model(
-            input_ids=ids, past_key_values=state, use_cache=True, **self._kept(s, keep_from)
-        )
-        logits = _logits_of(out)
-        return (logits[:, keep_from - s :] if keep_from > 0 else logits), out.past_key_values
+        return self._run(ids, state, keep_from)
 
     def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
         args = gen_args or DEFAULT_GEN_ARGS  # Captum: the defaults replace, not merge

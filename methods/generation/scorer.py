@@ -8,11 +8,15 @@ Captum runs one perturbed prompt at a time, one forward per target token. Here:
   target tokens, as token-by-token decoding does);
 - prompts are batched: each row is right-padded after its target, so no row attends to
   padding (it comes later) and positions stay 0, 1, ... without masks or position ids;
+- the answer's last token is never fed: nothing after it is scored;
 - the key/value cache of a reference prompt (the unperturbed one, and the one with every
-  feature absent) is computed once per attribution; a perturbed prompt sharing its first
+  feature absent) comes from the forward that scores that prompt, once per attribution, and
+  only where the tokens it saves outweigh that forward; a perturbed prompt sharing its first
   ``p`` tokens with a reference runs only its remaining tokens on top of that cache. Rows
   are grouped into forwards by that shared depth, trading padding and lost sharing against
   the per-forward overhead;
+- the unperturbed prompt's logits are kept, so the answer's score table needs no forward of
+  its own (``logits_of``);
 - distinct prompts are evaluated once (a memo keyed by token ids), so Shapley sampling's
   repeated coalitions, and the per-token fits of lime and kernel_shap, cost nothing more.
 
@@ -63,7 +67,10 @@ class Scorer:
     fn: StepFn = log_prob
     stats: Stats = field(default_factory=Stats)
     _memo: dict[Prompt, Tensor] = field(default_factory=dict)
+    #: each reference's cache once built (None: the model gave none it can reuse)
     _caches: dict[int, Any] = field(default_factory=dict)
+    #: the references' logits at the answer's steps [T, V]
+    _logits: dict[Prompt, Tensor] = field(default_factory=dict)
 
     @property
     def t(self) -> int:
@@ -77,15 +84,38 @@ class Scorer:
             self._compute(todo)
         return torch.stack([self._memo[q] for q in prompts])
 
+    def logits_of(self, prompt: Prompt) -> Tensor | None:
+        """The logits [T, V] at the answer's steps after a reference prompt, if scored."""
+        return self._logits.get(prompt)
+
     # -- planning --------------------------------------------------------------------------
 
-    def _depth(self, q: Prompt) -> tuple[int, int]:
+    def _usable(self, todo: list[Prompt]) -> list[int]:
+        """The references whose caches these prompts run on: those built, and each other one
+        whose prompts' saved tokens outweigh its own forward (free where the reference is
+        among the prompts: it is scored by the forward that caches it)."""
+        if not self.use_cache or not self.lm.caches:
+            return []
+        usable = [r for r, c in self._caches.items() if c is not None]
+        queued = set(todo)
+        for r, ref in enumerate(self.references):
+            if r in self._caches:
+                continue
+            gain = sum(
+                max(0, _depth(q, ref) - max((_depth(q, self.references[u]) for u in usable),
+                                            default=0))
+                for q in todo
+            )  # fmt: skip
+            cost = len(ref) + self.t - 1 + FORWARD_OVERHEAD_TOKENS
+            if ref in queued or gain > cost:
+                usable.append(r)
+        return usable
+
+    def _depth(self, q: Prompt, usable: list[int]) -> tuple[int, int]:
         """(reference, shared tokens) with the deepest reusable prefix; (-1, 0) for none."""
         best = (-1, 0)
-        if not self.use_cache or not self.lm.caches:
-            return best
-        for r, ref in enumerate(self.references):
-            p = min(_shared(q, ref), len(q) - 1)  # keep >= 1 token to run
+        for r in usable:
+            p = _depth(q, self.references[r])
             if p > best[1]:
                 best = (r, p)
         return best
@@ -101,6 +131,7 @@ class Scorer:
         """Forwards as (reference, depth, prompts)."""
         by_ref: dict[int, dict[int, list[Prompt]]] = {}
         depth: dict[Prompt, int] = {}
+        usable = self._usable(todo)
         for q in todo:
             if not q:
                 raise InvalidArgumentError(
@@ -109,7 +140,7 @@ class Scorer:
                     "beginning-of-sequence token)",
                     argument="baselines",
                 )
-            r, depth[q] = self._depth(q)
+            r, depth[q] = self._depth(q, usable)
             by_ref.setdefault(r, {}).setdefault(depth[q], []).append(q)
         budget = self._token_budget()
         plan: list[tuple[int, int, list[Prompt]]] = []
@@ -125,40 +156,54 @@ class Scorer:
         return plan
 
     def _cap(self, chunk: list[Prompt], p: int, budget: int) -> int:
-        longest = max(len(q) for q in chunk) - p + self.t
+        longest = max(len(q) for q in chunk) - p + self.t - 1
         cap = max(1, budget // max(1, longest))
         return min(cap, self.max_rows) if self.max_rows is not None else cap
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def _cache(self, r: int) -> Any:
+    def _cache(self, r: int, queued: set[Prompt]) -> Any:
+        """Reference ``r``'s cache, from the forward that also scores it (None: the model
+        gave none this engine can reuse)."""
         if r not in self._caches:
             ref = self.references[r]
-            ids = torch.tensor([ref], dtype=torch.long, device=self.lm.device)
-            self._caches[r] = self.lm.prefix(ids)
+            ids = torch.tensor([list(ref) + self._fed()], dtype=torch.long, device=self.lm.device)
+            logits, self._caches[r] = self.lm.prefix(ids, keep_from=len(ref) - 1)
+            if ref not in self._memo:
+                if ref not in queued:
+                    progress.expect(1)
+                self._store([ref], logits, 0, int(ids.shape[1]))
         return self._caches[r]
+
+    def _fed(self) -> list[int]:
+        """The answer's tokens a row runs after its prompt: all but the last."""
+        return self.target.tolist()[:-1]
 
     def _compute(self, todo: list[Prompt]) -> None:
         device, t = self.lm.device, self.t
         target = self.target.to(device)
-        tail = target.tolist()
+        tail = self._fed()
         plan = self._plan(todo)
+        queued = set(todo)
         progress.expect(sum(len(part) for _, _, part in plan))
         with torch.no_grad():
             for r, p, part in plan:
                 checkpoint()
                 if isinstance(self.lm, Seq2SeqLanguageModel):  # sources encoded whole, the
                     logits = self.lm.target_logits(part, target)  # answer decoded after each
-                    self._store(part, self.fn(logits, target), 0)
+                    self._store(part, logits, 0)
                     continue
-                cache = self._cache(r) if r >= 0 and p > 0 else None
+                cache = self._cache(r, queued) if r >= 0 and p > 0 else None
                 if cache is None:
                     p = 0
+                part = [q for q in part if q not in self._memo]  # a reference, just scored
+                if not part:
+                    continue
                 lengths = [len(q) - p for q in part]  # prompt tokens each row still runs
-                width = max(lengths) + t
-                pad = tail[-1]
+                width = max(lengths) + t - 1
+                pad = self.target.tolist()[-1]
                 rows = [
-                    list(q[p:]) + tail + [pad] * (width - n - t)
+                    list(q[p:]) + tail + [pad] * (width - n - t + 1)
                     for q, n in zip(part, lengths, strict=True)
                 ]
                 ids = torch.tensor(rows, dtype=torch.long, device=device)
@@ -170,12 +215,17 @@ class Scorer:
                 start = torch.tensor(lengths, device=device) - 1 - keep
                 pos = start[:, None] + torch.arange(t, device=device)[None]
                 picked = logits[torch.arange(len(part), device=device)[:, None], pos]  # [B, T, V]
-                self._store(part, self.fn(picked, target), p, width)
+                self._store(part, picked, p, width)
 
-    def _store(self, part: list[Prompt], values: Tensor, p: int, width: int = 0) -> None:
-        """One forward's values, and its counts."""
-        for q, v in zip(part, values, strict=True):
+    def _store(self, part: list[Prompt], logits: Tensor, p: int, width: int = 0) -> None:
+        """One forward's values (from each row's logits at the answer's steps [B, T, V]),
+        and its counts."""
+        values = self.fn(logits, self.target.to(logits.device))
+        refs = set(self.references)
+        for q, v, lg in zip(part, values, logits, strict=True):
             self._memo[q] = v
+            if q in refs:
+                self._logits[q] = lg
         s = self.stats
         s.forwards += 1
         s.rows += len(part)
@@ -183,6 +233,11 @@ class Scorer:
         s.cached_tokens += len(part) * p
         s.max_rows = max(s.max_rows, len(part))
         progress.done(len(part))
+
+
+def _depth(q: Prompt, ref: Prompt) -> int:
+    """The tokens of ``q`` a cache of ``ref`` spares it (at least one is left to run)."""
+    return min(_shared(q, ref), len(q) - 1)
 
 
 def _shared(a: Prompt, b: Prompt) -> int:
@@ -220,7 +275,7 @@ def _segments(
         for lo in range(hi - 1, -1, -1):
             n_rows += len(rows[lo])
             long_ = max(long_, longest[lo])
-            width = long_ - depths[hi - 1] + t
+            width = long_ - depths[hi - 1] + t - 1
             cap = max(1, budget // max(1, width))
             if max_rows is not None:
                 cap = min(cap, max_rows)

@@ -268,6 +268,63 @@ def test_cached_batched_equal_plain_on_templates(method: str) -> None:
     assert fast.stats["forwards"] < slow.stats["forwards"]
 
 
+@pytest.mark.parametrize("which", ["gpt2", "tiny-lm"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_perturbation_runs_exactly_the_forwards_it_counts(which: str, use_cache: bool) -> None:
+    """The forward that caches the unperturbed prompt also scores it, and the answer's score
+    table reuses its logits: the model runs as often as ``stats["forwards"]`` says, no more."""
+    if which == "gpt2":
+        model, tok = gpt2(), gpt2_tokenizer()
+        counted = model.transformer.wte
+    else:
+        model, tok = tiny_lm()
+        counted = model.embed
+    calls = []
+    handle = counted.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        res = methods.attribute_generation(
+            model, tok, "my friend alice lives in the city", "feature_ablation",
+            target=TARGET, baselines="<unk>", skip_tokens=["<bos>"], use_cache=use_cache,
+        )  # fmt: skip
+    finally:
+        handle.remove()
+    assert len(calls) == res.stats["forwards"]
+    assert (res.stats["tokens_from_cache"] > 0) == use_cache
+    plain = plain_log_probs(model, [tuple(tok.encode("my friend alice lives in the city"))],
+                            tok.encode(TARGET, add_special_tokens=False))  # fmt: skip
+    close(res.output_log_probs.double(), plain[0].double(), 1e-5, 1e-6)
+
+
+def test_a_reference_is_cached_only_where_it_spares_more_than_its_forward() -> None:
+    """Feature ablation shares at most one more token with the all-absent prompt than with the
+    unperturbed one: caching it would cost a forward to spare a token."""
+    model, tok = gpt2(), gpt2_tokenizer()
+    base = tuple(tok.encode("my friend alice lives in the city"))
+    absent = (base[0],) + (0,) * (len(base) - 1)
+    ablated = [base[:i] + (0,) + base[i + 1 :] for i in range(1, len(base))]
+    scorer = Scorer(wrap(model), torch.tensor([4, 6]), references=[base, absent])
+    got = scorer.score([base, *ablated])
+    close(got, plain_log_probs(model, [base, *ablated], [4, 6]), 1e-12, 1e-12)
+    assert scorer.stats.cached_tokens > 0
+    assert scorer.stats.rows == len(ablated) + 1  # the absent prompt was never run
+    # Twenty prompts sharing all but their last token with the absent one: worth its forward.
+    deep = [absent[:-1] + (k,) for k in range(5, 25)]
+    before = scorer.stats.cached_tokens
+    close(scorer.score(deep), plain_log_probs(model, deep, [4, 6]), 1e-12, 1e-12)
+    assert scorer.stats.cached_tokens - before == len(deep) * (len(absent) - 1)
+    assert scorer.stats.rows == len(ablated) + 1 + len(deep) + 1  # + the absent prompt
+
+
+def test_the_cache_goes_by_the_name_the_model_takes() -> None:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``; the old name warns."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ours_tokens("feature_ablation")
+    assert not [w for w in seen if "past_key_values" in str(w.message)]
+
+
 # -- tiny-lm's ground truth ---------------------------------------------------------------------
 
 
