@@ -315,6 +315,24 @@ def test_a_reference_is_cached_only_where_it_spares_more_than_its_forward() -> N
     assert scorer.stats.rows == len(ablated) + 1 + len(deep) + 1  # + the absent prompt
 
 
+def test_the_output_head_gets_its_kept_positions_contiguous() -> None:
+    """With grad on, a strided slice of the hidden states into the head runs as a batched
+    matmul (as slow as every position); the head gets a contiguous copy, and the hook that
+    makes it is gone after the call."""
+    model = gpt2()
+    head = model.get_output_embeddings()
+    seen: list[tuple[bool, bool]] = []
+    handle = head.register_forward_hook(
+        lambda _m, args, _out: seen.append((args[0].is_contiguous(), torch.is_grad_enabled()))
+    )
+    try:
+        ours_tokens("layer_integrated_gradients", n_steps=3)
+    finally:
+        handle.remove()
+    assert any(grad for _, grad in seen) and all(c for c, grad in seen if grad)
+    assert not head._forward_pre_hooks and not head._forward_hooks
+
+
 def test_the_cache_goes_by_the_name_the_model_takes() -> None:
     """transformers 5.24 renamed ``past_key_values`` to ``cache``; the old name warns."""
     import warnings
