@@ -90,11 +90,12 @@ class Scorer:
 
     # -- planning --------------------------------------------------------------------------
 
-    def _usable(self, todo: list[Prompt]) -> list[int]:
+    def _usable(self, todo: list[Prompt], shared: dict[Prompt, list[int]]) -> list[int]:
         """The references whose caches these prompts run on: those built, and each other one
         whose prompts' saved tokens outweigh its own forward (free where the reference is
-        among the prompts: it is scored by the forward that caches it)."""
-        if not self.use_cache or not self.lm.caches:
+        among the prompts: it is scored by the forward that caches it). ``shared``: each
+        prompt's reusable depth on each reference."""
+        if not shared:
             return []
         usable = [r for r, c in self._caches.items() if c is not None]
         queued = set(todo)
@@ -102,23 +103,12 @@ class Scorer:
             if r in self._caches:
                 continue
             gain = sum(
-                max(0, _depth(q, ref) - max((_depth(q, self.references[u]) for u in usable),
-                                            default=0))
-                for q in todo
-            )  # fmt: skip
+                max(0, d[r] - max((d[u] for u in usable), default=0)) for d in shared.values()
+            )
             cost = len(ref) + self.t - 1 + FORWARD_OVERHEAD_TOKENS
             if ref in queued or gain > cost:
                 usable.append(r)
         return usable
-
-    def _depth(self, q: Prompt, usable: list[int]) -> tuple[int, int]:
-        """(reference, shared tokens) with the deepest reusable prefix; (-1, 0) for none."""
-        best = (-1, 0)
-        for r in usable:
-            p = _depth(q, self.references[r])
-            if p > best[1]:
-                best = (r, p)
-        return best
 
     def _token_budget(self) -> int:
         itemsize = torch.finfo(self.lm.dtype).bits // 8 if self.lm.dtype.is_floating_point else 4
@@ -131,7 +121,10 @@ class Scorer:
         """Forwards as (reference, depth, prompts)."""
         by_ref: dict[int, dict[int, list[Prompt]]] = {}
         depth: dict[Prompt, int] = {}
-        usable = self._usable(todo)
+        shared: dict[Prompt, list[int]] = {}
+        if self.use_cache and self.lm.caches:
+            shared = {q: [_depth(q, ref) for ref in self.references] for q in todo}
+        usable = self._usable(todo, shared)
         for q in todo:
             if not q:
                 raise InvalidArgumentError(
@@ -140,7 +133,10 @@ class Scorer:
                     "beginning-of-sequence token)",
                     argument="baselines",
                 )
-            r, depth[q] = self._depth(q, usable)
+            found = [(u, shared[q][u]) for u in usable]
+            r, depth[q] = max(found, key=lambda c: c[1], default=(-1, 0))
+            if depth[q] <= 0:  # nothing shared: the prompt runs whole
+                r, depth[q] = -1, 0
             by_ref.setdefault(r, {}).setdefault(depth[q], []).append(q)
         budget = self._token_budget()
         plan: list[tuple[int, int, list[Prompt]]] = []
@@ -225,7 +221,7 @@ class Scorer:
         for q, v, lg in zip(part, values, logits, strict=True):
             self._memo[q] = v
             if q in refs:
-                self._logits[q] = lg
+                self._logits[q] = lg.clone()  # not a view holding the whole batch
         s = self.stats
         s.forwards += 1
         s.rows += len(part)
