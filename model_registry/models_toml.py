@@ -51,6 +51,7 @@ MODEL_KEYS = (
     "internal_batch_size",
     "perturbations_per_eval",
     "explain",
+    "defaults",
     "kind",
     "compile",
     "compile_mode",

@@ -117,6 +117,9 @@ class ModelSpec:
     base_dir: str | None = None
     #: models.toml ``explain``; None: the built-in default for the model's kind
     explain: ExplainSpec | None = None
+    #: models.toml ``defaults``: per method (as requests name it), the params a request of
+    #: that method leaves out take these values (e.g. ``n_steps = "auto"``)
+    defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     #: "tensor" (tensors in, one tensor out; the Hugging Face classifiers name their task:
     #: ``TENSOR_KINDS``), "causal_lm" (a generative language model with its tokenizer:
     #: attributions of an answer to the prompt, ``methods.attribute_generation``) or

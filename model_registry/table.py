@@ -81,7 +81,26 @@ class Table:
             "base_dir": self.base_dir,
             "group": self.string("group", pattern=ID, hint="letters, digits, . _ -"),
             "workers": self.count("workers"),
+            "defaults": self.defaults(),
         }
+
+    def defaults(self) -> dict[str, dict[str, Any]]:
+        """``defaults = {<method> = {<param> = <value>, ...}, ...}``: the params a request of
+        that method leaves out (each checked against its method when the server starts)."""
+        v = self.data.get("defaults", {})
+        if not isinstance(v, dict):
+            self.fail(
+                "defaults",
+                "expected a table of methods, each a table of its params (e.g. defaults = "
+                f'{{integrated_gradients = {{n_steps = "auto"}}}}), got {describe_value(v)}',
+            )
+        for method, params in v.items():
+            if not isinstance(params, dict):
+                self.fail(
+                    f"defaults.{method}",
+                    f"expected a table of {method}'s params, got {describe_value(params)}",
+                )
+        return {str(m): dict(p) for m, p in v.items()}
 
     # -- scalar fields ---------------------------------------------------------------------
 

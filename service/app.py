@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import methods
 import model_registry
+from service import kinds
 from service.attributions import router as attributions
 from service.catalog import health
 from service.catalog import router as catalog
@@ -178,9 +179,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         specs = model_registry.load_specs(settings.models)
     except model_registry.RegistryError as exc:
         raise SystemExit(f"attrserve: cannot load the model registry: {exc}") from None
-    for spec in specs:  # a models.toml explain that cannot run stops the start, not a request
+    for spec in specs:  # a models.toml explain or defaults that cannot run stops the start
         try:
             kserve.check_explanation(spec, settings)
+            kinds.check_defaults(spec, settings)
         except ValueError as exc:
             raise SystemExit(f"attrserve: {exc}") from None
     telemetry = Telemetry()

@@ -110,3 +110,25 @@ class Result:
     method: str
     #: with a ``precision``: what it cost (``methods.engine.precision.Fidelity``)
     fidelity: Any = None
+
+    @property
+    def steps(self) -> dict[str, Any] | None:
+        """``n_steps="auto"`` (``steps_of``): the steps it stopped at, the evaluations it
+        made and its error estimate; None for a fixed step count."""
+        return steps_of(self.params)
+
+
+def steps_of(params: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``n_steps="auto"`` took, from a result's effective ``params``: ``n_steps`` (the
+    rung it stopped at), ``evaluations`` (forward/backward rows per example: the path's
+    points, each computed once, and the two endpoints' forwards, f(inputs) and f(baselines))
+    and ``error_estimate`` (the attributions' relative L2 change over the last rung); None
+    where the step count was fixed."""
+    if "n_steps_evaluated" not in params:
+        return None
+    change = params.get("change")
+    return {
+        "n_steps": int(params["n_steps"]),
+        "evaluations": int(params["n_steps_evaluated"]) + 2,
+        "error_estimate": None if change is None else float(change),
+    }

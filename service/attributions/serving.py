@@ -33,8 +33,12 @@ def build_job(
     request_id: str = "",
 ) -> Work:
     """Every check that needs no model (the model's kind decides): the request as a job, or a
-    4xx ServiceError."""
+    4xx ServiceError. The params a request leaves out take the model's models.toml
+    ``defaults`` first."""
     kind = kinds.of(spec)
+    if spec.defaults.get(req.method):
+        params = kinds.with_defaults(spec, req.method, req.params)
+        req = req.model_copy(update={"params": params})
     if req.metrics is not None and req.metrics.asked() and not kind.catalogue(spec).predicts:
         raise UnsupportedMethod(
             f"model {spec.id!r} is a {kind.name} model: its attributions cannot be scored "

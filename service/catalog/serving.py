@@ -57,6 +57,7 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         not_ready_reason=None if ready else state["reason"],
         predictor=predictor(spec, state.get("predictor")),
         kind=spec.kind,
+        defaults={m: dict(p) for m, p in spec.defaults.items()},
     )
 
 

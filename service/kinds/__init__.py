@@ -10,7 +10,11 @@ from the model's spec. Adding a kind is one module and one line below.
 
 from __future__ import annotations
 
+from typing import Any
+
 from model_registry.spec import TENSOR_KINDS, LoadedModel, ModelSpec
+from service.core.errors import ServiceError
+from service.core.settings import Settings
 from service.core.work import Reply, Work
 from service.core.work import run as run_work
 from service.kinds.base import ModelKind
@@ -36,6 +40,25 @@ def of(spec: ModelSpec) -> ModelKind:
     return KINDS[name_of(spec)]
 
 
+def with_defaults(spec: ModelSpec, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A request's ``params`` for ``method`` over the model's models.toml ``defaults`` of that
+    method: what the request asks, every route and job alike."""
+    return {**spec.defaults.get(method, {}), **params}
+
+
+def check_defaults(spec: ModelSpec, settings: Settings) -> None:
+    """Start-up check of models.toml ``defaults``: each method serves the model and its params
+    validate; a ValueError naming the model and the method otherwise (the server does not
+    start, a repository load fails)."""
+    for method, params in spec.defaults.items():
+        try:
+            of(spec).check(spec, method, dict(params), settings)
+        except ServiceError as exc:
+            raise ValueError(
+                f"model {spec.id!r}: defaults.{method} cannot run: {exc.detail}"
+            ) from None
+
+
 def run(lm: LoadedModel, work: Work) -> Reply:
     """Work on its loaded model (in the worker), by the run its type registered: importing
     the kinds registers theirs (attributions, predictions, generation), and unpickling a
@@ -43,4 +66,4 @@ def run(lm: LoadedModel, work: Work) -> Reply:
     return run_work(lm, work)
 
 
-__all__ = ["KINDS", "ModelKind", "name_of", "of", "run"]
+__all__ = ["KINDS", "ModelKind", "check_defaults", "name_of", "of", "run", "with_defaults"]

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from methods.engine.call import steps_of
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import UnsupportedMethod
 from service.core.settings import Settings
@@ -232,6 +233,9 @@ def envelope(
         body["verification"] = reply.verification
     if reply.fidelity is not None:
         body["fidelity"] = reply.fidelity
+    steps = steps_of(reply.params)
+    if steps is not None:
+        body["steps"] = steps
     if reply.metrics is not None:
         body["metrics"] = reply.metrics
         timing_ms["metrics"] = round(reply.metrics_ms, 3)

@@ -12,6 +12,7 @@ from typing import Any
 
 import model_registry
 from model_registry.spec import ModelSpec
+from service import kinds
 from service.compat import kserve
 from service.core.errors import InvalidRequest, LoadFailed, UnknownModel
 from service.core.settings import Settings
@@ -48,6 +49,7 @@ async def entry(settings: Settings, model_id: str) -> ModelSpec:
         )
     try:
         kserve.check_explanation(spec, settings)
+        kinds.check_defaults(spec, settings)
     except ValueError as exc:
         raise LoadFailed(str(exc)) from None
     return spec

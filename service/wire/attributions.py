@@ -417,6 +417,19 @@ class MetricsOut(BaseModel):
     insertion: Curve | None = None
 
 
+class StepsOut(BaseModel):
+    """What ``n_steps: "auto"`` took."""
+
+    n_steps: int = Field(description="the rung it stopped at")
+    evaluations: int = Field(
+        description="forward/backward rows per example computed: the path's points (a nested "
+        "rule computes each once) and the two endpoints' forwards"
+    )
+    error_estimate: float | None = Field(
+        description="relative L2 change of the attributions between the last two rungs"
+    )
+
+
 class AttributionResponse(BaseModel):
     """Attributions mirroring the inputs (per-token scores for token models)."""
 
@@ -478,6 +491,9 @@ class AttributionResponse(BaseModel):
     )
     fidelity: FidelityOut | None = Field(
         default=None, description="with a precision other than the model's dtype: what it cost"
+    )
+    steps: StepsOut | None = Field(
+        default=None, description='n_steps "auto": what it took (absent for a fixed n_steps)'
     )
     merged_requests: int = Field(default=1, description="requests merged into the engine call")
     timing_ms: TimingMs

@@ -102,6 +102,12 @@ class ModelInfo(BaseModel):
     not_ready_reason: str | None = Field(
         default=None, description="why the model is refused (a failed device check)"
     )
+    defaults: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="models.toml defaults: per method (as requests name it), the params a "
+        'request of that method leaves out take these values (e.g. {"integrated_gradients": '
+        '{"n_steps": "auto"}})',
+    )
     kind: str = Field(
         default="tensor",
         description='"tensor" (tensors or texts in, one output); a Hugging Face classifier\'s '

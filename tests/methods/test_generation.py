@@ -300,15 +300,15 @@ def test_a_reference_is_cached_only_where_it_spares_more_than_its_forward() -> N
     unperturbed one: caching it would cost a forward to spare a token."""
     model, tok = gpt2(), gpt2_tokenizer()
     base = tuple(tok.encode("my friend alice lives in the city"))
-    absent = (base[0],) + (0,) * (len(base) - 1)
-    ablated = [base[:i] + (0,) + base[i + 1 :] for i in range(1, len(base))]
+    absent = (base[0], *([0] * (len(base) - 1)))
+    ablated = [(*base[:i], 0, *base[i + 1 :]) for i in range(1, len(base))]
     scorer = Scorer(wrap(model), torch.tensor([4, 6]), references=[base, absent])
     got = scorer.score([base, *ablated])
     close(got, plain_log_probs(model, [base, *ablated], [4, 6]), 1e-12, 1e-12)
     assert scorer.stats.cached_tokens > 0
     assert scorer.stats.rows == len(ablated) + 1  # the absent prompt was never run
     # Twenty prompts sharing all but their last token with the absent one: worth its forward.
-    deep = [absent[:-1] + (k,) for k in range(5, 25)]
+    deep = [(*absent[:-1], k) for k in range(5, 25)]
     before = scorer.stats.cached_tokens
     close(scorer.score(deep), plain_log_probs(model, deep, [4, 6]), 1e-12, 1e-12)
     assert scorer.stats.cached_tokens - before == len(deep) * (len(absent) - 1)

@@ -197,6 +197,31 @@ def test_auto_steps_cost_what_they_stop_at() -> None:
     assert gauss.params["n_steps_evaluated"] > gauss.params["n_steps"]
 
 
+@pytest.mark.parametrize("rule", [None, "gausslegendre", "riemann_trapezoid"])
+def test_auto_steps_say_what_they_took(rule: str | None) -> None:
+    """The result's ``steps`` (CONTRACT 8.1): the rung it stopped at, the forward rows per
+    example the model actually ran (counted here by a hook: the path's points and the two
+    endpoints) and the error estimate; None for a fixed n_steps."""
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 2)).double()
+    x = torch.rand(3, 5, dtype=torch.float64)
+    rows: list[int] = []
+    handle = m.register_forward_hook(lambda _m, args, _o: rows.append(int(args[0].shape[0])))
+    kw: dict[str, Any] = {} if rule is None else {"approximation_method": rule}
+    try:
+        auto = methods.attribute(m, x, "integrated_gradients", target=1, n_steps="auto", **kw)
+    finally:
+        handle.remove()
+    steps = auto.steps
+    assert steps is not None and steps["n_steps"] == auto.params["n_steps"]
+    assert steps["evaluations"] == sum(rows) / len(x)
+    assert steps["error_estimate"] == auto.params["change"] <= auto.params["delta_tolerance"]
+    if rule != "gausslegendre":  # nested: each point once
+        assert steps["evaluations"] == steps["n_steps"] + 2
+    fixed = methods.attribute(m, x, "integrated_gradients", target=1, n_steps=8)
+    assert fixed.steps is None
+
+
 def test_auto_steps_keep_no_more_points_than_the_memory_budget() -> None:
     """Keeping every point's gradient would pass a tiny budget: each rung is computed whole
     instead (as Gauss-Legendre's ladder is), with the same answer."""

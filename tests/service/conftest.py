@@ -360,7 +360,9 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 #: models of ``store_server``: concepts (tests/service/concepts) on image-cnn, training-data
-#: influence (tests/service/influence) on tabular-noisy and "projected", none on tabular-mlp
+#: influence (tests/service/influence) on tabular-noisy and "projected", none on tabular-mlp;
+#: "projected" has integrated gradients default to n_steps "auto"
+#: (tests/service/attributions/test_defaults.py)
 STORE_TOML = f"""
 [[models]]
 id = "image-cnn"
@@ -385,6 +387,9 @@ checkpoints = [{{ path = "{NOISY / "checkpoint-2.pt"}", lr = 0.1 }},
 method = "tracin_cp_fast_rand_proj"
 projection_dim = 2
 seed = 3
+
+[models.defaults.integrated_gradients]
+n_steps = "auto"
 """
 
 
