@@ -345,15 +345,15 @@ def _fidelity_rows(
         data[p] = f.as_dict()
         if not _finite(r.attributions):
             broken.append(f"{p}: non-finite attributions")
-        if not f.verified or f.relative_l2 is None:
-            broken.append(f"{p}: not verified")
+        if not f.checked or f.rel_l2 is None:
+            broken.append(f"{p}: not checked")
             continue
-        if f.relative_l2 > f.tolerance and not f.rerun_in_float32:
-            broken.append(f"{p}: L2 {f.relative_l2:.2g} over {f.tolerance} but not rerun")
-        cell = f"{p}: L2 {f.relative_l2:.2g}, top{f.top_k} {f.top_k_agreement:.2f}"
-        if f.delta_ratio is not None:
-            cell += f", delta {f.delta_ratio:.2g}"
-        cells.append(cell + (" (rerun in float32)" if f.rerun_in_float32 else ""))
+        if f.rel_l2 > f.tolerance and not f.fallback:
+            broken.append(f"{p}: L2 {f.rel_l2:.2g} over {f.tolerance} but not rerun")
+        cell = f"{p}: L2 {f.rel_l2:.2g}, top{f.top_k} {f.topk_agreement:.2f}"
+        if f.delta_ratio:
+            cell += f", delta {max(f.delta_ratio):.2g}"
+        cells.append(cell + (" (rerun in float32)" if f.fallback else ""))
     figures = "; ".join(cells + [f"FAILED {b}" for b in broken])
     row = Row(
         f"fidelity {method}",

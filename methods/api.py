@@ -46,6 +46,7 @@ def attribute(
     progress: bool = False,
     precision: str | None = None,
     verify: bool = False,
+    fidelity_tolerance: float | None = None,
     **params: Any,
 ) -> Result:
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
@@ -61,7 +62,7 @@ def attribute(
     model's own dtype) runs the model's forward and backward in that dtype with the engine's
     sums in float32 (``methods.engine.precision``); the result's ``fidelity`` says what it
     cost, and with ``verify=True`` compares with the float32 answer, which replaces an answer
-    out of tolerance.
+    whose worst example is more than ``fidelity_tolerance`` (relative L2; default 0.05) away.
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)
@@ -98,6 +99,7 @@ def attribute(
     if not isinstance(progress, bool):
         raise InvalidTypeError(f"progress must be a bool, got {progress!r}", argument="progress")
     prec = precision_.check_precision(precision)
+    tolerance = precision_.check_tolerance(fidelity_tolerance)
     if not isinstance(verify, bool):
         raise InvalidTypeError(f"verify must be a bool, got {verify!r}", argument="verify")
     upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
@@ -120,7 +122,12 @@ def attribute(
     own = precision_.model_dtype(model)
     if prec is None or (prec != "auto" and precision_.DTYPES[prec] == own and not verify):
         with show_progress(progress, method):
-            return _attribute(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+            result = _attribute(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+        # every answer says its precision (the model's own here: nothing to check)
+        own_name = str(own).removeprefix("torch.")
+        return dataclasses.replace(
+            result, fidelity=precision_.Fidelity(own_name, _delta_ratio(result))
+        )
     if seed is None and (spec.stochastic or noise_tunnel is not None):
         seed = int(torch.randint(0, 2**31 - 1, ()))  # the same samples in every precision
 
@@ -138,7 +145,7 @@ def attribute(
         return _attribute(spec, in_call, p, noise_tunnel, as_tuple, upsample, seed)
 
     with show_progress(progress, method):
-        result = _in_precision(model, spec, prec, run_in, xs, verify)
+        result = _in_precision(model, spec, prec, run_in, xs, verify, tolerance)
     if not return_convergence_delta:
         result = dataclasses.replace(result, convergence_delta=None)
     return result
@@ -151,6 +158,7 @@ def _in_precision(
     run_in: Callable[[str], Result],
     xs: tuple[torch.Tensor, ...],
     verify: bool,
+    tolerance: float,
 ) -> Result:
     """``run_in`` in ``prec`` (``auto``: the precision the model's probe kept), with what the
     precision cost; verified against float32 when asked, and replaced by it when out of
@@ -160,30 +168,32 @@ def _in_precision(
         key = (spec.name, tuple((x.dim(), x.dtype, x.device) for x in xs))
         known = precision_.known_probe(model, key)
         if known is None:  # the first call of its kind: measure every precision on it
-            found, answers = precision_.probe(model, key, xs[0].device, run_in)
+            found, answers = precision_.probe(model, key, xs[0].device, run_in, tolerance)
             result, ref = answers[found.precision], answers["float32"]
             rel, agree, k = precision_.compare(result.attributions, ref.attributions)
             fid = precision_.Fidelity(
-                found.precision, _delta_ratio(result), rel, agree, k, verified=True,
-                chosen=found.reason(),
+                found.precision, _delta_ratio(result), checked=True, rel_l2=rel,
+                topk_agreement=agree, top_k=k, tolerance=tolerance, chosen=found.reason(),
             )  # fmt: skip
             return dataclasses.replace(result, fidelity=fid)
         prec, chosen = known.precision, known.reason()
     result = run_in(prec)
-    fid = precision_.Fidelity(prec, _delta_ratio(result), chosen=chosen)
+    fid = precision_.Fidelity(prec, _delta_ratio(result), tolerance=tolerance, chosen=chosen)
     if verify:
         ref = run_in("float32")
         rel, agree, k = precision_.compare(result.attributions, ref.attributions)
-        fid = dataclasses.replace(
-            fid, relative_l2=rel, top_k_agreement=agree, top_k=k, verified=True
-        )
-        if not fid.ok:
-            result, fid = ref, dataclasses.replace(fid, rerun_in_float32=True)
+        fid = dataclasses.replace(fid, rel_l2=rel, topk_agreement=agree, top_k=k, checked=True)
+        if not fid.ok:  # the float32 answer, saying what was tried
+            fid = dataclasses.replace(
+                fid, precision="float32", tried=prec, fallback=True, delta_ratio=_delta_ratio(ref)
+            )
+            result = ref
     return dataclasses.replace(result, fidelity=fid)
 
 
-def _delta_ratio(result: Result) -> float | None:
-    """|delta| over the output gap, the gap read back from the attributions' sums."""
+def _delta_ratio(result: Result) -> list[float] | None:
+    """Per example, |delta| over the output gap, the gap read back from the attributions'
+    sums."""
     delta = result.convergence_delta
     if delta is None:
         return None

@@ -8,6 +8,7 @@ its output the next token, so there is nothing of the sort to declare.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -130,8 +131,21 @@ def explain(table: Table) -> ExplainSpec | None:
     return ExplainSpec(method=method, params=params)
 
 
+def _number(table: Table, key: str, default: Any, *, share: bool) -> Any:
+    """A finite number: a share in [0, 1] (``share``), else positive; ``default`` if unset."""
+    if key not in table:
+        return default
+    v = table.get(key)
+    number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not number or not (0 <= v <= 1 if share else v > 0):
+        want = "a number from 0 to 1" if share else "a positive number"
+        table.fail(key, f"expected {want}, got {describe_value(v)}")
+    return float(v)
+
+
 def runtime(table: Table) -> dict[str, Any]:
-    """``compile``, ``compile_mode``, ``verify_device`` and ``precision``."""
+    """``compile``, ``compile_mode``, ``verify_device``, ``precision``, ``fidelity_sample`` and
+    ``fidelity_tolerance``."""
     compiled = table.flag("compile", False)
     if "compile_mode" in table and not compiled:
         table.fail("compile_mode", "takes effect with compile = true; add it, or remove this")
@@ -143,6 +157,8 @@ def runtime(table: Table) -> dict[str, Any]:
         "compile_mode": table.choice("compile_mode", COMPILE_MODES, "default"),
         "verify_device": verify,
         "precision": table.choice("precision", PRECISIONS, "") if "precision" in table else None,
+        "fidelity_sample": _number(table, "fidelity_sample", None, share=True),
+        "fidelity_tolerance": _number(table, "fidelity_tolerance", 0.05, share=False),
     }
 
 
@@ -186,6 +202,8 @@ NOT_FOR_LM: Mapping[str, str] = MappingProxyType(
             "compile",
             "compile_mode",
             "verify_device",
+            "fidelity_sample",
+            "fidelity_tolerance",
         )
     }
 )

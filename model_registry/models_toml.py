@@ -57,6 +57,8 @@ MODEL_KEYS = (
     "compile_mode",
     "verify_device",
     "precision",
+    "fidelity_sample",
+    "fidelity_tolerance",
     "group",
     "workers",
     "influence",

@@ -135,6 +135,12 @@ class ModelSpec:
     #: models.toml ``precision``: the default of attribution requests' ``precision`` (None:
     #: the model's dtype; ``methods.engine.precision``)
     precision: str | None = None
+    #: models.toml ``fidelity_sample``: the share of low-precision requests checked against
+    #: float32 unasked (None: the server's ``ATTRSERVE_VERIFY_SHARE``, default 0.05)
+    fidelity_sample: float | None = None
+    #: models.toml ``fidelity_tolerance``: the largest relative L2 error from float32 a checked
+    #: low-precision answer may have before the float32 answer replaces it
+    fidelity_tolerance: float = 0.05
     #: ``remote:`` sources: where and how the predictor is called
     #: (``model_registry.sources.remote.RemoteSpec``)
     remote: Any = None

@@ -99,7 +99,7 @@ def test_fidelity_reports_each_method_in_each_precision() -> None:
     assert all(r.result == "PASS" for r in rows), [r.figures for r in rows]
     for r in rows:
         assert r.figures.startswith("bfloat16: L2 ")
-        assert r.data["bfloat16"]["verified"] is True
+        assert r.data["bfloat16"]["checked"] is True
     assert "delta" in rows[0].figures  # integrated gradients has a convergence delta
 
 

@@ -22,6 +22,7 @@ the fastest precision whose answer passed.
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 import weakref
@@ -45,6 +46,23 @@ TOLERANCE = 0.05
 TOP_K = 10
 #: ``auto`` keeps a low precision only when it is at least this much faster than float32
 SPEED_UP = 1.2
+
+
+def check_tolerance(value: object) -> float:
+    """``fidelity_tolerance``: a positive finite number (None: ``TOLERANCE``)."""
+    if value is None:
+        return TOLERANCE
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgumentError(
+            f"fidelity_tolerance must be a positive number (a relative L2 error), got {value!r}",
+            argument="fidelity_tolerance",
+        )
+    return float(value)
 
 
 def check_precision(value: Any) -> str | None:
@@ -151,26 +169,32 @@ def working_dtype() -> torch.dtype | None:
 
 @dataclass(frozen=True)
 class Fidelity:
-    """What computing in ``precision`` cost, against float32 where it was measured."""
+    """What computing in a precision cost, against float32 where it was measured (CONTRACT
+    8.1's names)."""
 
+    #: the precision of the returned numbers (float32 after a fallback)
     precision: str
-    #: max over examples of |convergence delta| / |f(x) - f(baseline)|, where the method has one
-    delta_ratio: float | None = None
-    #: ||a - a_float32|| / ||a_float32|| over every attribution (when verified)
-    relative_l2: float | None = None
-    #: mean share of each example's top-k |attributions| that the float32 answer shares
-    top_k_agreement: float | None = None
+    #: per example, |convergence delta| / |f(x) - f(baseline)|, where the method has a delta
+    delta_ratio: list[float] | None = None
+    #: compared with a float32 computation (``verify``, a sampled check, or ``auto``'s probe)
+    checked: bool = False
+    #: when checked: ||a - a_float32|| / ||a_float32|| of the worst example
+    rel_l2: float | None = None
+    #: when checked: the share of the top-k |attributions| the float32 answer shares, for the
+    #: worst example
+    topk_agreement: float | None = None
+    #: the low-precision answer failed the check and the answer is the float32 one
+    fallback: bool = False
+    #: with ``fallback``: the precision that was tried and failed
+    tried: str | None = None
     top_k: int | None = None
     tolerance: float = TOLERANCE
-    verified: bool = False
-    #: the low-precision answer failed verification and the float32 answer was returned
-    rerun_in_float32: bool = False
     #: for ``auto``: why this precision was kept
     chosen: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.relative_l2 is None or self.relative_l2 <= self.tolerance
+        return self.rel_l2 is None or self.rel_l2 <= self.tolerance
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -187,40 +211,41 @@ def flat(value: Any) -> list[Tensor]:
 
 
 def compare(got: Any, ref: Any) -> tuple[float, float, int]:
-    """Relative L2 distance of ``got`` from ``ref``, their mean top-k agreement per example,
-    and the k used."""
+    """For the worst example: the relative L2 distance of ``got`` from ``ref`` (largest) and
+    the share of its top-k |attributions| that ``ref`` shares (smallest); and the k used."""
     a = [x.detach().cpu() for x in flat(got)]  # the two may sit on different devices
     r = [y.detach().cpu() for y in flat(ref)]
-    num = sum(float((x.double() - y.double()).pow(2).sum()) for x, y in zip(a, r, strict=True))
-    den = sum(float(y.double().pow(2).sum()) for y in r)
-    rel = (num**0.5) / (den**0.5) if den > 0 else (0.0 if num == 0 else float("inf"))
     n = r[0].shape[0] if r and r[0].dim() else 1
-    rows_a = torch.cat([x.detach().reshape(n, -1).double() for x in a], dim=1).abs()
-    rows_r = torch.cat([y.detach().reshape(n, -1).double() for y in r], dim=1).abs()
+    rows_a = torch.cat([x.reshape(n, -1).double() for x in a], dim=1)
+    rows_r = torch.cat([y.reshape(n, -1).double() for y in r], dim=1)
+    num = (rows_a - rows_r).pow(2).sum(1)
+    den = rows_r.pow(2).sum(1)
+    zero = torch.where(num == 0, 0.0, float("inf")).to(num.dtype)
+    rel = float(torch.where(den > 0, (num / den.clamp(min=1e-300)).sqrt(), zero).max())
     k = min(TOP_K, rows_r.shape[1])
     if k == 0:
         return rel, 1.0, 0
-    top_a = rows_a.topk(k, dim=1).indices
-    top_r = rows_r.topk(k, dim=1).indices
+    top_a = rows_a.abs().topk(k, dim=1).indices
+    top_r = rows_r.abs().topk(k, dim=1).indices
     shared = [
         len(set(ta.tolist()) & set(tr.tolist())) / k for ta, tr in zip(top_a, top_r, strict=True)
     ]
-    return rel, sum(shared) / len(shared), k
+    return rel, min(shared), k
 
 
-def delta_ratio(delta: Any, gap: Tensor | None) -> float | None:
-    """max |delta| / |f(x) - f(b)| over examples (a zero gap counts its delta as is)."""
+def delta_ratio(delta: Any, gap: Tensor | None) -> list[float] | None:
+    """Per example, |delta| / |f(x) - f(b)| (a zero gap counts its delta as is); with a
+    delta per tensor, each example's largest."""
     if gap is None or delta is None:
         return None
-    deltas = flat(delta)
-    worst = 0.0
     g = gap.detach().double().abs().reshape(-1)
-    for d in deltas:
+    worst = torch.zeros_like(g)
+    for d in flat(delta):
         d = d.detach().double().abs().reshape(-1)
         if d.shape != g.shape:
             return None
-        worst = max(worst, float((d / torch.where(g > 0, g, torch.ones_like(g))).max()))
-    return worst
+        worst = torch.maximum(worst, d / torch.where(g > 0, g, torch.ones_like(g)))
+    return [float(v) for v in worst]
 
 
 # -- auto -----------------------------------------------------------------------------------
@@ -233,6 +258,16 @@ class Probe:
     precision: str
     seconds: dict[str, float]
     relative_l2: dict[str, float]
+    tolerance: float = TOLERANCE
+
+    def table(self) -> dict[str, dict[str, Any]]:
+        """Per precision tried: its worst example's relative L2 from float32, whether that is
+        within tolerance, and its speed as a multiple of float32's."""
+        f32 = self.seconds["float32"]
+        return {
+            p: {"rel_l2": r, "ok": r <= self.tolerance, "speedup": f32 / self.seconds[p]}
+            for p, r in self.relative_l2.items()
+        }
 
     def reason(self) -> str:
         f32 = self.seconds["float32"]
@@ -264,6 +299,14 @@ def candidates(device: torch.device) -> list[str]:
     if device.type == "cpu" and cpu_has_bfloat16():
         return ["bfloat16"]
     return []
+
+
+def probes_of(model: Any) -> list[Probe]:
+    """Every probe measured on ``model``, oldest first."""
+    if not isinstance(model, nn.Module):
+        return []
+    with _LOCK:
+        return list(_PROBES.get(model, {}).values())
 
 
 def known_probe(model: Any, key: Any) -> Probe | None:
@@ -303,7 +346,7 @@ def probe(
         fast = seconds[p] * SPEED_UP <= seconds[chosen]
         if rel[p] <= tolerance and fast:
             chosen = p
-    found = Probe(chosen, seconds, rel)
+    found = Probe(chosen, seconds, rel, tolerance)
     with _LOCK:
         _PROBES.setdefault(model, {})[key] = found
     return found, answers

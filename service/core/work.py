@@ -187,6 +187,9 @@ class Attribution(Work):
     verify: bool = False
     #: the dtype the model runs in (``methods.engine.precision``); None: the model's own
     precision: str | None = None
+    #: a checked low-precision answer further than this from float32 (relative L2, worst
+    #: example) is replaced by the float32 one (models.toml ``fidelity_tolerance``)
+    fidelity_tolerance: float = 0.05
     #: explanation metrics to compute after the attributions (``methods.evaluation.
     #: parse_metrics``' form: every metric asked for with all its parameters); None: none
     metrics: dict[str, dict[str, Any]] | None = None
@@ -260,23 +263,33 @@ def stack_examples(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def worst(fidelities: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The fidelity of a reply joined from pieces: each figure at its worst over the pieces
-    (largest errors, smallest agreement), verified only if every piece was."""
+    """The fidelity of a reply joined from pieces in example order: the per-example delta
+    ratios joined, each check's figure at its worst over the pieces (largest error, smallest
+    agreement), checked only if every piece was, fallen back if any piece did."""
     given = [f for f in fidelities if f is not None]
     if not given:
         return None
     out = dict(given[0])
     for f in given[1:]:
-        for key in ("delta_ratio", "relative_l2"):
-            values = [v for v in (out.get(key), f.get(key)) if v is not None]
-            out[key] = max(values) if values else None
-        agree = [v for v in (out.get("top_k_agreement"), f.get("top_k_agreement")) if v is not None]
-        out["top_k_agreement"] = min(agree) if agree else None
-        out["verified"] = bool(out.get("verified")) and bool(f.get("verified"))
-        out["rerun_in_float32"] = bool(out.get("rerun_in_float32")) or bool(
-            f.get("rerun_in_float32")
-        )
+        ratios = (out.get("delta_ratio"), f.get("delta_ratio"))
+        out["delta_ratio"] = None if None in ratios else [*ratios[0], *ratios[1]]  # type: ignore[misc]
+        rel = [v for v in (out.get("rel_l2"), f.get("rel_l2")) if v is not None]
+        out["rel_l2"] = max(rel) if rel else None
+        agree = [v for v in (out.get("topk_agreement"), f.get("topk_agreement")) if v is not None]
+        out["topk_agreement"] = min(agree) if agree else None
+        out["checked"] = bool(out.get("checked")) and bool(f.get("checked"))
+        out["fallback"] = bool(out.get("fallback")) or bool(f.get("fallback"))
+        out["tried"] = out.get("tried") or f.get("tried")
+        if f.get("precision") != out.get("precision"):  # a piece fell back, another did not
+            out["precision"] = "mixed"
     return out
+
+
+def own_fidelity(fidelity: dict[str, Any] | None, start: int, n: int) -> dict[str, Any] | None:
+    """A merged call's fidelity for one request: its own examples' delta ratios."""
+    if fidelity is None or fidelity.get("delta_ratio") is None:
+        return fidelity
+    return {**fidelity, "delta_ratio": fidelity["delta_ratio"][start : start + n]}
 
 
 @dataclass

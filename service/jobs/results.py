@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from service.core.work import Reply, Work, stack_examples
+from service.core.work import Reply, Work, stack_examples, worst
 from service.jobs.store import JobRow
 
 
@@ -55,6 +55,7 @@ def merged(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     meta["tokens"] = [t for m in metas for t in (m.get("tokens") or [])] or None
     meta["compute_ms"] = sum(m.get("compute_ms", 0.0) for m in metas)
     meta["study"] = studies(metas)
+    meta["fidelity"] = worst([m.get("fidelity") for m in metas])
     out["meta"] = np.array(json.dumps(meta, default=_jsonable))
     return out
 

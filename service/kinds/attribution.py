@@ -97,7 +97,8 @@ def build_attribution(
     checks.check_limits(ms, p, settings)
     precision = rules.precision(spec, req)
     # a share of low-precision answers is checked against float32 unasked (never merged)
-    sampled = precision is not None and random.random() < settings.verify_share
+    share = settings.verify_share if spec.fidelity_sample is None else spec.fidelity_sample
+    sampled = precision is not None and random.random() < share
     if req.verify and precision is None and (ms.stochastic or req.noise_tunnel is not None):
         raise InvalidRequest(
             f"{ms.name}{' with a noise tunnel' if req.noise_tunnel else ''} draws random "
@@ -161,6 +162,7 @@ def build_attribution(
         max_tokens=settings.max_text_tokens,
         verify=req.verify or sampled,
         precision=precision,
+        fidelity_tolerance=spec.fidelity_tolerance,
         images=inputs.images,
         metrics=chosen,
         shared_baselines=ms.baseline_distribution,

@@ -23,6 +23,7 @@ import torch
 
 import methods
 from methods import registry
+from methods.engine import precision as precision_
 from methods.verify import Verification, verify
 from model_registry.sources import source_of
 from model_registry.spec import LoadedModel
@@ -63,29 +64,38 @@ def prepare(lm: LoadedModel) -> dict[str, Any]:
     if verify_enabled(lm):
         info["verification"], info["not_ready"] = check_device(lm)
     if spec.precision is not None:
-        info["precision"] = {"default": spec.precision, "probe": probe_precision(lm)}
+        probe, chosen = probe_precision(lm)
+        info["precision"] = {"default": spec.precision, "probe": probe, "chosen": chosen}
     return info
 
 
-def probe_precision(lm: LoadedModel) -> str | None:
+def probe_precision(lm: LoadedModel) -> tuple[dict[str, Any] | None, str | None]:
     """For ``precision = "auto"``: the engine's probe (every precision timed and compared
     with float32) on the probe method, at a size where the choice means something, so the
-    first request does not pay for it; what it kept, or why it could not run."""
+    first request does not pay for it: per precision tried its ``rel_l2`` and ``ok``, and
+    what it kept, or why it could not run."""
     if lm.spec.precision != "auto":
-        return None
+        return None, None
     xs = probe_inputs(lm, PROBE_BATCH, AUTO_PROBE_LENGTH)
     method, params = probe_method(lm)
     try:
         res = methods.attribute(
-            lm.model, _one(xs), method, target=probe_target(lm), precision="auto", **params
+            lm.model,
+            _one(xs),
+            method,
+            target=probe_target(lm),
+            precision="auto",
+            fidelity_tolerance=lm.spec.fidelity_tolerance,
+            **params,
         )
     except Exception as exc:  # requests measure for themselves
         why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         log.warning("attrserve: model %s: the precision probe could not run: %s", lm.spec.id, why)
-        return f"the probe could not run ({why}); the first request of each method measures"
+        return None, f"the probe could not run ({why}); the first request of each method measures"
     chosen = str(res.fidelity.chosen)
     log.info("attrserve: model %s: precision auto %s", lm.spec.id, chosen)
-    return chosen
+    measured = precision_.probes_of(lm.model)
+    return (measured[-1].table() if measured else None), chosen
 
 
 # -- probes -------------------------------------------------------------------------------

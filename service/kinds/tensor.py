@@ -104,7 +104,8 @@ def _attribute(
     asks): the result and the figures (None without verify). In a low precision the engine
     verifies against float32 itself (the result's fidelity)."""
     if job.precision is not None:
-        kwargs = {**kwargs, "precision": job.precision, "verify": job.verify}
+        kwargs = {**kwargs, "precision": job.precision, "verify": job.verify,
+                  "fidelity_tolerance": job.fidelity_tolerance}  # fmt: skip
         return methods.attribute(model, inputs, job.method, **kwargs), None
     if job.verify:
         return verify(model, inputs, job.method, reference=reference(lm), **kwargs)

@@ -490,7 +490,8 @@ class AttributionResponse(BaseModel):
         default=None, description='when "metrics" was asked for: the scores'
     )
     fidelity: FidelityOut | None = Field(
-        default=None, description="with a precision other than the model's dtype: what it cost"
+        default=None,
+        description="the precision of the numbers and what it cost (every tensor model's answer)",
     )
     steps: StepsOut | None = Field(
         default=None, description='n_steps "auto": what it took (absent for a fixed n_steps)'

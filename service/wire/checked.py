@@ -17,28 +17,41 @@ class VerificationOut(BaseModel):
 
 
 class FidelityOut(BaseModel):
-    """What computing in a low precision cost (``methods.engine.precision.Fidelity``)."""
+    """The precision of an answer and what it cost (``methods.engine.precision.Fidelity``;
+    CONTRACT 8.1)."""
 
-    precision: str = Field(description="the dtype the model ran in")
-    delta_ratio: float | None = Field(
+    precision: str = Field(
+        description="the precision of the returned numbers (float32 after a fallback; the "
+        "model's dtype when no precision was asked)"
+    )
+    delta_ratio: list[float] | None = Field(
         default=None,
-        description="max |convergence delta| / |f(x) - f(baseline)| over examples, for methods "
-        "with a delta (rounding of f(x) and f(baseline) alone can make it large)",
+        description="per example, |convergence delta| / |f(x) - f(baseline)|, for methods with "
+        "a delta (information only: rounding of f(x) and f(baseline) alone can make it large)",
     )
-    relative_l2: float | None = Field(
-        default=None, description="when verified: ||a - a_float32|| / ||a_float32||"
+    checked: bool = Field(
+        default=False,
+        description="compared with a float32 computation (verify, a sampled check, or auto's "
+        "probe)",
     )
-    top_k_agreement: float | None = Field(
+    rel_l2: float | None = Field(
         default=None,
-        description="when verified: the mean share of each example's top-k |attributions| "
-        "that the float32 answer shares",
+        description="when checked: ||a - a_float32|| / ||a_float32|| of the worst example",
     )
-    top_k: int | None = Field(default=None, description="the k of top_k_agreement")
-    tolerance: float = Field(description="the largest relative_l2 an answer may have")
-    verified: bool = Field(description="compared with a float32 computation")
-    rerun_in_float32: bool = Field(
-        description="the low-precision answer was out of tolerance: this is the float32 answer"
+    topk_agreement: float | None = Field(
+        default=None,
+        description="when checked: the share of the worst example's top-k |attributions| "
+        "(k = top_k, 10 or fewer features) that the float32 answer shares",
     )
+    fallback: bool = Field(
+        default=False,
+        description="the low-precision answer failed the check: these are the float32 numbers",
+    )
+    tried: str | None = Field(
+        default=None, description="with fallback: the precision tried and failed"
+    )
+    top_k: int | None = Field(default=None, description="the k of topk_agreement")
+    tolerance: float = Field(description="the largest rel_l2 an answer may have")
     chosen: str | None = Field(
         default=None, description='precision "auto": what the probe measured and kept'
     )

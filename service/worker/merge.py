@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from service.core.work import Attribution, Reply, Work
+from service.core.work import Attribution, Reply, Work, own_fidelity
 from service.wire import targets
 
 W = TypeVar("W", bound=Work)
@@ -74,7 +74,7 @@ def split(reply: Reply, jobs: list[W]) -> list[Reply]:
                 predictions=_own_width(_cut(reply.predictions, total, start, j.n), tokens, width),
                 compute_ms=reply.compute_ms,
                 merged=len(jobs),
-                fidelity=reply.fidelity,
+                fidelity=own_fidelity(reply.fidelity, start, j.n),
             )
         )
         start += j.n

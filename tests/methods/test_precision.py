@@ -50,9 +50,10 @@ def test_bfloat16_runs_the_model_in_bfloat16_and_answers_float32() -> None:
     ref = methods.attribute(model, x, "integrated_gradients", target=1, n_steps=16)
     assert r.attributions.dtype == torch.float32
     f = r.fidelity
-    assert f.precision == "bfloat16" and f.verified and not f.rerun_in_float32
-    assert f.relative_l2 == pytest.approx(precision.compare(r.attributions, ref.attributions)[0])
-    assert 0 < f.relative_l2 < 0.05 and f.top_k_agreement >= 0.9 and f.delta_ratio is not None
+    assert f.precision == "bfloat16" and f.checked and not f.fallback and f.tried is None
+    assert f.rel_l2 == pytest.approx(precision.compare(r.attributions, ref.attributions)[0])
+    assert 0 < f.rel_l2 < 0.05 and f.topk_agreement >= 0.9
+    assert f.delta_ratio is not None and len(f.delta_ratio) == len(r.attributions)
     # the copy really ran in bfloat16
     copy = precision.twin(model, torch.bfloat16)
     copy[0].register_forward_hook(lambda m, a, o: seen.append(o.dtype))
@@ -78,12 +79,36 @@ def test_an_answer_out_of_tolerance_is_replaced_by_float32() -> None:
     model, x = Shifted(), torch.rand(3, 8)
     ref = methods.attribute(model, x, "feature_ablation", target=1)
     low = methods.attribute(model, x, "feature_ablation", target=1, precision="bfloat16")
-    assert low.fidelity.relative_l2 is None  # not verified: reported as computed
+    assert low.fidelity.rel_l2 is None and not low.fidelity.checked  # reported as computed
     assert precision.compare(low.attributions, ref.attributions)[0] > 0.05
     r = methods.attribute(model, x, "feature_ablation", target=1, precision="bfloat16",
                           verify=True)  # fmt: skip
-    assert r.fidelity.rerun_in_float32 and r.fidelity.relative_l2 > 0.05
+    f = r.fidelity
+    assert f.fallback and f.rel_l2 > 0.05 and f.precision == "float32" and f.tried == "bfloat16"
     torch.testing.assert_close(r.attributions, ref.attributions)
+
+
+def test_the_tolerance_is_the_caller_s() -> None:
+    model, x = Shifted(), torch.rand(3, 8)
+    kept = methods.attribute(model, x, "feature_ablation", target=1, precision="bfloat16",
+                             verify=True, fidelity_tolerance=10.0)  # fmt: skip
+    f = kept.fidelity
+    assert f.checked and not f.fallback and f.precision == "bfloat16" and f.tolerance == 10.0
+    for bad in (0, -1.0, float("nan"), True, "0.1"):
+        with pytest.raises(InvalidArgumentError):
+            methods.attribute(model, x, "feature_ablation", target=1, precision="bfloat16",
+                              fidelity_tolerance=bad)  # fmt: skip
+
+
+def test_every_answer_says_its_precision() -> None:
+    """Without a precision: the model's own, nothing checked, the delta ratio per example."""
+    model, x = Shifted(), torch.rand(3, 8)
+    r = methods.attribute(model, x, "integrated_gradients", target=1,
+                          return_convergence_delta=True)  # fmt: skip
+    f = r.fidelity
+    assert f.precision == "float32" and not f.checked and not f.fallback and f.rel_l2 is None
+    assert f.delta_ratio is not None and len(f.delta_ratio) == 3
+    assert methods.attribute(model, x, "saliency", target=1).fidelity.delta_ratio is None
 
 
 def test_layer_methods_sum_in_float32_on_token_models() -> None:
@@ -94,12 +119,12 @@ def test_layer_methods_sum_in_float32_on_token_models() -> None:
     r = methods.attribute(model, ids, "layer_integrated_gradients", **kw, precision="bfloat16",
                           verify=True, return_convergence_delta=True)  # fmt: skip
     assert r.attributions.dtype == torch.float32 == r.convergence_delta.dtype
-    assert r.fidelity.relative_l2 < 0.05
+    assert r.fidelity.rel_l2 < 0.05
     assert r.attributions.shape == ref.attributions.shape
     # a read tap (gradient x activation) still gets its gradient through the float32 values
     g = methods.attribute(model, ids, "layer_gradient_x_activation", layer="enc", target=0,
                           precision="bfloat16", verify=True)  # fmt: skip
-    assert g.fidelity.relative_l2 < 0.05
+    assert g.fidelity.rel_l2 < 0.05
 
 
 def test_auto_measures_once_and_keeps_its_choice(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,10 +132,10 @@ def test_auto_measures_once_and_keeps_its_choice(monkeypatch: pytest.MonkeyPatch
     model, x = mlp(), torch.rand(2, 16)
     first = methods.attribute(model, x, "saliency", target=0, precision="auto")
     f = first.fidelity
-    assert f.verified and f.chosen.startswith(f"kept {f.precision}") and "bfloat16" in f.chosen
+    assert f.checked and f.chosen.startswith(f"kept {f.precision}") and "bfloat16" in f.chosen
     second = methods.attribute(model, torch.rand(5, 16), "saliency", target=0, precision="auto")
     assert second.fidelity.precision == f.precision and second.fidelity.chosen == f.chosen
-    assert not second.fidelity.verified
+    assert not second.fidelity.checked
 
 
 def test_auto_tries_bfloat16_on_a_cpu_only_where_it_has_bfloat16_units() -> None:
@@ -127,7 +152,7 @@ def test_stochastic_methods_draw_the_same_samples_in_both_precisions() -> None:
     model, x = mlp(), torch.rand(2, 16)
     r = methods.attribute(model, x, "gradient_shap", baselines=torch.zeros(4, 16), target=0,
                           n_samples=8, precision="bfloat16", verify=True)  # fmt: skip
-    assert r.fidelity.relative_l2 < 0.05
+    assert r.fidelity.rel_l2 < 0.05
 
 
 def test_float32_on_a_bfloat16_model() -> None:

@@ -54,6 +54,9 @@ def test_runtime_keys_default_and_parse(tmp_path: Path) -> None:
     text = MINIMAL + 'compile = true\ncompile_mode = "max-autotune"\nverify_device = false\n'
     (spec,) = specs(tmp_path, text)
     assert (spec.compile, spec.compile_mode, spec.verify_device) == (True, "max-autotune", False)
+    assert (spec.fidelity_sample, spec.fidelity_tolerance) == (None, 0.05)
+    (spec,) = specs(tmp_path, MINIMAL + "fidelity_sample = 1\nfidelity_tolerance = 0.02\n")
+    assert (spec.fidelity_sample, spec.fidelity_tolerance) == (1.0, 0.02)
 
 
 @pytest.mark.parametrize(
@@ -63,6 +66,10 @@ def test_runtime_keys_default_and_parse(tmp_path: Path) -> None:
         (MINIMAL + 'compile_mode = "default"\n', "compile_mode", "with compile = true"),
         (MINIMAL + 'compile = true\ncompile_mode = "fast"\n', "compile_mode", "expected one of"),
         (MINIMAL + "verify_device = 1\n", "verify_device", "expected true or false"),
+        (MINIMAL + "fidelity_sample = 1.5\n", "fidelity_sample", "a number from 0 to 1"),
+        (MINIMAL + 'fidelity_sample = "all"\n', "fidelity_sample", "a number from 0 to 1"),
+        (MINIMAL + "fidelity_tolerance = 0\n", "fidelity_tolerance", "a positive number"),
+        (MINIMAL + "fidelity_tolerance = true\n", "fidelity_tolerance", "a positive number"),
         (MINIMAL + 'method = "saliency"\n', "method", "only attribution-export"),
         (SCRIPT + "compile = true\n", "compile", "TorchScript"),
         (PROGRAM + 'layers = ["fc1"]\n', "layers", "no layers"),

@@ -295,8 +295,11 @@ def test_concurrent_texts_merge_and_equal_one_by_one(hf_server: tuple[Server, Pa
     texts = [" ".join(words[: 2 + i % 8]) for i in range(12)]
     body = {"method": "integrated_gradients", "target": "positive", "params": {"n_steps": 64}}
     alone = [post(server, {**body, "inputs": [t]}).json() for t in texts]
-    with ThreadPoolExecutor(12) as pool:
-        together = list(pool.map(lambda t: post(server, {**body, "inputs": [t]}).json(), texts))
+    for _ in range(3):  # a loaded machine may send the twelve too slowly to queue together
+        with ThreadPoolExecutor(12) as pool:
+            together = list(pool.map(lambda t: post(server, {**body, "inputs": [t]}).json(), texts))
+        if max(r["merged_requests"] for r in together) > 1:
+            break
     assert max(r["merged_requests"] for r in together) > 1
     for a, b in zip(alone, together, strict=True):
         assert b["tokens"] == a["tokens"]
