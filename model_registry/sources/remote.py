@@ -22,6 +22,7 @@ sent, never logged nor shown.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import random
 import threading
@@ -35,6 +36,7 @@ import orjson
 import torch
 from torch import nn
 
+from methods import cancel
 from methods.errors import AttributionError
 from model_registry.errors import RegistryError
 from model_registry.model_kinds import model_kind
@@ -252,6 +254,7 @@ class RemoteModel(nn.Module):
         for attempt in range(r.retries + 1):
             if attempt:
                 time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+                cancel.checkpoint()  # no retry starts after the request's deadline or cancellation
             self.breaker.check(r.describe())
             try:
                 resp = client.post(r.endpoint(), content=body, headers=JSON)
@@ -266,8 +269,12 @@ class RemoteModel(nn.Module):
                     try:
                         arr = self.scores(orjson.loads(resp.content), n)
                     except ValueError:
-                        failure = RemoteFailure(f"{r.describe()} answered a body that is not JSON")
-                    except RemoteFailure as exc:
+                        failure = RemoteFailure(
+                            f"{r.describe()} answered a body that is not JSON",
+                            upstream=resp.status_code,
+                        )
+                    except RemoteFailure as exc:  # an answer without the right scores
+                        exc.upstream = resp.status_code
                         failure = exc
                     else:
                         self.breaker.record(True)
@@ -290,8 +297,6 @@ class RemoteModel(nn.Module):
     # -- a forward: many calls ---------------------------------------------------------------
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        from methods.cancel import checkpoint
-
         n = int(xs[0].shape[0])
         step = self.remote.max_batch
         pieces = [(s, min(n, s + step)) for s in range(0, n, step)]
@@ -302,10 +307,11 @@ class RemoteModel(nn.Module):
         try:
             while todo or running:
                 while todo and len(running) < self.remote.max_concurrency:
-                    checkpoint()  # a cancelled request issues no more calls
+                    cancel.checkpoint()  # a cancelled request issues no more calls
                     i, (s, e) = todo.pop(0)
                     cut = tuple(x[s:e].detach().cpu() for x in xs)
-                    running[pool.submit(self.call, cut)] = i
+                    # the call sees the request's cancellation scopes (its retries check them)
+                    running[pool.submit(contextvars.copy_context().run, self.call, cut)] = i
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
                     out[running.pop(f)] = f.result()
@@ -340,6 +346,7 @@ class RemoteSource(ModelSource):
         "request_template",
         "inputs_pointer",
         "outputs_pointer",
+        "scores_pointer",
         "output_name",
         "send",
         "instance_key",

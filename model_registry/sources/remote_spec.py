@@ -3,6 +3,7 @@ is, how it is called and what it is sent (``model_registry.sources.remote``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from model_registry.spec import ModelSpec
 from model_registry.table import Table, describe_value
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -25,9 +27,10 @@ class RemoteSpec:
     protocol: str
     url: str
     model_name: str
-    #: header name -> value, ``${NAME}`` standing for an environment variable (read at load)
+    #: header name -> value, ``"env:NAME"`` (the whole value) or ``${NAME}`` (within it)
+    #: standing for an environment variable (read at load)
     headers: Mapping[str, str] = field(default_factory=dict)
-    timeout_s: float = 30.0
+    timeout_s: float = 10.0
     max_batch: int = 64
     max_concurrency: int = 4
     retries: int = 2
@@ -67,19 +70,59 @@ class RemoteSpec:
 
 
 def expand(value: str, spec: ModelSpec, name: str) -> str:
-    """``value`` with each ``${NAME}`` replaced by that environment variable."""
+    """``value`` read from the environment: ``"env:NAME"`` is that variable's value, and
+    each ``${NAME}`` within a value is replaced by it."""
 
-    def one(m: re.Match[str]) -> str:
-        found = os.environ.get(m.group(1))
+    def read(var: str) -> str:
+        found = os.environ.get(var)
         if found is None:
             raise RegistryError(
-                f"header {name!r} names the environment variable {m.group(1)}, which is not set",
+                f"header {name!r} names the environment variable {var}, which is not set",
                 model=spec.id,
                 field="headers",
             )
         return found
 
-    return _ENV.sub(one, value)
+    if value.startswith("env:") and _NAME.fullmatch(value[4:]):
+        return read(value[4:])
+    return _ENV.sub(lambda m: read(m.group(1)), value)
+
+
+#: where a ``request_template`` puts the batch of instances
+PLACEHOLDER = "$instances"
+
+
+def _template(table: Table) -> tuple[dict[str, Any], str | None]:
+    """``request_template``: a table, or JSON text; and the JSON pointer of its
+    ``"$instances"`` placeholder, if it has one."""
+    template = table.get("request_template", {})
+    if isinstance(template, str):
+        try:
+            template = json.loads(template)
+        except ValueError as exc:
+            table.fail("request_template", f"expected JSON text, got {template!r} ({exc})")
+    if not isinstance(template, dict):
+        table.fail(
+            "request_template",
+            f"expected a JSON object (text or a table), got {describe_value(template)}",
+        )
+    found = _placeholder(template, "")
+    return template, found
+
+
+def _placeholder(doc: Any, at: str) -> str | None:
+    """The JSON pointer of the first ``"$instances"`` value in ``doc`` (None: none)."""
+    if doc == PLACEHOLDER:
+        return at
+    items = (
+        doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    )
+    for key, value in items:
+        token = str(key).replace("~", "~0").replace("/", "~1")
+        found = _placeholder(value, f"{at}/{token}")
+        if found is not None:
+            return found
+    return None
 
 
 def _number(table: Table, key: str, default: float, *, integer: bool, low: float) -> Any:
@@ -102,20 +145,27 @@ def remote_spec(table: Table, source: Source, spec: ModelSpec) -> RemoteSpec:
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
     ):
         table.fail("headers", "expected a table of header names to string values")
-    template = table.get("request_template", {})
-    if not isinstance(template, dict):
-        table.fail("request_template", f"expected a table, got {describe_value(template)}")
+    template, placeholder = _template(table)
     if source.target != "http":
-        for key in ("request_template", "inputs_pointer", "outputs_pointer"):
+        for key in ("request_template", "inputs_pointer", "outputs_pointer", "scores_pointer"):
             if key in table:
                 table.fail(key, f"only remote:http takes {key}")
     if "output_name" in table and source.target != "oip-v2":
         table.fail("output_name", "only remote:oip-v2 takes output_name")
+    if "scores_pointer" in table and "outputs_pointer" in table:
+        table.fail("outputs_pointer", "scores_pointer and outputs_pointer name the same; keep one")
+    if placeholder is not None and "inputs_pointer" in table:
+        table.fail("inputs_pointer", f'the request_template\'s "{PLACEHOLDER}" already places '
+                                     "the instances; keep one")  # fmt: skip
     pointers = {}
-    for key, default in (("inputs_pointer", "/instances"), ("outputs_pointer", "/predictions")):
-        v = table.get(key, default)
+    for key, name, default in (
+        ("inputs_pointer", "inputs_pointer", placeholder or "/instances"),
+        ("outputs_pointer", "scores_pointer" if "scores_pointer" in table else "outputs_pointer",
+         "/predictions"),
+    ):  # fmt: skip
+        v = table.get(name, default)
         if not isinstance(v, str) or not (v == "" or v.startswith("/")):
-            table.fail(key, f"expected a JSON pointer such as '/data', got {describe_value(v)}")
+            table.fail(name, f"expected a JSON pointer such as '/data', got {describe_value(v)}")
         pointers[key] = v
     name = table.get("model_name", spec.id)
     if not isinstance(name, str) or not name:
@@ -150,7 +200,7 @@ def remote_spec(table: Table, source: Source, spec: ModelSpec) -> RemoteSpec:
         url=url,
         model_name=name,
         headers=dict(headers),
-        timeout_s=float(_number(table, "timeout_s", 30.0, integer=False, low=0.001)),
+        timeout_s=float(_number(table, "timeout_s", 10.0, integer=False, low=0.001)),
         max_batch=int(_number(table, "max_batch", 64, integer=True, low=1)),
         max_concurrency=int(_number(table, "max_concurrency", 4, integer=True, low=1)),
         retries=int(_number(table, "retries", 2, integer=True, low=0)),

@@ -56,9 +56,24 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         or (None if spec.precision is None else {"default": spec.precision}),
         not_ready_reason=None if ready else state["reason"],
         predictor=predictor(spec, state.get("predictor")),
+        remote=remote(spec, state.get("predictor")),
         kind=spec.kind,
         defaults={m: dict(p) for m, p in spec.defaults.items()},
     )
+
+
+def remote(spec: ModelSpec, seen: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A remote model's ``{url, healthy, last_error}`` (CONTRACT 8.2): ``healthy`` null
+    before the first call, then whether the last call succeeded."""
+    if spec.remote is None:
+        return None
+    seen = seen or {}
+    called = seen.get("last_ok_at") is not None or seen.get("last_error_at") is not None
+    return {
+        "url": spec.remote.url,
+        "healthy": (seen.get("failures_in_a_row", 0) == 0) if called else None,
+        "last_error": seen.get("last_error"),
+    }
 
 
 def predictor(spec: ModelSpec, seen: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -37,7 +37,8 @@ def add_parser(sub: Any) -> None:
         default="v1",
         help="the predictor's protocol: KServe V1, or V2 (Open Inference Protocol)",
     )
-    p.add_argument("--http-port", "--http_port", type=int, default=8080, dest="http_port")
+    p.add_argument("--http-port", "--http_port", "--port", type=int, default=8080, dest="http_port",
+                   help="the port to serve on")  # fmt: skip
     p.add_argument("--host", default="0.0.0.0", help="bind address")
     p.add_argument("--inputs", required=True,
                    help='the predictor\'s inputs: NAME:DTYPE:DIMS (dims comma-separated, N the '

@@ -39,6 +39,7 @@ class ServiceError(Exception):
         errors: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
         about: Loc | None = None,
+        members: dict[str, Any] | None = None,
     ) -> None:
         if about is None and loc is not None and detail.startswith(WHERE):
             about = loc
@@ -51,6 +52,8 @@ class ServiceError(Exception):
             else ([{"loc": list(loc), "msg": self.detail}] if loc else [])
         )
         self.headers = headers or {}
+        #: members of the problem object beyond the standard ones (e.g. ``upstream_status``)
+        self.members = dict(members or {})
 
     @property
     def detail(self) -> str:
@@ -81,7 +84,13 @@ class ServiceError(Exception):
 
     def to_data(self) -> dict[str, Any]:
         about = None if self.about is None else list(self.about)
-        return {"code": self.code, "detail": self.template, "errors": self.errors, "about": about}
+        return {
+            "code": self.code,
+            "detail": self.template,
+            "errors": self.errors,
+            "about": about,
+            "members": self.members,
+        }
 
     @staticmethod
     def from_data(data: dict[str, Any]) -> ServiceError:
@@ -91,6 +100,7 @@ class ServiceError(Exception):
             data.get("detail", ""),
             errors=data.get("errors") or [],
             about=None if about is None else tuple(about),
+            members=data.get("members"),
         )
 
 
@@ -198,9 +208,10 @@ class WorkerLost(ServiceError):
 
 
 class UpstreamFailed(ServiceError):
-    """A remote model's predictor answered wrongly, with an error, or not at all."""
+    """A remote model's predictor answered wrongly, with an error, or not at all (its problem
+    object carries ``upstream_status``: the predictor's HTTP status, null without one)."""
 
-    status, code, title = 502, "upstream_failed", "The model's predictor failed"
+    status, code, title = 502, "upstream_error", "The model's predictor failed"
 
 
 class UpstreamTimeout(ServiceError):

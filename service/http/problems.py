@@ -47,6 +47,7 @@ def problem_body(err: ServiceError, instance: str | None = None) -> dict[str, An
         "status": err.status,
         "detail": err.detail,
         "errors": err.errors,
+        **err.members,
     }
     if instance:
         body["instance"] = instance

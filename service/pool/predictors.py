@@ -10,7 +10,7 @@ from model_registry.spec import ModelSpec
 from service.core.work import Reply
 
 #: the error codes of a predictor in trouble (``service.core.errors.Upstream*``)
-UPSTREAM_CODES = frozenset({"upstream_failed", "upstream_timeout"})
+UPSTREAM_CODES = frozenset({"upstream_error", "upstream_timeout"})
 
 
 class Predictors:

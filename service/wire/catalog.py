@@ -94,6 +94,11 @@ class ModelInfo(BaseModel):
         "answered lately: healthy (no failure since its last success), failures_in_a_row, "
         "last_ok_at, last_error, last_error_at (Unix seconds)",
     )
+    remote: dict[str, Any] | None = Field(
+        default=None,
+        description="remote models: the predictor's url, healthy (null before the first call, "
+        "then whether the last call succeeded) and last_error",
+    )
     precision: dict[str, Any] | None = Field(
         default=None,
         description="models.toml precision: the default of attribution requests (default); for "

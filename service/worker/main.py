@@ -182,7 +182,7 @@ def upstream(job: Work, exc: RemoteFailure) -> ServiceError:
     502, naming the model (the message names the predictor and its status)."""
     log.warning("request %s: model %s: %s", job.request_id, job.model_id, exc)
     cls = UpstreamTimeout if exc.status == 504 else UpstreamFailed
-    return cls(f"model {job.model_id!r}: {exc}")
+    return cls(f"model {job.model_id!r}: {exc}", members={"upstream_status": exc.upstream})
 
 
 def _safe(

@@ -333,6 +333,48 @@ def test_a_remote_header_names_an_environment_variable(
     assert "xyz" not in repr(loaded.model) and "Bearer" not in repr(loaded.model)
 
 
+def test_a_remote_header_may_be_env_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONTRACT 8.2: a header value "env:NAME" is that environment variable, read at load."""
+    table = (
+        'source = "remote:kserve-v1"\nurl = "http://h"\nlabels = ["a", "b"]\n'
+        'inputs = [{ name = "x", dtype = "float32", shape = ["N", 3] }]\n'
+        'headers = { Authorization = "env:NOT_SET_ANYWHERE" }'
+    )
+    spec = read(tmp_path, table)
+    assert spec.remote.timeout_s == 10.0  # the contract's default
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    with pytest.raises(RegistryError, match="NOT_SET_ANYWHERE, which is not set"):
+        model_registry.load(spec)
+    from model_registry.sources.remote_spec import expand
+
+    monkeypatch.setenv("NOT_SET_ANYWHERE", "Bearer xyz")
+    assert expand("env:NOT_SET_ANYWHERE", spec, "Authorization") == "Bearer xyz"
+    assert expand("a ${NOT_SET_ANYWHERE}", spec, "Authorization") == "a Bearer xyz"
+
+
+def test_a_remote_http_template_is_json_text_with_its_placeholder(tmp_path: Path) -> None:
+    """CONTRACT 8.2: request_template is JSON text whose "$instances" marks where the batch
+    goes; scores_pointer says where the scores are."""
+    head = (
+        'source = "remote:http"\nurl = "http://h/score"\nlabels = ["a", "b"]\n'
+        'inputs = [{ name = "x", dtype = "float32", shape = ["N", 3] }]\n'
+    )
+    spec = read(tmp_path, head + 'request_template = \'{"data": {"rows": "$instances"}, "v": 1}\'\n'
+                'scores_pointer = "/out/scores"')  # fmt: skip
+    r = spec.remote
+    assert r.inputs_pointer == "/data/rows" and r.outputs_pointer == "/out/scores"
+    assert r.request_template == {"data": {"rows": "$instances"}, "v": 1}
+    for extra, field in (
+        ('request_template = "not json"', "request_template"),
+        ('request_template = \'{"rows": "$instances"}\'\ninputs_pointer = "/x"', "inputs_pointer"),
+        ('scores_pointer = "/a"\noutputs_pointer = "/b"', "outputs_pointer"),
+        ('scores_pointer = "a"', "scores_pointer"),
+    ):
+        with pytest.raises(RegistryError) as info:
+            read(tmp_path, head + extra)
+        assert info.value.field == field, str(info.value)
+
+
 def test_a_remote_text_model_reads_its_words(tmp_path: Path) -> None:
     head = (
         'source = "remote:oip-v2"\nurl = "http://h"\nkind = "text_classification"\n'

@@ -240,25 +240,28 @@ def test_a_flaky_predictor_is_retried(served: Server) -> None:
     assert r.status_code == 200, r.text
 
 
-def problem(r: httpx.Response, status: int, code: str) -> str:
+def problem(r: httpx.Response, status: int, code: str, upstream: object = "any") -> str:
     assert r.status_code == status, r.text
     assert r.json()["type"].endswith("/" + code), r.text
+    if upstream != "any":  # the predictor's own HTTP status (null: it gave none)
+        assert r.json()["upstream_status"] == upstream, r.text
     detail: str = r.json()["detail"]
     return detail
 
 
 def test_the_predictor_s_faults_are_the_predictor_s(served: Server) -> None:
     body = {"method": "feature_ablation", "inputs": x().tolist(), "target": 1}
-    detail = problem(post(served, "remote-shape", body), 502, "upstream_failed")
+    detail = problem(post(served, "remote-shape", body), 502, "upstream_error", 200)
     assert "'remote-shape'" in detail and "shape [" in detail and "expected (" in detail
     detail = problem(post(served, "remote-slow", body), 504, "upstream_timeout")
     assert "'remote-slow'" in detail and "did not answer within 0.5 s" in detail
-    detail = problem(post(served, "remote-down", body), 502, "upstream_failed")
+    detail = problem(post(served, "remote-down", body), 502, "upstream_error", None)
     assert "unreachable" in detail
-    detail = problem(post(served, "remote-500", body), 502, "upstream_failed")
+    assert httpx.get(f"{served.url}/v1/models/remote-down").json()["remote"]["healthy"] is False
+    detail = problem(post(served, "remote-500", body), 502, "upstream_error", 500)
     assert "answered 500" in detail
     # two failed tries in a row (the call and its retry) opened the breaker: no call now
-    detail = problem(post(served, "remote-500", body), 502, "upstream_failed")
+    detail = problem(post(served, "remote-500", body), 502, "upstream_error", None)
     assert "circuit breaker open" in detail
     # the other models of the worker keep serving
     assert post(served, "remote-v1", body).status_code == 200
@@ -268,6 +271,10 @@ def test_the_predictor_s_faults_are_the_predictor_s(served: Server) -> None:
     assert "circuit breaker open" in bad["last_error"] and "mlp-500" in bad["predictor"]
     good = httpx.get(f"{served.url}/v1/models/remote-v1").json()["predictor"]
     assert good["healthy"] is True and good["last_ok_at"] is not None
+    # CONTRACT 8.2's view of the same: the URL, healthy, the last error
+    remote = httpx.get(f"{served.url}/v1/models/remote-500").json()["remote"]
+    assert remote["healthy"] is False and "circuit breaker open" in remote["last_error"]
+    assert remote["url"].startswith("http://")
     assert httpx.get(f"{served.url}/v1/models/remote-v1").json()["precision"] is None
 
 
@@ -341,7 +348,7 @@ def test_a_predictor_killed_in_the_middle_of_a_call_is_a_502_at_once(
             assert r.status_code == 502, r.text
             assert time.monotonic() - t0 < 15
             problem = r.json()
-            assert problem["type"].endswith("/upstream_failed")
+            assert problem["type"].endswith("/upstream_error")
             assert "remote-killed" in problem["detail"] and str(KILLED_PORT) in problem["detail"]
             ok = post(served, "remote-v1", {"method": "feature_ablation", "inputs": x().tolist(),
                                             "target": 1})  # fmt: skip
