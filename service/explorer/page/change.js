@@ -72,6 +72,7 @@ function shapeFacts(m) {
 
 export const view = {
   id: "change",
+  region: "Robustness",
   title: "What would change the answer?",
   about: "Perturbs each input to see what it takes to change the model's answer: an attack " +
     "within a budget, or the least perturbation that changes it.",

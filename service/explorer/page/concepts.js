@@ -10,6 +10,7 @@ const RANDOM = /^rand/i;
 
 export const view = {
   id: "concepts",
+  region: "Concepts",
   title: "Which concepts does it use?",
   about: "Tests the model's stored concept sets (TCAV): does the model's answer rise when " +
     "its internal state moves toward a concept, more often than for random examples?",

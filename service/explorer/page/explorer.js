@@ -20,6 +20,7 @@ const JOB_EXAMPLES = 32;
  * others (change.js, concepts.js, influence.js: offered, form, collect, run, draw). */
 const EXPLAIN = {
   id: "explain",
+  region: "Attributions",
   title: "Why this prediction?",
   about: "Scores each part of the input by how much it raised or lowered the model's answer.",
   offered: () => true,
@@ -179,6 +180,7 @@ function renderViews(m, wanted, given) {
 function chooseView(v, m, given) {
   state.view = v;
   $("view-about").textContent = v.about;
+  $("results").setAttribute("aria-label", v.region); // Attributions, Robustness, Concepts, Influence
   for (const node of document.querySelectorAll("[data-view]")) node.hidden = !node.dataset.view.split(" ").includes(v.id);
   // a fresh box each time: a form still loading for another view or model fills a box that is
   // no longer on the page

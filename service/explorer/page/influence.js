@@ -7,6 +7,7 @@ import { el, fmt, imageCanvas, shapeOf } from "./draw.js";
 
 export const view = {
   id: "influence",
+  region: "Influence",
   title: "Which training examples led to it?",
   about: "Ranks the training examples by how much each one, during training, moved the " +
     "model toward (helped) or away from (hurt) its answer on this input.",

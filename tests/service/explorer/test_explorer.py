@@ -322,6 +322,9 @@ def test_every_example_of_a_batch_with_its_own_prediction(page: Page) -> None:
     control = page.page.get_by_label("Example", exact=True)
     assert control.locator("option").all_inner_texts() == ["1", "2", "3"]
     region = page.page.get_by_role("region", name="saliency", exact=True)
+    # the answers to each question sit in a region named for it (CONTRACT 8.4)
+    answers = page.page.get_by_role("region", name="Attributions", exact=True)
+    assert answers.get_by_role("region", name="saliency", exact=True).count() == 1
     prediction = page.page.get_by_role("region", name="Prediction")
     for i in range(3):
         control.select_option(str(i + 1))
@@ -418,6 +421,8 @@ def test_what_would_change_it_attack_on_rows(page: Page) -> None:
     assert want["flipped"] == [True, False]
     labels = httpx.get(f"{page.server.url}/v1/models/tabular-mlp").json()["output"]["labels"]
     region = page.page.get_by_role("region", name="What would change the answer?")
+    robustness = page.page.get_by_role("region", name="Robustness", exact=True)
+    assert robustness.get_by_role("region", name="What would change the answer?").count() == 1
     for i in range(2):
         page.page.get_by_label("Example", exact=True).select_option(str(i + 1))
         change = np.asarray(want["perturbed"][i]) - np.asarray(rows[i])
@@ -481,6 +486,7 @@ def test_which_concepts_tcav_table(page: Page) -> None:
         assert float(cell.get_attribute("data-score")) == pytest.approx(row["sign_count"])
         assert cell.inner_text().endswith(row["verdict"])
     text = page.page.get_by_role("region", name="Which concepts does it use?").inner_text()
+    assert text in page.page.get_by_role("region", name="Concepts", exact=True).inner_text()
     assert "bright-top-left at classifier.1: speaks for “top-left”" in text
     assert {r["verdict"] for r in want["scores"] if r["concept"] == "dim-noise"} == {
         "not significant"
@@ -512,6 +518,7 @@ def test_which_training_examples_influence(page: Page) -> None:
     ask(page, "tabular-noisy", "Which training examples led to it?")
     page.page.get_by_label("Input", exact=True).fill(json.dumps(rows))
     page.explain()
+    assert page.page.get_by_role("region", name="Influence", exact=True).count() == 1
     sent = posted(page, "/influence")
     assert sent["include_examples"] is True and sent["opponents"] is True and sent["k"] == 5
     want = again(page.server, "tabular-noisy", "influence", sent)
