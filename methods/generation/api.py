@@ -89,6 +89,7 @@ def attribute_generation(
     target_fn: str = "log_prob",
     contrast_target: str | Tensor | list[int] | None = None,
     contrast_fn: str = "log_prob",
+    step_scores: list[str] | None = None,
     **params: Any,
 ) -> GenerationResult:
     """Attribute a causal LM's answer ``target`` (None: generated greedily with ``gen_args``,
@@ -108,8 +109,11 @@ def attribute_generation(
     ``target_fn``: what is attributed of each target token (``targets``: ``log_prob``,
     ``prob``, ``logit``, ``entropy``, or ``contrast``: its ``contrast_fn`` value minus
     ``contrast_target``'s token paired with that step, as inseq pairs them: from the end).
+    ``step_scores``: which per-step scores of the unperturbed answer the result carries
+    (``"probability"``, ``"entropy"``, ``"rank"``; None: all three).
     ``params``: the method's own (``n_samples``, ``n_steps``, ...).
     """
+    shown = targets.check_step_scores(step_scores)
     lm, feats = prepare(
         model, tokenizer, prompt, method, features, baselines, skip_tokens, params,
         use_cache=use_cache, progress=progress, target_fn=target_fn,
@@ -135,6 +139,7 @@ def attribute_generation(
     return finish(
         lm, tokenizer, feats, objective, seq, tok, ran, echo, stats,
         use_cache=use_cache, gen_args=gen_args, target=target, logits=scored,
+        step_scores=shown,
     )  # fmt: skip
 
 
@@ -214,6 +219,7 @@ def finish(
     gen_args: Any,
     target: Any,
     logits: Tensor | None = None,
+    step_scores: tuple[str, ...] | None = None,
 ) -> GenerationResult:
     """The result, with the unperturbed answer's score table (from ``logits``, the prompt's
     logits at the answer's steps [T, V], or one forward)."""
@@ -223,6 +229,8 @@ def finish(
     if target_fn == "contrast":
         echo.update({"contrast_fn": contrast_fn, "contrast_ids": objective.contrast_list()})
     table, logp, scores = _step_table(lm, feats, objective, logits)
+    if step_scores is not None:
+        table = {k: v for k, v in table.items() if k in step_scores}
     if gen_args is not None or target is None:
         echo["gen_args"] = dict(gen_args or DEFAULT_GEN_ARGS)
     return GenerationResult(

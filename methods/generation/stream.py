@@ -211,12 +211,14 @@ def stream_generation(
     target_fn: str = "log_prob",
     contrast_target: str | Tensor | list[int] | None = None,
     contrast_fn: str = "log_prob",
+    step_scores: list[str] | None = None,
     **params: Any,
 ) -> Iterator[GenerationStep | GenerationResult]:
     """``attribute_generation``'s arguments; yields a ``GenerationStep`` per answer token as
     soon as its row is known, then the ``GenerationResult`` (the same as
     ``attribute_generation``'s, to rounding). Iterating drives the work: stop iterating and
     nothing more is computed."""
+    shown = targets.check_step_scores(step_scores)
     lm, feats = prepare(
         model, tokenizer, prompt, method, features, baselines, skip_tokens, params,
         use_cache=use_cache, progress=False, target_fn=target_fn,
@@ -312,6 +314,7 @@ def stream_generation(
     yield finish(
         lm, tokenizer, feats, objective, seq, token_attr, ran, echo, stats,
         use_cache=use_cache, gen_args=gen_args if given is None else None, target=target,
+        step_scores=shown,
     )  # fmt: skip
 
 

@@ -88,6 +88,24 @@ class Objective:
         return None if self.contrast is None else [int(i) for i in self.contrast.tolist()]
 
 
+#: the per-step scores an answer may carry (``step_table``; CONTRACT 8.3)
+STEP_SCORES = ("probability", "entropy", "rank")
+
+
+def check_step_scores(names: object) -> tuple[str, ...] | None:
+    """``step_scores``: a list of ``STEP_SCORES`` names (None: every one)."""
+    if names is None:
+        return None
+    if not isinstance(names, (list, tuple)) or not all(
+        isinstance(n, str) and n in STEP_SCORES for n in names
+    ):
+        raise InvalidArgumentError(
+            f"step_scores must be a list of {list(STEP_SCORES)}, got {names!r}",
+            argument="step_scores",
+        )
+    return tuple(dict.fromkeys(names))
+
+
 def check(target_fn: object, contrast: object, contrast_fn: object) -> None:
     """``target_fn`` and its companions, named in the error when wrong."""
     if not isinstance(target_fn, str) or target_fn not in TARGET_FNS:

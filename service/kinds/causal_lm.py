@@ -47,7 +47,7 @@ TARGET_KEYS = ("target_fn", "contrast_target", "contrast_fn")
 def _params(method: str, raw: dict[str, Any]) -> tuple[MethodParams, dict[str, Any], Any]:
     params = dict(raw)
     gen_args = params.pop("gen_args", None)
-    for key in TARGET_KEYS:
+    for key in (*TARGET_KEYS, "step_scores"):
         params.pop(key, None)
     for name in ("feature_mask", "layer"):
         if name in params:
@@ -138,6 +138,10 @@ def _build_job(
     g = generation_inputs.parse(req.inputs)
     p, params, gen_args = _params(ms.name, req.params)
     objective = _objective(req.params)
+    try:
+        shown = targets.check_step_scores(req.params.get("step_scores"))
+    except AttributionError as exc:
+        raise InvalidRequest(str(exc), loc=("body", "params", "step_scores")) from None
     checks.check_limits(ms, p, settings)
     gen, new_tokens = _gen_args(gen_args, req.target, settings)
     conversation = chat.is_chat(g["prompt"])
@@ -190,6 +194,7 @@ def _build_job(
         generation={
             **g,
             **objective,
+            "step_scores": None if shown is None else list(shown),
             "target": req.target,
             "gen_args": gen,
             "max_target_tokens": settings.max_target_tokens,
@@ -289,6 +294,7 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
             "target_fn": g.get("target_fn", "log_prob"),
             "contrast_target": g.get("contrast_target"),
             "contrast_fn": g.get("contrast_fn", "log_prob"),
+            "step_scores": g.get("step_scores"),
             **job.params,
         }
         if g.get("stream"):
@@ -314,7 +320,10 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
             "token_attr": res.token_attr.tolist(),
             "target_text": tokenizer.decode(res.output_ids),
             "target_fn": res.target_fn,
-            "step_scores": {**res.step_scores, "log_prob": res.output_log_probs.tolist()},
+            # every score, log_prob too, unless the request named the ones it wants
+            "step_scores": res.step_scores
+            if g.get("step_scores") is not None
+            else {**res.step_scores, "log_prob": res.output_log_probs.tolist()},
         },
     )
 

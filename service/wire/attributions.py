@@ -477,7 +477,8 @@ class AttributionResponse(BaseModel):
     step_scores: dict[str, list[int] | list[float]] | None = Field(
         default=None,
         description="causal LMs: the answer's steps after the whole prompt: probability, "
-        "log_prob, entropy and rank (1: the most likely token) of each answer token",
+        "log_prob, entropy and rank (0: the most likely token) of each answer token; "
+        "params.step_scores (a list of probability, entropy, rank) keeps only those",
     )
     params: dict[str, Any] = Field(description="every effective parameter")
     renders: list[Render] | None = Field(

@@ -99,6 +99,28 @@ def test_http_equals_the_engine_on_a_hugging_face_directory(lm_server: Server) -
     assert got["output_tokens"] == ["paris", "rome"]
 
 
+def test_step_scores_names_the_scores_the_answer_carries(lm_server: Server) -> None:
+    """params.step_scores (CONTRACT 8.3): only the listed per-step scores, equal to the
+    engine's; a wrong name is a 422 at the field."""
+    body = {"method": "feature_ablation", "inputs": {"prompt": "my friend alice lives in the city"},
+            "target": "paris rome", "params": {"step_scores": ["rank", "entropy"]}}  # fmt: skip
+    r = post(lm_server, "gpt2-dir", body)
+    assert r.status_code == 200, r.text
+    want = methods.attribute_generation(
+        gpt2(), gpt2_tokenizer(), "my friend alice lives in the city", "feature_ablation",
+        target="paris rome", step_scores=["rank", "entropy"],
+    )  # fmt: skip
+    assert set(want.step_scores) == {"rank", "entropy"}
+    got = r.json()["step_scores"]
+    assert set(got) == {"rank", "entropy"} and got["rank"] == want.step_scores["rank"]
+    assert got["entropy"] == pytest.approx(want.step_scores["entropy"])
+    assert "step_scores" not in r.json()["params"]
+    bad = {**body, "params": {"step_scores": ["probability", "surprise"]}}
+    r = post(lm_server, "gpt2-dir", bad)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["loc"] == ["body", "params", "step_scores"]
+
+
 @pytest.mark.parametrize(
     "objective",
     [
