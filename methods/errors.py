@@ -6,6 +6,8 @@ service can turn it into a field-level problem report without parsing messages.
 
 from __future__ import annotations
 
+import math
+
 
 class AttributionError(Exception):
     """Base of every error the engine raises on purpose."""
@@ -63,3 +65,18 @@ class AttributionCancelled(AttributionError):
         self, message: str = "the attribution was cancelled", *, argument: str | None = None
     ) -> None:
         super().__init__(message, argument=argument)
+
+
+def positive_number(value: object, argument: str, what: str | None = None) -> float:
+    """``value`` as a float if it is a finite number above 0 (not a bool); otherwise an
+    ``InvalidArgumentError`` naming ``argument`` (``what``: how the message names it)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgumentError(
+            f"{what or argument} must be a positive number, got {value!r}", argument=argument
+        )
+    return float(value)

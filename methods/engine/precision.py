@@ -22,7 +22,6 @@ the fastest precision whose answer passed.
 from __future__ import annotations
 
 import copy
-import math
 import threading
 import time
 import weakref
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from methods.errors import InvalidArgumentError, UnsupportedModelError
+from methods.errors import InvalidArgumentError, UnsupportedModelError, positive_number
 
 #: what ``precision`` accepts
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
@@ -52,17 +51,7 @@ def check_tolerance(value: object) -> float:
     """``fidelity_tolerance``: a positive finite number (None: ``TOLERANCE``)."""
     if value is None:
         return TOLERANCE
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise InvalidArgumentError(
-            f"fidelity_tolerance must be a positive number (a relative L2 error), got {value!r}",
-            argument="fidelity_tolerance",
-        )
-    return float(value)
+    return positive_number(value, "fidelity_tolerance", "fidelity_tolerance (a relative L2 error)")
 
 
 def check_precision(value: Any) -> str | None:

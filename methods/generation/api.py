@@ -260,11 +260,9 @@ def _step_table(
     log-probability, and the attributed value of each step (``objective``)."""
     target_ids = objective.target
     with torch.no_grad():
-        if logits is not None:
-            pass
-        elif isinstance(lm, Seq2SeqLanguageModel):
+        if logits is None and isinstance(lm, Seq2SeqLanguageModel):
             logits = lm.target_logits([feats.prompt_ids()], target_ids)[0]
-        else:
+        elif logits is None:
             prompt = torch.tensor([feats.prompt_ids()], dtype=torch.long)
             fed = target_ids.reshape(1, -1)[:, :-1]  # the last answer token predicts nothing
             ids = torch.cat([prompt, fed], dim=1).to(lm.device)

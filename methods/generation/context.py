@@ -22,7 +22,6 @@ the prompt's common start reused and the vocabulary's logits computed only where
 
 from __future__ import annotations
 
-import math
 import string
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,7 @@ import torch
 from torch import Tensor
 
 from methods.engine.linear_models import lasso
-from methods.errors import InvalidArgumentError, InvalidTypeError
+from methods.errors import InvalidArgumentError, InvalidTypeError, positive_number
 from methods.generation import units as units_
 from methods.generation.catalog import check_length
 from methods.generation.errors import EmptyTargetError, TargetTooLongError
@@ -208,16 +207,7 @@ def _check_args(query: Any, n: Any, seed: Any, keep: Any, score: Any, alpha: Any
         raise InvalidArgumentError(
             f"score must be one of {list(SCORES)}, got {score!r}", argument="score"
         )
-    if (
-        isinstance(alpha, bool)
-        or not isinstance(alpha, (int, float))
-        or not math.isfinite(alpha)
-        or alpha <= 0
-    ):
-        raise InvalidArgumentError(
-            f"alpha (the Lasso's penalty) must be a positive number, got {alpha!r}",
-            argument="alpha",
-        )
+    positive_number(alpha, "alpha", "alpha (the Lasso's penalty)")
     if ppe is not None and (isinstance(ppe, bool) or not isinstance(ppe, int) or ppe < 1):
         raise InvalidArgumentError(
             f"perturbations_per_eval must be a positive int or None, got {ppe!r}",

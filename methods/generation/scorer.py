@@ -178,7 +178,7 @@ class Scorer:
     def _compute(self, todo: list[Prompt]) -> None:
         device, t = self.lm.device, self.t
         target = self.target.to(device)
-        tail = self._fed()
+        tail, pad = self._fed(), int(self.target[-1])
         plan = self._plan(todo)
         queued = set(todo)
         progress.expect(sum(len(part) for _, _, part in plan))
@@ -197,7 +197,6 @@ class Scorer:
                     continue
                 lengths = [len(q) - p for q in part]  # prompt tokens each row still runs
                 width = max(lengths) + t - 1
-                pad = self.target.tolist()[-1]
                 rows = [
                     list(q[p:]) + tail + [pad] * (width - n - t + 1)
                     for q, n in zip(part, lengths, strict=True)

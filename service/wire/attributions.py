@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
-from service.wire.checked import FidelityOut, VerificationOut
+from service.wire.checked import FidelityOut, StepsOut, VerificationOut
 
 #: The wire's schemas. Each is written out in full where it is used (pydantic's own schema of
 #: these models stands alone); the OpenAPI document names each once, by its title, under
@@ -415,19 +415,6 @@ class MetricsOut(BaseModel):
     sensitivity_max: list[float | None] | None = None
     deletion: Curve | None = None
     insertion: Curve | None = None
-
-
-class StepsOut(BaseModel):
-    """What ``n_steps: "auto"`` took."""
-
-    n_steps: int = Field(description="the rung it stopped at")
-    evaluations: int = Field(
-        description="forward/backward rows per example computed: the path's points (a nested "
-        "rule computes each once) and the two endpoints' forwards"
-    )
-    error_estimate: float | None = Field(
-        description="relative L2 change of the attributions between the last two rungs"
-    )
 
 
 class AttributionResponse(BaseModel):

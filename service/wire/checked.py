@@ -1,5 +1,6 @@
 """What an attribution's checks measured, in its answer: against a float64 CPU copy
-(``verify`` at the model's own dtype) and against float32 (a lower ``precision``)."""
+(``verify`` at the model's own dtype), against float32 (a lower ``precision``), and what
+``n_steps: "auto"`` took to converge."""
 
 from __future__ import annotations
 
@@ -54,4 +55,17 @@ class FidelityOut(BaseModel):
     tolerance: float = Field(description="the largest rel_l2 an answer may have")
     chosen: str | None = Field(
         default=None, description='precision "auto": what the probe measured and kept'
+    )
+
+
+class StepsOut(BaseModel):
+    """What ``n_steps: "auto"`` took."""
+
+    n_steps: int = Field(description="the rung it stopped at")
+    evaluations: int = Field(
+        description="forward/backward rows per example computed: the path's points (a nested "
+        "rule computes each once) and the two endpoints' forwards"
+    )
+    error_estimate: float | None = Field(
+        description="relative L2 change of the attributions between the last two rungs"
     )
