@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 PROTOCOLS = {"v1": "kserve-v1", "v2": "oip-v2"}
 
@@ -40,16 +41,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--http-port", "--http_port", "--port", type=int, default=8080, dest="http_port",
                    help="the port to serve on")  # fmt: skip
     p.add_argument("--host", default="0.0.0.0", help="bind address")
-    p.add_argument("--inputs", required=True,
-                   help='the predictor\'s inputs: NAME:DTYPE:DIMS (dims comma-separated, N the '
-                   'batch), several separated by ";", e.g. "x:float32:N,12"')  # fmt: skip
+    p.add_argument("--inputs", default=None,
+                   help='the predictor\'s inputs: NAME:DTYPE:DIMS (dims comma-separated: sizes, '
+                   'or names for free dims, N the batch), several separated by ";", e.g. '
+                   '"x:float32:N,12". Default: what a V2 predictor\'s metadata lists, else one '
+                   'float32 input of rows of any length (x:float32:N,F)')  # fmt: skip
     p.add_argument("--labels", default=None, help="class names, comma-separated")
     p.add_argument(
         "--output-shape",
         "--output_shape",
         default=None,
         dest="output_shape",
-        help="the output per example, no batch dim (without labels), e.g. 3",
+        help="the output per example, no batch dim (without labels), e.g. 3; default: one "
+        "score per class, as many as the predictor answers",
     )
     p.add_argument("--method", default="feature_ablation",
                    help="the default explanation (a perturbation method)")  # fmt: skip
@@ -61,45 +65,106 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
+def _fail(flag: str, message: str) -> NoReturn:
+    raise SystemExit(f"attrserve explain-for: error: {flag}: {message}")
+
+
+def _dims(text: str, flag: str) -> list[int | str]:
+    """``N,3,32,32`` as ``["N", 3, 32, 32]``: sizes, and names for free dims."""
+    out: list[int | str] = []
+    for d in (d.strip() for d in text.split(",")):
+        if d.isdigit() and int(d) > 0:
+            out.append(int(d))
+        elif d.isidentifier():
+            out.append(d)
+        else:
+            _fail(flag, f"expected sizes or names of free dims, comma-separated; got {d!r}")
+    return out
+
+
 def _inputs(text: str) -> list[dict[str, Any]]:
     out = []
     for part in filter(None, (s.strip() for s in text.split(";"))):
         try:
             name, dtype, dims = part.split(":")
         except ValueError:
-            raise SystemExit(
-                f"attrserve explain-for: error: --inputs: expected NAME:DTYPE:DIMS, got {part!r}"
-            ) from None
-        shape: list[Any] = [d if d == "N" else int(d) for d in dims.split(",")]
+            _fail("--inputs", f"expected NAME:DTYPE:DIMS, got {part!r}")
+        shape = _dims(dims, "--inputs")
+        if not isinstance(shape[0], str):
+            _fail("--inputs", f"dim 0 is the batch and must be free (N), got {part!r}")
         out.append({"name": name, "dtype": dtype, "shape": shape})
     return out
 
 
-def models_toml(args: argparse.Namespace) -> str:
+#: the OIP datatypes a predictor's metadata may list, as torch dtype names
+_DTYPES = {"FP32": "float32", "FP64": "float64", "FP16": "float16", "INT64": "int64",
+           "INT32": "int32", "BOOL": "bool"}  # fmt: skip
+
+
+def described_inputs(url: str, name: str, wait_s: float = 10.0) -> list[dict[str, Any]] | None:
+    """A V2 predictor's inputs as its metadata (``GET /v2/models/{name}``) lists them, waiting
+    up to ``wait_s`` for it to answer (KServe starts the explainer beside the predictor); None
+    when it does not answer, lists none, or lists one we cannot send."""
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            r = httpx.get(f"{url.rstrip('/')}/v2/models/{name}", timeout=2)
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+    try:
+        listed = r.json().get("inputs") or []
+        out = []
+        for i in listed:
+            dims: list[int | str] = [d if d > 0 else f"D{j}" for j, d in enumerate(i["shape"])]
+            dims[0] = "N"  # what the predictor takes, a batch of
+            out.append({"name": i["name"], "dtype": _DTYPES[i["datatype"]], "shape": dims})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return out or None
+
+
+#: without --inputs and metadata: one float32 input of rows of any length
+ROWS = [{"name": "x", "dtype": "float32", "shape": ["N", "F"]}]
+
+
+def models_toml(args: argparse.Namespace, inputs: list[dict[str, Any]] | None = None) -> str:
     """The one-model models.toml the flags describe (strings JSON-quoted: TOML's basic
-    strings)."""
+    strings); ``inputs`` stands for ``--inputs`` where that is not given (default ``ROWS``)."""
     host = args.predictor_host
     url = host if host.startswith(("http://", "https://")) else f"http://{host}"
     q = json.dumps
     tables = []
-    for i in _inputs(args.inputs):
-        dims = ", ".join(q(d) if d == "N" else str(d) for d in i["shape"])
+    given = _inputs(args.inputs) if args.inputs else inputs or ROWS
+    for i in given:
+        dims = ", ".join(q(d) if isinstance(d, str) else str(d) for d in i["shape"])
         tables.append(f"{{ name = {q(i['name'])}, dtype = {q(i['dtype'])}, shape = [{dims}] }}")
-    inputs = ", ".join(tables)
     lines = [
         "[[models]]",
         f"id = {q(args.model_name)}",
         f"source = {q('remote:' + PROTOCOLS[args.protocol])}",
         f"url = {q(url)}",
         f"model_name = {q(args.model_name)}",
-        f"inputs = [{inputs}]",
+        f"inputs = [{', '.join(tables)}]",
     ]
     if args.labels:
         lines.append(f"labels = [{', '.join(q(s.strip()) for s in args.labels.split(','))}]")
-    if args.output_shape is not None:
-        shape = [int(d) for d in args.output_shape.split(",") if d.strip()]
-        lines.append(f"output_shape = {shape}")
-    params = json.loads(args.params) if args.params else {}
+    if args.output_shape is not None or not args.labels:
+        # a score per class, as many as the predictor answers, unless told
+        shape = _dims(args.output_shape, "--output-shape") if args.output_shape else ["C"]
+        lines.append(f"output_shape = [{', '.join(q(d) for d in shape)}]")
+    try:
+        params = json.loads(args.params) if args.params else {}
+    except ValueError as exc:
+        _fail("--params", f"expected a JSON object ({exc})")
+    if not isinstance(params, dict):
+        _fail("--params", f"expected a JSON object, got {args.params!r}")
     explain = f"{{ method = {q(args.method)}, params = {_toml_table(params)} }}"
     lines.append(f"explain = {explain}")
     for key in ("max_batch", "max_concurrency", "timeout_s"):
@@ -127,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="attrserve-explainer-"))
     path = folder / "models.toml"
-    path.write_text(models_toml(args))
+    inputs = None
+    if args.inputs is None and args.protocol == "v2":
+        host = args.predictor_host
+        url = host if host.startswith(("http://", "https://")) else f"http://{host}"
+        inputs = described_inputs(url, args.model_name)
+    path.write_text(models_toml(args, inputs))
     serve(argparse.Namespace(host=args.host, port=args.http_port, models=str(path)))
     return 0

@@ -89,6 +89,13 @@ class Predictor(Model):  # type: ignore[misc]
         self.forest = forest() if behaviour == "sklearn" else None
         self.ready = True
 
+    def get_input_types(self) -> list[dict[str, Any]]:
+        """What V2 metadata (``GET /v2/models/{name}``) lists: the tensor models' input."""
+        if self.behaviour in ("right", "cnn"):
+            shape = [-1, 8] if self.behaviour == "right" else [-1, 3, 32, 32]
+            return [{"name": "x", "datatype": "FP32", "shape": shape}]
+        return []
+
     def predict(
         self, payload: Any, headers: dict[str, str] | None = None, response_headers: Any = None
     ) -> Any:

@@ -312,6 +312,42 @@ def test_explain_for_is_a_kserve_explainer_of_a_remote_predictor(
         log.close()
 
 
+@pytest.mark.parametrize("protocol", ["v1", "v2"])
+def test_explain_for_needs_only_the_predictor_and_the_model_name(
+    predictor: tuple[str, Path], tmp_path: Path, protocol: str
+) -> None:
+    """The contract's flags alone (no --inputs, --labels or --method): a V2 predictor's
+    inputs come from its metadata, a V1 predictor's rows are taken as they come; the answer is
+    feature ablation of each example's predicted class, as the same model hosted here gives."""
+    url, _ = predictor
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1",
+            "ATTRSERVE_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    cmd = [sys.executable, "-m", "service.cli.main", "explain-for", "--model-name", "mlp",
+           "--predictor-host", url.removeprefix("http://"), "--protocol", protocol,
+           "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
+    log = (tmp_path / "explainer.log").open("wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", proc, tmp_path / "explainer.log")
+    try:
+        server.wait_ready()
+        r = httpx.post(f"{server.url}/v1/models/mlp:explain", json={"instances": x().tolist()},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        predicted = mlp()(x()).argmax(1)
+        want = methods.attribute(mlp(), x(), "feature_ablation", target=predicted).attributions
+        got = r.json()["explanations"]
+        assert [e["target"] for e in got] == predicted.tolist()
+        torch.testing.assert_close(torch.tensor([e["attributions"] for e in got]), want,
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+        (inp,) = httpx.get(f"{server.url}/v1/models/mlp").json()["inputs"]
+        assert inp["shape"][1:] == ([8] if protocol == "v2" else [None]), inp
+    finally:
+        stop_server(server)
+        log.close()
+
+
 def test_the_kserve_explainer_manifest_runs_explain_for() -> None:
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load((REPO / "deploy" / "kserve-explainer.yaml").read_text())
