@@ -188,6 +188,12 @@ class Fidelity:
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
+    @classmethod
+    def of(cls, dtype: torch.dtype) -> Fidelity:
+        """An answer computed in ``dtype`` with nothing to measure against (no delta, no
+        float32 check): what a program that returns attributions or a generative model says."""
+        return cls(str(dtype).removeprefix("torch."))
+
 
 def flat(value: Any) -> list[Tensor]:
     """The tensors of an attribution value (a tensor, tuples, or a list of layers' values)."""

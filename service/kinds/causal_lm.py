@@ -17,6 +17,7 @@ import numpy as np
 
 import methods
 from methods import registry
+from methods.engine.precision import Fidelity, model_dtype
 from methods.errors import AttributionCancelled, AttributionError, ModelError
 from methods.generation import chat, targets
 from methods.generation.catalog import METHODS, PERTURBATION
@@ -313,6 +314,7 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
         outputs=total.double().numpy().astype(np.float64),
         params={**res.params, "method": res.method},
         compute_ms=(time.perf_counter() - t0) * 1e3,
+        fidelity=Fidelity.of(model_dtype(lm.model)).as_dict(),
         generation={
             "input_tokens": res.input_tokens,
             "output_tokens": res.output_tokens,
@@ -418,6 +420,7 @@ class CausalLMKind(ModelKind):
             target=[g.get("target_text")],
             outputs=reply.outputs,
             params={k: v for k, v in reply.params.items() if k != "method"},
+            fidelity=reply.fidelity,
         )
         body = envelope((spec.id, spec.version), Ran(method, req.method), shown, "json", timing)
         body["attributions"] = [g.get("seq_attr", [])]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from methods.cancel import checkpoint
+from methods.engine.precision import Fidelity
 from methods.errors import ModelError
 from methods.params import MethodParams, parse_params
 from methods.registry import MethodSpec
@@ -247,11 +248,14 @@ def run(lm: LoadedModel, job: ExportedAttribution) -> Reply:
         raise ModelError(
             f"the program raised {type(exc).__name__}: {exc}", argument="inputs"
         ) from exc
+    parts = tensors.flat(attrs)
     return Reply(
         job_id=job.id,
-        attributions=[tensors.numpy(a) for a in tensors.flat(attrs)],
+        attributions=[tensors.numpy(a) for a in parts],
         as_tuple=isinstance(attrs, (tuple, list)),
         target=rows(job.target, n),
         params=dict(step.params or {}),
         compute_ms=(time.perf_counter() - t0) * 1e3,
+        # the program's own dtype; it returns no delta and is never re-run in float32
+        fidelity=Fidelity.of(parts[0].dtype if parts else torch.float32).as_dict(),
     )

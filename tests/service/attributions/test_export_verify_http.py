@@ -177,6 +177,11 @@ def test_exported_saliency_equals_the_engine(served: Server) -> None:
     torch.testing.assert_close(torch.tensor(body["attributions"]), want, rtol=1e-6, atol=1e-7)
     assert body["target"] == [1, 1, 1] and body["outputs"] is None
     assert body["params"]["abs"] is True  # the baked params, defaults included
+    # every answer says what it was computed in; the program has no delta and no check
+    assert body["fidelity"] == {"precision": "float32", "delta_ratio": None, "checked": False,
+                                "rel_l2": None, "topk_agreement": None, "fallback": False,
+                                "tried": None, "top_k": None, "tolerance": 0.05,
+                                "chosen": None}  # fmt: skip
     # restating the baked target (as a label, too) is fine
     again = ok(
         served, "tab-saliency", {"method": "saliency", "inputs": x.tolist(), "target": "mid"}

@@ -52,6 +52,8 @@ def test_tiny_lm_ground_truth_over_http(lm_server: Server) -> None:
     assert body["seq_attr"][1] > 5 * abs(body["seq_attr"][0])
     assert len(body["token_attr"]) == len(body["output_tokens"])
     assert body["attributions"] == [pytest.approx(body["seq_attr"], rel=1e-6)]
+    f = body["fidelity"]  # every answer says what its numbers were computed in
+    assert f["precision"] == "float32" and f["delta_ratio"] is None and not f["checked"]
 
 
 def test_a_generated_answer_stops_at_the_servers_target_limit(lm_server: Server) -> None:
