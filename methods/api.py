@@ -47,6 +47,7 @@ def attribute(
     precision: str | None = None,
     verify: bool = False,
     fidelity_tolerance: float | None = None,
+    fidelity_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
     **params: Any,
 ) -> Result:
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
@@ -63,6 +64,9 @@ def attribute(
     sums in float32 (``methods.engine.precision``); the result's ``fidelity`` says what it
     cost, and with ``verify=True`` compares with the float32 answer, which replaces an answer
     whose worst example is more than ``fidelity_tolerance`` (relative L2; default 0.05) away.
+    ``fidelity_view`` maps each attribution tensor to what the check compares (default: the
+    attributions as returned); the service passes a sum over the embedding dim on token
+    models, whose answers are one score per token.
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)
@@ -102,6 +106,11 @@ def attribute(
     tolerance = precision_.check_tolerance(fidelity_tolerance)
     if not isinstance(verify, bool):
         raise InvalidTypeError(f"verify must be a bool, got {verify!r}", argument="verify")
+    if fidelity_view is not None and not callable(fidelity_view):
+        raise InvalidTypeError(
+            f"fidelity_view must be a function of a tensor, got {type(fidelity_view).__name__}",
+            argument="fidelity_view",
+        )
     upsample = upsampler(p, xs)  # layer methods' interpolate_to_input (checks the mode now)
     ppe = check_batch_size(perturbations_per_eval, "perturbations_per_eval")
     if sparse:  # inputs that are not per example go whole into every forward: one each
@@ -145,7 +154,7 @@ def attribute(
         return _attribute(spec, in_call, p, noise_tunnel, as_tuple, upsample, seed)
 
     with show_progress(progress, method):
-        result = _in_precision(model, spec, prec, run_in, xs, verify, tolerance)
+        result = _in_precision(model, spec, prec, run_in, xs, verify, tolerance, fidelity_view)
     if not return_convergence_delta:
         result = dataclasses.replace(result, convergence_delta=None)
     return result
@@ -159,6 +168,7 @@ def _in_precision(
     xs: tuple[torch.Tensor, ...],
     verify: bool,
     tolerance: float,
+    view: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Result:
     """``run_in`` in ``prec`` (``auto``: the precision the model's probe kept), with what the
     precision cost; verified against float32 when asked, and replaced by it when out of
@@ -170,7 +180,7 @@ def _in_precision(
         if known is None:  # the first call of its kind: measure every precision on it
             found, answers = precision_.probe(model, key, xs[0].device, run_in, tolerance)
             result, ref = answers[found.precision], answers["float32"]
-            rel, agree, k = precision_.compare(result.attributions, ref.attributions)
+            rel, agree, k = precision_.compare(result.attributions, ref.attributions, view)
             fid = precision_.Fidelity(
                 found.precision, _delta_ratio(result), checked=True, rel_l2=rel,
                 topk_agreement=agree, top_k=k, tolerance=tolerance, chosen=found.reason(),
@@ -181,7 +191,7 @@ def _in_precision(
     fid = precision_.Fidelity(prec, _delta_ratio(result), tolerance=tolerance, chosen=chosen)
     if verify:
         ref = run_in("float32")
-        rel, agree, k = precision_.compare(result.attributions, ref.attributions)
+        rel, agree, k = precision_.compare(result.attributions, ref.attributions, view)
         fid = dataclasses.replace(fid, rel_l2=rel, topk_agreement=agree, top_k=k, checked=True)
         if not fid.ok:  # the float32 answer, saying what was tried
             fid = dataclasses.replace(

@@ -205,11 +205,15 @@ def flat(value: Any) -> list[Tensor]:
     return out
 
 
-def compare(got: Any, ref: Any) -> tuple[float, float, int]:
+def compare(
+    got: Any, ref: Any, view: Callable[[Tensor], Tensor] | None = None
+) -> tuple[float, float, int]:
     """For the worst example: the relative L2 distance of ``got`` from ``ref`` (largest) and
-    the share of its top-k |attributions| that ``ref`` shares (smallest); and the k used."""
-    a = [x.detach().cpu() for x in flat(got)]  # the two may sit on different devices
-    r = [y.detach().cpu() for y in flat(ref)]
+    the share of its top-k |attributions| that ``ref`` shares (smallest); and the k used.
+    ``view`` maps each tensor first (a token model's: one score per token)."""
+    see = view or (lambda t: t)
+    a = [see(x.detach()).cpu() for x in flat(got)]  # the two may sit on different devices
+    r = [see(y.detach()).cpu() for y in flat(ref)]
     n = r[0].shape[0] if r and r[0].dim() else 1
     rows_a = torch.cat([x.reshape(n, -1).double() for x in a], dim=1)
     rows_r = torch.cat([y.reshape(n, -1).double() for y in r], dim=1)

@@ -10,6 +10,7 @@ asked), or one forward for predictions. Jobs whose engine calls are separable pe
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -106,10 +107,18 @@ def _attribute(
     if job.precision is not None:
         kwargs = {**kwargs, "precision": job.precision, "verify": job.verify,
                   "fidelity_tolerance": job.fidelity_tolerance}  # fmt: skip
+        if job.attributed_layer is not None:  # compared as answered: one score per token
+            kwargs["fidelity_view"] = functools.partial(per_token, post_abs=job.post_abs)
         return methods.attribute(model, inputs, job.method, **kwargs), None
     if job.verify:
         return verify(model, inputs, job.method, reference=reference(lm), **kwargs)
     return methods.attribute(model, inputs, job.method, **kwargs), None
+
+
+def per_token(attributions: torch.Tensor, post_abs: bool) -> torch.Tensor:
+    """A token model's answer: the embedding layer's attributions summed over its last dim
+    (of their absolute values where the method's answer is one)."""
+    return (attributions.abs() if post_abs else attributions).sum(dim=-1)
 
 
 @runs(Attribution)
@@ -161,7 +170,7 @@ def attribute(lm: LoadedModel, job: Attribution) -> Reply:
     if isinstance(delta, list):  # one per layer: (N, layers)
         delta = torch.stack(delta, dim=1)
     if job.attributed_layer is not None:  # one score per token: sum over the embedding dim
-        parts = [(p.abs() if job.post_abs else p).sum(dim=-1) for p in parts]
+        parts = [per_token(p, job.post_abs) for p in parts]
     scores, metrics_ms = None, 0.0
     if job.metrics:  # the token models' scores are per token, as the inputs' ids
         scored = parts[0] if job.attributed_layer is not None else attrs

@@ -8,7 +8,7 @@ from torch import nn
 
 import methods
 from methods.engine import precision
-from methods.errors import InvalidArgumentError, UnsupportedModelError
+from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
 
 
 def mlp() -> nn.Module:
@@ -125,6 +125,24 @@ def test_layer_methods_sum_in_float32_on_token_models() -> None:
     g = methods.attribute(model, ids, "layer_gradient_x_activation", layer="enc", target=0,
                           precision="bfloat16", verify=True)  # fmt: skip
     assert g.fidelity.rel_l2 < 0.05
+
+
+def test_the_check_compares_what_the_view_makes_of_the_attributions() -> None:
+    """``fidelity_view``: a token model's answer is one score per token, and its check
+    compares those (CONTRACT 8.1), not the embedding dims."""
+    model, ids = Tokens().eval(), torch.randint(1, 50, (2, 7))
+    kw = dict(layer="emb", target=1, n_steps=20, baselines=torch.zeros_like(ids))
+    ref = methods.attribute(model, ids, "layer_integrated_gradients", **kw).attributions.sum(-1)
+    r = methods.attribute(model, ids, "layer_integrated_gradients", **kw, precision="bfloat16",
+                          verify=True, fidelity_view=lambda a: a.sum(-1))  # fmt: skip
+    got = r.attributions.sum(-1)
+    worst = max(float((g - w).norm() / w.norm()) for g, w in zip(got, ref, strict=True))
+    assert r.fidelity.rel_l2 == pytest.approx(worst, rel=1e-6)
+    assert r.fidelity.top_k == 7  # the tokens, not 7 x 16 dims
+    with pytest.raises(InvalidTypeError, match="fidelity_view") as e:
+        methods.attribute(model, ids, "layer_integrated_gradients", **kw, precision="bfloat16",
+                          fidelity_view="sum")  # fmt: skip
+    assert e.value.argument == "fidelity_view"
 
 
 def test_auto_measures_once_and_keeps_its_choice(monkeypatch: pytest.MonkeyPatch) -> None:

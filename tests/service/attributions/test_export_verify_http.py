@@ -371,6 +371,14 @@ def test_a_model_s_default_precision_and_auto(served: Server) -> None:
     assert text["method"] == "layer_integrated_gradients"
     assert text["fidelity"]["precision"] == "bfloat16" and text["fidelity"]["checked"]
     assert text["fidelity"]["rel_l2"] < 0.05
+    # compared as answered, one score per token (CONTRACT 8.1): against the float32 answer
+    f32 = ok(served, "text-bf16", {"method": "integrated_gradients", "inputs":
+             ["a fine day", "not good"], "target": 1, "precision": "float32"})  # fmt: skip
+    worst = max(
+        float((torch.tensor(g) - torch.tensor(w)).norm() / torch.tensor(w).norm())
+        for g, w in zip(text["attributions"], f32["attributions"], strict=True)
+    )
+    assert worst == pytest.approx(text["fidelity"]["rel_l2"], rel=1e-3)
     assert httpx.get(f"{served.url}/v1/models/text-bf16").json()["precision"] == {
         "default": "bfloat16",
         "probe": None,
