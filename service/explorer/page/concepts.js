@@ -3,7 +3,7 @@
 // concept, and whether that differs from random sets of examples.
 
 import { call } from "./api.js";
-import { el, fmt } from "./draw.js";
+import { el, fmt, signLegend } from "./draw.js";
 
 /** Sets named like these are the random sets the concepts are tested against. */
 const RANDOM = /^rand/i;
@@ -119,10 +119,11 @@ export const view = {
     const list = el("ul", { class: "sentences" });
     for (const s of said) list.append(el("li", {}, s));
     region.append(
-      el("p", { class: "legend", role: "note", "aria-label": "Legend" },
-        "Each cell: the share of the examples whose answer rises when the layer's state moves " +
-        "toward the concept. “for”: significantly more than random " +
-        "sets give; “against”: significantly fewer; “not significant”: no different from random."),
+      signLegend(
+        "red: positive, “for”: significantly more of the examples' answers rise than with " +
+        "random sets; blue: negative, “against”: significantly fewer; grey: “not significant”, " +
+        "no different from random. Each bar: the share of the examples whose answer rises when " +
+        "the layer's state moves toward the concept"),
       list,
     );
   },

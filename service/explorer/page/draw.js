@@ -37,6 +37,16 @@ export function legend(sign, cmap, up = "raises the target's score", down = "low
   return box;
 }
 
+/** The legend of a view whose colours are fixed (red for positive, blue for negative, grey
+ * for neither): a swatch of the three and `words` saying what each means. */
+export function signLegend(words) {
+  const box = el("p", { class: "legend", role: "note", "aria-label": "Legend" });
+  const swatch = el("span", { class: "swatch", "aria-hidden": "true" });
+  swatch.style.background = `linear-gradient(to right, #${ANCHORS.redblue[6]} 0 33%, #bbb 33% 67%, #${ANCHORS.redblue[0]} 67%)`;
+  box.append(swatch, el("span", {}, `Colour: ${words}.`));
+  return box;
+}
+
 function rgb(hex) {
   return [0, 2, 4].map((i) => parseInt(hex.slice(i, i + 2), 16));
 }

@@ -3,7 +3,7 @@
 // most hurt it, shown as they are (a row of features, an image, a text) with their labels.
 
 import { call } from "./api.js";
-import { el, fmt, imageCanvas, shapeOf } from "./draw.js";
+import { el, fmt, imageCanvas, shapeOf, signLegend } from "./draw.js";
 
 export const view = {
   id: "influence",
@@ -59,16 +59,18 @@ export const view = {
         const ex = top.examples ? top.examples[r] : null;
         const li = el("li", { "data-train-index": String(index), "data-score": String(top.scores[r]) });
         const label = ex ? ex.label_name ?? JSON.stringify(ex.label) : "";
-        li.append(el("span", { class: "what" }, `training example ${index}${label ? `, labelled “${label}”` : ""}`), el("span", { class: "value" }, fmt(top.scores[r])));
+        const sign = top.scores[r] > 0 ? "positive" : top.scores[r] < 0 ? "negative" : "zero";
+        li.append(el("span", { class: "what" }, `training example ${index}${label ? `, labelled “${label}”` : ""}`), el("span", { class: `value ${sign}` }, fmt(top.scores[r])));
         if (ex) li.append(showExample(ex.inputs, ctx.m));
         list.append(li);
       });
       box.append(list);
       region.append(box);
     }
-    region.append(el("p", { class: "legend", role: "note", "aria-label": "Legend" },
-      "Score: how much the training example pushed the model's loss on this input down " +
-      "(helped, positive) or up (hurt, negative) over training; larger is stronger."));
+    region.append(signLegend(
+      "red: positive, the training example helped (it pushed the model's loss on this input " +
+      "down over training); blue: negative, it hurt (pushed the loss up); grey: neither. " +
+      "A larger score is a stronger push"));
   },
 };
 

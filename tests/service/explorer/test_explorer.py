@@ -488,6 +488,10 @@ def test_which_concepts_tcav_table(page: Page) -> None:
     text = page.page.get_by_role("region", name="Which concepts does it use?").inner_text()
     assert text in page.page.get_by_role("region", name="Concepts", exact=True).inner_text()
     assert "bright-top-left at classifier.1: speaks for “top-left”" in text
+    # the view's own legend names its colours (CONTRACT 8.4)
+    concepts = page.page.get_by_role("region", name="Concepts", exact=True)
+    legend = concepts.get_by_role("note", name="Legend").inner_text()
+    assert "red: positive" in legend and "blue: negative" in legend
     assert {r["verdict"] for r in want["scores"] if r["concept"] == "dim-noise"} == {
         "not significant"
     }
@@ -531,6 +535,16 @@ def test_which_training_examples_influence(page: Page) -> None:
             first = want[key][i]["examples"][0]
             assert f"labelled “{first['label_name']}”" in items.first.inner_text()
             assert "signal_0" in items.first.inner_text()
+            # each score's colour is its sign's, as the view's legend says
+            signs = items.evaluate_all(
+                "els => els.map(e => [Number(e.dataset.score), e.querySelector('.value')"
+                ".classList.contains('positive'), e.querySelector('.value')"
+                ".classList.contains('negative')])"
+            )
+            assert all((pos, neg) == (s > 0, s < 0) for s, pos, neg in signs)
+    region = page.page.get_by_role("region", name="Influence", exact=True)
+    legend = region.get_by_role("note", name="Legend").inner_text()
+    assert "red: positive" in legend and "blue: negative" in legend
     page.shot("influence")
 
 
