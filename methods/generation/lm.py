@@ -58,6 +58,11 @@ def _logits_of(out: Any) -> Tensor:
     return logits[:, 0] if logits.dim() == 4 else logits
 
 
+def _cache_of(out: Any) -> Any:
+    """The cache a Hugging Face model returned (None: none)."""
+    return next((out[k] for k in ("cache", "past_key_values") if k in out), None)
+
+
 class LanguageModel:
     """Base: a plain callable ``ids -> logits``, without a cache."""
 
@@ -220,8 +225,7 @@ class HFLanguageModel(LanguageModel):
         args: dict[str, Any] = {self._cache_arg: past} if past is not None else {}
         out = self.model(input_ids=ids, use_cache=True, **args, **self._kept(s, keep_from))
         logits = _logits_of(out)
-        cache = next((out[k] for k in ("cache", "past_key_values") if k in out), None)
-        return (logits[:, keep_from - s :] if keep_from > 0 else logits), cache
+        return (logits[:, keep_from - s :] if keep_from > 0 else logits), _cache_of(out)
 
     @property
     def max_length(self) -> int | None:
@@ -320,6 +324,8 @@ class Seq2SeqLanguageModel(LanguageModel):
         self.start = int(start)
         pad = getattr(cfg, "pad_token_id", None)
         self.pad = int(pad) if pad is not None else 0
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @property
     def max_length(self) -> int | None:
@@ -369,12 +375,35 @@ class Seq2SeqLanguageModel(LanguageModel):
             argument="model",
         )
 
+    def begin(self, prompts: list[tuple[int, ...]], answer: list[int]) -> tuple[Tensor, Any]:
+        """Decoding for a stream: each source encoded once, the decoder fed its start token
+        and ``answer``; the logits of steps 0..len(answer) [B, 1 + len(answer), V], and the
+        state ``extend`` decodes on (the encoder's states, the sources' mask, the decoder's
+        cache)."""
+        ids, mask = self.batch(prompts)
+        dec = torch.tensor([[self.start, *answer]] * len(prompts), device=self.device)
+        out = self.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, use_cache=True)
+        encoded = (out.encoder_last_hidden_state,)
+        return _logits_of(out), (encoded, mask, _cache_of(out))
+
     def extend(self, state: Any, ids: Tensor, keep_from: int = 0) -> tuple[Tensor, Any]:
-        raise UnsupportedLanguageModelError(
-            "streaming decodes causal language models; an encoder-decoder model's answer "
-            "comes whole (without a stream)",
-            argument="model",
+        """The decoder fed ``ids`` [B, S] more answer tokens after ``state`` (``begin``'s):
+        their logits from ``keep_from`` on, and the state holding them."""
+        encoded, mask, past = state
+        if past is None:
+            raise UnsupportedLanguageModelError(
+                "the encoder-decoder model returned no decoder cache; its answer comes whole "
+                "(attribute_generation), not streamed",
+                argument="model",
+            )
+        out = self.model(
+            encoder_outputs=encoded,
+            attention_mask=mask,
+            decoder_input_ids=ids,
+            use_cache=True,
+            **{self._cache_arg: past},
         )
+        return _logits_of(out)[:, keep_from:], (encoded, mask, _cache_of(out))
 
     def generate(self, ids: Tensor, gen_args: dict[str, Any], eos: int | None) -> Tensor:
         args = gen_args or DEFAULT_GEN_ARGS

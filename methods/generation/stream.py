@@ -15,6 +15,10 @@ or the unperturbed prompt's most likely next token (greedy decoding; ``gen_args`
 - Gradient methods: step ``t``'s row is the token's own backward pass on the prompt and the
   first ``t`` answer tokens, as the non-streamed attribution computes each token's row.
 
+An encoder-decoder's sources are encoded once and their decoders decode on their caches
+(``Seq2SeqLanguageModel.begin`` and ``extend``); its generated answer is its own ``generate``'s
+(forced tokens and the rest of its generation config), written before the first row.
+
 ``seq_attr`` comes at the end: the method on the sum of the steps' values (every prompt's
 values are known by then: no forward), or the sum of the gradient rows.
 """
@@ -37,15 +41,16 @@ from methods.generation.api import (
     GenerationResult,
     _given_ids,
     _pretty,
+    _target_ids,
     contrast_steps,
     finish,
     prepare,
     token_features,
 )
 from methods.generation.catalog import PER_OUTPUT, PERTURBATION, check_length
-from methods.generation.errors import TargetTooLongError, UnsupportedLanguageModelError
+from methods.generation.errors import TargetTooLongError
 from methods.generation.features import Features
-from methods.generation.lm import LanguageModel, _greedy_steps
+from methods.generation.lm import LanguageModel, Seq2SeqLanguageModel, _greedy_steps
 from methods.generation.scorer import _sizes
 
 Prompt = tuple[int, ...]
@@ -133,7 +138,19 @@ class _Rows:
             return
         checkpoint()
         device = self.lm.device
-        extend = type(self.lm).extend if g.cached else LanguageModel.extend
+        # an encoder-decoder always decodes on its cache (there is no prompt + answer to rerun)
+        own = g.cached or self.lm.seq2seq
+        extend = type(self.lm).extend if own else LanguageModel.extend
+        if g.state is None and isinstance(self.lm, Seq2SeqLanguageModel):
+            # sources encoded, the decoder fed the answer so far: every step's logits
+            with torch.no_grad():
+                logits, g.state = self.lm.begin(g.prompts, self.answer)
+            for step in range(t):
+                self._record(g, step, logits[:, step])
+            self.stats["forwards"] += 1
+            self.stats["tokens_run"] += len(g.prompts) * (len(g.prompts[0]) + t + 1)
+            g.fed, g.logits = t, logits[:, -1]
+            return
         if g.state is None:  # the prompts and the answer so far: every step's logits
             n = len(g.prompts[0])
             ids = torch.tensor([list(q) + self.answer for q in g.prompts], device=device)
@@ -224,12 +241,6 @@ def stream_generation(
         use_cache=use_cache, progress=False, target_fn=target_fn,
         contrast_target=contrast_target, contrast_fn=contrast_fn,
     )  # fmt: skip
-    if lm.seq2seq:
-        raise UnsupportedLanguageModelError(
-            "streaming decodes causal language models; attribute an encoder-decoder's answer "
-            "whole (attribute_generation)",
-            argument="model",
-        )
     given: Tensor | None = None
     if target is not None:
         if gen_args is not None:
@@ -237,12 +248,18 @@ def stream_generation(
                 "gen_args apply only when the target is generated (target=None)",
                 argument="gen_args",
             )
-        given = _given_ids(tokenizer, target, "target")
+        given = _given_ids(tokenizer, target, "target", lm.seq2seq)
         steps = int(given.numel())
     else:
         if gen_args is not None and not isinstance(gen_args, dict):
             raise InvalidArgumentError("gen_args must be a dict or None", argument="gen_args")
         steps = _greedy_steps(dict(gen_args or {}))
+        if lm.seq2seq:
+            # an encoder-decoder's answer is its own generate's (forced tokens and the other
+            # rules of its generation config included): written first, attributed as it streams
+            given = _target_ids(lm, tokenizer, feats, None, gen_args)
+            steps = int(given.numel())
+    generated = target is None
     contrast = None
     if contrast_target is not None:
         if given is None:
@@ -254,11 +271,12 @@ def stream_generation(
         contrast = contrast_steps(lm, feats, given, tokenizer, contrast_target)
     prompt_ids = feats.prompt_ids()
     limit = lm.max_length
-    if limit is not None and len(prompt_ids) + steps > limit:
+    need = max(len(prompt_ids), steps) if lm.seq2seq else len(prompt_ids) + steps
+    if limit is not None and need > limit:
         raise TargetTooLongError(
             f"the prompt has {len(prompt_ids)} tokens and the answer up to {steps}: more than "
             f"the {limit} positions the model attends to",
-            argument="target" if given is not None else "gen_args",
+            argument="gen_args" if generated else "target",
         )
     eos = getattr(tokenizer, "eos_token_id", None) if given is None else None
     tokens = None if method in PERTURBATION else token_features(method, feats)
@@ -313,7 +331,7 @@ def stream_generation(
     echo["stream"] = True
     yield finish(
         lm, tokenizer, feats, objective, seq, token_attr, ran, echo, stats,
-        use_cache=use_cache, gen_args=gen_args if given is None else None, target=target,
+        use_cache=use_cache, gen_args=gen_args if generated else None, target=target,
         step_scores=shown,
     )  # fmt: skip
 

@@ -31,7 +31,7 @@ from service.wire.attributions import AttributionRequest
 
 MEDIA_TYPE = "text/event-stream"
 #: the kinds that write answers token by token
-STREAMED = ("causal_lm",)
+STREAMED = ("causal_lm", "seq2seq_lm")
 
 
 def wanted(accept: str | None) -> bool:
@@ -59,7 +59,7 @@ async def stream(
     if name not in STREAMED:
         raise InvalidRequest(
             f"model {spec.id!r} ({name}) answers in one piece; an event stream (Accept: "
-            "text/event-stream) is for causal language models (kind causal_lm)",
+            "text/event-stream) is for generative language models (kinds causal_lm, seq2seq_lm)",
             loc=("header", "accept"),
         )
     if req.render is not None:

@@ -131,7 +131,24 @@ def test_context_attribution_on_an_encoder_decoder() -> None:
     assert res.scores.shape == (1, 2) and not res.params["chat_template"]
 
 
-def test_a_stream_is_refused_naming_the_model() -> None:
-    with pytest.raises(AttributionError) as err:
-        next(methods.stream_generation(seq2seq("t5"), gpt2_tokenizer(), SOURCE, target="paris"))
-    assert err.value.argument == "model"
+@pytest.mark.parametrize(
+    ("kind", "method", "kw"),
+    [
+        ("bart", "feature_ablation", {"target": "paris rome"}),
+        ("t5", "shapley_value_sampling", {"gen_args": {"max_new_tokens": 3}, "n_samples": 2}),
+        ("marian", "input_x_gradient", {"target": "paris rome"}),
+        ("bart", "saliency", {"gen_args": {"max_new_tokens": 3}}),
+    ],
+)
+def test_a_stream_equals_the_whole_attribution(kind: str, method: str, kw: dict[str, Any]) -> None:
+    """An encoder-decoder streams as a causal LM does (CONTRACT 8.3): one row per answer
+    token, as soon as it is known, then the whole result, equal to attribute_generation's
+    (a given answer, or the model's own greedy one)."""
+    model, tok = seq2seq(kind), gpt2_tokenizer()
+    whole = methods.attribute_generation(model, tok, SOURCE, method, seed=0, **kw)
+    *steps, last = methods.stream_generation(model, tok, SOURCE, method, seed=0, **kw)
+    assert [s.token_id for s in steps] == whole.output_ids == last.output_ids
+    torch.testing.assert_close(torch.stack([s.attr for s in steps]), whole.token_attr)
+    torch.testing.assert_close(last.token_attr, whole.token_attr)
+    torch.testing.assert_close(last.seq_attr, whole.seq_attr)
+    torch.testing.assert_close(last.output_log_probs, whole.output_log_probs)

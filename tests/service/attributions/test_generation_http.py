@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import orjson
 import pytest
 import torch
 
@@ -325,6 +327,7 @@ def test_an_encoder_decoder_directory_is_served_as_seq2seq_lm(lm_server: Server)
                 "target": "paris rome"}  # fmt: skip
         r = c.post("/v1/models/bart-dir/attributions", json=body)
         assert r.status_code == 200, r.text
+        r_whole = r.json()
         want = methods.attribute_generation(
             seq2seq("bart"), gpt2_tokenizer(), "my friend alice lives in", "input_x_gradient",
             target="paris rome",
@@ -332,9 +335,18 @@ def test_an_encoder_decoder_directory_is_served_as_seq2seq_lm(lm_server: Server)
         torch.testing.assert_close(
             torch.tensor(r.json()["token_attr"], dtype=torch.float64), want.token_attr
         )
+        # streamed as a causal LM's answer is (CONTRACT 8.3): a row per answer token, then
+        # the whole body
         r = c.post("/v1/models/bart-dir/attributions", json=body,
                    headers={"Accept": "text/event-stream"})  # fmt: skip
-        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["header", "accept"]
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        got = [(e.split("\n")[0][7:], orjson.loads(e.split("\n")[1][6:]))
+               for e in r.text.strip().split("\n\n")]  # fmt: skip
+        assert [n for n, _ in got] == ["token", "token", "result"]
+        torch.testing.assert_close(
+            torch.tensor([d["attr"] for _, d in got[:2]], dtype=torch.float64), want.token_attr
+        )
+        np.testing.assert_allclose(got[2][1]["token_attr"], r_whole["token_attr"], rtol=1e-9)
         r = c.post("/v1/models/bart-dir/context-attributions", json={
             "context": "alice lives in paris. bob lives in rome.", "query": "who lives in paris",
             "answer": "alice lives in paris.", "n_ablations": 8})  # fmt: skip
