@@ -56,8 +56,9 @@ def photos(n: int) -> list[bytes]:
     return out
 
 
-def captum_loop(path: Path, files: list[bytes], n_steps: int) -> float:
-    """Images per second: decode, process, Captum's IntegratedGradients, one image per call."""
+def captum_loop(path: Path, files: list[bytes], n_steps: int) -> tuple[float, list[np.ndarray]]:
+    """Images per second (decode, process, Captum's IntegratedGradients, one image per
+    call), and its attributions."""
     from captum.attr import IntegratedGradients
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
@@ -65,30 +66,29 @@ def captum_loop(path: Path, files: list[bytes], n_steps: int) -> float:
     processor = AutoImageProcessor.from_pretrained(path)
     ig = IntegratedGradients(lambda x: model(pixel_values=x).logits)
 
-    def one(data: bytes) -> None:
+    def one(data: bytes) -> np.ndarray:
         image = Image.open(io.BytesIO(data)).convert("RGB")
         pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
-        ig.attribute(pixels, target=1, n_steps=n_steps)
+        return ig.attribute(pixels, target=1, n_steps=n_steps)[0].detach().numpy()
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         one(files[0])  # warm up
         t0 = time.perf_counter()
-        for data in files:
-            one(data)
-    return len(files) / (time.perf_counter() - t0)
+        out = [one(data) for data in files]
+    return len(files) / (time.perf_counter() - t0), out
 
 
 def main() -> None:
     args = hf_text.arguments("benchmarks.hf_image", __doc__, "images", 64)
     files = photos(args.count)
     images = [{"image": base64.b64encode(f).decode("ascii")} for f in files]
-    ours, captum = hf_text.compare(
+    ours, captum, rel = hf_text.compare(
         args, build, lambda path, n: captum_loop(path, files, n), images, "vit"
     )
     name = "ViT-B/16 224px" if args.size == "base" else "ViT 64px/8, 2x64"
     hf_text.table(args, "images", f"{name}, {args.count} PNGs of 200x150, IG "
-                  f"n_steps={args.n_steps}", ours, captum)  # fmt: skip
+                  f"n_steps={args.n_steps}", ours, captum, rel)  # fmt: skip
 
 
 if __name__ == "__main__":

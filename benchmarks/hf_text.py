@@ -54,8 +54,9 @@ def texts(n: int) -> list[str]:
     return [" ".join(rng.choice(WORDS, int(rng.integers(16, 41)))) for _ in range(n)]
 
 
-def captum_loop(path: Path, batch: list[str], n_steps: int) -> float:
-    """Texts per second: Captum's LayerIntegratedGradients, one text per call."""
+def captum_loop(path: Path, batch: list[str], n_steps: int) -> tuple[float, list[np.ndarray]]:
+    """Texts per second, Captum's LayerIntegratedGradients one text per call, and its
+    attributions (one per token, summed over the embedding dim, as attrserve answers)."""
     from captum.attr import LayerIntegratedGradients
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -67,33 +68,35 @@ def captum_loop(path: Path, batch: list[str], n_steps: int) -> float:
 
     lig = LayerIntegratedGradients(forward, model.get_input_embeddings())
 
-    def one(text: str) -> None:
+    def one(text: str) -> np.ndarray:
         enc = tok(text, return_tensors="pt", return_special_tokens_mask=True)
         ids = enc["input_ids"]
         base = torch.where(enc["special_tokens_mask"].bool(), ids, torch.zeros_like(ids))
         args = (enc["attention_mask"], enc["token_type_ids"])
-        lig.attribute(ids, baselines=base, target=1, n_steps=n_steps, additional_forward_args=args)
+        a = lig.attribute(ids, baselines=base, target=1, n_steps=n_steps,
+                          additional_forward_args=args)  # fmt: skip
+        return a.sum(-1)[0].detach().numpy()
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         one(batch[0])  # warm up
         t0 = time.perf_counter()
-        for text in batch:
-            one(text)
-    return len(batch) / (time.perf_counter() - t0)
+        out = [one(text) for text in batch]
+    return len(batch) / (time.perf_counter() - t0), out
 
 
 async def over_http(
     url: str,
     batch: list[Any],
     clients: int,
-    n_steps: int,
+    n_steps: int | str,
     model: str = "bert",
     precision: str | None = None,
-) -> float:
-    """Examples per second: one example per request (integrated gradients, target 1) from
-    ``clients`` concurrent clients."""
-    queue = list(batch)
+) -> tuple[float, list[np.ndarray]]:
+    """Examples per second, one example per request (integrated gradients, target 1) from
+    ``clients`` concurrent clients, and the answers' attributions in the batch's order."""
+    queue = list(enumerate(batch))
+    answers: list[np.ndarray] = [np.zeros(0)] * len(batch)
     # the longest deadline a server allows: at real sizes, requests queue behind each other
     # for longer than the default 30 s
     body: dict[str, Any] = {
@@ -108,13 +111,22 @@ async def over_http(
 
         async def worker() -> None:
             while queue:
-                example = queue.pop()
+                i, example = queue.pop()
                 r = await client.post(route, json={**body, "inputs": [example]})
                 r.raise_for_status()
+                answers[i] = np.asarray(r.json()["attributions"][0], dtype=np.float64)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        return len(batch) / (time.perf_counter() - t0)
+        return len(batch) / (time.perf_counter() - t0), answers
+
+
+def worst_rel_l2(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
+    """The largest relative L2 distance of an answer from the Captum loop's."""
+    return max(
+        float(np.linalg.norm(o.reshape(-1) - t.reshape(-1)) / np.linalg.norm(t.reshape(-1)))
+        for o, t in zip(ours, theirs, strict=True)
+    )
 
 
 def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.Namespace:
@@ -123,6 +135,12 @@ def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.
     p.add_argument("--clients", type=int, default=16)
     p.add_argument(f"--{count}", type=int, default=default, dest="count")
     p.add_argument("--n-steps", type=int, default=50)
+    p.add_argument(
+        "--auto-steps", action="store_true",
+        help='attrserve\'s requests ask n_steps "auto" (fewest evaluations for the default '
+        "delta_tolerance); the Captum loop keeps --n-steps, and the table adds how far "
+        "attrserve's answers are from its (worst relative L2)",
+    )  # fmt: skip
     p.add_argument(
         "--threads", type=int, default=1,
         help="torch threads of the Captum loop and of each attrserve worker (0: each's own "
@@ -148,43 +166,50 @@ def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.
 def compare(
     args: argparse.Namespace,
     build: Callable[[Path, str], Path],
-    captum: Callable[[Path, int], float],
+    captum: Callable[[Path, int], tuple[float, list[np.ndarray]]],
     batch: list[Any],
     model: str,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Examples/s of attrserve serving ``build``'s directory (``model``) over HTTP, and of
-    ``captum(directory, n_steps)``, run first, alone."""
+    ``captum(directory, n_steps)``, run first, alone; and the worst relative L2 distance of
+    attrserve's answers from Captum's."""
     with tempfile.TemporaryDirectory() as tmp:
         toml = build(Path(tmp), args.size)
-        theirs = captum(Path(tmp) / model, args.n_steps)
+        theirs, reference = captum(Path(tmp) / model, args.n_steps)
         settings = {"torch_threads": args.threads} if args.threads else {}
         proc, url = start("attrserve", models=toml, workers=args.workers, **settings)
+        steps: int | str = "auto" if args.auto_steps else args.n_steps
         try:
-            ours = asyncio.run(
-                over_http(url, batch, args.clients, args.n_steps, model, args.precision)
+            ours, answers = asyncio.run(
+                over_http(url, batch, args.clients, steps, model, args.precision)
             )
         finally:
             stop(proc)
-    return ours, theirs
+    return ours, theirs, worst_rel_l2(answers, reference)
 
 
-def table(args: argparse.Namespace, unit: str, case: str, ours: float, captum: float) -> None:
-    print(f"| case | attrserve {unit}/s | Captum loop {unit}/s | ratio |")
-    print("|---|---|---|---|")
+def table(
+    args: argparse.Namespace, unit: str, case: str, ours: float, captum: float, rel: float
+) -> None:
+    print(f"| case | attrserve {unit}/s | Captum loop {unit}/s | ratio | worst rel. L2 |")
+    print("|---|---|---|---|---|")
     threads = args.threads or "default"
     precision = f", {args.precision}" if args.precision else ""
+    auto = ', attrserve n_steps "auto"' if args.auto_steps else ""
     print(f"| {case}, {args.clients} clients, {args.workers} worker(s), {threads} thread(s)"
-          f"{precision} | "
-          f"{ours:.3g} | {captum:.3g} | {ours / captum:.2f} |")  # fmt: skip
+          f"{precision}{auto} | "
+          f"{ours:.3g} | {captum:.3g} | {ours / captum:.2f} | {rel:.2g} |")  # fmt: skip
 
 
 def main() -> None:
     args = arguments("benchmarks.hf_text", __doc__, "texts", 96)
     batch = texts(args.count)
-    ours, captum = compare(args, build, lambda path, n: captum_loop(path, batch, n), batch, "bert")
+    ours, captum, rel = compare(
+        args, build, lambda path, n: captum_loop(path, batch, n), batch, "bert"
+    )
     name = "BERT-base" if args.size == "base" else "BERT 2x64"
     table(args, "texts", f"{name}, {args.count} texts of 16-40 words, layer IG "
-          f"n_steps={args.n_steps}", ours, captum)  # fmt: skip
+          f"n_steps={args.n_steps}", ours, captum, rel)  # fmt: skip
 
 
 if __name__ == "__main__":
