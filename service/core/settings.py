@@ -87,8 +87,8 @@ class Settings(BaseModel):
         ge=0,
         description="estimated compute (seconds per worker) queued in a worker group beyond "
         "which a request costing more than one piece (split_ms), which would wait behind it "
-        "all, gets 429 with Retry-After from the backlog; cheaper requests are never refused "
-        "by it (0: no limit)",
+        "all, gets 429 with Retry-After from the backlog, unless its own deadline leaves it "
+        "longer; cheaper requests are never refused by it (0: no limit)",
     )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After seconds sent with 429")
     batching: bool = Field(default=True, description="merge compatible concurrent requests")

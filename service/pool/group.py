@@ -190,8 +190,10 @@ class Group(Processes):
         """Admission bounds what matters: the requests waiting (``queue_size``), and for a
         request costing more than one piece, the compute queued before it (``max_backlog_s``:
         a cheap request goes first whatever waits, an expensive one waits for all the
-        cheaper work; on an idle server any request is admitted). A 429's Retry-After is when
-        the backlog will have drained to the limit."""
+        cheaper work; on an idle server any request is admitted). A request whose own
+        deadline leaves it longer to wait than the limit (a client that set ``deadline_ms``
+        says it will wait; ``max_deadline_ms`` caps what it may say) waits up to that. A
+        429's Retry-After is when the backlog will have drained to the limit."""
         backlog = self.backlog_ms()
         if self.queue_depth() >= self.settings.queue_size:
             self.telemetry.rejected.inc()
@@ -201,13 +203,15 @@ class Group(Processes):
             )
         limit, rate = self.settings.max_backlog_s * 1e3, self.costs.rate(job)
         own = job.cost * rate if rate is not None else 0.0
+        if limit and job.deadline:
+            limit = max(limit, (job.deadline - time.time()) * 1e3 - own)
         beyond_piece = own > self.settings.split_ms > 0
         if limit and beyond_piece and backlog > limit:
             self.telemetry.rejected.inc()
             raise QueueFull(
                 f"this request (about {own / 1e3:.1f} s of compute) would wait behind "
                 f"{backlog / 1e3:.1f} s of queued work, over this server's backlog limit of "
-                f"{limit / 1e3:g} s; retry later, or submit it as a job (POST "
+                f"{limit / 1e3:.3g} s; retry later, or submit it as a job (POST "
                 f"/v1/models/{job.model_id}/attribution-jobs)",
                 headers=self._retry(backlog - limit),
             )

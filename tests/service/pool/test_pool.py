@@ -251,11 +251,15 @@ async def _backlog() -> None:
     p.submit(rows_job(2, 10, 40))  # 400 ms, all queued behind the stopping piece
     p.submit(rows_job(3, 10, 40))  # 400 ms queued, under 500: admitted
     assert p.backlog_ms() == 800.0
+    hurried = dataclasses.replace(rows_job(4, 10, 40), deadline=time.time() + 0.2)
     with pytest.raises(QueueFull) as refused:
-        p.submit(rows_job(4, 10, 40))  # 800 ms queued, over 500
+        p.submit(hurried)  # 800 ms queued, over 500 (and over what its deadline leaves)
     assert refused.value.headers == {"Retry-After": "1"}  # 300 ms, rounded up
     assert "backlog limit of 0.5 s" in refused.value.detail
     assert "attribution-jobs" in refused.value.detail
+    # a request that says it will wait (its own 60 s deadline) waits behind the 800 ms
+    patient = p.submit(rows_job(6, 10, 40))
+    assert not patient.future.done() and p.backlog_ms() == 1200.0
     cheap = p.submit(job(5, key=None))  # cheap work is never refused by the backlog
     answer(p, conn.sent[-1])
     assert [j.id for j in conn.sent[-1].jobs] == [5] and not cheap.future.done()
