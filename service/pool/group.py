@@ -11,8 +11,7 @@ to the cost cap, when it is idle again. A sealed batch (full, or of requests tha
 as with batching off) may also wait in a worker's ready slot behind the one computing, so the
 worker need not wait for the parent between batches; a batch that can still grow does not,
 since everything arriving during the computation would otherwise form yet another small batch.
-``batch_window_ms`` > 0 also holds a new batch open that long for companions even when a worker
-is idle.
+``batch_window_ms`` > 0 holds a new batch open that long for companions, even for an idle worker.
 
 Cancellation: ``cancel(entry)`` frees the request's queue slot at once; if its batch is already
 with a worker, the worker is told, and stops the engine at its next checkpoint once every
@@ -187,13 +186,10 @@ class Group(Processes):
         return total / max(1, len(self.live))
 
     def _admit(self, job: Work) -> None:
-        """Admission bounds what matters: the requests waiting (``queue_size``), and for a
-        request costing more than one piece, the compute queued before it (``max_backlog_s``:
-        a cheap request goes first whatever waits, an expensive one waits for all the
-        cheaper work; on an idle server any request is admitted). A request whose own
-        deadline leaves it longer to wait than the limit (a client that set ``deadline_ms``
-        says it will wait; ``max_deadline_ms`` caps what it may say) waits up to that. A
-        429's Retry-After is when the backlog will have drained to the limit."""
+        """Admission bounds the requests waiting (``queue_size``), and for a request costing
+        more than one piece the compute queued before it (``max_backlog_s``, or its own
+        deadline where that is longer; an idle server admits any). 429's Retry-After: when
+        the backlog will have drained to the limit."""
         backlog = self.backlog_ms()
         if self.queue_depth() >= self.settings.queue_size:
             self.telemetry.rejected.inc()

@@ -14,7 +14,6 @@ import torch
 import transformers
 
 import methods
-from methods.errors import AttributionError
 from tests.methods.test_generation import WORDS, gpt2_tokenizer
 
 SOURCE = "my friend alice lives in the city"
