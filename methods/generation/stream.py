@@ -113,7 +113,8 @@ class _Rows:
                 cap = min(cap, self.max_rows)
             for s in range(0, len(qs), cap):
                 part = qs[s : s + cap]
-                cached = self.lm.caches and self.held + len(part) * row <= budget
+                caches = self.lm.caches or self.lm.seq2seq  # an encoder-decoder's decoder
+                cached = caches and self.held + len(part) * row <= budget
                 self.held += len(part) * row if cached else 0
                 g = _Group(part, cached)
                 for r, q in enumerate(part):
@@ -138,18 +139,17 @@ class _Rows:
             return
         checkpoint()
         device = self.lm.device
-        # an encoder-decoder always decodes on its cache (there is no prompt + answer to rerun)
-        own = g.cached or self.lm.seq2seq
-        extend = type(self.lm).extend if own else LanguageModel.extend
-        if g.state is None and isinstance(self.lm, Seq2SeqLanguageModel):
-            # sources encoded, the decoder fed the answer so far: every step's logits
+        extend = type(self.lm).extend if g.cached else LanguageModel.extend
+        if isinstance(self.lm, Seq2SeqLanguageModel) and (g.state is None or not g.cached):
+            # sources encoded, the decoder fed the answer so far: every step's logits (its
+            # cache kept for the next step where the memory budget allows, else run again)
             with torch.no_grad():
-                logits, g.state = self.lm.begin(g.prompts, self.answer)
+                logits, state = self.lm.begin(g.prompts, self.answer)
             for step in range(t):
                 self._record(g, step, logits[:, step])
             self.stats["forwards"] += 1
             self.stats["tokens_run"] += len(g.prompts) * (len(g.prompts[0]) + t + 1)
-            g.fed, g.logits = t, logits[:, -1]
+            g.state, g.fed, g.logits = state if g.cached else None, t, logits[:, -1]
             return
         if g.state is None:  # the prompts and the answer so far: every step's logits
             n = len(g.prompts[0])

@@ -125,7 +125,7 @@ def described_inputs(url: str, name: str, wait_s: float = 10.0) -> list[dict[str
             dims: list[int | str] = [d if d > 0 else f"D{j}" for j, d in enumerate(i["shape"])]
             dims[0] = "N"  # what the predictor takes, a batch of
             out.append({"name": i["name"], "dtype": _DTYPES[i["datatype"]], "shape": dims})
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
     return out or None
 

@@ -151,3 +151,19 @@ def test_a_stream_equals_the_whole_attribution(kind: str, method: str, kw: dict[
     torch.testing.assert_close(last.token_attr, whole.token_attr)
     torch.testing.assert_close(last.seq_attr, whole.seq_attr)
     torch.testing.assert_close(last.output_log_probs, whole.output_log_probs)
+
+
+def test_a_stream_over_the_memory_budget_decodes_again_each_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the decoders' caches do not fit the memory budget, each step runs the sources
+    and the answer so far again: the same rows, nothing kept."""
+    model, tok = seq2seq("bart"), gpt2_tokenizer()
+    whole = methods.attribute_generation(
+        model, tok, SOURCE, "feature_ablation", target="paris rome"
+    )
+    monkeypatch.setattr("methods.generation.stream.memory_budget", lambda device: 1)
+    stream = methods.stream_generation(model, tok, SOURCE, "feature_ablation", target="paris rome")
+    *steps, last = stream
+    torch.testing.assert_close(torch.stack([s.attr for s in steps]), whole.token_attr)
+    torch.testing.assert_close(last.seq_attr, whole.seq_attr)
