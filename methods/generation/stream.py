@@ -145,26 +145,24 @@ class _Rows:
             # cache kept for the next step where the memory budget allows, else run again)
             with torch.no_grad():
                 logits, state = self.lm.begin(g.prompts, self.answer)
-            for step in range(t):
-                self._record(g, step, logits[:, step])
-            self.stats["forwards"] += 1
-            self.stats["tokens_run"] += len(g.prompts) * (len(g.prompts[0]) + t + 1)
-            g.state, g.fed, g.logits = state if g.cached else None, t, logits[:, -1]
-            return
-        if g.state is None:  # the prompts and the answer so far: every step's logits
-            n = len(g.prompts[0])
-            ids = torch.tensor([list(q) + self.answer for q in g.prompts], device=device)
-            keep, first = n - 1, 0
+            state = state if g.cached else None
+            first, run = 0, len(g.prompts) * (len(g.prompts[0]) + t + 1)
         else:
-            self._record(g, g.fed, g.logits)
-            ids = torch.tensor([self.answer[g.fed : t]] * len(g.prompts), device=device)
-            keep, first = 0, g.fed + 1
-        with torch.no_grad():
-            logits, state = extend(self.lm, g.state, ids, keep)
+            if g.state is None:  # the prompts and the answer so far: every step's logits
+                n = len(g.prompts[0])
+                ids = torch.tensor([list(q) + self.answer for q in g.prompts], device=device)
+                keep, first = n - 1, 0
+            else:
+                self._record(g, g.fed, g.logits)
+                ids = torch.tensor([self.answer[g.fed : t]] * len(g.prompts), device=device)
+                keep, first = 0, g.fed + 1
+            with torch.no_grad():
+                logits, state = extend(self.lm, g.state, ids, keep)
+            run = int(ids.numel())
         for step in range(first, t):
             self._record(g, step, logits[:, step - first])
         self.stats["forwards"] += 1
-        self.stats["tokens_run"] += int(ids.numel())
+        self.stats["tokens_run"] += run
         g.state, g.fed, g.logits = state, t, logits[:, -1]
 
     def next_logits(self, q: Prompt) -> Tensor:

@@ -96,9 +96,9 @@ def _inputs(text: str) -> list[dict[str, Any]]:
     return out
 
 
-#: the OIP datatypes a predictor's metadata may list, as torch dtype names
-_DTYPES = {"FP32": "float32", "FP64": "float64", "FP16": "float16", "INT64": "int64",
-           "INT32": "int32", "BOOL": "bool"}  # fmt: skip
+def _url(host: str) -> str:
+    """``--predictor-host`` as a URL (http:// assumed)."""
+    return host if host.startswith(("http://", "https://")) else f"http://{host}"
 
 
 def described_inputs(url: str, name: str, wait_s: float = 10.0) -> list[dict[str, Any]] | None:
@@ -107,6 +107,9 @@ def described_inputs(url: str, name: str, wait_s: float = 10.0) -> list[dict[str
     when it does not answer, lists none, or lists one we cannot send."""
     import httpx
 
+    from model_registry.sources.remote import DATATYPES
+
+    dtypes = {oip: name for name, oip in DATATYPES.items()}  # the ones a remote input sends
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -124,7 +127,7 @@ def described_inputs(url: str, name: str, wait_s: float = 10.0) -> list[dict[str
         for i in listed:
             dims: list[int | str] = [d if d > 0 else f"D{j}" for j, d in enumerate(i["shape"])]
             dims[0] = "N"  # what the predictor takes, a batch of
-            out.append({"name": i["name"], "dtype": _DTYPES[i["datatype"]], "shape": dims})
+            out.append({"name": i["name"], "dtype": dtypes[i["datatype"]], "shape": dims})
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
     return out or None
@@ -137,8 +140,7 @@ ROWS = [{"name": "x", "dtype": "float32", "shape": ["N", "F"]}]
 def models_toml(args: argparse.Namespace, inputs: list[dict[str, Any]] | None = None) -> str:
     """The one-model models.toml the flags describe (strings JSON-quoted: TOML's basic
     strings); ``inputs`` stands for ``--inputs`` where that is not given (default ``ROWS``)."""
-    host = args.predictor_host
-    url = host if host.startswith(("http://", "https://")) else f"http://{host}"
+    url = _url(args.predictor_host)
     q = json.dumps
     tables = []
     given = _inputs(args.inputs) if args.inputs else inputs or ROWS
@@ -194,9 +196,7 @@ def run(args: argparse.Namespace) -> int:
     path = folder / "models.toml"
     inputs = None
     if args.inputs is None and args.protocol == "v2":
-        host = args.predictor_host
-        url = host if host.startswith(("http://", "https://")) else f"http://{host}"
-        inputs = described_inputs(url, args.model_name)
+        inputs = described_inputs(_url(args.predictor_host), args.model_name)
     path.write_text(models_toml(args, inputs))
     serve(argparse.Namespace(host=args.host, port=args.http_port, models=str(path)))
     return 0

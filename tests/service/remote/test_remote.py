@@ -8,6 +8,7 @@ the log."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -278,26 +279,36 @@ def test_the_predictor_s_faults_are_the_predictor_s(served: Server) -> None:
     assert httpx.get(f"{served.url}/v1/models/remote-v1").json()["precision"] is None
 
 
+@contextlib.contextmanager
+def explainer(tmp_path: Path, *flags: str, port_flag: str = "--port") -> Iterator[Server]:
+    """``attrserve explain-for`` in a subprocess with ``flags`` (the port, as ``port_flag``
+    spells it, and the host added), ready; stopped afterwards."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
+    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1",
+            "ATTRSERVE_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    cmd = [sys.executable, "-m", "service.cli.main", "explain-for", *flags,
+           port_flag, str(port), "--host", "127.0.0.1"]  # fmt: skip
+    with (tmp_path / "explainer.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        server = Server(f"http://127.0.0.1:{port}", proc, tmp_path / "explainer.log")
+        try:
+            server.wait_ready()
+            yield server
+        finally:
+            stop_server(server)
+
+
 def test_explain_for_is_a_kserve_explainer_of_a_remote_predictor(
     predictor: tuple[str, Path], tmp_path: Path
 ) -> None:
     """``attrserve explain-for`` with the flags KServe's explainer container receives: its
     ``:explain`` answers for the predictor's model with the default method it was given."""
     url, _ = predictor
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
-    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1",
-            "ATTRSERVE_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
-    cmd = [sys.executable, "-m", "service.cli.main", "explain-for", "--model_name", "mlp",
-           "--predictor_host", url.removeprefix("http://"), "--protocol", "v2",
-           "--http_port", str(port), "--host", "127.0.0.1", "--inputs", "x:float32:N,8",
-           "--labels", "low,mid,high", "--method", "shapley_value_sampling",
-           "--params", '{"n_samples": 2}']  # fmt: skip
-    log = (tmp_path / "explainer.log").open("wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", proc, tmp_path / "explainer.log")
-    try:
-        server.wait_ready()
+    flags = ["--model_name", "mlp", "--predictor_host", url.removeprefix("http://"),
+             "--protocol", "v2", "--inputs", "x:float32:N,8", "--labels", "low,mid,high",
+             "--method", "shapley_value_sampling", "--params", '{"n_samples": 2}']  # fmt: skip
+    with explainer(tmp_path, *flags, port_flag="--http_port") as server:
         body = {"instances": x().tolist(), "parameters": {"target": 2, "seed": 1}}
         r = httpx.post(f"{server.url}/v1/models/mlp:explain", json=body, timeout=60)
         assert r.status_code == 200, r.text
@@ -307,9 +318,6 @@ def test_explain_for_is_a_kserve_explainer_of_a_remote_predictor(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         info = httpx.get(f"{server.url}/v1/models/mlp").json()
         assert info["methods"] and "integrated_gradients" not in info["methods"]
-    finally:
-        stop_server(server)
-        log.close()
 
 
 @pytest.mark.parametrize("protocol", ["v1", "v2"])
@@ -320,18 +328,9 @@ def test_explain_for_needs_only_the_predictor_and_the_model_name(
     inputs come from its metadata, a V1 predictor's rows are taken as they come; the answer is
     feature ablation of each example's predicted class, as the same model hosted here gives."""
     url, _ = predictor
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
-    env |= {"ATTRSERVE_WORKERS": "1", "ATTRSERVE_TORCH_THREADS": "1",
-            "ATTRSERVE_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
-    cmd = [sys.executable, "-m", "service.cli.main", "explain-for", "--model-name", "mlp",
-           "--predictor-host", url.removeprefix("http://"), "--protocol", protocol,
-           "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
-    log = (tmp_path / "explainer.log").open("wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", proc, tmp_path / "explainer.log")
-    try:
-        server.wait_ready()
+    flags = ["--model-name", "mlp", "--predictor-host", url.removeprefix("http://"),
+             "--protocol", protocol]  # fmt: skip
+    with explainer(tmp_path, *flags) as server:
         r = httpx.post(f"{server.url}/v1/models/mlp:explain", json={"instances": x().tolist()},
                        timeout=60)  # fmt: skip
         assert r.status_code == 200, r.text
@@ -343,9 +342,6 @@ def test_explain_for_needs_only_the_predictor_and_the_model_name(
                                    rtol=1e-5, atol=1e-5)  # fmt: skip
         (inp,) = httpx.get(f"{server.url}/v1/models/mlp").json()["inputs"]
         assert inp["shape"][1:] == ([8] if protocol == "v2" else [None]), inp
-    finally:
-        stop_server(server)
-        log.close()
 
 
 def test_the_kserve_explainer_manifest_runs_explain_for() -> None:
