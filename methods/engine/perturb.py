@@ -52,6 +52,9 @@ class Evaluator:
     per_example: bool
     #: estimated bytes one perturbation (N rows) holds during its forward
     perturbation_bytes: int
+    #: on CPU, what one perturbation's largest layer works on, where known to be less than
+    #: ``perturbation_bytes`` (see ``CPU_CHUNK_BYTES``); 0: ``perturbation_bytes``
+    working_bytes: int = 0
     used: int = 0
     _subcalls: dict[int, Call] = field(default_factory=dict)
 
@@ -71,7 +74,7 @@ class Evaluator:
     def per_chunk(self, total: int) -> int:
         if not self.per_example:
             return 1
-        return _per_chunk(self.call, self.perturbation_bytes, total)
+        return _per_chunk(self.call, self.perturbation_bytes, total, self.working_bytes)
 
     def run(self, total: int, build: Build, inspect: Inspect | None = None) -> Tensor:
         """Evaluate perturbations 0..total-1; ``build(s, e)`` returns their ``(e-s)*N`` rows."""
@@ -117,7 +120,7 @@ class _ShapeMismatch(Exception):
         self.got, self.expected = got, expected
 
 
-def _per_chunk(call: Call, perturbation_bytes: int, total: int) -> int:
+def _per_chunk(call: Call, perturbation_bytes: int, total: int, working_bytes: int = 0) -> int:
     """Perturbations per forward when the output grows with the batch."""
     spec = call.perturbations_per_eval
     if isinstance(spec, int):
@@ -125,7 +128,7 @@ def _per_chunk(call: Call, perturbation_bytes: int, total: int) -> int:
     # "auto" (and None): 3x covers the inputs, the activations and the allocator's slack.
     cap = memory_budget(call.inputs[0].device) // (3 * perturbation_bytes)
     if call.inputs[0].device.type == "cpu":
-        cap = min(cap, CPU_CHUNK_BYTES // perturbation_bytes)
+        cap = min(cap, CPU_CHUNK_BYTES // (working_bytes or perturbation_bytes))
     return max(1, min(total, cap))
 
 

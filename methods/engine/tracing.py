@@ -1,22 +1,25 @@
 """Running a model op by op: its ``torch.fx`` graph, when that is safe, cached per model.
 
-Two engine paths look inside a model instead of calling it whole: incremental occlusion
-(``incremental``) and the autograd-free backward of layer chains (``chain``). Both need a
-model whose ops can be replayed one at a time with the same results: an ``nn.Module`` (not
-TorchScript) in eval mode (dropout and batch norm are then deterministic functions of their
-input), with no module hooks (which would see parts of tensors, or nothing), and that
-``torch.fx`` can trace. What each path derives from the graph is cached weakly per model and
-recomputed when the model's set of submodules changes (a layer replaced).
+Incremental occlusion (``incremental``) looks inside a model instead of calling it whole. It
+needs a model whose ops can be replayed one at a time with the same results: an
+``nn.Module`` (not TorchScript) whose torch layers are in eval mode (dropout and batch norm
+are then deterministic functions of their input), with no module hooks (which would see parts
+of tensors, or nothing), and that ``torch.fx`` can trace, on any input (``trace``) or on
+inputs of one shape (``trace_at``). What is derived from the graph is cached weakly per model
+and recomputed when the model's set of submodules changes (a layer replaced).
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from torch import fx, nn
+import torch
+from torch import Tensor, fx, nn
+from torch.fx.experimental import meta_tracer
 
 from methods.engine.guard import is_torchscript
 
@@ -57,9 +60,14 @@ def replayable_modules(model: Any) -> tuple[nn.Module, ...] | None:
 
 
 def _plain(m: nn.Module) -> bool:
-    """Eval mode, no hooks, and called the standard way (no ``forward`` or ``__call__``
-    replaced on the instance or by overriding ``__call__``)."""
-    if m.training or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
+    """No hooks, called the standard way (no ``forward`` or ``__call__`` replaced on the
+    instance or by overriding ``__call__``), and in eval mode if ``torch.fx`` keeps it whole
+    (torch's own layers: dropout, batch norm). A module fx traces into may be in training
+    mode (a wrapper built around an eval-mode model): what its code reads of ``training`` is
+    in the graph, and ``state`` sees the flag change."""
+    if m.training and _LEAF(m, ""):
+        return False
+    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
         return False
     if m._backward_pre_hooks or "forward" in vars(m) or "__call__" in vars(m):
         return False
@@ -73,6 +81,9 @@ _TREES: weakref.WeakKeyDictionary[
     tuple[tuple[Any, ...], tuple[tuple[nn.Module, tuple[Any, ...]], ...], tuple[nn.Module, ...]],
 ]
 _TREES = weakref.WeakKeyDictionary()
+
+
+_LEAF = fx.Tracer().is_leaf_module
 
 
 def state(model: nn.Module) -> tuple[Any, ...]:
@@ -112,4 +123,19 @@ def trace(model: nn.Module) -> fx.GraphModule | None:
             warnings.simplefilter("ignore")
             return fx.symbolic_trace(model)
     except Exception:  # any untraceable forward simply takes the plain path
+        return None
+
+
+def trace_at(model: nn.Module, x: Tensor) -> fx.GraphModule | None:
+    """The graph of ``model`` on inputs shaped like ``x``, for a forward that branches on
+    shapes (``if x.shape[1] != self.num_channels: raise``, as Hugging Face models do), which
+    ``trace`` cannot follow: its first argument is a meta tensor, so shapes are concrete
+    while no value is computed. The graph holds for that shape only; None when it fails."""
+    try:
+        first = next(iter(inspect.signature(model.forward).parameters))
+        meta = {first: torch.empty(x.shape, dtype=x.dtype, device="meta")}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return meta_tracer.symbolic_trace(model, meta_args=meta)
+    except Exception:  # as for ``trace``: the plain path
         return None

@@ -77,7 +77,7 @@ def _three_d() -> nn.Module:
 
 
 class _Residual(nn.Module):
-    """The chain stops where an activation is used twice; the rest runs as the tail."""
+    """A residual sum: boxed on the union of its operands' boxes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -102,6 +102,56 @@ class _Scaled(nn.Module):
         return self.fc(self.conv(x).sigmoid().flatten(1)) * scale
 
 
+class _Bottleneck(nn.Module):
+    """torchvision's ResNet block: in-place ReLUs, ``out += identity``, a strided shortcut."""
+
+    def __init__(self, c_in: int, width: int, stride: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2, self.relu = nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+        self.conv3, self.bn3 = nn.Conv2d(width, 2 * width, 1, bias=False), nn.BatchNorm2d(2 * width)
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(c_in, 2 * width, 1, stride=stride), nn.BatchNorm2d(2 * width))
+            if stride != 1 or c_in != 2 * width
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += identity
+        return self.relu(out)
+
+
+def _resnet() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
+        _Bottleneck(4, 2, 1), _Bottleneck(4, 2, 1), _Bottleneck(4, 3, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3),
+    )  # fmt: skip
+
+
+class _Branches(nn.Module):
+    """Branches joined by a product, a difference and arithmetic with numbers; an in-place
+    ReLU whose input is read again (so it cannot be boxed: the rest is the tail)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 5, padding=2)
+        self.c = nn.Conv2d(4, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x)) * (0.5 * self.b(x)).sigmoid()
+        h = F.max_pool2d(h - 1, 2) + F.max_pool2d(h, 2)
+        h = 2 - self.c(h + h)
+        g = F.relu(h, inplace=True)  # writes h, which is read again below
+        return self.fc(F.avg_pool2d(g + h, 2).flatten(1))
+
+
 def _fully_conv() -> nn.Module:
     """Every layer is local: the tail is the identity and targets index a 4-D output."""
     return nn.Sequential(nn.Conv2d(3, 2, 3), nn.Hardtanh(), nn.MaxPool2d(2, padding=1))
@@ -114,6 +164,8 @@ CASES: list[tuple[str, Model, tuple[int, ...], dict[str, Any]]] = [
     ("one_d", _one_d, (4, 30), {"target": 1}),
     ("three_d", _three_d, (2, 6, 8, 8), {"target": 0}),
     ("residual", _Residual, (3, 16, 16), {"target": 2}),
+    ("resnet", _resnet, (3, 16, 16), {"target": 1}),
+    ("branches", _Branches, (3, 16, 16), {"target": 0}),
     ("fully_conv", _fully_conv, (3, 9, 9), {"target": (1, 2, 3)}),
 ]
 WINDOWS: dict[int, list[tuple[Any, Any]]] = {
@@ -156,7 +208,7 @@ def test_equals_the_plain_path(
     monkeypatch: Any,
 ) -> None:
     model = _init(make()).to(dtype)
-    assert incremental.local_prefix(model) is not None
+    assert incremental.local_graph(model, torch.zeros(1, *shape, dtype=dtype)) is not None
     used = []
     rows = incremental._Plan.rows
     monkeypatch.setattr(incremental._Plan, "rows", lambda *a: used.append(1) or rows(*a))
@@ -199,7 +251,7 @@ def test_inputs_and_model_are_left_alone() -> None:
 
 
 def _not_local_after_all(model: nn.Module) -> None:
-    assert incremental.local_prefix(model) is None
+    assert incremental.local_graph(model, torch.zeros(1, *(3, 16, 16))) is None
 
 
 @pytest.mark.parametrize(
@@ -228,7 +280,7 @@ def test_hooks_and_untraceable_forwards_take_the_plain_path() -> None:
     handle = model[0].register_forward_hook(lambda m, i, o: None)
     _not_local_after_all(model)
     handle.remove()
-    assert incremental.local_prefix(model) is not None
+    assert incremental.local_graph(model, torch.zeros(1, *(3, 16, 16))) is not None
 
     class Branchy(nn.Module):
         def __init__(self) -> None:
@@ -309,7 +361,41 @@ class _PositionalPools(nn.Module):
 
 def test_functional_pools_with_positional_arguments() -> None:
     model = _init(_PositionalPools())
-    assert incremental.local_prefix(model) is not None
+    assert incremental.local_graph(model, torch.zeros(1, *(3, 16, 16))) is not None
     x = torch.randn(2, 2, 12, 12, generator=torch.Generator().manual_seed(9))
     fast, slow = _both(model, x, target=1, sliding_window_shapes=(2, 3, 3), strides=2)
     torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
+
+
+def test_a_hugging_face_resnet_is_boxed_through_its_residual_stages() -> None:
+    """Hugging Face's ResNet branches on the input's shape, which plain ``torch.fx`` cannot
+    follow: it is traced per input shape. The wrapper around it is in training mode, as a
+    wrapper built around an eval-mode model is."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    cfg = ResNetConfig(embedding_size=4, hidden_sizes=[4, 6, 8, 8], depths=[1, 2, 1, 1],
+                       layer_type="bottleneck", num_labels=3)  # fmt: skip
+    hf = _init(ResNetForImageClassification(cfg))
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = hf
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.model(pixel_values=pixel_values).logits
+
+    model = Logits()
+    assert model.training
+    g = torch.Generator().manual_seed(10)
+    for size in (32, 40):  # a second shape gets its own trace
+        x = torch.randn(2, 3, size, size, generator=g)
+        graph = incremental.local_graph(model, x)
+        assert graph is not None
+        assert any(n.combine is not None for n in graph.nodes[: max(graph.cuts) + 1])
+        kw: dict[str, Any] = {"target": 1, "sliding_window_shapes": (3, 8, 8), "strides": 8}
+        res = methods.attribute(model, x, "occlusion", **kw)
+        assert res.params["strategy"] == "incremental"
+        slow = methods.attribute(_plain(model), x, "occlusion", **kw).attributions
+        torch.testing.assert_close(res.attributions, slow, rtol=1e-10, atol=1e-12)
