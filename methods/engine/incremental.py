@@ -2,7 +2,8 @@
 
 Occlusion evaluates the model once per window, yet a window changes only a box of the input,
 and through the spatially local layers at the bottom of a CNN (convolutions, pooling,
-element-wise activations, eval-mode batch norm, residual sums) it changes only a box of each
+element-wise activations, eval-mode batch norm, residual sums, concatenations along
+channels) it changes only a box of each
 activation: the box's image under the layer's receptive field. Nakandala et al., "Incremental
 and Approximate Inference for Faster Occlusion-based Deep CNN Explanations" (SIGMOD 2019),
 showed that recomputing just those boxes, on top of the activations of the unperturbed input,
@@ -46,7 +47,7 @@ from methods.engine import tracing
 from methods.engine.batching import count_saved_bytes
 from methods.engine.call import Call
 from methods.engine.inputs import Forward
-from methods.engine.local_ops import Combine, Ints, LocalOp, Window, binary, unary
+from methods.engine.local_ops import Combine, Ints, LocalOp, Window, binary, concatenated, unary
 from methods.engine.perturb import Evaluator
 
 Index = tuple[slice, ...]
@@ -56,11 +57,23 @@ Box = tuple[Tensor, Ints]  # per window its start (W, D), and one size
 @dataclass(frozen=True)
 class _Node:
     """A local layer: its inputs' positions (0 is the model's input), and either a layer
-    of one input or the element-wise combination of two."""
+    of one input or a join of several: an element-wise combination of two, or a
+    concatenation along ``cat`` (which must be the channel dim)."""
 
     args: tuple[int, ...]
     op: LocalOp | None = None
     combine: Combine | None = None
+    cat: int | None = None
+
+    def join(self, ins: list[Tensor]) -> Tensor | None:
+        """The join of ``ins`` (N, C, *S), or None where it is not local for these shapes."""
+        if self.cat is None:
+            return self.combine(*ins) if ins[0].shape == ins[1].shape else None  # type: ignore[misc]
+        if self.cat % ins[0].dim() != 1:
+            return None
+        if any(t.dim() != ins[0].dim() or t.shape[2:] != ins[0].shape[2:] for t in ins):
+            return None
+        return torch.cat(ins, 1)
 
 
 @dataclass
@@ -107,8 +120,11 @@ def _analyse(gm: fx.GraphModule | None) -> LocalGraph | None:
         op = unary(gm, n, reads[0]) if len(reads) == 1 else None
         if op is not None:
             node = _Node((pos[reads[0]],), op=op)
-        elif all(a in pos for a in reads) and (fn := binary(gm, n)) is not None:
-            node = _Node(tuple(pos[a] for a in n.args if isinstance(a, fx.Node)), combine=fn)
+        elif all(a in pos for a in reads):
+            if (fn := binary(gm, n)) is not None:
+                node = _Node(tuple(pos[a] for a in n.args if isinstance(a, fx.Node)), combine=fn)
+            elif (cat := concatenated(n)) is not None:
+                node = _Node(tuple(pos[a] for a in cat[0]), cat=cat[1])
         if node is None:
             break
         pos[n] = len(nodes)
@@ -199,14 +215,15 @@ class _Plan:
             ins = [values[a] for a in node.args]
             if any(t.dim() != nd + 2 for t in ins):
                 break
-            if node.combine is not None:
-                if ins[0].shape != ins[1].shape:
-                    break  # broadcasting: not element by element
+            if node.op is None:
+                joined = node.join(ins)
+                if joined is None:
+                    break  # broadcasting, or not along channels
                 box = _union([boxes[a] for a in node.args], tuple(ins[0].shape[2:]))
                 for a in node.args:
                     if not _same(boxes[a], box):
                         self.base[a] = values[a]
-                value = node.combine(*ins)
+                value = joined
             elif node.op is not None and node.op.window is not None:
                 spatial = tuple(ins[0].shape[2:])
                 w = node.op.window(spatial)
@@ -216,7 +233,6 @@ class _Plan:
                 self.windows[i] = (w, w.pad(ins[0]))
                 value = node.op.dense(ins[0])
             else:
-                assert node.op is not None  # only the input has neither
                 box = boxes[node.args[0]]
                 value = node.op.dense(ins[0])
                 if value.shape != ins[0].shape:
@@ -262,10 +278,12 @@ class _Plan:
         held = {0: box}
         for i in range(1, self.cut + 1):
             node = self.graph.nodes[i]
-            if node.combine is not None:
-                out = node.combine(*(self._grown(a, held[a], i, s, e) for a in node.args))
+            if node.op is None:
+                parts = [self._grown(a, held[a], i, s, e) for a in node.args]
+                flat = node.join([p.reshape(k * n, *p.shape[2:]) for p in parts])
+                assert flat is not None  # the base pass joined these shapes
+                out = flat.reshape(k, n, *flat.shape[1:])
             else:
-                assert node.op is not None
                 t = held[node.args[0]]
                 if i in self.windows:
                     t = self._region(i, t, s, e)

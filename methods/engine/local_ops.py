@@ -3,9 +3,10 @@
 A layer is *local* when each value of its output depends on a bounded box of its input:
 element-wise layers (activations, eval-mode batch norm and dropout) on the same box, sliding
 windows (convolutions, pooling) on the box's image under their receptive field, and the sum,
-difference or product of two same-shaped local activations (a residual connection) on the
-union of their boxes. ``unary`` and ``binary`` say what a graph node is as such a layer, or
-None. The operations come from the engine's one table (``ops``).
+difference or product of two same-shaped local activations (a residual connection) and
+the concatenation of local activations along channels (an Inception or DenseNet block) on the
+union of their boxes. ``unary``, ``binary`` and ``concatenated`` say what a graph node is as
+such a layer, or None. The operations come from the engine's one table (``ops``).
 """
 
 from __future__ import annotations
@@ -263,3 +264,20 @@ def binary(gm: fx.GraphModule, node: fx.Node) -> Combine | None:
     if fn is None or (_inplace(gm, node) and len(first.users) > 1):  # type: ignore[union-attr]
         return None
     return fn
+
+
+_CATS = (torch.cat, torch.concat, torch.concatenate)
+
+
+def concatenated(node: fx.Node) -> tuple[list[fx.Node], int] | None:
+    """``torch.cat(nodes, dim)``: the nodes and the dim (the caller checks, per call, that it
+    is the channel dim), or None."""
+    if node.op != "call_function" or node.target not in _CATS or not node.args:
+        return None
+    parts, rest, kw = node.args[0], node.args[1:], dict(node.kwargs)
+    dim = rest[0] if rest else kw.pop("dim", kw.pop("axis", 0))
+    if len(rest) > 1 or kw or not isinstance(dim, int) or not isinstance(parts, (list, tuple)):
+        return None
+    if not parts or not all(isinstance(p, fx.Node) for p in parts):
+        return None
+    return list(parts), dim

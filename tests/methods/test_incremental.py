@@ -152,6 +152,23 @@ class _Branches(nn.Module):
         return self.fc(F.avg_pool2d(g + h, 2).flatten(1))
 
 
+class _Inception(nn.Module):
+    """Branches joined along channels (an Inception block, then a DenseNet-style growth);
+    a concatenation along a spatial dim ends what can be boxed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 2, 1), nn.Conv2d(3, 3, 3, padding=1)
+        self.c = nn.Conv2d(8, 2, 3, padding=1)
+        self.fc = nn.Linear(10 * 4 * 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.a(x), F.relu(self.b(x)), F.max_pool2d(x, 3, 1, 1)], 1)
+        h = F.avg_pool2d(torch.cat((h, self.c(h)), dim=1), 4)
+        h = torch.cat([h, torch.tanh(h)], dim=-1)  # 4x4 -> 4x8: spatial
+        return self.fc(h.flatten(1))
+
+
 def _fully_conv() -> nn.Module:
     """Every layer is local: the tail is the identity and targets index a 4-D output."""
     return nn.Sequential(nn.Conv2d(3, 2, 3), nn.Hardtanh(), nn.MaxPool2d(2, padding=1))
@@ -166,6 +183,7 @@ CASES: list[tuple[str, Model, tuple[int, ...], dict[str, Any]]] = [
     ("residual", _Residual, (3, 16, 16), {"target": 2}),
     ("resnet", _resnet, (3, 16, 16), {"target": 1}),
     ("branches", _Branches, (3, 16, 16), {"target": 0}),
+    ("inception", _Inception, (3, 16, 16), {"target": 2}),
     ("fully_conv", _fully_conv, (3, 9, 9), {"target": (1, 2, 3)}),
 ]
 WINDOWS: dict[int, list[tuple[Any, Any]]] = {
