@@ -15,6 +15,9 @@ gpu-check``). The checks:
    out-of-memory errors and still gives the fixed-chunk answer;
 5. compile: integrated gradients through ``torch.compile(model)`` equal eager ones; compile
    time and warm speed-up;
+6. incremental occlusion: on Hugging Face's ResNet-50, occlusion that recomputes only what
+   each window changes (``methods.engine.incremental``, CPU-only by default) against every
+   window as a full forward: equal, and which is faster on the device;
 
 then ``python -m benchmarks.real --quick --device cuda`` when that module exists. Each check
 reports PASS, FAIL (with a one-line reason) or SKIP and never stops the others; the exit code
@@ -709,6 +712,68 @@ def check_compile(
     ]
 
 
+# -- 6. incremental occlusion -------------------------------------------------------------
+
+
+def check_incremental(
+    device: str, images: int = 4, size: int = 224, tiny: bool = False
+) -> list[Row]:
+    """Occlusion (16 px windows) on Hugging Face's ResNet-50 with and without the incremental
+    path: the same answer, and the time of each (whether the path should be on for CUDA)."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    import methods
+    from methods.engine import incremental
+
+    torch.manual_seed(0)
+    cfg = ResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 64]) if tiny else None
+    cfg = cfg or ResNetConfig()  # ResNet-50
+    hf = ResNetForImageClassification(cfg).eval().to(device)
+    model = lambda v: hf(pixel_values=v).logits  # noqa: E731
+    x = torch.randn(images, 3, size, size, generator=torch.Generator().manual_seed(4)).to(device)
+    kw = {"target": 1, "sliding_window_shapes": (3, 16, 16), "strides": (3, 16, 16)}
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = hf
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return model(pixel_values)
+
+    wrapped = Wrapped().eval()
+
+    def run(m: Any) -> tuple[Any, float, str]:
+        start = time.perf_counter()
+        res = methods.attribute(m, x, "occlusion", **kw)
+        _sync(device)
+        return res.attributions, time.perf_counter() - start, res.params["strategy"]
+
+    before = set(incremental.DEVICES)
+    incremental.DEVICES.add(x.device.type)
+    try:
+        run(wrapped)  # the trace and the first chunk's allocations
+        fast, fast_s, strategy = run(wrapped)
+    finally:
+        incremental.DEVICES.clear()
+        incremental.DEVICES.update(before)
+    plain, plain_s, _ = run(model)
+    d = rel_diff(fast, plain)
+    tol = 1e-3  # float32 (TF32 off or on: the same kernels on both paths) around a difference
+    figures = (
+        f"rel diff {d:.2g} (tol {tol:.0e}); {strategy}; incremental {fast_s:.3f} s, full "
+        f"forwards {plain_s:.3f} s ({plain_s / fast_s:.2f}x); on by default here: "
+        f"{x.device.type in incremental.DEVICES}"
+    )
+    problems = [] if strategy == "incremental" else ["the incremental path was not taken"]
+    problems += [] if d <= tol else ["answers differ"]
+    if problems:
+        figures += "; FAILED: " + "; ".join(problems)
+    data = {"rel_diff": d, "incremental_s": fast_s, "plain_s": plain_s, "strategy": strategy}
+    return [Row("incremental occlusion", "FAIL" if problems else "PASS", figures, data=data)]
+
+
 # -- the benchmark, the report, the command ------------------------------------------------
 
 
@@ -764,6 +829,7 @@ def checks(device: str) -> list[tuple[str, Callable[[], list[Row]]]]:
         ("service resident model", lambda: check_service(device)),
         ("oom retry", lambda: check_oom(device)),
         ("torch.compile IG", lambda: check_compile(device)),
+        ("incremental occlusion", lambda: check_incremental(device)),
     ]
 
 

@@ -115,6 +115,13 @@ def test_compile_matches_eager() -> None:
     assert "compile" in row.figures and "x)" in row.figures
 
 
+def test_incremental_occlusion_equals_full_forwards_and_is_timed() -> None:
+    [row] = gpu_check.check_incremental("cpu", images=1, size=64, tiny=True)
+    assert row.result == "PASS", row.figures
+    assert row.data["strategy"] == "incremental" and row.data["rel_diff"] <= 1e-5
+    assert "on by default here: True" in row.figures
+
+
 def test_a_check_that_raises_becomes_one_fail_row() -> None:
     def broken() -> list[Row]:
         raise torch.OutOfMemoryError("CUDA out of memory.\nTried to allocate 2.00 GiB")
