@@ -231,7 +231,7 @@ class _Plan:
                     if not _same(boxes[a], box):
                         self.base[a] = values[a]
                 value = joined
-            elif node.op is not None and node.op.window is not None:
+            elif node.op.window is not None:
                 spatial = tuple(ins[0].shape[2:])
                 w = node.op.window(spatial)
                 if w is None:
@@ -254,6 +254,9 @@ class _Plan:
             for a in node.args:
                 if self.last_read[a] == i:
                     values.pop(a, None)
+        # what no layer up to the cut reads (the base pass ran on to find the cut) is let go
+        self.windows = {i: w for i, w in self.windows.items() if i <= (self.cut or 0)}
+        self.base = {i: b for i, b in self.base.items() if i <= (self.cut or 0)}
         self.lo = [b[0].tolist() for b in boxes]
         self.size = [b[1] for b in boxes]
 
@@ -406,11 +409,14 @@ def evaluate_boxes(
     direct = fn is call.model
     if not direct or not x.is_floating_point() or x.dim() < 3 or x.device.type not in DEVICES:
         return None
-    graph = local_graph(call.model, x)
-    if graph is None:
+    try:
+        graph = local_graph(call.model, x)
+        if graph is None:
+            return None
+        with torch.no_grad():
+            plan = _Plan(graph, x, baseline, lo, hi)
+    except Exception:  # a layer the analysis did not foresee: the plain path is always right
         return None
-    with torch.no_grad():
-        plan = _Plan(graph, x, baseline, lo, hi)
     if plan.cut is None:
         return None
     tail = call.replace(forward=Forward(graph.tail(plan.cut), call.forward.args))

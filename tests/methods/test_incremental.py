@@ -417,3 +417,17 @@ def test_a_hugging_face_resnet_is_boxed_through_its_residual_stages() -> None:
         assert res.params["strategy"] == "incremental"
         slow = methods.attribute(_plain(model), x, "occlusion", **kw).attributions
         torch.testing.assert_close(res.attributions, slow, rtol=1e-10, atol=1e-12)
+
+
+def test_an_analysis_that_fails_takes_the_plain_path(monkeypatch: Any) -> None:
+    def broken(*_: Any) -> None:
+        raise RuntimeError("a layer the analysis did not foresee")
+
+    monkeypatch.setattr(incremental._Plan, "__init__", broken)
+    model = _init(_resnet())
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(11))
+    kw: dict[str, Any] = {"target": 1, "sliding_window_shapes": (3, 4, 4), "strides": 4}
+    res = methods.attribute(model, x, "occlusion", **kw)
+    assert res.params["strategy"] == "plain"
+    slow = methods.attribute(_plain(model), x, "occlusion", **kw).attributions
+    torch.testing.assert_close(res.attributions, slow, rtol=0, atol=0)
