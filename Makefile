@@ -48,7 +48,8 @@ bench: $(STAMP)
 
 # On a machine with one CUDA GPU (<= 8 minutes): CUDA parity of every method family against the
 # CPU float64 result, bfloat16/float16 fidelity, a resident model across requests, OOM retry,
-# torch.compile, then benchmarks.real --quick on the GPU; one table. Without CUDA: exit 2.
+# torch.compile, incremental occlusion, then benchmarks.real --quick on the GPU; one table.
+# Without CUDA it prints "no CUDA device" and exits 0 without running anything.
 gpu-check: $(STAMP)
 	$(BIN)/python -m benchmarks.gpu_check --out gpu-check
 
