@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -23,6 +24,11 @@ from methods.layer._common import LayerParams, upsampler
 from methods.params import parse_params
 from methods.progress import shown as show_progress
 from methods.registry import MethodInfo
+
+#: True while ``methods.export`` traces an attribution into a program that returns the
+#: attributions only: no fidelity is computed then (its delta ratio is Python floats, which
+#: a trace over a symbolic batch cannot hold)
+EXPORTING: contextvars.ContextVar[bool] = contextvars.ContextVar("exporting", default=False)
 
 
 def available() -> list[MethodInfo]:
@@ -130,13 +136,21 @@ def attribute(
     )
     own = precision_.model_dtype(model)
     if prec is None or (prec != "auto" and precision_.DTYPES[prec] == own and not verify):
+        # with its delta where the method has one (two forwards): the fidelity reports it
+        # per example (a noise tunnel's is per sample: no ratio to report)
+        delta = bool(return_convergence_delta) or (
+            spec.returns_delta and noise_tunnel is None and not EXPORTING.get()
+        )
         with show_progress(progress, method):
-            result = _attribute(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+            result = _attribute(
+                spec, call.replace(return_delta=delta), p, noise_tunnel, as_tuple, upsample, seed
+            )
         # every answer says its precision (the model's own here: nothing to check)
         own_name = str(own).removeprefix("torch.")
-        return dataclasses.replace(
-            result, fidelity=precision_.Fidelity(own_name, _delta_ratio(result))
-        )
+        fidelity = precision_.Fidelity(own_name, _delta_ratio(result))
+        if not return_convergence_delta:
+            result = dataclasses.replace(result, convergence_delta=None)
+        return dataclasses.replace(result, fidelity=fidelity)
     if seed is None and (spec.stochastic or noise_tunnel is not None):
         seed = int(torch.randint(0, 2**31 - 1, ()))  # the same samples in every precision
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from methods import registry
-from methods.api import attribute
+from methods.api import EXPORTING, attribute
 from methods.engine import quadrature
 from methods.engine.inputs import format_inputs
 from methods.errors import AttributionError, InvalidArgumentError, ModelError
@@ -157,6 +157,13 @@ class _Step(nn.Module):
             self.selector = _Selected(model)
 
     def forward(self, *args: Tensor) -> Any:
+        token = EXPORTING.set(True)
+        try:
+            return self._attribute(*args)
+        finally:
+            EXPORTING.reset(token)
+
+    def _attribute(self, *args: Tensor) -> Any:
         if not self.per_example:
             inputs = args if self.as_tuple else args[0]
             return attribute(

@@ -82,10 +82,14 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
     check_param_names(ms, params)
     loc = ("body", "method")
     if ms.family != "perturbation" and not differentiable(spec):
-        where = spec.remote.describe() if spec.remote is not None else "elsewhere"
+        where = (
+            f"served remotely (by the {spec.remote.describe()})"
+            if spec.remote is not None
+            else "served elsewhere"
+        )
         raise UnsupportedMethod(
-            f"{name} needs the gradients of model {spec.id!r}, which is served by the "
-            f"{where}: only forwards reach it; use a perturbation method (feature_ablation, "
+            f"{name} needs the gradients of model {spec.id!r}, which is {where} and offers "
+            "forwards only; use a perturbation method (feature_ablation, "
             "occlusion, feature_permutation, shapley_value_sampling, kernel_shap, lime)",
             loc=loc,
         )

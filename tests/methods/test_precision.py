@@ -101,13 +101,18 @@ def test_the_tolerance_is_the_caller_s() -> None:
 
 
 def test_every_answer_says_its_precision() -> None:
-    """Without a precision: the model's own, nothing checked, the delta ratio per example."""
+    """Without a precision: the model's own, nothing checked, the delta ratio per example
+    whether or not the delta itself was asked for."""
     model, x = Shifted(), torch.rand(3, 8)
-    r = methods.attribute(model, x, "integrated_gradients", target=1,
-                          return_convergence_delta=True)  # fmt: skip
+    asked = methods.attribute(model, x, "integrated_gradients", target=1,
+                              return_convergence_delta=True)  # fmt: skip
+    r = methods.attribute(model, x, "integrated_gradients", target=1)
+    assert r.convergence_delta is None and asked.convergence_delta is not None
     f = r.fidelity
     assert f.precision == "float32" and not f.checked and not f.fallback and f.rel_l2 is None
     assert f.delta_ratio is not None and len(f.delta_ratio) == 3
+    assert f.delta_ratio == asked.fidelity.delta_ratio
+    torch.testing.assert_close(r.attributions, asked.attributions, rtol=0, atol=0)
     assert methods.attribute(model, x, "saliency", target=1).fidelity.delta_ratio is None
 
 

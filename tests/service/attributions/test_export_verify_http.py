@@ -352,6 +352,8 @@ def test_a_request_in_bfloat16_says_what_it_cost(served: Server) -> None:
     plain = ok(served, "tabular-mlp", {**req, "precision": "float32", "verify": False})
     assert plain["fidelity"]["precision"] == "float32" and not plain["fidelity"]["checked"]
     assert plain["fidelity"]["rel_l2"] is None and not plain["fidelity"]["fallback"]
+    # a method with a delta reports its ratio per example though the delta was not asked for
+    assert len(plain["fidelity"]["delta_ratio"]) == len(x) and plain["convergence_delta"] is None
 
 
 def test_a_model_s_default_precision_and_auto(served: Server) -> None:

@@ -200,7 +200,8 @@ def test_gradient_methods_are_refused_by_name(served: Server) -> None:
                                     "target": 1})  # fmt: skip
     assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "method"]
     detail = r.json()["detail"]
-    assert "'remote-v1'" in detail and "only forwards reach it" in detail and "mlp" in detail
+    assert "'remote-v1'" in detail and "served remotely" in detail
+    assert "offers forwards only" in detail and "mlp" in detail
     info = httpx.get(f"{served.url}/v1/models/remote-v1").json()
     assert "integrated_gradients" not in info["methods"] and "kernel_shap" in info["methods"]
     r = post(served, "remote-v1", {"method": "feature_ablation", "inputs": x().tolist(),
