@@ -53,7 +53,7 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         compile_error=got.get("compile_error"),
         verification=got.get("verification"),
         precision=got.get("precision")
-        or (None if spec.precision is None else {"default": spec.precision}),
+        or {"default": spec.precision or "float32", "probe": {}, "chosen": None},
         not_ready_reason=None if ready else state["reason"],
         predictor=predictor(spec, state.get("predictor")),
         remote=remote(spec, state.get("predictor")),

@@ -104,8 +104,11 @@ class ModelKind(ABC):
     # -- worker side --------------------------------------------------------------------------
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:
         """Set-up after loading, before the worker says ready; what the parent learns of it
-        (``compiled``, ``compile_error``, ``verification``, ``not_ready``)."""
-        return {"compiled": False, "compile_error": None, "verification": None, "not_ready": None}
+        (``compiled``, ``compile_error``, ``verification``, ``not_ready``, ``precision``)."""
+        from service.kinds.prepare import precision_of  # worker side only
+
+        return {"compiled": False, "compile_error": None, "verification": None, "not_ready": None,
+                "precision": precision_of(lm)}  # fmt: skip
 
     # -- server side: result -> response ------------------------------------------------------
     def response(

@@ -53,7 +53,7 @@ def prepare(lm: LoadedModel) -> dict[str, Any]:
     info: dict[str, Any] = {"compiled": False, "compile_error": None}
     source = source_of(spec)
     if source is not None and not source.local:  # its forward is a call elsewhere
-        return {**info, "verification": None, "not_ready": None}
+        return {**info, "verification": None, "not_ready": None, "precision": precision_of(lm)}
     if spec.compile:
         compile_model(lm)
         info["compiled"] = lm.extra.get("compiled") is not None
@@ -63,10 +63,19 @@ def prepare(lm: LoadedModel) -> dict[str, Any]:
     info["not_ready"] = None
     if verify_enabled(lm):
         info["verification"], info["not_ready"] = check_device(lm)
-    if spec.precision is not None:
-        probe, chosen = probe_precision(lm)
-        info["precision"] = {"default": spec.precision, "probe": probe, "chosen": chosen}
+    probe, chosen = probe_precision(lm)
+    info["precision"] = precision_of(lm, probe, chosen)
     return info
+
+
+def precision_of(
+    lm: LoadedModel, probe: dict[str, Any] | None = None, chosen: str | None = None
+) -> dict[str, Any]:
+    """``GET /v1/models/{id}``'s ``precision`` (CONTRACT 8.1): the requests' default (the
+    models.toml setting, else the dtype the model is served in), the load-time probe's rows
+    for ``auto`` (empty otherwise) and what it kept."""
+    default = lm.spec.precision or str(precision_.model_dtype(lm.model)).removeprefix("torch.")
+    return {"default": default, "probe": probe or {}, "chosen": chosen}
 
 
 def probe_precision(lm: LoadedModel) -> tuple[dict[str, Any] | None, str | None]:

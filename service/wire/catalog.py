@@ -101,10 +101,10 @@ class ModelInfo(BaseModel):
     )
     precision: dict[str, Any] | None = Field(
         default=None,
-        description="models.toml precision: the default of attribution requests (default); for "
-        '"auto", the probe at load: per precision tried its worst example\'s rel_l2 from '
-        "float32, ok (within tolerance) and speedup (probe), and what it kept and why "
-        "(chosen)",
+        description="the default of attribution requests' precision (default: models.toml "
+        'precision, else the dtype the model is served in); for "auto", the probe at load: '
+        "per precision tried its worst example's rel_l2 from float32, ok (within tolerance) "
+        "and speedup (probe; empty otherwise), and what it kept and why (chosen)",
     )
     not_ready_reason: str | None = Field(
         default=None, description="why the model is refused (a failed device check)"

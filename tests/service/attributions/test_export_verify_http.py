@@ -383,7 +383,13 @@ def test_a_model_s_default_precision_and_auto(served: Server) -> None:
     assert worst == pytest.approx(text["fidelity"]["rel_l2"], rel=1e-3)
     assert httpx.get(f"{served.url}/v1/models/text-bf16").json()["precision"] == {
         "default": "bfloat16",
-        "probe": None,
+        "probe": {},
+        "chosen": None,
+    }
+    # without a models.toml precision: the dtype the model is served in
+    assert httpx.get(f"{served.url}/v1/models/tabular-mlp").json()["precision"] == {
+        "default": "float32",
+        "probe": {},
         "chosen": None,
     }
 

@@ -277,7 +277,11 @@ def test_the_predictor_s_faults_are_the_predictor_s(served: Server) -> None:
     remote = httpx.get(f"{served.url}/v1/models/remote-500").json()["remote"]
     assert remote["healthy"] is False and "circuit breaker open" in remote["last_error"]
     assert remote["url"].startswith("http://")
-    assert httpx.get(f"{served.url}/v1/models/remote-v1").json()["precision"] is None
+    assert httpx.get(f"{served.url}/v1/models/remote-v1").json()["precision"] == {
+        "default": "float32",
+        "probe": {},
+        "chosen": None,
+    }
 
 
 @contextlib.contextmanager
