@@ -64,6 +64,9 @@ class SelfInfluence(BaseModel):
         "(likely mislabeled or atypical)"
     )
     scores: list[float]
+    examples: list[TrainingExample] | None = Field(
+        None, description="with include_examples: the listed examples themselves, in order"
+    )
 
 
 def per_example(found: dict[str, Any]) -> list[dict[str, Any]]:

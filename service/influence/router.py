@@ -74,6 +74,9 @@ async def self_influence(
     model_id: str,
     state: State,
     k: Annotated[int, Query(ge=1, le=100_000, description="how many to list")] = 20,
+    include_examples: Annotated[
+        bool, Query(description="each listed example also carries its inputs and label")
+    ] = False,
 ) -> OrjsonResponse:
     """The training examples of highest self-influence (each one's influence on its own
     loss): the likely mislabeled or atypical ones, highest first."""
@@ -81,4 +84,7 @@ async def self_influence(
     indexes = _indexes(state)
     found = indexes.self_influence(spec, k)
     method = indexes.states[spec.id].info.get("method")
-    return OrjsonResponse({"model_id": spec.id, "method": method, **found})
+    body = {"model_id": spec.id, "method": method, **found}
+    if include_examples:
+        body["examples"] = await serving.examples_of(spec, found["indices"])
+    return OrjsonResponse(body)

@@ -101,11 +101,11 @@ def query_job(
 _TRAIN: dict[tuple[str, int, int], tuple[tuple[np.ndarray, ...], np.ndarray]] = {}
 
 
-def _with_examples(spec: ModelSpec, body: dict[str, Any]) -> None:
-    """Each listed training example's inputs and label, beside its index."""
+def _examples(spec: ModelSpec, indices: list[int]) -> list[dict[str, Any]]:
+    """The training examples at ``indices``: each one's index, inputs and label."""
     inf = spec.influence
     if inf is None:
-        return
+        return []
     path = inf.train_data
     st = os.stat(path)
     key = (path, st.st_size, st.st_mtime_ns)
@@ -114,21 +114,31 @@ def _with_examples(spec: ModelSpec, body: dict[str, Any]) -> None:
         _TRAIN[key] = read_train_data(spec, path)
     inputs, labels = _TRAIN[key]
     names = spec.output.labels
+    shown = []
+    for i in indices:
+        label = labels[i].tolist()
+        whole = isinstance(label, int) and not isinstance(label, bool)
+        shown.append({
+            "index": i,
+            "inputs": inputs[0][i].tolist() if len(inputs) == 1
+            else [x[i].tolist() for x in inputs],
+            "label": label,
+            "label_name": names[label] if names and whole and 0 <= label < len(names)
+            else None,
+        })  # fmt: skip
+    return shown
+
+
+def _with_examples(spec: ModelSpec, body: dict[str, Any]) -> None:
+    """Each listed training example's inputs and label, beside its index."""
     for part in ("proponents", "opponents"):
         for top in body.get(part) or []:
-            shown = []
-            for i in top["indices"]:
-                label = labels[i].tolist()
-                whole = isinstance(label, int) and not isinstance(label, bool)
-                shown.append({
-                    "index": i,
-                    "inputs": inputs[0][i].tolist() if len(inputs) == 1
-                    else [x[i].tolist() for x in inputs],
-                    "label": label,
-                    "label_name": names[label] if names and whole and 0 <= label < len(names)
-                    else None,
-                })  # fmt: skip
-            top["examples"] = shown
+            top["examples"] = _examples(spec, top["indices"])
+
+
+async def examples_of(spec: ModelSpec, indices: list[int]) -> list[dict[str, Any]]:
+    """``_examples`` off the event loop (it may read the training set)."""
+    return await in_thread(partial(_examples, spec, indices))
 
 
 async def influence(

@@ -68,6 +68,17 @@ def test_the_index_is_built_as_a_job_and_finds_the_wrong_labels(server: Server) 
     top = torch.topk(ref, 20)
     assert body["indices"] == top.indices.tolist()
     np.testing.assert_allclose(body["scores"], top.values.numpy(), rtol=1e-5)
+    assert body.get("examples") is None
+    # include_examples: each listed example's own inputs and label, in the list's order
+    with server.client() as c:
+        r = c.get("/v1/models/tabular-noisy/influence/self",
+                  params={"k": 5, "include_examples": "true"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    shown = r.json()
+    assert [e["index"] for e in shown["examples"]] == shown["indices"] == body["indices"][:5]
+    for e in shown["examples"]:
+        np.testing.assert_allclose(e["inputs"], x[e["index"]].numpy(), rtol=1e-6)
+        assert e["label"] == int(y[e["index"]])
 
 
 def test_queries_equal_the_engine(server: Server) -> None:
