@@ -49,9 +49,11 @@ bench: $(STAMP)
 # On a machine with one CUDA GPU (<= 8 minutes): CUDA parity of every method family against the
 # CPU float64 result, bfloat16/float16 fidelity, a resident model across requests, OOM retry,
 # torch.compile, incremental occlusion, then benchmarks.real --quick on the GPU; one table.
-# Without CUDA it prints "no CUDA device" and exits 0 without running anything.
-gpu-check: $(STAMP)
-	$(BIN)/python -m benchmarks.gpu_check --out gpu-check
+# Without CUDA it prints "no CUDA device" and exits 0 without running anything: the driver is
+# asked first, with the system python and no install (the module imports torch only after).
+gpu-check:
+	@$(PYTHON) -m benchmarks.gpu_check --driver || exit 0; \
+	$(MAKE) --no-print-directory $(STAMP) && $(BIN)/python -m benchmarks.gpu_check --out gpu-check
 
 openapi: install
 	$(BIN)/attrserve openapi > openapi/openapi.json

@@ -875,7 +875,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write gpu_check.md and gpu_check.json here")
     parser.add_argument("--skip-bench", action="store_true", help=f"do not run {BENCH_MODULE}")
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a dry run
+    parser.add_argument(
+        "--driver",
+        action="store_true",
+        help="only ask for an NVIDIA driver (no torch import): exit 0 if one is here, else "
+        "print why not and exit 1 (make gpu-check asks this before installing anything)",
+    )
     args = parser.parse_args(argv)
+    if args.driver:
+        present = _driver_present()
+        if not present:
+            print(NO_CUDA)
+        return 0 if present else 1
     if args.device.startswith("cuda") and not _driver_present():
         print(NO_CUDA)
         return 0

@@ -45,6 +45,24 @@ def test_the_module_entry_refuses_too() -> None:
 
 
 @no_cuda
+def test_make_gpu_check_installs_nothing_without_a_driver(tmp_path: Path) -> None:
+    """CONTRACT 8.1: without CUDA, ``make gpu-check`` prints "no CUDA device" and exits 0
+    without running anything: not even the install a fresh clone would need."""
+    if gpu_check._driver_present():
+        pytest.skip("an NVIDIA driver is here")
+    venv = tmp_path / "venv"
+    p = subprocess.run(
+        ["make", "--no-print-directory", "gpu-check", f"VENV={venv}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (p.returncode, p.stdout.strip()) == (0, gpu_check.NO_CUDA), p.stderr
+    assert not venv.exists()
+
+
+@no_cuda
 def test_a_driver_without_a_cuda_torch_is_refused(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
