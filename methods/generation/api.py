@@ -179,6 +179,14 @@ def prepare(
         raise InvalidTypeError("progress must be a bool", argument="progress")
     targets.check(target_fn, contrast_target, contrast_fn)
     if chat.is_chat(prompt):
+        if chat.kind(features) == "turns":
+            if skip_tokens is not None:
+                raise InvalidArgumentError(
+                    "skip_tokens applies to token features; with messages the features are "
+                    "the turns",
+                    argument="skip_tokens",
+                )
+            return wrap(model), chat.TurnFeatures(tokenizer, prompt, baselines)
         prompt, features = chat.render(tokenizer, prompt, features)
     elif isinstance(features, str):
         raise InvalidTypeError(

@@ -33,24 +33,49 @@ def chat_tokenizer() -> Any:
     return tok
 
 
-def test_each_message_is_a_feature_as_a_hand_written_template_makes_it() -> None:
+def test_each_message_is_a_feature_removed_from_the_conversation_when_ablated() -> None:
+    """CONTRACT 8.3: an ablated turn is removed from messages (its role markers with it) and
+    the generation prompt is added to what is left."""
     template, values = chat.render(chat_tokenizer(), MESSAGES)
     assert values == [m["content"] for m in MESSAGES]
     assert template == "<bos> system : {} <bos> user : {} said "
     ours = methods.attribute_generation(gpt2(), chat_tokenizer(), MESSAGES, target="paris")
-    by_hand = methods.attribute_generation(gpt2(), chat_tokenizer(), template, target="paris",
-                                           features=values)  # fmt: skip
-    assert ours.input_tokens == values
-    torch.testing.assert_close(ours.seq_attr, by_hand.seq_attr)
-    # ablating the system turn is the answer's log-probability without its content
-    full = methods.attribute_generation(gpt2(), chat_tokenizer(), template.format(*values),
-                                        target="paris", method="feature_ablation",
-                                        features=None)  # fmt: skip
-    without = template.format("", values[1])
-    gone = methods.attribute_generation(gpt2(), chat_tokenizer(), without, target="paris",
-                                        features=None)  # fmt: skip
-    want = full.output_log_probs.sum() - gone.output_log_probs.sum()
-    torch.testing.assert_close(ours.seq_attr[0], want, rtol=1e-6, atol=1e-9)
+    assert ours.input_tokens == values and ours.seq_attr.shape == (2,)
+
+    def log_prob(text: str) -> torch.Tensor:
+        res = methods.attribute_generation(gpt2(), chat_tokenizer(), text, target="paris",
+                                           method="feature_ablation", features=None)  # fmt: skip
+        return res.output_log_probs.sum()
+
+    full = log_prob(template.format(*values))
+    without = ["<bos> user : where is my friend alice said ",
+               "<bos> system : alice lives in paris. bob lives in rome. said "]  # fmt: skip
+    for i, text in enumerate(without):
+        torch.testing.assert_close(ours.seq_attr[i], full - log_prob(text), rtol=1e-6, atol=1e-9)
+    # not the turn left empty: that keeps its role markers
+    emptied = log_prob(template.format("", values[1]))
+    assert abs(float(ours.seq_attr[0] - (full - emptied))) > 1e-4
+    # every coalition of a sampling method is a conversation of the turns it keeps
+    shap = methods.attribute_generation(gpt2(), chat_tokenizer(), MESSAGES, target="paris",
+                                        method="shapley_values")  # fmt: skip
+    nothing = log_prob("said ")
+    torch.testing.assert_close(shap.seq_attr.sum(), full - nothing, rtol=1e-5, atol=1e-7)
+
+
+def test_a_removed_turn_has_no_baseline_and_a_refusing_template_names_the_turn() -> None:
+    with pytest.raises(AttributionError) as e:
+        methods.attribute_generation(gpt2(), chat_tokenizer(), MESSAGES, target="paris",
+                                     baselines=["x", "y"])  # fmt: skip
+    assert e.value.argument == "baselines" and "removed" in str(e.value)
+    strict = copy.deepcopy(chat_tokenizer())
+    strict.chat_template = (
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}"
+        + TEMPLATE
+    )
+    with pytest.raises(AttributionError) as e:
+        methods.attribute_generation(gpt2(), strict, MESSAGES, target="paris")
+    assert e.value.argument == "messages" and "without turn(s) [0]" in str(e.value)
+    assert "system first" in str(e.value)
 
 
 def test_sentences_and_tokens() -> None:
