@@ -59,7 +59,7 @@ function setExamples(n) {
   select.replaceChildren(...Array.from({ length: n }, (_, i) => el("option", { value: String(i + 1) }, String(i + 1))));
   select.value = String(state.example + 1);
   $("example-of").textContent = `Example ${state.example + 1} of ${n}`;
-  $("example-bar").hidden = n <= 1;
+  $("example-bar").hidden = n < 1; // "Example 1 of 1" too: which example is always said
 }
 
 function showExample(i) {
@@ -154,31 +154,58 @@ function chooseModel(id, preset = {}) {
   renderRowEditor();
 }
 
-/** The Question radios: every view, those this model cannot answer disabled with the reason. */
+/** The views as tabs named by what they show (Attributions, Robustness, Concepts, Influence),
+ * each described by the question it answers; those this model cannot answer disabled, saying
+ * why. Arrow keys, Home and End move between the tabs (the selected one is in the tab order). */
 function renderViews(m, wanted, given) {
   const list = $("view-list");
   list.replaceChildren();
-  let chosen = VIEWS.find((v) => v.id === wanted && v.offered(m) === true) || EXPLAIN;
+  const chosen = VIEWS.find((v) => v.id === wanted && v.offered(m) === true) || EXPLAIN;
   for (const v of VIEWS) {
     const ok = v.offered(m);
-    const radio = el("input", { type: "radio", name: "view", value: v.id });
-    radio.checked = v === chosen;
-    radio.disabled = ok !== true;
-    radio.addEventListener("change", () => {
+    const name = el("span", { id: `view-${v.id}-name`, class: "view-name" }, v.region);
+    const about = ok === true ? v.title : `${v.title} (not for this model: ${ok})`;
+    const question = el("span", { id: `view-${v.id}-question`, class: "view-question" }, about);
+    const tab = el("button", {
+      type: "button", role: "tab", id: `view-${v.id}`, "data-view-id": v.id, "aria-controls": "results",
+      "aria-labelledby": name.id, "aria-describedby": question.id, "aria-selected": "false", tabindex: "-1",
+    });
+    tab.append(name, question);
+    if (ok !== true) {
+      tab.disabled = true;
+      tab.title = `Not for this model: ${ok}`;
+    }
+    tab.addEventListener("click", () => {
+      if (state.view === v) return;
       chooseView(v, m, {});
       saveURL();
     });
-    const label = el("label", ok === true ? {} : { title: `Not for this model: ${ok}` });
-    label.append(radio, ` ${v.title}`);
-    if (ok !== true) label.append(el("span", { class: "hint" }, ` (not for this model: ${ok})`));
-    list.append(label);
+    list.append(tab);
   }
   chooseView(chosen, m, given || {});
+}
+
+/** Keyboard moves between the view tabs: the next or previous enabled one is chosen. */
+function moveTab(event) {
+  const tabs = [...$("view-list").querySelectorAll('[role="tab"]:not([disabled])')];
+  const at = tabs.indexOf(document.activeElement);
+  if (at < 0) return;
+  const to = { ArrowRight: at + 1, ArrowDown: at + 1, ArrowLeft: at - 1, ArrowUp: at - 1, Home: 0, End: tabs.length - 1 }[event.key];
+  if (to === undefined) return;
+  event.preventDefault();
+  const tab = tabs[(to + tabs.length) % tabs.length];
+  tab.focus();
+  tab.click();
 }
 
 /** Show the view's own controls, and the page's shared ones it uses. */
 function chooseView(v, m, given) {
   state.view = v;
+  for (const tab of $("view-list").querySelectorAll('[role="tab"]')) {
+    const on = tab.dataset.viewId === v.id;
+    tab.setAttribute("aria-selected", String(on));
+    tab.tabIndex = on ? 0 : -1;
+  }
   $("view-about").textContent = v.about;
   $("results").setAttribute("aria-label", v.region); // Attributions, Robustness, Concepts, Influence
   for (const node of document.querySelectorAll("[data-view]")) node.hidden = !node.dataset.view.split(" ").includes(v.id);
@@ -819,6 +846,7 @@ async function start() {
       showError(err);
     }
   });
+  $("view-list").addEventListener("keydown", moveTab);
   $("example").addEventListener("change", () => showExample(Number($("example").value) - 1));
   $("sign").addEventListener("change", redraw);
   $("colormap").addEventListener("change", redraw);

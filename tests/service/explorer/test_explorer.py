@@ -186,6 +186,9 @@ def test_image_upload_two_methods_with_metrics(page: Page, tmp_path: Path) -> No
         assert len(want["metrics"]["deletion"]["curve"][0]) == 21
     region = page.page.get_by_role("region", name="occlusion", exact=True)
     assert "deletion" in region.inner_text()
+    # one example: the Example control still says which (CONTRACT 8.4)
+    assert page.page.get_by_label("Example", exact=True).is_visible()
+    assert "Example 1 of 1" in page.page.locator("#example-bar").inner_text()
     page.shot("image")
     # the link names the upload: a new page from it shows the same scores
     link = page.page.url
@@ -401,9 +404,21 @@ def again(server: Server, model: str, route: str, body: dict[str, Any]) -> dict[
     return dict(r.json())
 
 
+#: the view tabs (CONTRACT 8.4), by the question each answers
+VIEW_OF = {
+    "Why this prediction?": "Attributions",
+    "What would change the answer?": "Robustness",
+    "Which concepts does it use?": "Concepts",
+    "Which training examples led to it?": "Influence",
+}
+
+
 def ask(page: Page, model: str, question: str) -> None:
     page.page.get_by_label("Model", exact=True).select_option(model)
-    page.page.get_by_role("radio", name=question).check()
+    tab = page.page.get_by_role("tab", name=VIEW_OF[question], exact=True)
+    assert tab.get_attribute("aria-describedby") and question in tab.inner_text()
+    tab.click()
+    assert tab.get_attribute("aria-selected") == "true"
 
 
 def test_what_would_change_it_attack_on_rows(page: Page) -> None:
@@ -411,6 +426,23 @@ def test_what_would_change_it_attack_on_rows(page: Page) -> None:
     labels before and after), and each feature's change (perturbed - input) as its bar."""
     rows = [[0.5, 0, 0, 0.2, 0, 0, 0, 0], [3.0, 0, 0, 3.0, 0, 0, 0, 0]]
     page.open()
+    # the four views are tabs named by what they show (CONTRACT 8.4); arrows move between them
+    page.page.get_by_label("Model", exact=True).select_option("tabular-mlp")
+    tablist = page.page.get_by_role("tablist", name="Question")
+    names = ["Attributions", "Robustness", "Concepts", "Influence"]
+    assert tablist.get_by_role("tab").count() == len(names)
+    for k, name in enumerate(names):
+        named = tablist.get_by_role("tab", name=name, exact=True)
+        assert named.get_attribute("id") == tablist.get_by_role("tab").nth(k).get_attribute("id")
+    first = page.page.get_by_role("tab", name="Attributions", exact=True)
+    assert first.get_attribute("aria-selected") == "true"
+    first.focus()
+    page.page.keyboard.press("ArrowDown")
+    robustness = page.page.get_by_role("tab", name="Robustness", exact=True)
+    assert robustness.get_attribute("aria-selected") == "true"
+    assert first.get_attribute("aria-selected") == "false"
+    page.page.keyboard.press("ArrowUp")
+    assert first.get_attribute("aria-selected") == "true"
     ask(page, "tabular-mlp", "What would change the answer?")
     page.page.get_by_label("change epsilon").fill("0.3")
     page.page.get_by_label("Input", exact=True).fill(json.dumps(rows))
@@ -502,14 +534,16 @@ def test_which_concepts_tcav_table(page: Page) -> None:
     page.page.get_by_role("button", name="Explain").click()  # saves the link; no need to wait
     page.page.reload()
     page.page.wait_for_selector(".tcav-layers")
-    assert page.page.get_by_role("radio", name="Which concepts does it use?").is_checked()
+    tab = page.page.get_by_role("tab", name="Concepts", exact=True)
+    assert tab.get_attribute("aria-selected") == "true"
     checked = page.page.locator(".tcav-layers input:checked").evaluate_all(
         "els => els.map(e => e.value)"
     )
     assert checked == [x for x in sent["layers"] if x != "features.0"]
     # another model that can answer it keeps the question, with its own (missing) sets
     page.page.get_by_label("Model", exact=True).select_option("tabular-mlp")
-    assert page.page.get_by_role("radio", name="Which concepts does it use?").is_checked()
+    tab = page.page.get_by_role("tab", name="Concepts", exact=True)
+    assert tab.get_attribute("aria-selected") == "true"
     page.page.wait_for_selector("#concepts-missing")
     assert page.page.locator(".tcav-concepts input").count() == 0
 
