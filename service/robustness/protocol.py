@@ -96,13 +96,28 @@ SEARCH_PARAMS = _params_schema([*SEARCH, *(k for own in OWN_PARAMS.values() for 
 class PerturbationRender(BaseModel):
     """Pictures of the perturbation, per example and input: the perturbed image (image
     inputs), and the difference from the input (a diverging heat map, or bars for tabular
-    rows)."""
+    rows). The attributions route's render fields, PNG only."""
 
     model_config = ConfigDict(extra="forbid")
 
+    format: Literal["png"] = Field(default="png", description="image/png (the only format)")
+    kind: Literal["heatmap", "overlay"] = Field(
+        default="heatmap",
+        description="image inputs: the difference alone, or blended over the input image",
+    )
+    sign: Literal["absolute", "positive", "negative", "all"] = Field(
+        default="all",
+        description="which changes to show: |d|, d > 0, d < 0, or all (diverging colours)",
+    )
     colormap: str | None = Field(default=None, description="the difference's colormap")
     examples: list[int] | None = Field(
         default=None, description="which examples to draw (indices); default all"
+    )
+    width: int | None = Field(
+        default=480,
+        ge=64,
+        le=2048,
+        description="the pictures' width in pixels (null: their own size)",
     )
 
 

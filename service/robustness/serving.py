@@ -207,6 +207,7 @@ class _Difference:
     format: str = "png"
     kind: str = "heatmap"
     sign: str = "all"
+    width: int | None = None
 
 
 def draw(
@@ -215,28 +216,32 @@ def draw(
     """Per chosen example and input: the perturbed image (image inputs), the difference."""
     out: list[dict[str, Any]] = []
     names = [i.name for i in model.inputs]
-    style = _Difference(spec.colormap)
+    style = _Difference(spec.colormap, spec.format, spec.kind, spec.sign, spec.width)
     for i in spec.examples if spec.examples is not None else range(job.n):
         for k, (x, moved) in enumerate(zip(job.arrays, reply.attributions, strict=True)):
             after = np.asarray(moved[i], dtype=np.float64)
-            diff = after - np.asarray(x[i], dtype=np.float64)
+            before = np.asarray(x[i], dtype=np.float64)
+            diff = after - before
             drawn: list[tuple[str, render.Rendered]] = []
+            picture = after.ndim == 2 or (after.ndim == 3 and after.shape[0] in (1, 3))
             try:
-                if after.ndim == 2 or (after.ndim == 3 and after.shape[0] in (1, 3)):
-                    drawn.append(("perturbed", render.image(after, f"{title} · perturbed")))
+                if picture:
+                    shown = render.image(after, f"{title} · perturbed", spec.width)
+                    drawn.append(("perturbed", shown))
                 change = "change" if diff.any() else "no change: the input is as it was"
                 features = model.inputs[k].features if k < len(model.inputs) else None
                 drawn.append((
                     "difference",
                     render.draw(
-                        style, diff, title=f"{title} · {change}",
+                        style, diff, inputs=before if picture else None,
+                        title=f"{title} · {change}",
                         feature_names=list(features) if features and diff.ndim == 1 else None,
                     ),
                 ))  # fmt: skip
             except render.RenderError as exc:
                 raise InvalidRequest(f"render: {exc}", loc=LOC) from None
-            for picture, pic in drawn:
-                entry: dict[str, Any] = {"example": i, "picture": picture}
+            for which, pic in drawn:
+                entry: dict[str, Any] = {"example": i, "picture": which}
                 if len(job.arrays) > 1:
                     entry["input"] = names[k] if k < len(names) else str(k)
                 entry["media_type"] = pic.media_type

@@ -235,9 +235,12 @@ def _image(attr: Floats, inputs: NDArray[np.floating] | None, style: _Style) -> 
     return _framed(picture, style, scale)
 
 
-def image(pixels: NDArray[np.floating], title: str | None = None) -> Rendered:
+def image(
+    pixels: NDArray[np.floating], title: str | None = None, width: int | None = None
+) -> Rendered:
     """An input image itself ([C, H, W] with 1 or 3 channels, or [H, W]; within [0, 1] as it
-    is, else min-max rescaled), framed with its title, as PNG."""
+    is, else min-max rescaled), framed with its title, as PNG (``width`` pixels wide when
+    given)."""
     arr = np.asarray(pixels, dtype=np.float64)
     if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[0] not in (1, 3)):
         raise RenderError(f"an image is [1|3, H, W] or [H, W]; got {list(arr.shape)}")
@@ -246,8 +249,8 @@ def image(pixels: NDArray[np.floating], title: str | None = None) -> Rendered:
     _check_size(w * factor + 2 * PAD, h * factor + _frame_height(title))
     picture = Image.fromarray(np.rint(_as_rgb(arr, (h, w))).astype(np.uint8))
     picture = picture.resize((w * factor, h * factor), Image.Resampling.NEAREST)
-    style = _Style("png", "heatmap", "all", colormap(DEFAULT_COLORMAP["all"]), -1.0, title)
-    return Rendered("image/png", _encode(_framed(picture, style, None)))
+    style = _Style("png", "heatmap", "all", colormap(DEFAULT_COLORMAP["all"]), -1.0, title, width)
+    return Rendered("image/png", _encode(_framed(picture, style, None), width))
 
 
 def _as_rgb(inputs: NDArray[np.floating] | None, hw: tuple[int, int]) -> Floats:

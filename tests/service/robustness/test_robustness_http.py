@@ -91,7 +91,18 @@ def test_image_pgd_within_its_ball_with_pictures(server: Server) -> None:
     for r in got["renders"]:
         assert r["media_type"] == "image/png"
         pic = Image.open(io.BytesIO(base64.b64decode(r["b64"])))
-        assert pic.format == "PNG" and pic.width >= 32
+        assert pic.format == "PNG" and pic.width == 480  # render.width's default
+    # the attributions route's render fields (PNG): the change over the input, 200 px wide
+    render = {"format": "png", "kind": "overlay", "sign": "absolute", "width": 200,
+              "examples": [0]}  # fmt: skip
+    drawn = ok(server, "image-cnn", "attacks", {**body, "render": render})["renders"]
+    assert [r["picture"] for r in drawn] == ["perturbed", "difference"]
+    for r in drawn:
+        assert Image.open(io.BytesIO(base64.b64decode(r["b64"]))).width == 200
+    assert drawn[1]["b64"] != got["renders"][1]["b64"]
+    for wrong, loc in (({"format": "html"}, "format"), ({"width": 10}, "width")):
+        r = post(server, "image-cnn", "attacks", {**body, "render": wrong})
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"][-1] == loc, r.text
 
 
 def test_two_inputs_and_a_mask_per_input(server: Server) -> None:
