@@ -116,6 +116,10 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
         rewritten["layer"] = spec.embedding_layer
         post_abs = tc.post_abs and params.get("abs", True) is not False  # saliency's abs=False
         return Plan(registry.get(tc.method), rewritten, spec.embedding_layer, post_abs)
+    if ms.family == "layer" and token_model(spec) and params.get("layer") == spec.embedding_layer:
+        # a layer method asked at the embedding (by name, or by default): text attributions
+        # are one score per token, summed over the embedding dim, as for the rewrite above
+        return Plan(ms, dict(params), spec.embedding_layer)
     return Plan(ms, dict(params))
 
 

@@ -113,6 +113,15 @@ def test_integrated_gradients_equal_captums(
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)  # Captum: float32 alphas
         assert np.all(np.asarray(body["attributions"][i][len(tokens) :]) == 0)  # padding
         assert abs(body["convergence_delta"][i]) < 1e-2
+    # the layer method asked by name, at the embedding (named, or by default): the same one
+    # score per token (CONTRACT 7.5), not a vector per token
+    for params in ({"n_steps": 50}, {"n_steps": 50, "layer": body["attributed_layer"]}):
+        r = post(server, {"method": "layer_integrated_gradients", "inputs": inputs,
+                          "target": targets, "params": params})  # fmt: skip
+        assert r.status_code == 200, r.text
+        named = r.json()
+        assert named["attributed_layer"] == body["attributed_layer"]
+        np.testing.assert_allclose(named["attributions"], body["attributions"], rtol=1e-9)
 
 
 def test_perturbation_over_tokens_and_predictions(hf_server: tuple[Server, Path]) -> None:
