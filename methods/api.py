@@ -134,6 +134,10 @@ def attribute(
         generator=_generator(seed, xs[0].device),
         return_delta=bool(return_convergence_delta),
     )
+    given = {**params, **{k: v for k, v in {
+        "baselines": baselines, "internal_batch_size": internal_batch_size,
+        "perturbations_per_eval": perturbations_per_eval, "noise_tunnel": noise_tunnel,
+        "seed": seed}.items() if v is not None}}  # fmt: skip
     own = precision_.model_dtype(model)
     if prec is None or (prec != "auto" and precision_.DTYPES[prec] == own and not verify):
         # with its delta where the method has one (two forwards): the fidelity reports it
@@ -150,7 +154,7 @@ def attribute(
         fidelity = precision_.Fidelity(own_name, _delta_ratio(result))
         if not return_convergence_delta:
             result = dataclasses.replace(result, convergence_delta=None)
-        return dataclasses.replace(result, fidelity=fidelity)
+        return dataclasses.replace(result, fidelity=fidelity, given=given)
     if seed is None and (spec.stochastic or noise_tunnel is not None):
         seed = int(torch.randint(0, 2**31 - 1, ()))  # the same samples in every precision
 
@@ -171,7 +175,7 @@ def attribute(
         result = _in_precision(model, spec, prec, run_in, xs, verify, tolerance, fidelity_view)
     if not return_convergence_delta:
         result = dataclasses.replace(result, convergence_delta=None)
-    return result
+    return dataclasses.replace(result, given=given)
 
 
 def _in_precision(

@@ -110,6 +110,9 @@ class Result:
     method: str
     #: with a ``precision``: what it cost (``methods.engine.precision.Fidelity``)
     fidelity: Any = None
+    #: the method's arguments as the caller gave them (its params, baselines, batch sizes,
+    #: noise tunnel, seed), to run it again the same way (``methods.evaluate``)
+    given: dict[str, Any] = field(default_factory=dict)
 
     @property
     def steps(self) -> dict[str, Any] | None:

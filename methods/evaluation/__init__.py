@@ -47,6 +47,7 @@ from torch import Tensor
 
 from methods import metrics as captum_metrics
 from methods import registry
+from methods.engine.call import Result
 from methods.engine.inputs import Forward, Tensors, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
 from methods.errors import (
@@ -119,12 +120,20 @@ def evaluate(
 ) -> dict[str, Any]:
     """Score ``attributions`` of ``model``'s targeted output on ``inputs`` with ``metrics``.
 
+    ``attributions`` is a tensor (a tuple for tuple inputs) or ``methods.attribute``'s
+    result, which also says how to run the method again for sensitivity_max (its method and
+    the parameters it ran with), so ``method`` need not be given then.
+
     ``metrics`` maps metric names to their parameters (``{}`` takes the defaults; see the
     module docstring); ``None`` means infidelity, deletion and insertion, plus
     sensitivity_max when ``method`` is given. Returns only the metrics asked for:
     ``infidelity`` and ``sensitivity_max`` a Tensor[N], ``deletion`` and ``insertion``
     ``{"auc": Tensor[N], "curve": Tensor[N, steps + 1]}``.
     """
+    if isinstance(attributions, Result):  # methods.attribute's answer: it says how it ran
+        if method is None:
+            method, method_params = attributions.method, _rerun_params(attributions)
+        attributions = attributions.attributions
     chosen = parse_metrics(metrics, method is not None)
     xs, as_tuple = format_inputs(inputs)
     attrs = _attributions(attributions, xs)
@@ -259,6 +268,11 @@ def _attributions(attributions: Any, xs: Tensors) -> Tensors:
             argument="attributions",
         )
     return tuple(a.detach() for a in attrs)
+
+
+def _rerun_params(result: Result) -> dict[str, Any]:
+    """The arguments ``result``'s method was given, to run it again the same way."""
+    return dict(result.given)
 
 
 def _method_params(method: str | None, method_params: Mapping[str, Any] | None) -> dict[str, Any]:
