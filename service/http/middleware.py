@@ -23,8 +23,9 @@ from service.http.auth import authenticate, authorize
 from service.http.problems import problem
 from service.http.routing import RouteTable, found, route_info
 
-#: a caller's X-Request-ID is kept if it is this (printable ASCII, at most 128 characters)
-CALLER_ID = re.compile(r"[\x21-\x7e]{1,128}")
+#: a caller's X-Request-ID is kept if it is this (printable ASCII, the space included, at
+#: most 128 characters)
+CALLER_ID = re.compile(r"[\x20-\x7e]{1,128}")
 
 
 def route_template(scope: Scope) -> str | None:

@@ -327,7 +327,9 @@ def test_request_ids(server: Server) -> None:
         made = c.get("/v1/models")
         bad = attribute(c, "tabular-mlp", {**CHEAP, "target": 9})
         junk = c.get("/v1/models", headers={"x-request-id": "bad id\t" + "x" * 200})
+        spaced = c.get("/v1/models", headers={"x-request-id": "order 77 / batch 3"})
     assert given.headers["x-request-id"] == "trace-42"
+    assert spaced.headers["x-request-id"] == "order 77 / batch 3"  # printable: kept
     assert len(made.headers["x-request-id"]) == 32
     assert bad.json()["request_id"] == bad.headers["x-request-id"]
     assert junk.headers["x-request-id"] != "bad id"
