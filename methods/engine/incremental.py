@@ -72,14 +72,18 @@ class _Node:
     combine: Combine | None = None
     cat: int | None = None
 
-    def join(self, ins: list[Tensor]) -> Tensor | None:
-        """The join of ``ins`` (N, C, *S), or None where it is not local for these shapes."""
+    def joins(self, ins: list[Tensor]) -> bool:
+        """Whether the join of ``ins`` (N, C, *S) is local: the same shapes element-wise, a
+        concatenation along channels of tensors alike in every other dim."""
         if self.cat is None:
-            return self.combine(*ins) if ins[0].shape == ins[1].shape else None  # type: ignore[misc]
-        if self.cat % ins[0].dim() != 1:
-            return None
-        if any(t.dim() != ins[0].dim() or t.shape[2:] != ins[0].shape[2:] for t in ins):
-            return None
+            return ins[0].shape == ins[1].shape
+        return self.cat % ins[0].dim() == 1 and all(
+            t.dim() == ins[0].dim() and t.shape[2:] == ins[0].shape[2:] for t in ins
+        )
+
+    def join(self, ins: list[Tensor]) -> Tensor:
+        if self.cat is None:
+            return self.combine(*ins)  # type: ignore[misc]
         return torch.cat(ins, 1)
 
 
@@ -215,7 +219,8 @@ class _Plan:
         self.windows: dict[int, tuple[Window, Tensor]] = {}  # layer -> its base input, padded
         self.base: dict[int, Tensor] = {}  # operands of sums whose box grows into the union
         self.channels = [int(x.shape[1])]
-        self.cut: int | None = None
+        # the layer the tail starts from; 0 (the input, never a cut): none worth boxing
+        self.cut, self.at_cut = 0, x
         values = {0: x.clone()}  # in-place layers must not touch the caller's input
         for i in range(1, len(nodes)):
             node = nodes[i]
@@ -223,14 +228,13 @@ class _Plan:
             if any(t.dim() != nd + 2 for t in ins):
                 break
             if node.op is None:
-                joined = node.join(ins)
-                if joined is None:
+                if not node.joins(ins):
                     break  # broadcasting, or not along channels
                 box = _union([boxes[a] for a in node.args], tuple(ins[0].shape[2:]))
                 for a in node.args:
                     if not _same(boxes[a], box):
                         self.base[a] = values[a]
-                value = joined
+                value = node.join(ins)
             elif node.op.window is not None:
                 spatial = tuple(ins[0].shape[2:])
                 w = node.op.window(spatial)
@@ -255,14 +259,13 @@ class _Plan:
                 if self.last_read[a] == i:
                     values.pop(a, None)
         # what no layer up to the cut reads (the base pass ran on to find the cut) is let go
-        self.windows = {i: w for i, w in self.windows.items() if i <= (self.cut or 0)}
-        self.base = {i: b for i, b in self.base.items() if i <= (self.cut or 0)}
+        self.windows = {i: w for i, w in self.windows.items() if i <= self.cut}
+        self.base = {i: b for i, b in self.base.items() if i <= self.cut}
         self.lo = [b[0].tolist() for b in boxes]
         self.size = [b[1] for b in boxes]
 
     def bytes_per_perturbation(self) -> int:
         """What one window's N rows hold in ``rows``, at most: every region and box."""
-        assert self.cut is not None
         per_row = 0
         for i in range(self.cut + 1):
             per_row += math.prod(self.size[i]) * self.channels[i] * (2 if i in self.base else 1)
@@ -274,7 +277,6 @@ class _Plan:
 
     def rows(self, s: int, e: int) -> Tensor:
         """The cut's activation for windows s..e-1, row ``j * N + n`` (as the plain path)."""
-        assert self.cut is not None
         k, n = e - s, self.n
         size = self.size[0]
         # The occluded input on each window's first box, all channels.
@@ -291,7 +293,6 @@ class _Plan:
             if node.op is None:
                 parts = [self._grown(a, held[a], i, s, e) for a in node.args]
                 flat = node.join([p.reshape(k * n, *p.shape[2:]) for p in parts])
-                assert flat is not None  # the base pass joined these shapes
                 out = flat.reshape(k, n, *flat.shape[1:])
             else:
                 t = held[node.args[0]]
@@ -417,7 +418,7 @@ def evaluate_boxes(
             plan = _Plan(graph, x, baseline, lo, hi)
     except Exception:  # a layer the analysis did not foresee: the plain path is always right
         return None
-    if plan.cut is None:
+    if not plan.cut:
         return None
     tail = call.replace(forward=Forward(graph.tail(plan.cut), call.forward.args))
     # A clone of a leaf, so that a tail starting in place (Flatten, ReLU(inplace=True)) runs.

@@ -132,7 +132,7 @@ def evaluate(
     """
     if isinstance(attributions, Result):  # methods.attribute's answer: it says how it ran
         if method is None:
-            method, method_params = attributions.method, _rerun_params(attributions)
+            method, method_params = attributions.method, attributions.given
         attributions = attributions.attributions
     chosen = parse_metrics(metrics, method is not None)
     xs, as_tuple = format_inputs(inputs)
@@ -268,11 +268,6 @@ def _attributions(attributions: Any, xs: Tensors) -> Tensors:
             argument="attributions",
         )
     return tuple(a.detach() for a in attrs)
-
-
-def _rerun_params(result: Result) -> dict[str, Any]:
-    """The arguments ``result``'s method was given, to run it again the same way."""
-    return dict(result.given)
 
 
 def _method_params(method: str | None, method_params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -157,36 +157,31 @@ def test_sensitivity_max_matches_captum_with_the_same_noise(case: str) -> None:
 
 
 def test_sensitivity_max_method_params_and_norm() -> None:
+    """With method= and method_params, and with methods.attribute's result in their place
+    (CONTRACT 7.3's signature has no method argument): the result carries its method and the
+    arguments it was given, and sensitivity_max re-runs exactly that."""
     c = zoo.by_name("mlp")
     p = {"perturb_radius": 0.3, "n_perturb_samples": 3, "norm_ord": 1}
     ours = evaluate(
         c.model, c.inputs, c.inputs, target=c.target, metrics={"sensitivity_max": p}, seed=2,
         method="saliency", method_params={"abs": False},
     )["sensitivity_max"]  # fmt: skip
-    sal = _captum_saliency(c.model)
-    ref = captum_sensitivity_max(
-        lambda x, **kw: sal(x, abs=False, **kw), c.inputs, _captum_uniform(2),
-        perturb_radius=0.3, n_perturb_samples=3, norm_ord=1, target=c.target,
-    )  # fmt: skip
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-14)
-
-
-def test_a_result_says_how_to_run_its_method_again() -> None:
-    """CONTRACT 7.3's signature (no method argument): methods.attribute's result carries its
-    method and the arguments it was given, and sensitivity_max re-runs exactly that."""
-    c = zoo.by_name("mlp")
-    p = {"perturb_radius": 0.3, "n_perturb_samples": 3, "norm_ord": 1}
     res = methods.attribute(c.model, c.inputs, "saliency", target=c.target, abs=False)
     assert res.given == {"abs": False}
-    ours = evaluate(c.model, c.inputs, res, target=c.target, metrics={"sensitivity_max": p},
-                    seed=2)["sensitivity_max"]  # fmt: skip
+    from_result = evaluate(c.model, c.inputs, res, target=c.target,
+                           metrics={"sensitivity_max": p}, seed=2)["sensitivity_max"]  # fmt: skip
     sal = _captum_saliency(c.model)
     ref = captum_sensitivity_max(
         lambda x, **kw: sal(x, abs=False, **kw), c.inputs, _captum_uniform(2),
         perturb_radius=0.3, n_perturb_samples=3, norm_ord=1, target=c.target,
     )  # fmt: skip
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-14)
-    # baselines and batch sizes come along; an explicit method still wins
+    for got in (ours, from_result):
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-14)
+
+
+def test_a_result_s_baselines_and_batch_sizes_come_along() -> None:
+    c = zoo.by_name("mlp")
+    p = {"perturb_radius": 0.3, "n_perturb_samples": 3, "norm_ord": 1}
     ig = methods.attribute(c.model, c.inputs, "integrated_gradients", target=c.target,
                            baselines=0.5, n_steps=8, internal_batch_size=4)  # fmt: skip
     assert ig.given == {"n_steps": 8, "baselines": 0.5, "internal_batch_size": 4}
