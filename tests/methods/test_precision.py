@@ -194,3 +194,38 @@ def test_bad_precision_values_are_named() -> None:
         methods.attribute(lambda x: x.sum(1), torch.rand(1, 16), "saliency",
                           precision="bfloat16")  # fmt: skip
     assert e.value.argument == "precision"
+
+
+
+class Encoder(nn.Module):
+    """Two GELU encoder layers of width 64: float32's ladder stops at 9 points."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = nn.Embedding(50, 64)
+        layer = nn.TransformerEncoderLayer(64, 2, 128, dropout=0.0, activation="gelu",
+                                           batch_first=True)  # fmt: skip
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(64, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(self.emb(ids)).mean(1))
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_auto_steps_in_low_precision_stop_where_float32_does(low: str) -> None:
+    """n_steps="auto" on a model computing in a low precision: the rungs cannot agree closer
+    than its epsilon, nor the delta than its rounding, so it stops by the rung after the one
+    where float32 stops, not at the ladder's top (bfloat16 climbed to 65 points here), and the
+    answer is float32's within the precision."""
+    torch.manual_seed(3)
+    model, ids = Encoder().eval(), torch.randint(1, 50, (2, 24))
+    kw = {"layer": "emb", "baselines": 0, "target": 1, "n_steps": "auto"}
+    ref = methods.attribute(model, ids, "layer_integrated_gradients", **kw)
+    r = methods.attribute(model, ids, "layer_integrated_gradients", precision=low, verify=True,
+                          **kw)  # fmt: skip
+    assert ref.params["converged"] and r.params["converged"]
+    # at most one rung of the nested ladder (n -> 2n - 1) past float32's
+    assert r.params["n_steps_evaluated"] <= 2 * ref.params["n_steps_evaluated"] - 1
+    assert not r.fidelity.fallback and r.fidelity.rel_l2 < 0.05
