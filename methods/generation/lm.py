@@ -83,16 +83,20 @@ class LanguageModel:
         """The most positions the model can attend to (None: unknown)."""
         return None
 
+    # Both read the first parameter they need, not the list of all: the scorer asks ~100
+    # times a call, and listing GPT-2's parameters each time was ~15% of a feature ablation's
+    # time on an H200 (launch-bound there)
     @property
     def dtype(self) -> torch.dtype:
-        params = list(self.model.parameters()) if isinstance(self.model, nn.Module) else []
-        floats = [p.dtype for p in params if p.is_floating_point()]
-        return floats[0] if floats else torch.get_default_dtype()
+        params = self.model.parameters() if isinstance(self.model, nn.Module) else iter(())
+        first = next((p for p in params if p.is_floating_point()), None)
+        return first.dtype if first is not None else torch.get_default_dtype()
 
     @property
     def device(self) -> torch.device:
-        params = list(self.model.parameters()) if isinstance(self.model, nn.Module) else []
-        return params[0].device if params else torch.device("cpu")
+        params = self.model.parameters() if isinstance(self.model, nn.Module) else iter(())
+        first = next(params, None)
+        return first.device if first is not None else torch.device("cpu")
 
     @property
     def caches(self) -> bool:

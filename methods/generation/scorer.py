@@ -38,9 +38,15 @@ from methods.errors import InvalidArgumentError
 from methods.generation.lm import LanguageModel, Seq2SeqLanguageModel
 from methods.generation.targets import StepFn, log_prob
 
-#: the fixed cost of one forward (kernel launches, Python, the cache copy) counted in tokens;
-#: grouping prompts into forwards weighs this against padding and lost prefix sharing
-FORWARD_OVERHEAD_TOKENS = 48
+#: the fixed cost of one forward (kernel launches, Python, the cache copy) counted in tokens,
+#: by device type; grouping prompts into forwards weighs this against padding and lost prefix
+#: sharing. On a GPU a forward is bound by its launches until thousands of tokens: GPT-2
+#: small's took ~10 ms of Python on an H200 for 1200 tokens worth ~3 ms of GPU time, so
+#: sharing prefixes there cost more forwards than the tokens they spared (feature ablation of
+#: a 30-token prompt ran 4 forwards and cache copies instead of one)
+FORWARD_OVERHEAD_TOKENS = {"cpu": 48}
+#: the same on any other device (a GPU)
+ACCELERATOR_OVERHEAD_TOKENS = 1024
 
 Prompt = tuple[int, ...]
 
@@ -105,10 +111,14 @@ class Scorer:
             gain = sum(
                 max(0, d[r] - max((d[u] for u in usable), default=0)) for d in shared.values()
             )
-            cost = len(ref) + self.t - 1 + FORWARD_OVERHEAD_TOKENS
+            cost = len(ref) + self.t - 1 + self._overhead()
             if ref in queued or gain > cost:
                 usable.append(r)
         return usable
+
+    def _overhead(self) -> int:
+        kind = self.lm.device.type
+        return FORWARD_OVERHEAD_TOKENS.get(kind, ACCELERATOR_OVERHEAD_TOKENS)
 
     def _token_budget(self) -> int:
         itemsize = torch.finfo(self.lm.dtype).bits // 8 if self.lm.dtype.is_floating_point else 4
@@ -143,7 +153,8 @@ class Scorer:
         for r, groups in by_ref.items():
             depths = sorted(groups, reverse=True)
             rows = [groups[p] for p in depths]
-            for lo, hi in _segments(depths, rows, self.t, budget, self.max_rows):
+            segments = _segments(depths, rows, self.t, budget, self.max_rows, self._overhead())
+            for lo, hi in segments:
                 chunk = [q for g in rows[lo:hi] for q in g]
                 cap = self._cap(chunk, depths[hi - 1], budget)
                 for s in range(0, len(chunk), cap):
@@ -256,11 +267,16 @@ def _sizes(lm: LanguageModel) -> tuple[int, int]:
 
 
 def _segments(
-    depths: list[int], rows: list[list[Prompt]], t: int, budget: int, max_rows: int | None
+    depths: list[int],
+    rows: list[list[Prompt]],
+    t: int,
+    budget: int,
+    max_rows: int | None,
+    overhead: int,
 ) -> list[tuple[int, int]]:
     """Split groups (sorted by shared depth, deepest first) into consecutive runs, each run
     evaluated with the shallowest depth in it: least estimated work (tokens run plus
-    ``FORWARD_OVERHEAD_TOKENS`` per forward), by dynamic programming over the groups."""
+    ``overhead`` tokens per forward), by dynamic programming over the groups."""
     g = len(depths)
     longest = [max(len(q) for q in grp) for grp in rows]
     best = [0.0] + [float("inf")] * g
@@ -275,7 +291,7 @@ def _segments(
             if max_rows is not None:
                 cap = min(cap, max_rows)
             forwards = -(-n_rows // cap)
-            cost = best[lo] + forwards * FORWARD_OVERHEAD_TOKENS + n_rows * width
+            cost = best[lo] + forwards * overhead + n_rows * width
             if cost < best[hi]:
                 best[hi], cut[hi] = cost, lo
     out = []

@@ -22,6 +22,7 @@ from methods.generation import (
     TemplateMismatchError,
     UnsupportedGenerationMethodError,
 )
+from methods.generation import scorer as scorer_module
 from methods.generation.lm import wrap
 from methods.generation.scorer import Scorer
 from model_registry.builtin import lm as tiny
@@ -313,6 +314,27 @@ def test_a_reference_is_cached_only_where_it_spares_more_than_its_forward() -> N
     close(scorer.score(deep), plain_log_probs(model, deep, [4, 6]), 1e-12, 1e-12)
     assert scorer.stats.cached_tokens - before == len(deep) * (len(absent) - 1)
     assert scorer.stats.rows == len(ablated) + 1 + len(deep) + 1  # + the absent prompt
+
+
+def test_where_a_forward_costs_a_thousand_tokens_prompts_share_one_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A forward's fixed cost is counted by device type (a GPU's launches outweigh the tokens a
+    shared prefix spares): at a GPU's cost, feature ablation's prompts run in one forward after
+    the reference's; at a CPU's, the rows split by the depth they share. The same numbers
+    either way."""
+    model = gpt2()
+    base = (1, *(5 + (7 * i) % (len(WORDS) - 5) for i in range(29)))  # 30 tokens
+    ablated = [(*base[:i], 0, *base[i + 1 :]) for i in range(1, len(base))]
+    want = plain_log_probs(model, [base, *ablated], [4, 6])
+    cpu = Scorer(wrap(model), torch.tensor([4, 6]), references=[base])
+    close(cpu.score([base, *ablated]), want, 1e-12, 1e-12)
+    assert cpu.stats.cached_tokens > 0 and cpu.stats.forwards > 2
+    monkeypatch.setitem(scorer_module.FORWARD_OVERHEAD_TOKENS, "cpu",
+                        scorer_module.ACCELERATOR_OVERHEAD_TOKENS)  # fmt: skip
+    gpu = Scorer(wrap(model), torch.tensor([4, 6]), references=[base])
+    close(gpu.score([base, *ablated]), want, 1e-12, 1e-12)
+    assert gpu.stats.forwards == 2
 
 
 def test_the_output_head_gets_its_kept_positions_contiguous() -> None:
