@@ -67,6 +67,12 @@ LADDERS: dict[str, tuple[int, ...]] = {
 #: evaluations (Gauss-Legendre's rungs share no point: stopping at 32 costs 4+8+16+32 = 60)
 #: and as accurate per point on smooth paths
 AUTO_RULE = "clenshaw_curtis"
+#: Clenshaw-Curtis's first pass evaluates the first rung of at least this many points, by
+#: device type: where a pass costs its kernel launches, not its rows, rungs that may not be
+#: needed cost nothing and the passes they spare do (BERT-base layer IG on an H200 stopped
+#: at 5 points after four passes, 0.095 s, slower than 50 fixed points in one, 0.071 s); the
+#: lower rungs are read off the same points, so the answer is the one rung by rung would give
+LOOKAHEAD_POINTS = {"cuda": 17}
 
 
 def auto_rule(p: IntegratedGradientsParams) -> str:
@@ -193,10 +199,7 @@ def auto_integral(
     delta = torch.zeros_like(fx)
     evaluated = 0
     echo: dict[str, Any] = {}
-    #: Clenshaw-Curtis: the gradient at every point so far, and each point's index j at the
-    #: current rung (point j of N intervals is point 2j of 2N)
-    kept: Tensors | None = None
-    index: list[int] = []
+    nested = _Kept(call, xs, bs, grad_fn)  # Clenshaw-Curtis: every point's gradient so far
     point_bytes = sum(x.numel() * x.element_size() for x in xs)  # one point's gradients
     for n in ladder:
         if method == "clenshaw_curtis" and n * point_bytes > memory_budget(device):
@@ -204,23 +207,18 @@ def auto_integral(
             # as Gauss-Legendre's ladder goes (nothing kept)
             alphas, weights = rule_tensors(method, n, dtype, device)
             grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
-            kept, index, h = None, [], 1.0
+            nested = _Kept(call, xs, bs, grad_fn)
+            h = 1.0
             evaluated += n
         elif method == "clenshaw_curtis":
-            alphas, weights = rule_tensors(method, n, dtype, device)
-            index = [2 * j for j in index]
-            new = list(range(n)) if kept is None else list(range(1, n - 1, 2))
-            part, echo = path_gradient_sum(call, xs, bs, alphas[new], None, grad_fn=grad_fn)
-            kept = (
-                part
-                if kept is None
-                else tuple(torch.cat([k, q]) for k, q in zip(kept, part, strict=True))
-            )
-            index += new
-            w = weights[index]
-            grads = tuple(torch.tensordot(w.to(k.dtype), k, dims=1) for k in kept)
+            if nested.level < n:  # the first pass looks ahead where a pass costs its launches
+                ahead = [m for m in ladder if m >= LOOKAHEAD_POINTS.get(device.type, 0)]
+                first = ahead[0] if ahead and not nested.level else n
+                upto = max(n, first) if first * point_bytes <= memory_budget(device) else n
+                echo = nested.extend(upto, dtype, device)
+                evaluated = nested.evaluated
+            grads = nested.rung(n, dtype, device)
             h = 1.0
-            evaluated += len(new)
         elif method == "gausslegendre":
             alphas, weights = rule_tensors(method, n, dtype, device)
             grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
@@ -263,6 +261,46 @@ def auto_integral(
         approximation_method=method,
     )
     return attrs, delta, echo
+
+
+class _Kept:
+    """Clenshaw-Curtis's nested points: the gradient at each evaluated point, and its index j
+    at rung ``level`` (point j of N intervals is point 2j of 2N), from which any rung up to
+    ``level`` is a weighted sum without evaluating again."""
+
+    def __init__(self, call: Call, xs: Tensors, bs: Tensors, grad_fn: GradFn) -> None:
+        self.call, self.xs, self.bs, self.grad_fn = call, xs, bs, grad_fn
+        self.kept: Tensors = ()
+        self.index: list[int] = []
+        self.level = 0
+        self.evaluated = 0
+
+    def extend(self, upto: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+        """Evaluate the points of rung ``upto`` not evaluated yet."""
+        alphas, _ = rule_tensors("clenshaw_curtis", upto, dtype, device)
+        if self.level:
+            step = (upto - 1) // (self.level - 1)
+            self.index = [j * step for j in self.index]
+            new = [j for j in range(upto) if j % step]
+        else:
+            new = list(range(upto))
+        part, echo = path_gradient_sum(
+            self.call, self.xs, self.bs, alphas[new], None, grad_fn=self.grad_fn
+        )
+        kept = self.kept or tuple(q[:0] for q in part)
+        self.kept = tuple(torch.cat([k, q]) for k, q in zip(kept, part, strict=True))
+        self.index += new
+        self.level, self.evaluated = upto, self.evaluated + len(new)
+        return echo
+
+    def rung(self, n: int, dtype: torch.dtype, device: torch.device) -> Tensors:
+        """The weighted gradient sum of rung ``n`` (at most ``level``)."""
+        _, weights = rule_tensors("clenshaw_curtis", n, dtype, device)
+        step = (self.level - 1) // (n - 1)
+        pick = [k for k, j in enumerate(self.index) if j % step == 0]
+        w = weights[[self.index[k] // step for k in pick]]
+        rows = torch.tensor(pick, device=device)
+        return tuple(torch.tensordot(w.to(k.dtype), k[rows], dims=1) for k in self.kept)
 
 
 def _low_eps(model: Any, dtype: torch.dtype) -> float:

@@ -197,6 +197,38 @@ def test_auto_steps_cost_what_they_stop_at() -> None:
     assert gauss.params["n_steps_evaluated"] > gauss.params["n_steps"]
 
 
+@pytest.mark.parametrize(("look", "passes"), [(2, 4), (5, 2), (9, 1), (17, 1)])
+def test_auto_steps_looking_ahead_give_the_same_answer_in_fewer_passes(
+    monkeypatch: pytest.MonkeyPatch, look: int, passes: int
+) -> None:
+    """Where a pass costs its launches (a GPU), the first pass evaluates a higher rung of the
+    nested ladder and the lower rungs are read off its points: the same stopping rung and
+    attributions as rung by rung, in fewer passes (here the ladder stops at 9 points)."""
+    from methods.gradient import integrated_gradients as ig
+
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)).double()
+    x = torch.rand(3, 8, dtype=torch.float64)
+    kw: dict[str, Any] = {"target": 1, "n_steps": "auto", "delta_tolerance": 1e-4}
+    plain = methods.attribute(m, x, "integrated_gradients", **kw)
+    assert plain.params["n_steps"] == plain.params["n_steps_evaluated"] == 9
+    calls: list[int] = []
+    path = ig.path_gradient_sum
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return path(*args, **kwargs)
+
+    monkeypatch.setattr(ig, "path_gradient_sum", counted)
+    monkeypatch.setitem(ig.LOOKAHEAD_POINTS, "cpu", look)
+    ahead = methods.attribute(m, x, "integrated_gradients", **kw)
+    assert len(calls) == passes
+    assert ahead.params["n_steps"] == 9
+    assert ahead.params["n_steps_evaluated"] == max(9, look)
+    torch.testing.assert_close(ahead.attributions, plain.attributions, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(ahead.convergence_delta, plain.convergence_delta)
+
+
 @pytest.mark.parametrize("rule", [None, "gausslegendre", "riemann_trapezoid"])
 def test_auto_steps_say_what_they_took(rule: str | None) -> None:
     """The result's ``steps`` (CONTRACT 8.1): the rung it stopped at, the forward rows per
