@@ -12,6 +12,7 @@ and recomputed when the model's set of submodules changes (a layer replaced).
 from __future__ import annotations
 
 import inspect
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -117,11 +118,47 @@ def analysed(cache: Cache, model: Any, analyse: Callable[[nn.Module], T | None])
     return result
 
 
+class _OwnThread(fx.Tracer):
+    """While ``torch.fx`` traces, it patches ``nn.Module.__call__`` and ``__getattr__``
+    process-wide: a forward in another thread was recorded into this graph, or failed
+    ("module is not installed as a submodule"). Module calls and attribute reads from any
+    thread but the tracing one run as they would without the patch."""
+
+    _owner = -1
+
+    def trace(self, root: Any, *args: Any, **kwargs: Any) -> fx.Graph:
+        self._owner = threading.get_ident()
+        return super().trace(root, *args, **kwargs)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if threading.get_ident() != self._owner:
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        if threading.get_ident() != self._owner:
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+
+class _Tracer(_OwnThread):
+    pass
+
+
+class _MetaTracer(_OwnThread, meta_tracer.MetaTracer):
+    pass
+
+
+def _graph_module(tracer: fx.Tracer, graph: fx.Graph, model: nn.Module) -> fx.GraphModule:
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
 def trace(model: nn.Module) -> fx.GraphModule | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return fx.symbolic_trace(model)
+            tracer = _Tracer()
+            return _graph_module(tracer, tracer.trace(model), model)
     except Exception:  # any untraceable forward simply takes the plain path
         return None
 
@@ -136,6 +173,7 @@ def trace_at(model: nn.Module, x: Tensor) -> fx.GraphModule | None:
         meta = {first: torch.empty(x.shape, dtype=x.dtype, device="meta")}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return meta_tracer.symbolic_trace(model, meta_args=meta)
+            tracer = _MetaTracer()
+            return _graph_module(tracer, tracer.trace(model, meta), model)
     except Exception:  # as for ``trace``: the plain path
         return None

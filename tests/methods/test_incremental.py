@@ -9,6 +9,7 @@ plain path. Captum parity of occlusion (through this path) is in test_perturbati
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import methods
-from methods.engine import incremental
+from methods.engine import incremental, tracing
 
 
 @pytest.fixture(autouse=True)
@@ -431,3 +432,37 @@ def test_an_analysis_that_fails_takes_the_plain_path(monkeypatch: Any) -> None:
     assert res.params["strategy"] == "plain"
     slow = methods.attribute(_plain(model), x, "occlusion", **kw).attributions
     torch.testing.assert_close(res.attributions, slow, rtol=0, atol=0)
+
+
+def test_forwards_in_other_threads_run_while_a_model_is_traced() -> None:
+    """torch.fx patches nn.Module process-wide while it traces: a forward in another thread
+    failed with NameError ("module is not installed as a submodule") or was recorded into the
+    graph. Both traces leave other threads' forwards, of this model or another, as they are."""
+    torch.manual_seed(0)
+    traced = nn.Sequential(*[nn.Linear(8, 8) for _ in range(100)])
+    other = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.rand(2, 8)
+    want = {id(m): m(x) for m in (traced, other)}
+    seen: list[str] = []
+    done = threading.Event()
+
+    def forwards() -> None:
+        while not done.is_set():
+            for m in (other, traced):
+                try:
+                    y = m(x)
+                    ok = isinstance(y, torch.Tensor) and torch.equal(y, want[id(m)])
+                    seen.append("ok" if ok else f"wrong: {type(y).__name__}")
+                except Exception as exc:  # what the patched call raised
+                    seen.append(repr(exc))
+
+    thread = threading.Thread(target=forwards)
+    thread.start()
+    try:
+        for _ in range(5):
+            assert tracing.trace(traced) is not None
+            assert tracing.trace_at(traced, x) is not None
+    finally:
+        done.set()
+        thread.join()
+    assert seen and set(seen) == {"ok"}, sorted(set(seen))[:3]
