@@ -39,7 +39,10 @@ def same(steps: list[Any], res: Any, want: Any) -> None:
     torch.testing.assert_close(torch.stack([s.attr for s in steps]), want.token_attr)
     torch.testing.assert_close(res.token_attr, want.token_attr)
     torch.testing.assert_close(res.seq_attr, want.seq_attr)
-    assert res.step_scores == want.step_scores and res.method == want.method
+    # equal up to rounding: the stream's forwards batch the prompts differently
+    assert res.step_scores.keys() == want.step_scores.keys() and res.method == want.method
+    for name, values in want.step_scores.items():
+        assert res.step_scores[name] == pytest.approx(values, rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("target", ["paris rome", None])

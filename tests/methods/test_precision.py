@@ -196,7 +196,6 @@ def test_bad_precision_values_are_named() -> None:
     assert e.value.argument == "precision"
 
 
-
 class Encoder(nn.Module):
     """Two GELU encoder layers of width 64: float32's ladder stops at 9 points."""
 

@@ -345,8 +345,10 @@ def test_concurrent_requests_merge_and_match_one_by_one(server: Server) -> None:
     for a, b in zip(one_by_one, together, strict=True):
         assert a["merged_requests"] == 1
         np.testing.assert_allclose(a["attributions"], b["attributions"], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(a["convergence_delta"], b["convergence_delta"], atol=1e-5)
-        np.testing.assert_allclose(a["outputs"], b["outputs"], rtol=1e-6)
+        # float32 sums over batches of other sizes: 1.1e-5 of 0.23 apart on an AVX-512 CPU
+        np.testing.assert_allclose(a["convergence_delta"], b["convergence_delta"], rtol=1e-4,
+                                   atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(a["outputs"], b["outputs"], rtol=1e-5, atol=1e-7)
         assert a["target"] == b["target"]
     with server.client() as c:
         text = c.get("/metrics").text
