@@ -36,12 +36,10 @@ class GradFn(Protocol):
 
 
 #: devices where a pass costs its kernel launches more than its rows: there f(inputs) and
-#: f(baselines) ride in the path's pass as 2N more rows (their gradients unused) instead of a
-#: forward of their own, where the whole path and they fit one pass of the memory budget
-#: (``internal_batch_size="auto"``, the service's default). On an H200, BERT-base layer IG
-#: in bfloat16 took 0.023 s instead of 0.028 s; on a CPU those rows' backward costs more
-#: than the forward it spares, and with the batch size unset (Captum's one pass) they would
-#: pass Captum's peak memory
+#: f(baselines) ride in the path's first pass as 2N more rows (their gradients unused)
+#: instead of a forward of their own. On an H200, BERT-base layer IG in bfloat16 spent ~a
+#: third of its 19 ms launching the endpoints' forward; on a CPU those rows' backward costs
+#: more than the forward it spares
 ENDS_IN_PATH = {"cuda"}
 
 
@@ -53,29 +51,26 @@ def plain_gradients(
 
 @dataclass
 class Ends:
-    """The path's endpoints in its own space (``xs``, ``bs``: the inputs and baselines, or a
-    layer's values at them) and the model inputs they come from (``inputs``), to be
-    evaluated with the path's pass where it has room; ``outputs`` gives the targeted f(x),
-    f(b), from that pass or from a forward of their own."""
+    """The path's endpoints in its own space (the inputs and baselines, or a layer's values
+    at them), to be evaluated with the path's first chunk; ``fx``, ``fb`` are the targeted
+    outputs there once it has run."""
 
     xs: Tensors
     bs: Tensors
-    inputs: tuple[Tensors, Tensors]
     fx: Tensor | None = None
     fb: Tensor | None = None
 
     @staticmethod
     def wanted(call: Call, device: torch.device) -> bool:
-        """Whether this call's endpoints may ride in the path's pass."""
-        return (
-            call.return_delta
-            and device.type in ENDS_IN_PATH
-            and (call.internal_batch_size == "auto")
-        )
+        """Whether this call's endpoints should ride in the path's pass: not where the caller
+        fixed the rows of a pass (``internal_batch_size`` a number), which 2N more would
+        pass."""
+        fixed = call.internal_batch_size not in (None, "auto")
+        return call.return_delta and device.type in ENDS_IN_PATH and not fixed
 
-    def outputs(self, call: Call) -> tuple[Tensor, Tensor]:
-        if self.fx is None or self.fb is None:  # the path's pass had no room for them
-            self.fx, self.fb = endpoint_outputs(call, *self.inputs)
+    def outputs(self) -> tuple[Tensor, Tensor]:
+        if self.fx is None or self.fb is None:
+            raise RuntimeError("the path's pass has not evaluated its endpoints")
         return self.fx, self.fb
 
 
@@ -117,23 +112,17 @@ def path_gradient_sum(
 
     ``weights`` None: the gradient at every point instead, each input's with a leading dim K
     (n_steps="auto" keeps them to weigh them again at the next rung). ``ends`` not yet
-    evaluated: where the whole path and they fit one pass, their rows join it and their
-    outputs are filled in."""
+    evaluated: its rows join the first chunk and its outputs are filled in."""
     n_steps = int(alphas.shape[0])
     n = call.n
     diffs = tuple(x - b for x, b in zip(xs, bs, strict=True))
-    riding: Ends | None = None
-    if per_chunk is None and ends is not None and ends.fx is None:
-        # the endpoints ride only where the whole path and they fit one pass
-        whole = steps_per_chunk(call, n_steps + 2, xs, grad_fn) >= n_steps + 2
-        riding, per_chunk = (ends, n_steps) if whole else (None, None)
     if per_chunk is None:
         per_chunk = steps_per_chunk(call, n_steps, xs, grad_fn)
     expanded: dict[int, Call] = {}
 
     def chunk(s: int, e: int) -> Tensors:
         k = e - s
-        extra = 2 if riding is not None and riding.fx is None else 0
+        extra = 2 if ends is not None and ends.fx is None else 0
         sub = expanded.get(k + extra)
         if sub is None:
             kk = k + extra
@@ -146,17 +135,17 @@ def path_gradient_sum(
             )
             for b, d in zip(bs, diffs, strict=True)
         )
-        if riding is not None and extra:
+        if ends is not None and extra:
             points = tuple(
                 torch.cat([pt, x.to(pt.dtype), b.to(pt.dtype)])
-                for pt, x, b in zip(points, riding.xs, riding.bs, strict=True)
+                for pt, x, b in zip(points, ends.xs, ends.bs, strict=True)
             )
-        grads, selected = grad_fn(sub, points, riding) if extra else grad_fn(sub, points)
-        if riding is not None and extra:
+        grads, selected = grad_fn(sub, points, ends) if extra else grad_fn(sub, points)
+        if ends is not None and extra:
             if selected is None:
                 raise RuntimeError("this gradient function gives no outputs for the endpoints")
             grads = tuple(g[: k * n] for g in grads)
-            riding.fx, riding.fb = selected[k * n : (k + 1) * n], selected[(k + 1) * n :]
+            ends.fx, ends.fb = selected[k * n : (k + 1) * n], selected[(k + 1) * n :]
         if weights is None:  # the gradient at each point: (k, N, ...) per input
             return tuple(g.reshape(k, *d.shape) for g, d in zip(grads, diffs, strict=True))
         w = weights[s:e]

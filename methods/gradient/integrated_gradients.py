@@ -120,12 +120,12 @@ def integrated_gradients(call: Call, p: IntegratedGradientsParams) -> Output:
     if p.n_steps == "auto":
         return _auto(call, p, xs, bs)
     alphas, weights = rule_tensors(p.approximation_method, p.n_steps, xs[0].dtype, xs[0].device)
-    ends = Ends(xs, bs, (xs, bs)) if Ends.wanted(call, xs[0].device) else None
+    ends = Ends(xs, bs) if Ends.wanted(call, xs[0].device) else None
     grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, ends=ends)
     attrs = _finish(grads, xs, bs, p.multiply_by_inputs)
     out = Output(attrs, echo=echo)
     if call.return_delta:
-        fx, fb = ends.outputs(call) if ends is not None else endpoint_outputs(call, xs, bs)
+        fx, fb = ends.outputs() if ends is not None else endpoint_outputs(call, xs, bs)
         out.delta, out.outputs = completeness_delta(attrs, fx, fb), fx
     return out
 
@@ -159,9 +159,9 @@ def _new_points(method: str, n: int, prev: int | None) -> tuple[list[float], lis
 def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) -> Output:
     check_auto(p)
     if Ends.wanted(call.replace(return_delta=True), xs[0].device):
-        ends = Ends(xs, bs, (xs, bs))
+        ends = Ends(xs, bs)
         attrs, delta, echo = auto_integral(call, p, xs, bs, None, None, ends=ends)
-        return Output(attrs, delta=delta, outputs=ends.outputs(call)[0], echo=echo)
+        return Output(attrs, delta=delta, outputs=ends.outputs()[0], echo=echo)
     fx, fb = endpoint_outputs(call, xs, bs)
     attrs, delta, echo = auto_integral(call, p, xs, bs, fx, fb)
     return Output(attrs, delta=delta, outputs=fx, echo=echo)
@@ -241,10 +241,8 @@ def auto_integral(
             grads = part if acc is None else tuple(a + q for a, q in zip(acc, part, strict=True))
             acc = grads
             evaluated += len(pts)
-        if fx is None or fb is None:  # from the first pass, or a forward of their own
-            if pending is None:
-                raise RuntimeError("auto_integral needs f(x), f(b) or the path's Ends")
-            fx, fb = pending.outputs(call)
+        if fx is None or fb is None:  # the first pass evaluated the endpoints
+            fx, fb = pending.outputs() if pending is not None else endpoint_outputs(call, xs, bs)
             pending = None
         if prev is None:
             tol = _tolerance(p, fx, fb, dtype)

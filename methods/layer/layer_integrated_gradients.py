@@ -88,7 +88,7 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
         call.replace(return_delta=call.return_delta and not riding),
         xs, bs, module, p.path, to_input,
     )  # fmt: skip
-    along = Ends(ax, ab, (xs, bs)) if riding else None
+    along = Ends(ax, ab) if riding else None
     n = call.n
 
     def grad_fn(
@@ -109,7 +109,7 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
     if auto and along is not None:
         attrs, delta, echo = auto_integral(call, p, ax, ab, None, None, grad_fn, along)
         out = layer_output(attrs, echo=echo)
-        out.delta, out.outputs = delta, along.outputs(call)[0]
+        out.delta, out.outputs = delta, along.outputs()[0]
         return out
     if auto and ends is not None:
         attrs, delta, echo = auto_integral(call, p, ax, ab, *ends, grad_fn=grad_fn)
@@ -129,7 +129,7 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
         attrs = grads
     out = layer_output(attrs, echo=echo)
     if along is not None:
-        ends = along.outputs(call)
+        ends = along.outputs()
     if ends is not None:
         out.delta, out.outputs = completeness_delta(attrs, *ends), ends[0]
     return out

@@ -1,8 +1,7 @@
-"""Where a pass costs its launches (a GPU), f(inputs) and f(baselines) ride in the path's pass
-instead of a forward of their own (``path.ENDS_IN_PATH``), where the batch size is the
-engine's ("auto") and the whole path and they fit one pass. Forced on here, on the CPU: the
-same attributions and convergence deltas as the separate forward (Captum's), in fewer model
-calls, for integrated gradients and layer integrated gradients, fixed and "auto"."""
+"""Where a pass costs its launches (a GPU), f(inputs) and f(baselines) ride in the path's first
+pass instead of a forward of their own (``path.ENDS_IN_PATH``). Forced on here, on the CPU:
+the same attributions and convergence deltas as the separate forward (Captum's), in fewer
+model calls, for integrated gradients and layer integrated gradients, fixed and "auto"."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def run(riding: bool, method: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -
         if riding:
             m.setattr(path, "ENDS_IN_PATH", {"cpu"})
         res = methods.attribute(model, x, method, target=1, baselines=0.3,
-                                return_convergence_delta=True,
-                                **{"internal_batch_size": "auto", **kw})  # fmt: skip
+                                return_convergence_delta=True, **kw)  # fmt: skip
     return res, len(calls), model, x
 
 
@@ -58,6 +56,10 @@ def run(riding: bool, method: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -
         ("integrated_gradients", {"n_steps": "auto", "approximation_method": "gausslegendre"}),
         ("layer_integrated_gradients", {"layer": "a", "n_steps": 20}),
         ("layer_integrated_gradients", {"layer": "a", "n_steps": "auto"}),
+        (
+            "layer_integrated_gradients",
+            {"layer": "a", "n_steps": 12, "internal_batch_size": "auto"},
+        ),
     ],
 )
 def test_the_endpoints_in_the_path_pass_give_the_same_answer(
@@ -88,23 +90,10 @@ def test_the_delta_is_captum_s_where_the_input_bypasses_the_layer(
     assert delta.abs().max() > 1e-3  # the bypass makes completeness fail: a real check
 
 
-@pytest.mark.parametrize("method", ["integrated_gradients", "layer_integrated_gradients"])
-@pytest.mark.parametrize("batch", [6, None, "no room"])
-def test_the_endpoints_keep_their_forward_where_they_would_pass_a_pass_s_rows(
-    monkeypatch: pytest.MonkeyPatch, method: str, batch: Any
-) -> None:
-    """A fixed internal_batch_size, an unset one (Captum's single pass, whose peak memory 2N
-    more rows would pass), or "auto" with no room for the whole path in one pass: the
-    endpoints keep their own forward, and the answer is the same."""
-    kw: dict[str, Any] = {"n_steps": 12, "internal_batch_size": batch}
-    if method == "layer_integrated_gradients":
-        kw["layer"] = "a"
-    if batch == "no room":
-        kw["internal_batch_size"] = "auto"
-        real = path.steps_per_chunk
-        monkeypatch.setattr(path, "steps_per_chunk", lambda *a: min(4, real(*a)))
-    apart, apart_calls, _, _ = run(False, method, monkeypatch, **kw)
-    along, along_calls, _, _ = run(True, method, monkeypatch, **kw)
+def test_a_caller_s_batch_size_is_not_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """internal_batch_size fixes the rows of a pass: the endpoints keep their own forward."""
+    kw = {"layer": "a", "n_steps": 12, "internal_batch_size": 6}
+    apart, apart_calls, _, _ = run(False, "layer_integrated_gradients", monkeypatch, **kw)
+    along, along_calls, _, _ = run(True, "layer_integrated_gradients", monkeypatch, **kw)
     assert along_calls == apart_calls
     torch.testing.assert_close(along.attributions, apart.attributions, rtol=0, atol=0)
-    torch.testing.assert_close(along.convergence_delta, apart.convergence_delta, rtol=0, atol=0)
