@@ -62,11 +62,8 @@ class Ends:
 
     @staticmethod
     def wanted(call: Call, device: torch.device) -> bool:
-        """Whether this call's endpoints should ride in the path's pass: not where the caller
-        fixed the rows of a pass (``internal_batch_size`` a number), which 2N more would
-        pass."""
-        fixed = call.internal_batch_size not in (None, "auto")
-        return call.return_delta and device.type in ENDS_IN_PATH and not fixed
+        """Whether this call's endpoints should ride in the path's pass."""
+        return call.return_delta and device.type in ENDS_IN_PATH
 
     def outputs(self) -> tuple[Tensor, Tensor]:
         if self.fx is None or self.fb is None:
