@@ -399,7 +399,7 @@ def layer_path(
         )
         return at(sub, points)
 
-    per = steps_per_chunk(call, k_total, xs, lambda c, pts, _ends=None: (at(c, pts)[0], None))
+    per = steps_per_chunk(call, k_total, xs, lambda c, pts: at(c, pts)[0])
     parts, used = run_chunks(k_total, per, chunk, retry_oom=call.internal_batch_size == "auto")
     grads = tuple(torch.cat([p[0][i] for p in parts]) for i in range(len(parts[0][0])))
     values = tuple(torch.cat([p[1][i] for p in parts]) for i in range(len(parts[0][1])))

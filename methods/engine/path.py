@@ -7,8 +7,8 @@ batched forward+backward passes as the batch-size policy allows, step-major as C
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,52 +23,11 @@ from methods.engine.call import Call
 from methods.engine.gradients import gradients
 from methods.engine.inputs import Tensors
 
-
-class GradFn(Protocol):
-    """The gradients at a batch of points, and the targeted outputs there (None where the
-    function has no targeted output, as a neuron's). With ``ends`` the batch's last 2N rows
-    are its endpoints (a layer's values at the inputs, then at the baselines), to be run on
-    the model inputs they came from."""
-
-    def __call__(
-        self, call: Call, points: Tensors, ends: Ends | None = None, /
-    ) -> tuple[Tensors, Tensor | None]: ...
+GradFn = Callable[[Call, Tensors], Tensors]
 
 
-#: devices where a pass costs its kernel launches more than its rows: there f(inputs) and
-#: f(baselines) ride in the path's first pass as 2N more rows (their gradients unused)
-#: instead of a forward of their own. On an H200, BERT-base layer IG in bfloat16 spent ~a
-#: third of its 19 ms launching the endpoints' forward; on a CPU those rows' backward costs
-#: more than the forward it spares
-ENDS_IN_PATH = {"cuda"}
-
-
-def plain_gradients(
-    call: Call, points: Tensors, ends: Ends | None = None
-) -> tuple[Tensors, Tensor | None]:
-    return gradients(call.forward, points, call.target)  # the points are the model's inputs
-
-
-@dataclass
-class Ends:
-    """The path's endpoints in its own space (the inputs and baselines, or a layer's values
-    at them), to be evaluated with the path's first chunk; ``fx``, ``fb`` are the targeted
-    outputs there once it has run."""
-
-    xs: Tensors
-    bs: Tensors
-    fx: Tensor | None = None
-    fb: Tensor | None = None
-
-    @staticmethod
-    def wanted(call: Call, device: torch.device) -> bool:
-        """Whether this call's endpoints should ride in the path's pass."""
-        return call.return_delta and device.type in ENDS_IN_PATH
-
-    def outputs(self) -> tuple[Tensor, Tensor]:
-        if self.fx is None or self.fb is None:
-            raise RuntimeError("the path's pass has not evaluated its endpoints")
-        return self.fx, self.fb
+def plain_gradients(call: Call, points: Tensors) -> Tensors:
+    return gradients(call.forward, points, call.target)[0]
 
 
 def steps_per_chunk(call: Call, n_steps: int, probe_points: Tensors, grad_fn: GradFn) -> int:
@@ -85,7 +44,7 @@ def steps_per_chunk(call: Call, n_steps: int, probe_points: Tensors, grad_fn: Gr
             measured_once(
                 call.model,
                 call.shape_key("path"),
-                lambda: row_bytes_estimate(lambda: grad_fn(call, probe_points)[0], n, extra),
+                lambda: row_bytes_estimate(lambda: grad_fn(call, probe_points), n, extra),
                 call.shape_family("path"),
             ),
             granule=n,
@@ -103,13 +62,11 @@ def path_gradient_sum(
     weights: Tensor | None,
     grad_fn: GradFn = plain_gradients,
     per_chunk: int | None = None,
-    ends: Ends | None = None,
 ) -> tuple[Tensors, dict[str, Any]]:
     """sum_k weights[k] * grad at b + alphas[k] * (x - b), per input; plus what was chosen.
 
     ``weights`` None: the gradient at every point instead, each input's with a leading dim K
-    (n_steps="auto" keeps them to weigh them again at the next rung). ``ends`` not yet
-    evaluated: its rows join the first chunk and its outputs are filled in."""
+    (n_steps="auto" keeps them to weigh them again at the next rung)."""
     n_steps = int(alphas.shape[0])
     n = call.n
     diffs = tuple(x - b for x, b in zip(xs, bs, strict=True))
@@ -119,12 +76,10 @@ def path_gradient_sum(
 
     def chunk(s: int, e: int) -> Tensors:
         k = e - s
-        extra = 2 if ends is not None and ends.fx is None else 0
-        sub = expanded.get(k + extra)
+        sub = expanded.get(k)
         if sub is None:
-            kk = k + extra
-            sub = call.replace(forward=call.forward.expanded(kk), target=call.target.expand(kk))
-            expanded[kk] = sub
+            sub = call.replace(forward=call.forward.expanded(k), target=call.target.expand(k))
+            expanded[k] = sub
         a = alphas[s:e]
         points = tuple(
             (b.unsqueeze(0) + a.view(k, *([1] * d.dim())).to(d.dtype) * d.unsqueeze(0)).reshape(
@@ -132,17 +87,7 @@ def path_gradient_sum(
             )
             for b, d in zip(bs, diffs, strict=True)
         )
-        if ends is not None and extra:
-            points = tuple(
-                torch.cat([pt, x.to(pt.dtype), b.to(pt.dtype)])
-                for pt, x, b in zip(points, ends.xs, ends.bs, strict=True)
-            )
-        grads, selected = grad_fn(sub, points, ends) if extra else grad_fn(sub, points)
-        if ends is not None and extra:
-            if selected is None:
-                raise RuntimeError("this gradient function gives no outputs for the endpoints")
-            grads = tuple(g[: k * n] for g in grads)
-            ends.fx, ends.fb = selected[k * n : (k + 1) * n], selected[(k + 1) * n :]
+        grads = grad_fn(sub, points)
         if weights is None:  # the gradient at each point: (k, N, ...) per input
             return tuple(g.reshape(k, *d.shape) for g, d in zip(grads, diffs, strict=True))
         w = weights[s:e]

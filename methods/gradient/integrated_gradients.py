@@ -18,7 +18,6 @@ from methods.engine.batching import memory_budget
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.path import (
-    Ends,
     GradFn,
     completeness_delta,
     endpoint_outputs,
@@ -120,12 +119,11 @@ def integrated_gradients(call: Call, p: IntegratedGradientsParams) -> Output:
     if p.n_steps == "auto":
         return _auto(call, p, xs, bs)
     alphas, weights = rule_tensors(p.approximation_method, p.n_steps, xs[0].dtype, xs[0].device)
-    ends = Ends(xs, bs) if Ends.wanted(call, xs[0].device) else None
-    grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, ends=ends)
+    grads, echo = path_gradient_sum(call, xs, bs, alphas, weights)
     attrs = _finish(grads, xs, bs, p.multiply_by_inputs)
     out = Output(attrs, echo=echo)
     if call.return_delta:
-        fx, fb = ends.outputs() if ends is not None else endpoint_outputs(call, xs, bs)
+        fx, fb = endpoint_outputs(call, xs, bs)
         out.delta, out.outputs = completeness_delta(attrs, fx, fb), fx
     return out
 
@@ -158,10 +156,6 @@ def _new_points(method: str, n: int, prev: int | None) -> tuple[list[float], lis
 
 def _auto(call: Call, p: IntegratedGradientsParams, xs: Tensors, bs: Tensors) -> Output:
     check_auto(p)
-    if Ends.wanted(call.replace(return_delta=True), xs[0].device):
-        ends = Ends(xs, bs)
-        attrs, delta, echo = auto_integral(call, p, xs, bs, None, None, ends=ends)
-        return Output(attrs, delta=delta, outputs=ends.outputs()[0], echo=echo)
     fx, fb = endpoint_outputs(call, xs, bs)
     attrs, delta, echo = auto_integral(call, p, xs, bs, fx, fb)
     return Output(attrs, delta=delta, outputs=fx, echo=echo)
@@ -180,17 +174,20 @@ def auto_integral(
     p: Any,
     xs: Tensors,
     bs: Tensors,
-    fx: torch.Tensor | None,
-    fb: torch.Tensor | None,
+    fx: torch.Tensor,
+    fb: torch.Tensor,
     grad_fn: GradFn = plain_gradients,
-    ends: Ends | None = None,
 ) -> tuple[Tensors, torch.Tensor, dict[str, Any]]:
     """Integrated gradients from ``bs`` to ``xs`` (the inputs, or a layer's values with its
     ``grad_fn``) on the ladder of ``auto_rule(p)``, stopping at the first rung whose
     convergence delta against f(x) - f(b) (``fx``, ``fb``) is within ``p.delta_tolerance``
-    for every example: the attributions, the delta and what was used. ``fx``, ``fb`` None:
-    ``ends`` rides in the first pass and gives them."""
+    for every example: the attributions, the delta and what was used."""
     dtype, device = xs[0].dtype, xs[0].device
+    gap = output_change(fx, fb).abs().to(dtype)
+    # Where f(x) ~ f(b) a purely relative tolerance would be ~0 and unreachable; below
+    # sqrt(eps) of the outputs' scale the delta is rounding, not quadrature error.
+    scale = torch.maximum(fx.abs(), fb.abs()).to(dtype).clamp(min=1.0)
+    tol = p.delta_tolerance * torch.maximum(gap, scale * torch.finfo(dtype).eps ** 0.5)
     low = _low_eps(call.model, dtype)
     method = auto_rule(p)
     ladder = LADDERS[method]
@@ -199,9 +196,9 @@ def auto_integral(
     attrs: Tensors = ()
     change: float | None = None
     met = False
+    delta = torch.zeros_like(fx)
     evaluated = 0
     echo: dict[str, Any] = {}
-    pending = ends if fx is None or fb is None else None  # rides in the first pass
     nested = _Kept(call, xs, bs, grad_fn)  # Clenshaw-Curtis: every point's gradient so far
     point_bytes = sum(x.numel() * x.element_size() for x in xs)  # one point's gradients
     for n in ladder:
@@ -209,9 +206,7 @@ def auto_integral(
             # keeping every point's gradient would pass the memory budget: the rung whole,
             # as Gauss-Legendre's ladder goes (nothing kept)
             alphas, weights = rule_tensors(method, n, dtype, device)
-            grads, echo = path_gradient_sum(
-                call, xs, bs, alphas, weights, grad_fn=grad_fn, ends=pending
-            )
+            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
             nested = _Kept(call, xs, bs, grad_fn)
             h = 1.0
             evaluated += n
@@ -220,32 +215,23 @@ def auto_integral(
                 ahead = [m for m in ladder if m >= LOOKAHEAD_POINTS.get(device.type, 0)]
                 first = ahead[0] if ahead and not nested.level else n
                 upto = max(n, first) if first * point_bytes <= memory_budget(device) else n
-                echo = nested.extend(upto, dtype, device, pending)
+                echo = nested.extend(upto, dtype, device)
                 evaluated = nested.evaluated
             grads = nested.rung(n, dtype, device)
             h = 1.0
         elif method == "gausslegendre":
             alphas, weights = rule_tensors(method, n, dtype, device)
-            grads, echo = path_gradient_sum(
-                call, xs, bs, alphas, weights, grad_fn=grad_fn, ends=pending
-            )
+            grads, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
             h = 1.0
             evaluated += n
         else:
             pts, units, h = _new_points(method, n, prev)
             alphas = torch.tensor(pts, dtype=dtype, device=device)
             weights = torch.tensor(units, dtype=dtype, device=device)
-            part, echo = path_gradient_sum(
-                call, xs, bs, alphas, weights, grad_fn=grad_fn, ends=pending
-            )
+            part, echo = path_gradient_sum(call, xs, bs, alphas, weights, grad_fn=grad_fn)
             grads = part if acc is None else tuple(a + q for a, q in zip(acc, part, strict=True))
             acc = grads
             evaluated += len(pts)
-        if fx is None or fb is None:  # the first pass evaluated the endpoints
-            fx, fb = pending.outputs() if pending is not None else endpoint_outputs(call, xs, bs)
-            pending = None
-        if prev is None:
-            tol = _tolerance(p, fx, fb, dtype)
         last, attrs = attrs, _finish(tuple(g * h for g in grads), xs, bs, True)
         delta = completeness_delta(attrs, fx, fb)
         prev = n
@@ -289,10 +275,8 @@ class _Kept:
         self.level = 0
         self.evaluated = 0
 
-    def extend(
-        self, upto: int, dtype: torch.dtype, device: torch.device, ends: Ends | None
-    ) -> dict[str, Any]:
-        """Evaluate the points of rung ``upto`` not evaluated yet (and ``ends``, if given)."""
+    def extend(self, upto: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+        """Evaluate the points of rung ``upto`` not evaluated yet."""
         alphas, _ = rule_tensors("clenshaw_curtis", upto, dtype, device)
         if self.level:
             step = (upto - 1) // (self.level - 1)
@@ -301,7 +285,7 @@ class _Kept:
         else:
             new = list(range(upto))
         part, echo = path_gradient_sum(
-            self.call, self.xs, self.bs, alphas[new], None, grad_fn=self.grad_fn, ends=ends
+            self.call, self.xs, self.bs, alphas[new], None, grad_fn=self.grad_fn
         )
         kept = self.kept or tuple(q[:0] for q in part)
         self.kept = tuple(torch.cat([k, q]) for k, q in zip(kept, part, strict=True))
@@ -317,15 +301,6 @@ class _Kept:
         w = weights[[self.index[k] // step for k in pick]]
         rows = torch.tensor(pick, device=device)
         return tuple(torch.tensordot(w.to(k.dtype), k[rows], dims=1) for k in self.kept)
-
-
-def _tolerance(p: Any, fx: torch.Tensor, fb: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The largest accepted |delta| per example: ``delta_tolerance`` of |f(x) - f(b)|."""
-    gap = output_change(fx, fb).abs().to(dtype)
-    # Where f(x) ~ f(b) a purely relative tolerance would be ~0 and unreachable; below
-    # sqrt(eps) of the outputs' scale the delta is rounding, not quadrature error.
-    scale = torch.maximum(fx.abs(), fb.abs()).to(dtype).clamp(min=1.0)
-    return p.delta_tolerance * torch.maximum(gap, scale * torch.finfo(dtype).eps ** 0.5)
 
 
 def _low_eps(model: Any, dtype: torch.dtype) -> float:

@@ -16,7 +16,7 @@ from methods.engine import layers
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
-from methods.engine.path import Ends, completeness_delta, path_gradient_sum
+from methods.engine.path import completeness_delta, path_gradient_sum
 from methods.engine.quadrature import rule_tensors
 from methods.errors import InvalidArgumentError
 from methods.gradient.integrated_gradients import (
@@ -82,35 +82,17 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
     if auto:  # the delta decides when to stop: the endpoints' outputs are needed
         check_auto(p)
         call = call.replace(return_delta=True)
-    # where the endpoints ride in the path's pass, their forward stops at the layer
-    riding = Ends.wanted(call, xs[0].device)
-    ax, ab, ends = endpoint_values(
-        call.replace(return_delta=call.return_delta and not riding),
-        xs, bs, module, p.path, to_input,
-    )  # fmt: skip
-    along = Ends(ax, ab) if riding else None
+    ax, ab, ends = endpoint_values(call, xs, bs, module, p.path, to_input)
     n = call.n
 
-    def grad_fn(
-        sub: Call, points: Tensors, ends: Ends | None = None
-    ) -> tuple[Tensors, torch.Tensor]:
+    def grad_fn(sub: Call, points: Tensors) -> Tensors:
         k = points[0].shape[0] // n
-        inputs = layers.tile(xs, k)
-        if ends is not None:  # the last 2N rows: the layer's values at the inputs, baselines
-            inputs = tuple(
-                torch.cat([t, x, b]) for t, x, b in zip(layers.tile(xs, k - 2), xs, bs, strict=True)
-            )
         leaves = tuple(pt.detach().requires_grad_(True) for pt in points)
-        grads, _, selected = layers.layer_gradients(
-            sub.forward, inputs, sub.target, module, p.path, to_input, leaves
+        grads, _, _ = layers.layer_gradients(
+            sub.forward, layers.tile(xs, k), sub.target, module, p.path, to_input, leaves
         )
-        return grads, selected
+        return grads
 
-    if auto and along is not None:
-        attrs, delta, echo = auto_integral(call, p, ax, ab, None, None, grad_fn, along)
-        out = layer_output(attrs, echo=echo)
-        out.delta, out.outputs = delta, along.outputs()[0]
-        return out
     if auto and ends is not None:
         attrs, delta, echo = auto_integral(call, p, ax, ab, *ends, grad_fn=grad_fn)
         out = layer_output(attrs, echo=echo)
@@ -122,14 +104,12 @@ def layer_integrated_gradients(call: Call, p: LayerIntegratedGradientsParams) ->
             argument="n_steps",
         )
     alphas, weights = rule_tensors(p.approximation_method, p.n_steps, ax[0].dtype, ax[0].device)
-    grads, echo = path_gradient_sum(call, ax, ab, alphas, weights, grad_fn=grad_fn, ends=along)
+    grads, echo = path_gradient_sum(call, ax, ab, alphas, weights, grad_fn=grad_fn)
     if p.multiply_by_inputs:
         attrs = tuple((x - b) * g for x, b, g in zip(ax, ab, grads, strict=True))
     else:
         attrs = grads
     out = layer_output(attrs, echo=echo)
-    if along is not None:
-        ends = along.outputs()
     if ends is not None:
         out.delta, out.outputs = completeness_delta(attrs, *ends), ends[0]
     return out

@@ -13,7 +13,7 @@ from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.intercept import Composite
-from methods.engine.path import Ends, GradFn, path_gradient_sum
+from methods.engine.path import path_gradient_sum
 from methods.engine.quadrature import rule_tensors
 from methods.params import MethodParams, MultiplyByInputsParams, PathParams
 
@@ -46,6 +46,9 @@ class NeuronParams(MethodParams):
     )
 
 
+GradFn = Callable[[Call, Tensors], Tensors]
+
+
 def neuron_target(call: Call, p: NeuronParams) -> tuple[nn.Module, Any]:
     return layers.resolve(call.model, p.layer), neurons.check_selector(p.neuron_selector)
 
@@ -58,12 +61,12 @@ def neuron_grad_fn(
 ) -> GradFn:
     """A ``path_gradient_sum`` gradient function: d(neuron)/d(points), target ignored."""
 
-    def fn(sub: Call, points: Tensors, ends: Ends | None = None) -> tuple[Tensors, None]:
+    def fn(sub: Call, points: Tensors) -> Tensors:
         forward = sub.forward if wrap is None else wrap(sub.forward)
         grads, _ = neurons.neuron_gradients(
             forward, points, module, p.layer, p.attribute_to_neuron_input, selector
         )
-        return grads, None
+        return grads
 
     return fn
 

@@ -15,7 +15,6 @@ from pydantic import Field
 from methods.engine import layers, neurons
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
-from methods.engine.path import Ends
 from methods.engine.quadrature import ApproximationMethod
 from methods.errors import InvalidArgumentError
 from methods.neuron._common import NeuronPathParams, neuron_path, neuron_target
@@ -41,7 +40,7 @@ def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
     module, selector = neuron_target(call, p)
     to_input = p.attribute_to_neuron_input
 
-    def grad_fn(sub: Call, points: Tensors, ends: Ends | None = None) -> tuple[Tensors, None]:
+    def grad_fn(sub: Call, points: Tensors) -> Tensors:
         with torch.enable_grad(), layers.tap(module, p.layer, to_input=to_input) as t:
             leaves = tuple(pt.detach().requires_grad_(True) for pt in points)
             out = layers.run(sub.forward, leaves, t)
@@ -69,6 +68,6 @@ def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
         return tuple(
             torch.zeros_like(x) if g is None else g * mid.reshape(rows, *([1] * (g.dim() - 1)))
             for g, x in zip(grads, leaves, strict=True)
-        ), None
+        )
 
     return neuron_path(call, p, grad_fn)
