@@ -316,8 +316,8 @@ def _rounding(low: float, attrs: Tensors, fx: torch.Tensor, fb: torch.Tensor) ->
     if not low:
         return torch.zeros((), device=fx.device)
     n = fx.shape[0]
-    mass = (fx.abs().double() + fb.abs().double()).reshape(n, -1).sum(1)
-    mass = mass + sum(a.reshape(n, -1).abs().double().sum(1) for a in attrs)
+    mass = (fx.abs().float() + fb.abs().float()).reshape(n, -1).sum(1)  # a bound: float32
+    mass = mass + sum(a.reshape(n, -1).abs().float().sum(1) for a in attrs)
     return 2 * low * mass
 
 
