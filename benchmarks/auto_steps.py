@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 import methods
+from benchmarks.real import sync
 from benchmarks.timing import table
 from methods.engine.precision import compare
 
@@ -80,12 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
 
     def timed(fn: Any) -> tuple[Any, float]:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
         t0 = time.perf_counter()
         out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
         return out, time.perf_counter() - t0
 
     rows = []

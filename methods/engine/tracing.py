@@ -141,10 +141,6 @@ class _OwnThread(fx.Tracer):
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
 
-class _Tracer(_OwnThread):
-    pass
-
-
 class _MetaTracer(_OwnThread, meta_tracer.MetaTracer):
     pass
 
@@ -157,7 +153,7 @@ def trace(model: nn.Module) -> fx.GraphModule | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tracer = _Tracer()
+            tracer = _OwnThread()
             return _graph_module(tracer, tracer.trace(model), model)
     except Exception:  # any untraceable forward simply takes the plain path
         return None

@@ -201,6 +201,8 @@ def auto_integral(
     echo: dict[str, Any] = {}
     nested = _Kept(call, xs, bs, grad_fn)  # Clenshaw-Curtis: every point's gradient so far
     point_bytes = sum(x.numel() * x.element_size() for x in xs)  # one point's gradients
+    # the rung the first pass reaches for, where a pass costs its launches
+    look = next((m for m in ladder if m >= LOOKAHEAD_POINTS.get(device.type, 0)), ladder[-1])
     for n in ladder:
         if method == "clenshaw_curtis" and n * point_bytes > memory_budget(device):
             # keeping every point's gradient would pass the memory budget: the rung whole,
@@ -211,11 +213,9 @@ def auto_integral(
             h = 1.0
             evaluated += n
         elif method == "clenshaw_curtis":
-            if nested.level < n:  # the first pass looks ahead where a pass costs its launches
-                ahead = [m for m in ladder if m >= LOOKAHEAD_POINTS.get(device.type, 0)]
-                first = ahead[0] if ahead and not nested.level else n
-                upto = max(n, first) if first * point_bytes <= memory_budget(device) else n
-                echo = nested.extend(upto, dtype, device)
+            if nested.level < n:
+                ahead = not nested.level and look * point_bytes <= memory_budget(device)
+                echo = nested.extend(max(n, look) if ahead else n, dtype, device)
                 evaluated = nested.evaluated
             grads = nested.rung(n, dtype, device)
             h = 1.0
