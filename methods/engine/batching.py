@@ -61,18 +61,20 @@ def check_batch_size(value: object, argument: str) -> BatchSize:
     return value
 
 
-def count_saved_bytes(run: Callable[[], T]) -> tuple[T, int]:
-    """Run ``run`` and count the bytes autograd saves for backward meanwhile.
+def count_saved_bytes(run: Callable[[], T]) -> tuple[T, int, int]:
+    """Run ``run`` and count the bytes autograd saves for backward meanwhile: the result, the
+    total, and the largest single tensor's (what one layer works on: the measure of a
+    forward's working set in the caches, where the total measures its memory).
 
     Tensors are counted by storage, once each; parameters and views of them (the
     ``weight.t()`` a linear layer's backward saves: ~56 MiB per two BERT-base layers, against
     ~15 MiB of real activations per 128-token row) are excluded: they are not per row.
     """
     seen: set[int] = set()
-    total = 0
+    total = largest = 0
 
     def pack(t: Tensor) -> Tensor:
-        nonlocal total
+        nonlocal total, largest
         base = t
         while base._base is not None:
             base = base._base
@@ -84,13 +86,15 @@ def count_saved_bytes(run: Callable[[], T]) -> tuple[T, int]:
             if key not in seen:
                 seen.add(key)
                 total += storage.nbytes()
+                largest = max(largest, storage.nbytes())
         except (RuntimeError, NotImplementedError):  # e.g. sparse or meta tensors
             total += t.numel() * t.element_size()
+            largest = max(largest, t.numel() * t.element_size())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = run()
-    return result, total
+    return result, total, largest
 
 
 def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: int = 0) -> int:
@@ -98,7 +102,7 @@ def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: in
 
     ``run`` performs one grad-enabled forward over ``n_rows`` rows.
     """
-    _, total = count_saved_bytes(run)
+    _, total, _largest = count_saved_bytes(run)
     return max(1, total // max(1, n_rows) + extra_per_row)
 
 

@@ -424,7 +424,7 @@ def evaluate_boxes(
     # A clone of a leaf, so that a tail starting in place (Flatten, ReLU(inplace=True)) runs.
     leaf = plan.at_cut.detach().requires_grad_(True)
     with torch.enable_grad():
-        initial, tail_bytes = count_saved_bytes(
+        initial, tail_bytes, _largest = count_saved_bytes(
             lambda: tail.target.select_rows(tail.forward((leaf.clone(),)))
         )
     initial = initial.detach()
