@@ -267,7 +267,7 @@ def run_rows(
         measure = measured_once(
             call.model,
             call.shape_key(call.method),
-            lambda: 2 * row_bytes_estimate(lambda: chunk(0, probe), probe),
+            lambda: row_bytes_estimate(lambda: chunk(0, probe), probe).scaled(2),
             call.shape_family(call.method),
         )
         per = rows_per_chunk("auto", total, measure, device=call.inputs[0].device)

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from methods import progress
 from methods.cancel import checkpoint
-from methods.engine.batching import count_saved_bytes, memory_budget
+from methods.engine.batching import cache_rows, count_saved_bytes, memory_budget
 from methods.engine.call import Call
 from methods.engine.inputs import Tensors
 from methods.engine.masks import bounded_put
@@ -30,16 +30,6 @@ from methods.errors import InvalidArgumentError, ModelError
 #: For integer inputs nothing can be measured on CPU: assume a forward holds this many times
 #: the input's bytes (8-byte ids to 4 x 768-byte embeddings would be 384; then a few layers).
 INTEGER_INPUT_BLOWUP = 4096
-
-#: On CPU, bigger forwards stop paying once their activations leave the caches: element-wise
-#: ops and pooling become memory-bound and fresh large buffers page-fault (measured here: a
-#: 3x64x64 CNN is ~2x slower per row at 480 rows per forward than at 16). "auto" keeps a
-#: forward's working set under this: twice its largest activation (an element-wise op reads
-#: one and writes one), measured; small models still get everything in one go. Counting every
-#: activation instead gave real sizes one perturbation per forward, where a few run faster per
-#: row (ms per row at 1 / the working-set chunk, 2-core Xeon: BERT-base on 32-token
-#: embeddings 46 / 22 at 21 rows, ViT-B/16 160 / 139 at 3, ResNet-50 54 / 50 at 2).
-CPU_CHUNK_BYTES = 16 << 20
 
 Build = Callable[[int, int], Tensors]
 Inspect = Callable[[int, int, Tensors], None]
@@ -57,7 +47,7 @@ class Evaluator:
     #: estimated bytes one perturbation (N rows) holds during its forward
     perturbation_bytes: int
     #: on CPU, what one perturbation's largest layer works on, where known to be less than
-    #: ``perturbation_bytes`` (see ``CPU_CHUNK_BYTES``); 0: ``perturbation_bytes``
+    #: ``perturbation_bytes`` (see ``batching.CPU_CHUNK_BYTES``); 0: ``perturbation_bytes``
     working_bytes: int = 0
     used: int = 0
     _subcalls: dict[int, Call] = field(default_factory=dict)
@@ -131,8 +121,9 @@ def _per_chunk(call: Call, perturbation_bytes: int, total: int, working_bytes: i
         return max(1, min(spec, total))
     # "auto" (and None): 3x covers the inputs, the activations and the allocator's slack.
     cap = memory_budget(call.inputs[0].device) // (3 * perturbation_bytes)
-    if call.inputs[0].device.type == "cpu":
-        cap = min(cap, CPU_CHUNK_BYTES // (working_bytes or perturbation_bytes))
+    if call.inputs[0].device.type == "cpu":  # the caches' rows, N to a perturbation
+        n = max(1, call.n)
+        cap = min(cap, max(1, cache_rows((working_bytes or perturbation_bytes) // n) // n))
     return max(1, min(total, cap))
 
 

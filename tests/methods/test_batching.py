@@ -90,11 +90,15 @@ def test_examples_of_other_sizes_are_scaled_not_measured_again() -> None:
 
 
 class _Tanhs(nn.Module):
-    """Forty tanh steps on a row of ``width`` floats, no parameters: autograd saves every
-    step's output (40 rows' worth of activations) while any one step works on one."""
+    """``depth`` tanh steps, no parameters: autograd saves every step's output (``depth``
+    rows' worth of activations) while any one step works on one."""
+
+    def __init__(self, depth: int = 40) -> None:
+        super().__init__()
+        self.depth = depth
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(40):
+        for _ in range(self.depth):
             x = torch.tanh(x) * 1.01
         return x[:, :4]
 
@@ -105,7 +109,7 @@ def test_cpu_perturbation_chunks_follow_the_largest_activation_not_their_sum() -
     costs). Counting every activation for both gave real models one perturbation a forward
     (BERT-base on 32-token embeddings: 2x slower per row)."""
     import methods
-    from methods.engine.perturb import CPU_CHUNK_BYTES
+    from methods.engine.batching import CPU_CHUNK_BYTES
 
     width = 1 << 17  # 512 KiB a row; the 40 saved outputs: 20 MiB, over CPU_CHUNK_BYTES
     x = torch.randn(1, width)
@@ -121,3 +125,19 @@ def test_cpu_perturbation_chunks_follow_the_largest_activation_not_their_sum() -
     finally:
         batching.set_memory_budget(None)
     assert res.params["perturbations_per_eval"] <= 5
+
+
+def test_cpu_gradient_chunks_keep_the_working_set_in_the_caches() -> None:
+    """Integrated gradients' ``"auto"`` rows per pass on a CPU: the memory budget holds 682
+    rows of this model, the caches 64 (twice a row's largest activation: 256 KiB); the
+    benchmarks' 3x64x64 CNN ran 2.2x faster per row at 32 rows than at the budget's 416."""
+    import methods
+    from methods.engine.batching import CPU_CHUNK_BYTES
+
+    width = 1 << 15  # 128 KiB a row
+    x = torch.randn(1, width)
+    res = methods.attribute(_Tanhs(depth=2), x, "integrated_gradients", target=0, n_steps=200,
+                            internal_batch_size="auto")  # fmt: skip
+    assert res.params["internal_batch_size"] == CPU_CHUNK_BYTES // (2 * 4 * width)  # 64
+    ref = methods.attribute(_Tanhs(depth=2), x, "integrated_gradients", target=0, n_steps=200)
+    torch.testing.assert_close(res.attributions, ref.attributions)
