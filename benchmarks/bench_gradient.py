@@ -64,6 +64,20 @@ def main() -> None:
                 ),
                 lambda m=model, x=x: IntegratedGradients(m).attribute(x, target=t, n_steps=50),
             ),
+            # the service's default: chunks sized by the engine (on a CPU, by the caches)
+            "integrated_gradients n=50, internal_batch_size auto": (
+                lambda m=model, x=x: (
+                    methods.attribute(
+                        m,
+                        x,
+                        "integrated_gradients",
+                        target=t,
+                        n_steps=50,
+                        internal_batch_size="auto",
+                    ).attributions
+                ),
+                lambda m=model, x=x: IntegratedGradients(m).attribute(x, target=t, n_steps=50),
+            ),
             "deeplift": (
                 lambda m=model, x=x: methods.attribute(m, x, "deeplift", target=t).attributions,
                 lambda m=model, x=x: DeepLift(m).attribute(x, target=t),
