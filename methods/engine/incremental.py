@@ -425,7 +425,7 @@ def evaluate_boxes(
     leaf = plan.at_cut.detach().requires_grad_(True)
     with torch.enable_grad():
         initial, tail_bytes, _largest = count_saved_bytes(
-            lambda: tail.target.select_rows(tail.forward((leaf.clone(),)))
+            lambda: tail.target.select_rows(tail.forward((leaf.clone(),))), keep=False
         )
     initial = initial.detach()
     initial = initial.reshape(1) if initial.dim() == 0 else initial

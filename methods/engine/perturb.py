@@ -310,7 +310,7 @@ def _measured(call: Call, inputs: Tensors) -> tuple[Tensor, Bytes]:
     inner = tuple(x.clone() for x in leaves)
     with torch.enable_grad():
         out, total, largest = count_saved_bytes(
-            lambda: call.target.select_rows(call.forward(inner))
+            lambda: call.target.select_rows(call.forward(inner)), keep=False
         )
     return out.detach(), Bytes(total, 2 * largest)
 

@@ -141,3 +141,32 @@ def test_cpu_gradient_chunks_keep_the_working_set_in_the_caches() -> None:
     assert res.params["internal_batch_size"] == CPU_CHUNK_BYTES // (2 * 4 * width)  # 64
     ref = methods.attribute(_Tanhs(depth=2), x, "integrated_gradients", target=0, n_steps=200)
     torch.testing.assert_close(res.attributions, ref.attributions)
+
+
+def test_a_measured_only_forward_lets_go_of_what_it_saves() -> None:
+    """Perturbation methods measure a forward's bytes with grad enabled but never run its
+    backward: with ``keep=False`` the saved activations are counted and freed as the forward
+    goes (its peak that of a no-grad forward: ViT-B/16 23 MiB of RSS instead of 148), and the
+    count is the same."""
+    import weakref
+
+    refs: list[weakref.ref[torch.Tensor]] = []
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(5):
+            r = torch.tanh(x)  # tanh saves its output for backward
+            refs.append(weakref.ref(r))
+            x = r * 1.01
+            del r
+        return x
+
+    counts = {}
+    for keep in (True, False):
+        refs.clear()
+        leaf = torch.randn(3, 1000, requires_grad=True)
+        out, total, largest = batching.count_saved_bytes(lambda x=leaf: forward(x), keep=keep)
+        counts[keep] = (total, largest)
+        alive = sum(r() is not None for r in refs)
+        assert alive == (5 if keep else 0), (keep, alive)
+        del out
+    assert counts[True] == counts[False] == (5 * 3 * 1000 * 4, 3 * 1000 * 4)
