@@ -221,7 +221,7 @@ def rows_per_chunk(
     """Rows per forward, a multiple of ``granule`` (e.g. the number of examples) where possible.
 
     ``"auto"``: as many as the memory budget holds, at 3x a row's bytes (activations, their
-    gradients and the allocator's slack); on a CPU no more than keep the working set in the
+    gradients and the allocator's slack); on a CPU no more than keeps the working set in the
     caches (``CPU_CHUNK_BYTES``), where the row's cost says what it works on."""
     if spec is None:
         return total_rows
