@@ -105,12 +105,45 @@ def count_saved_bytes(run: Callable[[], T], *, keep: bool = True) -> tuple[T, in
 
     ``keep=False``, for a forward that is only measured (no backward follows): what is saved
     is counted and let go, so the forward holds what a no-grad one holds (ViT-B/16 at 224 px:
-    113 MiB a row otherwise, the peak of a perturbation method's first call).
+    113 MiB a row otherwise, the peak of a perturbation method's first call). A forward that
+    differentiates inside itself (a force field's -dE/dx) needs what it saved: it is run
+    again, keeping it.
     """
+    if not keep:
+        try:
+            return _count_saved_bytes(run, keep=False)
+        except Exception as exc:
+            if not _caused_by(exc, _Dropped):
+                raise
+    return _count_saved_bytes(run, keep=True)
+
+
+class _Dropped(RuntimeError):
+    """A tensor ``count_saved_bytes(keep=False)`` let go was asked for by a backward."""
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, kind):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def _unpack(packed: object) -> Tensor:
+    if not isinstance(packed, Tensor):
+        raise _Dropped("a saved tensor was let go: the run differentiates inside itself")
+    return packed
+
+
+def _count_saved_bytes(run: Callable[[], T], *, keep: bool) -> tuple[T, int, int]:
     seen: dict[int, weakref.ref[Tensor] | None] = {}  # None: kept, so alive
     total = largest = 0
 
-    def pack(t: Tensor) -> Tensor | None:
+    def pack(t: Tensor) -> Tensor | None:  # None: let go
         nonlocal total, largest
         base = t
         while base._base is not None:
@@ -132,7 +165,7 @@ def count_saved_bytes(run: Callable[[], T], *, keep: bool = True) -> tuple[T, in
             largest = max(largest, t.numel() * t.element_size())
         return t if keep else None
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
         result = run()
     return result, total, largest
 

@@ -170,3 +170,27 @@ def test_a_measured_only_forward_lets_go_of_what_it_saves() -> None:
         assert alive == (5 if keep else 0), (keep, alive)
         del out
     assert counts[True] == counts[False] == (5 * 3 * 1000 * 4, 3 * 1000 * 4)
+
+
+def test_a_forward_that_differentiates_inside_itself_is_measured_keeping_what_it_saves() -> None:
+    """A force field's forward returns -dE/dx, a backward inside the forward: letting go of
+    what it saves would break it, so it is measured again keeping them (and the perturbation
+    methods work on it as they did)."""
+    import methods
+
+    def forces(x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            x = x if x.requires_grad else x.detach().requires_grad_(True)
+            energy = (torch.tanh(x) ** 2).sum()
+            (grad,) = torch.autograd.grad(energy, x, create_graph=True)
+        return -grad
+
+    x = torch.randn(2, 5)
+    kept = batching.count_saved_bytes(lambda: forces(x.clone().requires_grad_(True)))
+    let_go = batching.count_saved_bytes(lambda: forces(x.clone().requires_grad_(True)), keep=False)
+    assert kept[1:] == let_go[1:] and kept[1] > 0
+    res = methods.attribute(forces, x, "feature_ablation", target=0)
+    with torch.no_grad():
+        want = torch.stack([forces(x)[:, 0] - forces(x.index_fill(1, torch.tensor([j]), 0))[:, 0]
+                            for j in range(5)], dim=1)  # fmt: skip
+    torch.testing.assert_close(res.attributions, want)
