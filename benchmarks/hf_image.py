@@ -5,18 +5,19 @@
 A small ViT (64×64 images in 8×8 patches, 2 layers, hidden 64, random weights, saved with its
 image processor and served with ``source = "hf:DIR"``): integrated gradients on the
 processor's ``pixel_values`` for ``--images`` PNG photos of 200×150 pixels. attrserve gets
-them from ``--clients`` concurrent clients, one image per request, sent as base64; the
-baseline decodes and processes each image and calls Captum's ``IntegratedGradients``, one
-image at a time in one process. Images per second, and the ratio. Not a timed test: numbers
-depend on the machine.
+them from ``--clients`` concurrent clients, one image per request, sent as base64. Two
+peers: a loop that decodes and processes each image and calls Captum's
+``IntegratedGradients``, one image at a time in one process (no HTTP cost), and the naive
+server (FastAPI + the same per request, ``hf_text.naive_app``), which gets the same requests
+from the same clients. Images per second, and the ratios. Not a timed test: numbers depend
+on the machine.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import time
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,9 +57,9 @@ def photos(n: int) -> list[bytes]:
     return out
 
 
-def captum_loop(path: Path, files: list[bytes], n_steps: int) -> tuple[float, list[np.ndarray]]:
-    """Images per second (decode, process, Captum's IntegratedGradients, one image per
-    call), and its attributions."""
+def captum_one(path: Path, n_steps: int) -> Callable[[bytes], np.ndarray]:
+    """Decode and process one image, then Captum's IntegratedGradients on it: its
+    attributions."""
     from captum.attr import IntegratedGradients
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
@@ -71,24 +72,24 @@ def captum_loop(path: Path, files: list[bytes], n_steps: int) -> tuple[float, li
         pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
         return ig.attribute(pixels, target=1, n_steps=n_steps)[0].detach().numpy()
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        one(files[0])  # warm up
-        t0 = time.perf_counter()
-        out = [one(data) for data in files]
-    return len(files) / (time.perf_counter() - t0), out
+    return one
 
 
 def main() -> None:
     args = hf_text.arguments("benchmarks.hf_image", __doc__, "images", 64)
+    if args.serve_naive:  # requests carry {"image": base64}, as attrserve's do
+        one = captum_one(Path(args.serve_naive[0]), args.n_steps)
+        hf_text.serve_naive(args, lambda example: one(base64.b64decode(example["image"])))
+        return
     files = photos(args.count)
     images = [{"image": base64.b64encode(f).decode("ascii")} for f in files]
-    ours, captum, rel = hf_text.compare(
-        args, build, lambda path, n: captum_loop(path, files, n), images, "vit"
-    )
+    ours, captum, naive, rel = hf_text.compare(
+        args, "benchmarks.hf_image", build,
+        lambda path, n: hf_text.timed_loop(captum_one(path, n), files), images, "vit",
+    )  # fmt: skip
     name = "ViT-B/16 224px" if args.size == "base" else "ViT 64px/8, 2x64"
     hf_text.table(args, "images", f"{name}, {args.count} PNGs of 200x150, IG "
-                  f"n_steps={args.n_steps}", ours, captum, rel)  # fmt: skip
+                  f"n_steps={args.n_steps}", ours, captum, naive, rel)  # fmt: skip
 
 
 if __name__ == "__main__":

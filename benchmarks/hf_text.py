@@ -5,9 +5,11 @@
 A small BERT-style classifier (2 layers, hidden 64, random weights, saved with
 ``save_pretrained`` and served with ``source = "hf:DIR"``): layer integrated gradients on the
 word embeddings for ``--texts`` texts of 16 to 40 words. attrserve gets them from ``--clients``
-concurrent clients, one text per request; the baseline is a loop of Captum's
-``LayerIntegratedGradients`` calls, one text at a time in one process. Texts per second, and
-the ratio. Not a timed test: numbers depend on the machine.
+concurrent clients, one text per request. Two peers: a loop of Captum's
+``LayerIntegratedGradients`` calls, one text at a time in one process (no HTTP cost), and the
+naive server (FastAPI + the same Captum call per request, in FastAPI's thread pool), which
+gets the same requests from the same clients. Texts per second, and the ratios. Not a timed
+test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -54,9 +57,9 @@ def texts(n: int) -> list[str]:
     return [" ".join(rng.choice(WORDS, int(rng.integers(16, 41)))) for _ in range(n)]
 
 
-def captum_loop(path: Path, batch: list[str], n_steps: int) -> tuple[float, list[np.ndarray]]:
-    """Texts per second, Captum's LayerIntegratedGradients one text per call, and its
-    attributions (one per token, summed over the embedding dim, as attrserve answers)."""
+def captum_one(path: Path, n_steps: int) -> Callable[[str], np.ndarray]:
+    """Captum's LayerIntegratedGradients on one text: its attributions, one per token, summed
+    over the embedding dim (as attrserve answers)."""
     from captum.attr import LayerIntegratedGradients
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -77,12 +80,45 @@ def captum_loop(path: Path, batch: list[str], n_steps: int) -> tuple[float, list
                           additional_forward_args=args)  # fmt: skip
         return a.sum(-1)[0].detach().numpy()
 
+    return one
+
+
+def timed_loop(
+    one: Callable[[Any], np.ndarray], batch: list[Any]
+) -> tuple[float, list[np.ndarray]]:
+    """Examples per second of ``one`` over the batch, one at a time, and its answers."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         one(batch[0])  # warm up
         t0 = time.perf_counter()
-        out = [one(text) for text in batch]
+        out = [one(example) for example in batch]
     return len(batch) / (time.perf_counter() - t0), out
+
+
+def naive_app(one: Callable[[Any], np.ndarray]) -> Any:
+    """The server a user would otherwise write: FastAPI and one Captum call per example
+    (``benchmarks.load.minimal_app`` for Hugging Face directories). One call at a time: the
+    layer method's hooks on the shared model are not thread-safe (from FastAPI's thread pool
+    unlocked, concurrent texts answered 500, "size of tensor a (38) must match ... (33)")."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    lock = threading.Lock()
+
+    @app.post("/v1/models/{model_id}/attributions")
+    def attribute(model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        with lock, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {"attributions": [one(example).tolist() for example in body["inputs"]]}
+
+    return app
+
+
+def serve_naive(args: argparse.Namespace, one: Callable[[Any], np.ndarray]) -> None:
+    import uvicorn
+
+    port = int(args.serve_naive[1])
+    uvicorn.run(naive_app(one), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 async def over_http(
@@ -152,6 +188,8 @@ def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.
         help="tiny: 2 layers of 64 (the default); base: the architecture's default config "
         "(BERT-base, ViT-B/16 at 224 px)",
     )  # fmt: skip
+    p.add_argument("--no-naive", action="store_true", help="skip the naive server peer")
+    p.add_argument("--serve-naive", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
     p.add_argument(
         "--precision", default=None,
         help="attrserve's precision per request (float32, bfloat16, float16, auto); unset: "
@@ -165,17 +203,30 @@ def arguments(prog: str, doc: str | None, count: str, default: int) -> argparse.
 
 def compare(
     args: argparse.Namespace,
+    module: str,
     build: Callable[[Path, str], Path],
     captum: Callable[[Path, int], tuple[float, list[np.ndarray]]],
     batch: list[Any],
     model: str,
-) -> tuple[float, float, float]:
-    """Examples/s of attrserve serving ``build``'s directory (``model``) over HTTP, and of
-    ``captum(directory, n_steps)``, run first, alone; and the worst relative L2 distance of
-    attrserve's answers from Captum's."""
+) -> tuple[float, float, float | None, float]:
+    """Examples/s of attrserve serving ``build``'s directory (``model``) over HTTP, of
+    ``captum(directory, n_steps)``, run first, alone, and of ``module``'s naive server (None
+    with ``--no-naive``); and the worst relative L2 distance of attrserve's answers from
+    Captum's."""
     with tempfile.TemporaryDirectory() as tmp:
         toml = build(Path(tmp), args.size)
         theirs, reference = captum(Path(tmp) / model, args.n_steps)
+        naive = None
+        if not args.no_naive:
+            argv = [module, "--n-steps", str(args.n_steps), "--threads", str(args.threads),
+                    "--serve-naive", str(Path(tmp) / model)]  # fmt: skip
+            proc, url = start("peer", argv=argv)
+            try:
+                naive, plain = asyncio.run(over_http(url, batch, args.clients, args.n_steps, model))
+            finally:
+                stop(proc)
+            if worst_rel_l2(plain, reference) > 1e-5:
+                raise RuntimeError("the naive server's answers are not Captum's")
         settings = {"torch_threads": args.threads} if args.threads else {}
         proc, url = start("attrserve", models=toml, workers=args.workers, **settings)
         steps: int | str = "auto" if args.auto_steps else args.n_steps
@@ -185,31 +236,43 @@ def compare(
             )
         finally:
             stop(proc)
-    return ours, theirs, worst_rel_l2(answers, reference)
+    return ours, theirs, naive, worst_rel_l2(answers, reference)
 
 
 def table(
-    args: argparse.Namespace, unit: str, case: str, ours: float, captum: float, rel: float
+    args: argparse.Namespace,
+    unit: str,
+    case: str,
+    ours: float,
+    captum: float,
+    naive: float | None,
+    rel: float,
 ) -> None:
-    print(f"| case | attrserve {unit}/s | Captum loop {unit}/s | ratio | worst rel. L2 |")
-    print("|---|---|---|---|---|")
+    print(f"| case | attrserve {unit}/s | Captum loop {unit}/s | ratio | naive server {unit}/s "
+          "| ratio | worst rel. L2 |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     threads = args.threads or "default"
     precision = f", {args.precision}" if args.precision else ""
     auto = ', attrserve n_steps "auto"' if args.auto_steps else ""
-    print(f"| {case}, {args.clients} clients, {args.workers} worker(s), {threads} thread(s)"
-          f"{precision}{auto} | "
-          f"{ours:.3g} | {captum:.3g} | {ours / captum:.2f} | {rel:.2g} |")  # fmt: skip
+    vs_naive = "- | -" if naive is None else f"{naive:.3g} | {ours / naive:.2f}"
+    label = f"{case}, {args.clients} clients, {args.workers} worker(s), {threads} thread(s)"
+    print(f"| {label}{precision}{auto} | {ours:.3g} | {captum:.3g} | {ours / captum:.2f} | "
+          f"{vs_naive} | {rel:.2g} |")  # fmt: skip
 
 
 def main() -> None:
     args = arguments("benchmarks.hf_text", __doc__, "texts", 96)
+    if args.serve_naive:
+        serve_naive(args, captum_one(Path(args.serve_naive[0]), args.n_steps))
+        return
     batch = texts(args.count)
-    ours, captum, rel = compare(
-        args, build, lambda path, n: captum_loop(path, batch, n), batch, "bert"
-    )
+    ours, captum, naive, rel = compare(
+        args, "benchmarks.hf_text", build,
+        lambda path, n: timed_loop(captum_one(path, n), batch), batch, "bert",
+    )  # fmt: skip
     name = "BERT-base" if args.size == "base" else "BERT 2x64"
     table(args, "texts", f"{name}, {args.count} texts of 16-40 words, layer IG "
-          f"n_steps={args.n_steps}", ours, captum, rel)  # fmt: skip
+          f"n_steps={args.n_steps}", ours, captum, naive, rel)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -92,20 +92,27 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(kind: str, **settings: Any) -> tuple[subprocess.Popen[bytes], str]:
+def start(
+    kind: str, argv: list[str] | None = None, **settings: Any
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A server in a subprocess and its URL: ``kind`` "minimal" (the Captum FastAPI server
+    above), "route" (attrserve without its fast path), "peer" (``python -m *argv PORT``, a
+    FastAPI app with /docs), else attrserve with ``settings`` as ATTRSERVE_ variables."""
     port = _port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
     env.update({f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
     env["ATTRSERVE_LOG_LEVEL"] = "warning"
     if kind == "minimal":
         cmd = [sys.executable, "-m", "benchmarks.load", "--serve-minimal", str(port)]
+    elif kind == "peer":
+        cmd = [sys.executable, "-m", *(argv or []), str(port)]
     elif kind == "route":
         cmd = [sys.executable, "-m", "benchmarks.load", "--serve-route", str(port)]
     else:
         cmd = [sys.executable, "-m", "service.cli.main", "serve", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
-    probe = "/docs" if kind == "minimal" else "/v1/health/ready"
+    probe = "/docs" if kind in ("minimal", "peer") else "/v1/health/ready"
     end = time.monotonic() + 120
     while time.monotonic() < end:
         try:
