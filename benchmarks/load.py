@@ -54,7 +54,10 @@ def minimal_app() -> Any:
 
     import model_registry
 
-    models = {s.id: model_registry.load(s).model for s in model_registry.builtin_specs()[:2]}
+    wanted = {model for model, _ in SCENARIOS}
+    models = {
+        s.id: model_registry.load(s).model for s in model_registry.builtin_specs() if s.id in wanted
+    }
     app = FastAPI()
 
     @app.post("/v1/models/{model_id}/attributions")
