@@ -47,16 +47,17 @@ CPU_MIN_ROWS = 4
 
 
 @dataclass(frozen=True)
-class RowCost:
-    """What one row costs: ``nbytes`` held (every activation autograd saves: the memory
-    budget's measure) and ``working``, twice its largest activation (the caches' measure; 0
-    where unknown)."""
+class Footprint:
+    """What a forward (of one row, or one batch) holds, ``nbytes`` (every activation autograd
+    saves: the memory budget's measure), and works on, ``working`` (twice its largest
+    activation: an element-wise op reads one and writes one; the caches' measure; 0 where
+    unknown)."""
 
     nbytes: int
     working: int = 0
 
-    def scaled(self, factor: float) -> RowCost:
-        return RowCost(max(1, math.ceil(self.nbytes * factor)), math.ceil(self.working * factor))
+    def scaled(self, factor: float) -> Footprint:
+        return Footprint(max(1, math.ceil(self.nbytes * factor)), math.ceil(self.working * factor))
 
 
 def cache_rows(working_per_row: int) -> int:
@@ -94,10 +95,9 @@ def check_batch_size(value: object, argument: str) -> BatchSize:
     return value
 
 
-def count_saved_bytes(run: Callable[[], T], *, keep: bool = True) -> tuple[T, int, int]:
-    """Run ``run`` and count the bytes autograd saves for backward meanwhile: the result, the
-    total, and the largest single tensor's (what one layer works on: the measure of a
-    forward's working set in the caches, where the total measures its memory).
+def count_saved_bytes(run: Callable[[], T], *, keep: bool = True) -> tuple[T, Footprint]:
+    """Run ``run`` and count the bytes autograd saves for backward meanwhile: the result, and
+    the ``Footprint`` of what was saved (the total; twice the largest single tensor).
 
     Tensors are counted by storage, once each; parameters and views of them (the
     ``weight.t()`` a linear layer's backward saves: ~56 MiB per two BERT-base layers, against
@@ -139,7 +139,7 @@ def _unpack(packed: object) -> Tensor:
     return packed
 
 
-def _count_saved_bytes(run: Callable[[], T], *, keep: bool) -> tuple[T, int, int]:
+def _count_saved_bytes(run: Callable[[], T], *, keep: bool) -> tuple[T, Footprint]:
     seen: dict[int, weakref.ref[Tensor] | None] = {}  # None: kept, so alive
     total = largest = 0
 
@@ -167,18 +167,18 @@ def _count_saved_bytes(run: Callable[[], T], *, keep: bool) -> tuple[T, int, int
 
     with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
         result = run()
-    return result, total, largest
+    return result, Footprint(total, 2 * largest)
 
 
-def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: int = 0) -> RowCost:
-    """What one forward+backward row costs (``RowCost``): what autograd saves for backward,
+def row_bytes_estimate(run: Callable[[], object], n_rows: int, extra_per_row: int = 0) -> Footprint:
+    """What one forward+backward row holds and works on: what autograd saves for backward,
     measured.
 
     ``run`` performs one grad-enabled forward over ``n_rows`` rows.
     """
-    _, total, largest = count_saved_bytes(run)
+    _, saved = count_saved_bytes(run)
     rows = max(1, n_rows)
-    return RowCost(max(1, total // rows + extra_per_row), 2 * largest // rows)
+    return Footprint(max(1, saved.nbytes // rows + extra_per_row), saved.working // rows)
 
 
 # Measuring costs a forward pass; a served model sees the same shapes again and again.
@@ -193,7 +193,7 @@ MEASURED_PER_MODEL = 256
 SCALE_WITHIN = 4.0
 
 
-Cost = TypeVar("Cost", int, RowCost)
+Cost = TypeVar("Cost", int, Footprint)
 
 
 def measured_once(
@@ -225,7 +225,7 @@ def measured_once(
                 ref = kin[1]
                 found = (
                     ref.scaled(factor)
-                    if isinstance(ref, RowCost)
+                    if isinstance(ref, Footprint)
                     else max(1, math.ceil(ref * factor))
                 )
             else:  # the family's first, or too far from its reference: measured (the reference)
@@ -247,7 +247,7 @@ def _keep(per_owner: dict[Hashable, Any], key: Hashable, value: Any) -> None:
 def rows_per_chunk(
     spec: BatchSize,
     total_rows: int,
-    row_bytes: Callable[[], int | RowCost],
+    row_bytes: Callable[[], int | Footprint],
     granule: int = 1,
     device: torch.device | None = None,
 ) -> int:
@@ -260,7 +260,7 @@ def rows_per_chunk(
         return total_rows
     if spec == "auto":
         cost = row_bytes()
-        cost = cost if isinstance(cost, RowCost) else RowCost(cost)
+        cost = cost if isinstance(cost, Footprint) else Footprint(cost)
         rows = memory_budget(device) // (3 * cost.nbytes)
         if cost.working and device is not None and device.type == "cpu":
             rows = min(rows, cache_rows(cost.working))

@@ -424,7 +424,7 @@ def evaluate_boxes(
     # A clone of a leaf, so that a tail starting in place (Flatten, ReLU(inplace=True)) runs.
     leaf = plan.at_cut.detach().requires_grad_(True)
     with torch.enable_grad():
-        initial, tail_bytes, _largest = count_saved_bytes(
+        initial, tail_saved = count_saved_bytes(
             lambda: tail.target.select_rows(tail.forward((leaf.clone(),))), keep=False
         )
     initial = initial.detach()
@@ -437,7 +437,7 @@ def evaluate_boxes(
         call=tail,
         out_shape=tuple(initial.shape),
         per_example=initial.dim() >= 1 and int(initial.shape[0]) == call.n,
-        perturbation_bytes=max(1, plan.bytes_per_perturbation() + tail_bytes),
+        perturbation_bytes=max(1, plan.bytes_per_perturbation() + tail_saved.nbytes),
         # The boxes are small and the tail starts at the cut, its largest activation in a
         # CNN whose maps shrink as channels grow: ResNet-50's cut (1024x14x14) gives 20
         # windows a chunk at 49 ms each where the all-activations count gave 1 at 64 ms.

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from methods import progress
 from methods.cancel import checkpoint
-from methods.engine.batching import cache_rows, count_saved_bytes, memory_budget
+from methods.engine.batching import Footprint, cache_rows, count_saved_bytes, memory_budget
 from methods.engine.call import Call
 from methods.engine.inputs import Tensors
 from methods.engine.masks import bounded_put
@@ -146,7 +146,7 @@ def start(call: Call, inputs: Tensors) -> tuple[Evaluator, Tensor]:
         base = torch.cuda.memory_allocated(dev)
         out = _plain(call, inputs)
         torch.cuda.synchronize(dev)
-        known = Bytes(torch.cuda.max_memory_allocated(dev) - base)
+        known = Footprint(torch.cuda.max_memory_allocated(dev) - base)
         _remember(call, inputs, known)
     else:
         out, known = _measured(call, inputs)
@@ -155,34 +155,26 @@ def start(call: Call, inputs: Tensors) -> tuple[Evaluator, Tensor]:
     return _evaluator(call, inputs, out, known), out
 
 
-@dataclass(frozen=True)
-class Bytes:
-    """What one batch's forward holds (``made``: the memory budget's measure) and works on
-    (``working``: twice its largest activation, the caches' measure; 0 where unknown)."""
-
-    made: int
-    working: int = 0
-
-
-def _evaluator(call: Call, inputs: Tensors, out: Tensor, known: Bytes) -> Evaluator:
+def _evaluator(call: Call, inputs: Tensors, out: Tensor, known: Footprint) -> Evaluator:
     io = sum(x.numel() * x.element_size() for x in inputs) + out.numel() * out.element_size()
     return Evaluator(
         call=call,
         out_shape=tuple(out.shape),
         per_example=out.dim() >= 1 and int(out.shape[0]) == call.n,
-        perturbation_bytes=max(1, 2 * io, known.made),
+        perturbation_bytes=max(1, 2 * io, known.nbytes),
         working_bytes=max(2 * io, known.working) if known.working else 0,
     )
 
 
-def _known_bytes(call: Call, inputs: Tensors) -> Bytes | None:
-    """What one batch holds if known without a measuring forward, else None."""
+def _known_bytes(call: Call, inputs: Tensors) -> Footprint | None:
+    """What one batch's forward holds if known without a measuring forward, else None."""
     if isinstance(call.perturbations_per_eval, int):
-        return Bytes(0)  # the caller fixed the chunk; nothing to size
+        return Footprint(0)  # the caller fixed the chunk; nothing to size
     if not any(x.is_floating_point() for x in inputs) and inputs[0].device.type != "cuda":
         # Nothing measurable (integer inputs: token ids, masks): assume a generous blow-up,
         # as from ids to embeddings.
-        return Bytes(sum(x.numel() * x.element_size() for x in inputs) * INTEGER_INPUT_BLOWUP)
+        blowup = sum(x.numel() * x.element_size() for x in inputs) * INTEGER_INPUT_BLOWUP
+        return Footprint(blowup)
     cached = _measure_cache.get(_shape_key(call, inputs))
     if cached is not None and cached[0] is not None and cached[0]() is call.model:
         return cached[1]
@@ -208,7 +200,7 @@ def evaluate_with_initial(
         # aggregates the batch, or takes only its own rows, as a loss over the batch's labels,
         # is evaluated one perturbation per forward, whatever perturbations_per_eval says)
         ev, initial = start(call, inputs)
-        known = _known_bytes(call, inputs) or Bytes(0)
+        known = _known_bytes(call, inputs) or Footprint(0)
         per_example = ev.per_example
         _remember_per_example(call, inputs, per_example)
         if not per_example or total == 0 or spec == 1:
@@ -217,7 +209,7 @@ def evaluate_with_initial(
         ev, initial = start(call, inputs)
         return ev, initial, ev.run(total, build)
     n = call.n
-    k = min(total, max(1, _per_chunk(call, max(1, known.made), total + 1, known.working) - 1))
+    k = min(total, max(1, _per_chunk(call, max(1, known.nbytes), total + 1, known.working) - 1))
     checkpoint()
     try:
         if unperturbed_first:
@@ -260,10 +252,10 @@ def evaluate_with_initial(
 
 #: measured bytes per batch, per model and input signature: a server attributes the same model
 #: and shapes over and over, and the measuring forward costs more than the chunk plan saves
-_measure_cache: dict[tuple[object, ...], tuple[weakref.ref[Any] | None, Bytes]] = {}
+_measure_cache: dict[tuple[object, ...], tuple[weakref.ref[Any] | None, Footprint]] = {}
 
 
-def _remember(call: Call, inputs: Tensors, known: Bytes) -> None:
+def _remember(call: Call, inputs: Tensors, known: Footprint) -> None:
     ref = weakref.ref(call.model) if _weakrefable(call.model) else None
     bounded_put(_measure_cache, _shape_key(call, inputs), (ref, known))
 
@@ -304,15 +296,15 @@ def _plain(call: Call, inputs: Tensors) -> Tensor:
         return call.target.select_rows(call.forward(inputs)).detach()
 
 
-def _measured(call: Call, inputs: Tensors) -> tuple[Tensor, Bytes]:
+def _measured(call: Call, inputs: Tensors) -> tuple[Tensor, Footprint]:
     leaves = tuple(x.detach().requires_grad_(True) if x.is_floating_point() else x for x in inputs)
     # Clones of the leaves, so that a model starting in place (ReLU(inplace=True)) runs.
     inner = tuple(x.clone() for x in leaves)
     with torch.enable_grad():
-        out, total, largest = count_saved_bytes(
+        out, saved = count_saved_bytes(
             lambda: call.target.select_rows(call.forward(inner)), keep=False
         )
-    return out.detach(), Bytes(total, 2 * largest)
+    return out.detach(), saved
 
 
 def echo(ev: Evaluator) -> dict[str, object]:
