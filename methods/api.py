@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -172,31 +172,35 @@ def attribute(
         return _attribute(spec, in_call, p, noise_tunnel, as_tuple, upsample, seed)
 
     with show_progress(progress, method):
-        result = _in_precision(model, spec, prec, run_in, xs, verify, tolerance, fidelity_view)
+        key = (spec.name, tuple((x.dim(), x.dtype, x.device) for x in xs))
+        result = in_precision(
+            model, key, xs[0].device, prec, run_in, verify, tolerance, fidelity_view
+        )
     if not return_convergence_delta:
         result = dataclasses.replace(result, convergence_delta=None)
     return dataclasses.replace(result, given=given)
 
 
-def _in_precision(
+def in_precision(
     model: Any,
-    spec: registry.MethodSpec,
+    key: Hashable,
+    device: torch.device,
     prec: str,
-    run_in: Callable[[str], Result],
-    xs: tuple[torch.Tensor, ...],
+    run_in: Callable[[str], Any],
     verify: bool,
     tolerance: float,
     view: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> Result:
-    """``run_in`` in ``prec`` (``auto``: the precision the model's probe kept), with what the
-    precision cost; verified against float32 when asked, and replaced by it when out of
-    tolerance."""
+) -> Any:
+    """``run_in`` in ``prec`` (``auto``: the precision the model's probe for ``key`` kept,
+    probed on this call if none was), with what the precision cost; verified against float32
+    when asked, and replaced by it when out of tolerance. ``run_in`` gives a dataclass
+    with ``attributions``, ``convergence_delta`` and ``fidelity`` (``Result``,
+    ``GenerationResult``)."""
     chosen = None
     if prec == "auto":
-        key = (spec.name, tuple((x.dim(), x.dtype, x.device) for x in xs))
         known = precision_.known_probe(model, key)
         if known is None:  # the first call of its kind: measure every precision on it
-            found, answers = precision_.probe(model, key, xs[0].device, run_in, tolerance)
+            found, answers = precision_.probe(model, key, device, run_in, tolerance)
             result, ref = answers[found.precision], answers["float32"]
             rel, agree, k = precision_.compare(result.attributions, ref.attributions, view)
             fid = precision_.Fidelity(
@@ -219,7 +223,7 @@ def _in_precision(
     return dataclasses.replace(result, fidelity=fid)
 
 
-def _delta_ratio(result: Result) -> list[float] | None:
+def _delta_ratio(result: Any) -> list[float] | None:
     """Per example, |delta| over the output gap, the gap read back from the attributions'
     sums."""
     delta = result.convergence_delta

@@ -11,6 +11,7 @@ the embedding dim per prompt token (``gradient``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,11 @@ import torch
 from torch import Tensor
 
 from methods.api import attribute
+from methods.engine import precision as precision_
+from methods.engine.precision import Fidelity
 from methods.errors import InvalidArgumentError, InvalidTypeError
 from methods.generation import chat, gradient, targets
+from methods.generation import precision as at_precision
 from methods.generation.catalog import (
     METHODS,
     PER_OUTPUT,
@@ -68,6 +72,18 @@ class GenerationResult:
     params: dict[str, Any] = field(default_factory=dict)
     #: how the work was done: forwards, prompts evaluated, tokens run and taken from the cache
     stats: dict[str, int] = field(default_factory=dict)
+    #: what the precision cost (``methods.engine.precision.Fidelity``; CONTRACT 8.1)
+    fidelity: Fidelity | None = None
+
+    @property
+    def attributions(self) -> Tensor:
+        """What a precision's check compares: ``seq_attr`` as one example [1, n_features]."""
+        return self.seq_attr[None]
+
+    @property
+    def convergence_delta(self) -> None:
+        """No completeness delta: the features are tokens, not a path's inputs."""
+        return None
 
 
 def attribute_generation(
@@ -90,6 +106,9 @@ def attribute_generation(
     contrast_target: str | Tensor | list[int] | None = None,
     contrast_fn: str = "log_prob",
     step_scores: list[str] | None = None,
+    precision: str | None = None,
+    verify: bool = False,
+    fidelity_tolerance: float | None = None,
     **params: Any,
 ) -> GenerationResult:
     """Attribute a causal LM's answer ``target`` (None: generated greedily with ``gen_args``,
@@ -112,35 +131,56 @@ def attribute_generation(
     ``step_scores``: which per-step scores of the unperturbed answer the result carries
     (``"probability"``, ``"entropy"``, ``"rank"``; None: all three).
     ``params``: the method's own (``n_samples``, ``n_steps``, ...).
+    ``precision``, ``verify`` and ``fidelity_tolerance``: as for ``methods.attribute``, the
+    model's forwards (and backwards) in that dtype, with the result's ``fidelity``
+    (``methods.generation.precision``).
     """
     shown = targets.check_step_scores(step_scores)
+    prec = precision_.check_precision(precision)
+    tolerance = precision_.check_tolerance(fidelity_tolerance)
+    if not isinstance(verify, bool):
+        raise InvalidTypeError(f"verify must be a bool, got {verify!r}", argument="verify")
     lm, feats = prepare(
         model, tokenizer, prompt, method, features, baselines, skip_tokens, params,
         use_cache=use_cache, progress=progress, target_fn=target_fn,
         contrast_target=contrast_target, contrast_fn=contrast_fn,
     )  # fmt: skip
-    target_ids = _target_ids(lm, tokenizer, feats, target, gen_args)
-    contrast = None
-    if contrast_target is not None:
-        contrast = contrast_steps(lm, feats, target_ids, tokenizer, contrast_target)
-    objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
-    scored: Tensor | None = None  # the unperturbed prompt's logits, where a scorer kept them
-    if method in PERTURBATION:
+    answer, asked = target, gen_args
+    if at_precision.needs_runs(model, prec, verify):
+        # one answer for every precision: the model's own, generated once
+        answer, asked = _target_ids(lm, tokenizer, feats, target, gen_args), None
+        seed = at_precision.same_samples(method, seed)
+
+    def run(m: Any) -> GenerationResult:
+        """The attribution on ``m``: the model as given, or its copy in a precision."""
+        on = lm if m is model else wrap(m)
+        target_ids = _target_ids(on, tokenizer, feats, answer, asked)
+        contrast = None
+        if contrast_target is not None:
+            contrast = contrast_steps(on, feats, target_ids, tokenizer, contrast_target)
+        objective = targets.Objective(target_ids, target_fn, contrast_fn, contrast)
+        scored: Tensor | None = None  # the unperturbed prompt's logits, where a scorer kept them
         with show_progress(progress, method):
-            seq, tok, ran, echo, stats, scored = _perturbation(
-                lm, feats, objective, method, seed, perturbations_per_eval, use_cache, params
-            )
-    else:
-        tokens = token_features(method, feats)
-        with show_progress(progress, method):
-            seq, tok, ran, echo, stats = gradient.run(
-                lm, tokens, objective, method, seed, internal_batch_size, params
-            )
-    return finish(
-        lm, tokenizer, feats, objective, seq, tok, ran, echo, stats,
-        use_cache=use_cache, gen_args=gen_args, target=target, logits=scored,
-        step_scores=shown,
-    )  # fmt: skip
+            if method in PERTURBATION:
+                seq, tok, ran, echo, stats, scored = _perturbation(
+                    on, feats, objective, method, seed, perturbations_per_eval, use_cache, params
+                )
+            else:
+                seq, tok, ran, echo, stats = gradient.run(
+                    on, token_features(method, feats), objective, method, seed,
+                    internal_batch_size, params,
+                )  # fmt: skip
+        return finish(
+            on, tokenizer, feats, objective, seq, tok, ran, echo, stats,
+            use_cache=use_cache, gen_args=asked, target=answer, logits=scored,
+            step_scores=shown,
+        )  # fmt: skip
+
+    result = at_precision.run_at(model, method, prec, verify, tolerance, run)
+    if target is None and answer is not None:  # generated once for every precision
+        echo = {**result.params, "gen_args": dict(gen_args or DEFAULT_GEN_ARGS)}
+        result = dataclasses.replace(result, params=echo)
+    return result
 
 
 def prepare(

@@ -37,6 +37,7 @@ from methods.cancel import checkpoint
 from methods.engine.batching import memory_budget
 from methods.errors import InvalidArgumentError
 from methods.generation import gradient, targets
+from methods.generation import precision as at_precision
 from methods.generation.api import (
     GenerationResult,
     _given_ids,
@@ -227,12 +228,46 @@ def stream_generation(
     contrast_target: str | Tensor | list[int] | None = None,
     contrast_fn: str = "log_prob",
     step_scores: list[str] | None = None,
+    precision: str | None = None,
     **params: Any,
 ) -> Iterator[GenerationStep | GenerationResult]:
     """``attribute_generation``'s arguments; yields a ``GenerationStep`` per answer token as
     soon as its row is known, then the ``GenerationResult`` (the same as
     ``attribute_generation``'s, to rounding). Iterating drives the work: stop iterating and
-    nothing more is computed."""
+    nothing more is computed. ``precision``: the model's copy in that dtype writes and
+    attributes the answer, unchecked (``methods.generation.precision.for_stream``)."""
+    run_on, low, fidelity = at_precision.for_stream(model, method, precision)
+    steps = _stream(
+        run_on, tokenizer, prompt, method, target, features, baselines, gen_args,
+        skip_tokens=skip_tokens, seed=seed, perturbations_per_eval=perturbations_per_eval,
+        internal_batch_size=internal_batch_size, use_cache=use_cache, target_fn=target_fn,
+        contrast_target=contrast_target, contrast_fn=contrast_fn, step_scores=step_scores,
+        **params,
+    )  # fmt: skip
+    yield from at_precision.in_dtype(steps, low, fidelity)
+
+
+def _stream(
+    model: Any,
+    tokenizer: Any,
+    prompt: str | list[dict[str, str]],
+    method: str,
+    target: Any,
+    features: Any,
+    baselines: Any,
+    gen_args: dict[str, Any] | None,
+    *,
+    skip_tokens: Any,
+    seed: int | None,
+    perturbations_per_eval: int | str | None,
+    internal_batch_size: int | str | None,
+    use_cache: bool,
+    target_fn: str,
+    contrast_target: Any,
+    contrast_fn: str,
+    step_scores: list[str] | None,
+    **params: Any,
+) -> Iterator[GenerationStep | GenerationResult]:
     shown = targets.check_step_scores(step_scores)
     lm, feats = prepare(
         model, tokenizer, prompt, method, features, baselines, skip_tokens, params,

@@ -33,25 +33,35 @@ CONTRAST_FNS = ("log_prob", "prob", "logit")
 StepFn = Callable[[Tensor, Tensor], Tensor]
 
 
+#: logits in these dtypes are scored in float32: a softmax over 50k logits in bfloat16 keeps
+#: 2-3 significant digits (a model served or run in a low ``precision``)
+LOW_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def wide(logits: Tensor) -> Tensor:
+    """``logits`` in float32 when they are in a low dtype (``LOW_DTYPES``), as they are."""
+    return logits.float() if logits.dtype in LOW_DTYPES else logits
+
+
 def _picked(values: Tensor, target: Tensor) -> Tensor:
     b, t = values.shape[0], values.shape[1]
     return values.gather(-1, target.to(values.device).expand(b, t).unsqueeze(-1)).squeeze(-1)
 
 
 def log_prob(logits: Tensor, target: Tensor) -> Tensor:
-    return _picked(torch.log_softmax(logits, dim=-1), target)
+    return _picked(torch.log_softmax(wide(logits), dim=-1), target)
 
 
 def prob(logits: Tensor, target: Tensor) -> Tensor:
-    return _picked(torch.softmax(logits, dim=-1), target)
+    return _picked(torch.softmax(wide(logits), dim=-1), target)
 
 
 def logit(logits: Tensor, target: Tensor) -> Tensor:
-    return _picked(logits, target)
+    return _picked(wide(logits), target)
 
 
 def entropy(logits: Tensor, target: Tensor) -> Tensor:
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(wide(logits), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -150,7 +160,7 @@ def step_table(logits: Tensor, target: Tensor) -> dict[str, list[float] | list[i
     """The score table of the unperturbed answer, from its logits [T, V]: each target token's
     probability, the entropy of its step, and its rank among the vocabulary (0: the most
     likely, as CONTRACT 8.3 counts)."""
-    logits = logits.detach()
+    logits = wide(logits.detach())
     logp = torch.log_softmax(logits, dim=-1)
     mine = logits.gather(-1, target.to(logits.device).unsqueeze(-1))
     return {
