@@ -202,19 +202,21 @@ NOT_FOR_LM: Mapping[str, str] = MappingProxyType(
             "compile",
             "compile_mode",
             "verify_device",
-            "fidelity_sample",
-            "fidelity_tolerance",
         )
     }
 )
 
 
+#: the runtime keys a language model takes: its answers' precision and how it is checked
+LM_RUNTIME = ("precision", "fidelity_sample", "fidelity_tolerance")
+
+
 def _causal_lm_spec(table: Table, base: ModelSpec | None, kind: str = "causal_lm") -> ModelSpec:
     table.refuse(NOT_FOR_LM)
-    if "precision" in table:
-        table.fail("precision", "generation runs in the model's dtype; set dtype instead")
+    fidelity = {k: v for k, v in runtime(table).items() if k in LM_RUNTIME}
     return ModelSpec(
         **table.common(description=base.description if base else ""),
+        **fidelity,
         dtype=table.choice("dtype", MODEL_DTYPES, base.dtype if base else "float32"),
         inputs=(InputSpec("ids", "int64", (None, None)),),
         output=base.output if base else OutputSpec(shape=(None, None)),

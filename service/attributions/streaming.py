@@ -66,6 +66,12 @@ async def stream(
         raise InvalidRequest(
             "a stream carries no pictures; leave render out", loc=("body", "render")
         )
+    if req.verify:
+        raise InvalidRequest(
+            "a stream sends each row as soon as it is known, so it cannot be checked against "
+            "float32 and replaced; leave verify out, or ask without Accept: text/event-stream",
+            loc=("body", "verify"),
+        )
     settings, pool = state.settings, state.pool
     budget = budget_ms(settings, deadline_ms, req.deadline_ms)
     deadline = time.time() + budget / 1e3
@@ -73,6 +79,7 @@ async def stream(
     if not isinstance(job, Generation):
         raise TypeError("a generative model's work is a Generation")
     job.generation["stream"] = True
+    job.verify = False  # a sampled check: a stream is not checked (its rows are already sent)
     events: asyncio.Queue[Any] = asyncio.Queue()
     submitted = time.perf_counter()
     entry = pool.submit(job)

@@ -229,6 +229,11 @@ class Generation(Work):
     #: the prompt, features, baselines, skip_tokens, target text and gen_args
     #: (``service.kinds.causal_lm``)
     generation: dict[str, Any] = field(default_factory=dict)
+    #: as ``Attribution``'s: the dtype the model runs in (None: its own), compared with
+    #: float32 (and replaced beyond ``fidelity_tolerance``) when ``verify``
+    precision: str | None = None
+    verify: bool = False
+    fidelity_tolerance: float = 0.05
 
     @property
     def name(self) -> str:

@@ -10,6 +10,7 @@ exact token counts and cost once tokenized (``service.worker.generation``).
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 
 import methods
 from methods import registry
-from methods.engine.precision import Fidelity, model_dtype
+from methods.engine.precision import Fidelity, model_dtype, probes_of
 from methods.errors import AttributionCancelled, AttributionError, ModelError
 from methods.generation import chat, targets
 from methods.generation.catalog import METHODS, PERTURBATION
@@ -123,7 +124,6 @@ def _build_job(
         ("baselines", req.baselines, None),
         ("noise_tunnel", req.noise_tunnel, None),
         ("return_convergence_delta", req.return_convergence_delta, False),
-        ("precision", req.precision, None),
     ):
         if value != default:
             where = " (baselines of the prompt's features go in inputs.baselines)"
@@ -179,6 +179,7 @@ def _build_job(
         settings.internal_batch_size,
         settings.max_internal_batch_size,
     )
+    precision = _precision(settings, spec, req)
     return Generation(
         id=new_id(),
         model_id=spec.id,
@@ -192,6 +193,10 @@ def _build_job(
         cost=estimate(ms.name, p, n_features, words, max(1, target_words)),
         request_id=request_id,
         max_tokens=settings.max_text_tokens,
+        precision=precision,
+        # a share of low-precision answers is checked against float32 unasked
+        verify=req.verify or (precision is not None and random.random() < _share(settings, spec)),
+        fidelity_tolerance=spec.fidelity_tolerance,
         generation={
             **g,
             **objective,
@@ -206,6 +211,26 @@ def _build_job(
 
 
 _GRADIENT = tuple(m for m in METHODS if m not in PERTURBATION)
+
+
+def _precision(settings: Settings, spec: ModelSpec, req: AttributionRequest) -> str | None:
+    """The dtype the model runs in: the request's, else the model's default; None: the model's
+    own dtype (so is a precision equal to it). ``verify`` checks a low precision against
+    float32, so it needs one."""
+    chosen = req.precision if req.precision is not None else spec.precision
+    chosen = None if chosen == spec.dtype else chosen
+    if req.verify and chosen is None:
+        raise InvalidRequest(
+            "verify checks a low-precision answer against float32; on a causal language model "
+            f"it needs a precision other than the model's own {spec.dtype} (e.g. "
+            '"precision": "bfloat16")',
+            loc=("body", "verify"),
+        )
+    return chosen
+
+
+def _share(settings: Settings, spec: ModelSpec) -> float:
+    return settings.verify_share if spec.fidelity_sample is None else spec.fidelity_sample
 
 
 def _objective(params: dict[str, Any]) -> dict[str, Any]:
@@ -272,6 +297,8 @@ _LOC: dict[str, Loc] = {
     "perturbations_per_eval": ("body", "perturbations_per_eval"),
     "internal_batch_size": ("body", "internal_batch_size"),
     "seed": ("body", "seed"),
+    "precision": ("body", "precision"),
+    "verify": ("body", "verify"),
 }
 
 
@@ -296,11 +323,13 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
             "contrast_target": g.get("contrast_target"),
             "contrast_fn": g.get("contrast_fn", "log_prob"),
             "step_scores": g.get("step_scores"),
+            "precision": job.precision,
             **job.params,
         }
         if g.get("stream"):
             res = _streamed(methods.stream_generation(*args, **kw))
         else:
+            kw.update(verify=job.verify, fidelity_tolerance=job.fidelity_tolerance)
             res = methods.attribute_generation(*args, **kw)
     except (ModelError, AttributionCancelled):
         raise
@@ -314,7 +343,7 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
         outputs=total.double().numpy().astype(np.float64),
         params={**res.params, "method": res.method},
         compute_ms=(time.perf_counter() - t0) * 1e3,
-        fidelity=Fidelity.of(model_dtype(lm.model)).as_dict(),
+        fidelity=(res.fidelity or Fidelity.of(model_dtype(lm.model))).as_dict(),
         generation={
             "input_tokens": res.input_tokens,
             "output_tokens": res.output_tokens,
@@ -328,6 +357,27 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
             else {**res.step_scores, "log_prob": res.output_log_probs.tolist()},
         },
     )
+
+
+#: the load-time precision probe's prompt and answer length (any tokenizer's words)
+PROBE_PROMPT, PROBE_TOKENS = "the old friend said that the city lives near the river", 4
+
+
+def _probe(lm: LoadedModel) -> tuple[dict[str, Any] | None, str | None]:
+    """``precision = "auto"``'s probe of feature ablation (every precision timed and compared
+    with float32): per precision its ``rel_l2`` and ``ok``, and what was kept, or why not."""
+    try:
+        res = methods.attribute_generation(
+            lm.model, lm.text_tokenizer, PROBE_PROMPT, "feature_ablation",
+            gen_args={"max_new_tokens": PROBE_TOKENS}, precision="auto",
+            fidelity_tolerance=lm.spec.fidelity_tolerance,
+        )  # fmt: skip
+    except Exception as exc:  # requests measure for themselves
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        return None, f"the probe could not run ({why}); the first request of each method measures"
+    measured = probes_of(lm.model)
+    chosen = None if res.fidelity is None else res.fidelity.chosen
+    return (measured[-1].table() if measured else None), chosen
 
 
 def _streamed(stream: Any) -> methods.GenerationResult:
@@ -382,6 +432,16 @@ class CausalLMKind(ModelKind):
             jobs=False,  # one prompt per request: nothing to cut into chunks of examples
         )
 
+    def prepare(self, lm: LoadedModel) -> dict[str, Any]:
+        """As every kind; with ``precision = "auto"``, the probe of the default method on a
+        short prompt, so its first requests do not pay for it (others probe on their first)."""
+        info = super().prepare(lm)
+        if lm.spec.precision == "auto":
+            from service.kinds.prepare import precision_of  # worker side only
+
+            info["precision"] = precision_of(lm, *_probe(lm))
+        return info
+
     def check(
         self, spec: ModelSpec, method: str, params: dict[str, Any], settings: Settings | None
     ) -> Plan:
@@ -397,11 +457,6 @@ class CausalLMKind(ModelKind):
         deadline: float,
         request_id: str = "",
     ) -> Generation:
-        if req.verify:
-            raise InvalidRequest(
-                "verify compares tensor attributions; causal language models are not covered",
-                loc=("body", "verify"),
-            )
         return _build_job(settings, spec, req, deadline, request_id)
 
     def response(

@@ -369,7 +369,7 @@ class AttributionRequest(BaseModel):
         description="with a precision other than the model's dtype: also compute in float32 "
         "and compare (fidelity), answering float32 when out of tolerance; otherwise: also "
         "compute on a float64 CPU copy of the model and return how far the served one is from "
-        "it (verification); deterministic methods only",
+        "it (verification; tensor models, deterministic methods); a stream is not checked",
     )
     metrics: MetricsRequest | None = Field(
         default=None, description="also score the attributions (the response gains metrics)"
@@ -479,7 +479,7 @@ class AttributionResponse(BaseModel):
     )
     fidelity: FidelityOut | None = Field(
         default=None,
-        description="the precision of the numbers and what it cost (every tensor model's answer)",
+        description="the precision of the numbers and what it cost (every answer)",
     )
     steps: StepsOut | None = Field(
         default=None, description='n_steps "auto": what it took (absent for a fixed n_steps)'

@@ -139,7 +139,9 @@ def test_the_callers_model_is_left_as_it_was() -> None:
     )  # fmt: skip
     assert run_on.fidelity is not None
     after = model.state_dict()
-    assert all(after[k].dtype == torch.float32 and torch.equal(after[k], v) for k, v in before.items())
+    assert all(
+        after[k].dtype == torch.float32 and torch.equal(after[k], v) for k, v in before.items()
+    )
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 

@@ -133,3 +133,18 @@ def test_save_and_load_keep_the_description(programs: Path, tmp_path: Path) -> N
         save(plain, tmp_path / "plain.pt2")
     save(plain, tmp_path / "described.pt2", describe={"method": "saliency"})
     assert read_description(tmp_path / "described.pt2") == {"method": "saliency"}
+
+
+def test_a_language_model_takes_its_answers_precision(tmp_path: Path) -> None:
+    """precision, fidelity_sample and fidelity_tolerance apply to a causal LM's answers
+    (they were refused: "generation runs in the model's dtype"); compile still does not."""
+    lm = '[[models]]\nid = "m"\nsource = "builtin:tiny-lm"\n'
+    (spec,) = specs(tmp_path, lm)
+    assert (spec.precision, spec.fidelity_sample, spec.fidelity_tolerance) == (None, None, 0.05)
+    text = lm + 'precision = "bfloat16"\nfidelity_sample = 1\nfidelity_tolerance = 0.1\n'
+    (spec,) = specs(tmp_path, text)
+    assert (spec.precision, spec.fidelity_sample, spec.fidelity_tolerance) == ("bfloat16", 1.0, 0.1)
+    with pytest.raises(RegistryError, match="precision"):
+        specs(tmp_path, lm + 'precision = "int8"\n')
+    with pytest.raises(RegistryError, match="compile"):
+        specs(tmp_path, lm + "compile = true\n")

@@ -4,6 +4,7 @@ through POST /v1/models/{id}/attributions; the engine's numbers, the ground trut
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,11 @@ import torch
 
 import methods
 import model_registry
+from methods.engine import precision as precision_
 from model_registry.builtin import lm as tiny
+from service.core.settings import Settings
+from service.kinds.causal_lm import CausalLMKind
+from service.wire.attributions import AttributionRequest
 from tests.methods.test_generation import gpt2, gpt2_tokenizer
 from tests.service.conftest import Server
 
@@ -352,3 +357,88 @@ def test_an_encoder_decoder_directory_is_served_as_seq2seq_lm(lm_server: Server)
             "answer": "alice lives in paris.", "n_ablations": 8})  # fmt: skip
         assert r.status_code == 200, r.text
         assert len(r.json()["scores"][0]) == 2
+
+
+def test_a_precision_over_http_is_the_engines_and_says_what_it_cost(lm_server: Server) -> None:
+    """gpt2-dir is served in float64: float32 asked for runs its cast copy; verify compares
+    with its float32 computation, a failed check answers in float32 (here: float32 itself)."""
+    body = {
+        "method": "layer_integrated_gradients",
+        "inputs": {"prompt": "my friend alice lives in the city", "baselines": "<unk>"},
+        "target": "paris rome", "precision": "float32", "verify": True,
+    }  # fmt: skip
+    r = post(lm_server, "gpt2-dir", body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    f = got["fidelity"]
+    assert f["precision"] == "float32" and f["checked"] and not f["fallback"]
+    assert f["rel_l2"] == 0.0 and f["delta_ratio"] is None
+    want = methods.attribute_generation(
+        gpt2(), gpt2_tokenizer(), "my friend alice lives in the city",
+        "layer_integrated_gradients", target="paris rome", baselines="<unk>",
+    )  # fmt: skip
+    seq = torch.tensor(got["seq_attr"], dtype=torch.float64)
+    assert 0 < float((seq - want.seq_attr).norm() / want.seq_attr.norm()) < 1e-5
+    low = post(lm_server, "gpt2-dir", {**body, "precision": "bfloat16"})
+    assert low.status_code == 200, low.text
+    fl = low.json()["fidelity"]
+    assert fl["checked"] and fl["rel_l2"] is not None and fl["topk_agreement"] is not None
+    assert fl["precision"] == ("float32" if fl["fallback"] else "bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        ({"verify": True}, {}),  # nothing to check: the model's own dtype
+        ({"precision": "bfloat16", "verify": True}, {"Accept": "text/event-stream"}),
+        ({"precision": "int8"}, {}),
+    ],
+    ids=["verify-own-dtype", "verify-stream", "unknown"],
+)
+def test_precision_mistakes_are_typed_422s(
+    lm_server: Server, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    full = {"method": "feature_ablation", "inputs": {"prompt": "alice lives in"}, "target": "rome"}
+    with lm_server.client() as c:
+        r = c.post("/v1/models/gpt2-dir/attributions", json={**full, **body}, headers=headers)
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["loc"][:2] in (["body", "verify"], ["body", "precision"])
+
+
+def test_a_stream_in_a_precision_says_so(lm_server: Server) -> None:
+    body = {"method": "feature_ablation", "inputs": {"prompt": "my friend alice lives in"},
+            "target": "paris rome", "precision": "float32"}  # fmt: skip
+    with lm_server.client() as c:
+        whole = c.post("/v1/models/gpt2-dir/attributions", json=body).json()
+        with c.stream("POST", "/v1/models/gpt2-dir/attributions", json=body,
+                      headers={"Accept": "text/event-stream"}) as r:  # fmt: skip
+            assert r.status_code == 200
+            text = "".join(r.iter_text())
+    result = orjson.loads(text.split("event: result\ndata: ")[1].split("\n\n")[0])
+    assert result["fidelity"]["precision"] == "float32" and not result["fidelity"]["checked"]
+    # float32 both, batched differently: equal to float32's rounding
+    np.testing.assert_allclose(result["seq_attr"], whole["seq_attr"], rtol=1e-4, atol=1e-5)
+
+
+def test_precision_auto_probes_a_language_model_at_load() -> None:
+    """models.toml ``precision = "auto"`` on a causal LM: the worker's prepare probes feature
+    ablation on a short prompt; GET /v1/models/{id} shows what it kept."""
+    (spec,) = [s for s in model_registry.builtin_specs() if s.id == "tiny-lm"]
+    lm = model_registry.load(dataclasses.replace(spec, precision="auto"))
+    info = CausalLMKind().prepare(lm)["precision"]
+    assert info["default"] == "auto" and str(info["chosen"]).startswith("kept ")
+    kept = precision_.known_probe(lm.model, ("generation", "feature_ablation"))
+    assert kept is not None and set(info["probe"]) == set(kept.relative_l2)
+
+
+def test_a_share_of_low_precision_answers_is_checked_unasked() -> None:
+    """models.toml fidelity_sample = 1 on a causal LM: every low-precision answer is checked;
+    at its own dtype there is nothing to check."""
+    (spec,) = [s for s in model_registry.builtin_specs() if s.id == "tiny-lm"]
+    spec = dataclasses.replace(spec, precision="bfloat16", fidelity_sample=1.0)
+    body = {"method": "feature_ablation", "inputs": {"prompt": "alice lives in"}, "target": "rome"}
+    job = CausalLMKind().build_job(Settings(), spec, AttributionRequest(**body), time.time() + 60)
+    assert (job.precision, job.verify) == ("bfloat16", True)
+    own = AttributionRequest(**body, precision="float32")
+    job = CausalLMKind().build_job(Settings(), spec, own, time.time() + 60)
+    assert (job.precision, job.verify) == (None, False)
