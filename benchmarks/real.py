@@ -581,10 +581,9 @@ def gpt2_rows(s: Sizes, device: torch.device) -> list[Row]:
 
     def ours(method: str, **kw: Any) -> Callable[[str], Any]:
         def run(prec: str) -> Any:
-            m = model if prec == "float32" else precision_.twin(model, precision_.DTYPES[prec])
             return methods.attribute_generation(
-                m, tok, prompt, method, target=answer, baselines="<unk>",
-                skip_tokens=["<bos>"], **kw,
+                model, tok, prompt, method, target=answer, baselines="<unk>",
+                skip_tokens=["<bos>"], precision=prec, **kw,
             )  # fmt: skip
 
         return run
@@ -599,7 +598,6 @@ def gpt2_rows(s: Sizes, device: torch.device) -> list[Row]:
     fa = LLMAttribution(FeatureAblation(model), tok)
     lig = LLMGradientAttribution(LayerIntegratedGradients(model, model.transformer.wte), tok)
     label = f"GPT-2 small, {s.prompt_tokens}-token prompt, {t}-token answer{TINY[s.tiny]}"
-    cast_note = "low precision: the model cast (attribute_generation takes no precision)"
     return [
         Row(
             "gpt2/feature_ablation", label, f"feature ablation, {n_feat} tokens",
@@ -607,12 +605,12 @@ def gpt2_rows(s: Sizes, device: torch.device) -> list[Row]:
             lambda: fa.attribute(inp, target=answer, use_cached_outputs=False,
                                  forward_in_tokens=False),
             plain(score, model, ids, grad=False), n_feat + 1, 1, captum_forwards=n_feat + 1,
-            twin_of=model, note=cast_note,
+            twin_of=model,
         ),
         Row(
             "gpt2/layer_ig", label, f"layer IG n={s.llm_steps} (wte), {t} answer tokens",
             *lig_at(None), plain(score, model, ids, grad=True, layer=model.transformer.wte),
-            s.llm_steps * t, 1, twin_of=model, note=cast_note, fixed=lig_at,
+            s.llm_steps * t, 1, twin_of=model, fixed=lig_at,
         ),
     ]  # fmt: skip
 
