@@ -137,10 +137,12 @@ class JobRunner:
                 f"/v1/models/{spec.id}/attributions",
                 loc=("body", "metrics"),
             )
-        if req.verify:
+        asked = req.precision if req.precision is not None else spec.precision
+        if req.verify and asked in (None, spec.dtype):
             raise InvalidRequest(
-                "verify compares one synchronous answer with a float64 CPU reference; "
-                "jobs return tensors only",
+                "verify at the model's own dtype compares one synchronous answer with a float64 "
+                "CPU reference, which jobs do not return; a job verifies a low precision "
+                '(e.g. "precision": "bfloat16") against float32, chunk by chunk',
                 loc=("body", "verify"),
             )
         return await self.submit_work(

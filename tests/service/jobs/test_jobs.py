@@ -461,3 +461,31 @@ def test_a_job_answers_as_its_route_member_by_member(
         assert want.status_code == 200, want.text
     assert result["job_id"] == info["id"]
     assert_same_answer(result, want.json())
+
+
+def test_a_job_verifies_a_low_precision_chunk_by_chunk(jobs_server: Server) -> None:
+    """verify with a precision: every chunk is checked against float32 and the result's
+    fidelity is the worst chunk's; at the model's own dtype verify stays refused."""
+    x = np.random.default_rng(1).random((300, 8), dtype=np.float32)
+    body = {"method": "integrated_gradients", "inputs": x.tolist(), "target": 1,
+            "params": {"n_steps": 16}, "precision": "bfloat16", "verify": True}  # fmt: skip
+    with jobs_server.client() as c:
+        job_id = submit(c, "tabular-mlp", body, A)
+        assert wait(c, job_id, A)["status"] == "succeeded"
+        result = c.get(f"/v1/jobs/{job_id}/result", headers=A).json()
+        f = result["fidelity"]
+        assert f["checked"] and f["rel_l2"] is not None and f["topk_agreement"] is not None
+        want = c.post(
+            "/v1/models/tabular-mlp/attributions",
+            json={**body, "inputs": body["inputs"][:100], "verify": False, "precision": None},
+            headers=A,
+        ).json()
+        got = np.asarray(result["attributions"][:100])
+        ref = np.asarray(want["attributions"])
+        worst = max(
+            np.linalg.norm(g - r) / np.linalg.norm(r) for g, r in zip(got, ref, strict=True)
+        )
+        assert 0 < worst <= f["rel_l2"] * 1.01 + 1e-6  # the fidelity is the job's worst example
+        r = c.post("/v1/models/tabular-mlp/attribution-jobs",
+                   json={**body, "precision": None}, headers=A)  # fmt: skip
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "verify"]
