@@ -51,6 +51,7 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         else ExportedInfo(method=step.method, params=step.params, target=step.target),
         compiled=bool(got.get("compiled", False)),
         compile_error=got.get("compile_error"),
+        compile_ms=got.get("compile_ms"),
         verification=got.get("verification"),
         precision=got.get("precision")
         or {"default": spec.precision or "float32", "probe": {}, "chosen": None},

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import torch
@@ -58,6 +59,7 @@ def prepare(lm: LoadedModel) -> dict[str, Any]:
         compile_model(lm)
         info["compiled"] = lm.extra.get("compiled") is not None
         info["compile_error"] = lm.extra.get("compile_error")
+        info["compile_ms"] = lm.extra.get("compile_ms")
     warm_up(lm)
     info["verification"] = None
     info["not_ready"] = None
@@ -145,8 +147,10 @@ def _one(xs: tuple[torch.Tensor, ...]) -> Any:
 
 
 def compile_model(lm: LoadedModel) -> None:
-    """``torch.compile`` the model and warm it up; on failure, eager with the reason kept."""
+    """``torch.compile`` the model and warm it up; on failure, eager with the reason kept.
+    What it took is kept too (``compile_ms``): the cost compiled calls must win back."""
     spec = lm.spec
+    start = time.perf_counter()
     try:
         compiled = torch.compile(lm.model, dynamic=True, mode=spec.compile_mode)
         floats = all(i.torch_dtype.is_floating_point for i in spec.inputs)
@@ -162,7 +166,11 @@ def compile_model(lm: LoadedModel) -> None:
         return
     lm.extra["compiled"] = compiled
     lm.extra["compile_error"] = None
-    log.info("attrserve: model %s compiled (mode %s)", spec.id, spec.compile_mode)
+    lm.extra["compile_ms"] = (time.perf_counter() - start) * 1e3
+    log.info(
+        "attrserve: model %s compiled (mode %s) in %.0f ms",
+        spec.id, spec.compile_mode, lm.extra["compile_ms"],
+    )  # fmt: skip
 
 
 # -- warm-up ------------------------------------------------------------------------------

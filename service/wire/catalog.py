@@ -83,6 +83,11 @@ class ModelInfo(BaseModel):
     compile_error: str | None = Field(
         default=None, description="compile = true but compilation failed: why (served eagerly)"
     )
+    compile_ms: float | None = Field(
+        default=None,
+        description="compile = true: what compiling and warming up took at load, per worker "
+        "(what the compiled calls must win back; a new input shape may compile again)",
+    )
     verification: dict[str, Any] | None = Field(
         default=None,
         description="the device check at load: the probe's max_abs_diff, max_rel_diff, "

@@ -50,6 +50,7 @@ def test_compiled_attributions_equal_eager_ones(
 ) -> None:
     lm, info = compiled
     assert info["compiled"] is True and info["compile_error"] is None
+    assert info["compile_ms"] > 0  # what the compiled calls must win back, reported
     eager = model_registry.load(tabular())
     for method, params in [
         ("saliency", {}),
@@ -90,6 +91,7 @@ def test_a_failed_compile_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -
     info = prepare.prepare(lm)
     assert info["compiled"] is False
     assert info["compile_error"] == "RuntimeError: no compiler on this machine"
+    assert info["compile_ms"] is None
     reply = answer(lm, method="saliency")
     want = methods.attribute(lm.model, X, "saliency", target=2).attributions
     torch.testing.assert_close(torch.from_numpy(reply.attributions[0]), want)
