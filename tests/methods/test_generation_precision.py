@@ -15,7 +15,7 @@ import methods
 from methods.engine import precision as precision_
 from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
 from methods.generation import targets
-from tests.methods.test_generation import gpt2, gpt2_tokenizer
+from tests.methods.test_generation import gpt2, gpt2_tokenizer, tiny_lm
 
 pytest.importorskip("transformers")
 
@@ -184,3 +184,17 @@ def test_low_precision_logits_are_scored_in_float32() -> None:
     assert (got.double() - exact).abs().max() < 1e-5
     narrow = torch.log_softmax(logits, dim=-1)[0, [0, 1, 2], [1, 2, 3]]
     assert (narrow.double() - exact).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("method", ["feature_ablation", "layer_integrated_gradients"])
+def test_a_model_with_the_kv_protocol_runs_in_a_precision(method: str) -> None:
+    """tiny-lm (``forward_cached``, not Hugging Face): its cast copy keeps the protocol."""
+    model, tok = tiny_lm()
+    ref = methods.attribute_generation(model, tok, "grace lives in", method, target=" paris")
+    res = methods.attribute_generation(
+        model, tok, "grace lives in", method, target=" paris", precision="bfloat16", verify=True
+    )
+    f = res.fidelity
+    assert f is not None and f.checked and f.rel_l2 is not None
+    assert f.rel_l2 == pytest.approx(rel_l2(res.seq_attr, ref.seq_attr), rel=1e-6, abs=1e-9)
+    assert int(res.seq_attr.argmax()) == int(ref.seq_attr.argmax())  # the name, as in float32
