@@ -7,8 +7,9 @@ gpu-check``). The checks:
    device against float64 on the CPU (``methods.verify``); one row per family, naming the
    worst method; stochastic methods are checked by a seeded repeat on the device instead;
 2. fidelity: bfloat16 and float16 against float32 (``precision=..., verify=True``) for
-   integrated gradients, saliency and occlusion on the built-in image CNN and layer
-   integrated gradients at a small BERT's embeddings;
+   integrated gradients, saliency and occlusion on the built-in image CNN, layer
+   integrated gradients at a small BERT's embeddings, and a small GPT-2's answer attributed
+   to its prompt (feature ablation, layer integrated gradients: ``attribute_generation``);
 3. service: a real ``attrserve serve`` with the image CNN on the device, 20 requests answered
    as the engine answers on the CPU, device memory flat across them, warm latency;
 4. OOM retry: ``internal_batch_size="auto"`` under a capped allocator halves its chunk on real
@@ -332,16 +333,13 @@ def tiny_bert(device: str, n: int = 4, length: int = 16) -> tuple[nn.Module, tor
     return Logits().eval().to(device), ids.to(device)
 
 
-def _fidelity_rows(
-    method: str, model: Any, x: Any, kw: dict[str, Any], precisions: Collection[str]
-) -> list[Row]:
-    import methods
-
+def _fidelity_rows(name: str, run: Callable[[str], Any], precisions: Collection[str]) -> list[Row]:
+    """``run(precision)`` (verified against float32) in each precision: one row."""
     start = time.perf_counter()
     cells, broken, data = [], [], {}
     for p in precisions:
         try:
-            r = methods.attribute(model, x, method, precision=p, verify=True, **kw)
+            r = run(p)
         except Exception as exc:
             broken.append(f"{p}: {one_line(exc)}")
             continue
@@ -360,7 +358,7 @@ def _fidelity_rows(
         cells.append(cell + (" (rerun in float32)" if f.fallback else ""))
     figures = "; ".join(cells + [f"FAILED {b}" for b in broken])
     row = Row(
-        f"fidelity {method}",
+        f"fidelity {name}",
         "FAIL" if broken else "PASS",
         figures,
         time.perf_counter() - start,
@@ -372,7 +370,10 @@ def _fidelity_rows(
 def check_fidelity(
     device: str, precisions: Collection[str] = PRECISIONS, n_steps: int = 50, n_images: int = 8
 ) -> list[Row]:
-    """bfloat16 / float16 answers against float32 (relative L2, top-k, delta ratio)."""
+    """bfloat16 / float16 answers against float32 (relative L2, top-k, delta ratio); a
+    causal LM's answer attributed to its prompt too (``attribute_generation``)."""
+    import methods
+
     cnn, images, labels = image_cnn(device, n_images)
     bert, ids = tiny_bert(device)
     window = {"sliding_window_shapes": (3, 4, 4), "strides": (3, 4, 4)}
@@ -387,12 +388,42 @@ def check_fidelity(
         ("saliency", cnn, images, {"target": labels}),
         ("occlusion", cnn, images, {"target": labels, **window}),
     ]
+
+    def tensor_run(method: str, model: Any, x: Any, kw: dict[str, Any]) -> Callable[[str], Any]:
+        return lambda p: methods.attribute(model, x, method, precision=p, verify=True, **kw)
+
+    lm, tok, prompt, answer = tiny_gpt2(device)
+
+    def generation_run(method: str, kw: dict[str, Any]) -> Callable[[str], Any]:
+        return lambda p: methods.attribute_generation(
+            lm, tok, prompt, method, target=answer, baselines="<unk>", precision=p, verify=True,
+            **kw,
+        )  # fmt: skip
+
+    runs = [(method, tensor_run(method, *rest)) for method, *rest in cases]
+    runs += [
+        ("generation feature_ablation", generation_run("feature_ablation", {})),
+        ("generation layer_integrated_gradients",
+         generation_run("layer_integrated_gradients", {"n_steps": n_steps})),
+    ]  # fmt: skip
     rows = []
-    for method, model, x, kw in cases:
-        rows += guarded(
-            f"fidelity {method}", partial(_fidelity_rows, method, model, x, kw, precisions)
-        )
+    for name, run in runs:
+        rows += guarded(f"fidelity {name}", partial(_fidelity_rows, name, run, precisions))
     return rows
+
+
+def tiny_gpt2(device: str) -> tuple[nn.Module, Any, str, str]:
+    """A 2-layer GPT-2 with seeded random weights on ``device``, its word-level tokenizer, a
+    24-token prompt and a 6-token answer."""
+    import torch
+
+    from benchmarks.generation import gpt2, tokenizer
+
+    words = ["<unk>", "<bos>", "<eos>", *(f"w{i}" for i in range(200))]
+    g = torch.Generator().manual_seed(1)
+    pick = lambda n: " ".join(f"w{int(i)}" for i in torch.randint(200, (n,), generator=g))  # noqa: E731
+    model = gpt2(layers=2, width=64, heads=4, vocab=len(words)).to(device)
+    return model, tokenizer(words), pick(24), pick(6)
 
 
 # -- 3. the service ------------------------------------------------------------------------

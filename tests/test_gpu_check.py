@@ -112,6 +112,8 @@ def test_fidelity_reports_each_method_in_each_precision() -> None:
         "fidelity layer_integrated_gradients",
         "fidelity saliency",
         "fidelity occlusion",
+        "fidelity generation feature_ablation",
+        "fidelity generation layer_integrated_gradients",
     ]
     assert all(r.result == "PASS" for r in rows), [r.figures for r in rows]
     for r in rows:
