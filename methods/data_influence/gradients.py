@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from methods.data_influence.common import State, Tensors, example_losses, module_at
+from methods.engine import hooks
 from methods.errors import (
     AttributionError,
     InvalidArgumentError,
@@ -43,7 +44,7 @@ def private_copy(model: nn.Module) -> nn.Module:
 @contextmanager
 def _hooked(module: nn.Module, hook: Hook) -> Iterator[None]:
     """``hook`` on ``module``'s forward for this block."""
-    handle = module.register_forward_hook(hook)
+    handle = hooks.hold(module.register_forward_hook, hook)
     try:
         yield
     finally:

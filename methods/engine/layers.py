@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from methods.engine import hooks
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.precision import working_dtype
 from methods.engine.targets import Target
@@ -282,9 +283,9 @@ def tap(
         return rebuild(tuple(v.transpose(0, 1) if d else v for v, d in zip(new, dims, strict=True)))
 
     if to_input:
-        handle = module.register_forward_pre_hook(lambda m, args: on_value(args))
+        handle = hooks.hold(module.register_forward_pre_hook, lambda m, args: on_value(args))
     else:
-        handle = module.register_forward_hook(lambda m, args, out: on_value(out))
+        handle = hooks.hold(module.register_forward_hook, lambda m, args, out: on_value(out))
     try:
         yield t
     finally:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from methods.engine import intercept
+from methods.engine import hooks, intercept
 from methods.engine.intercept import Composite, Site
 from methods.errors import InvalidArgumentError
 
@@ -278,8 +278,8 @@ def lrp(model: Any, rules: dict[str, Rule]) -> Iterator[None]:
                     if stack:
                         stack.pop()
 
-                handles.append(mod.register_forward_pre_hook(pre))
-                handles.append(mod.register_forward_hook(post, always_call=True))
+                handles.append(hooks.hold(mod.register_forward_pre_hook, pre))
+                handles.append(hooks.hold(mod.register_forward_hook, post, always_call=True))
         with intercept.rules(composite(rule_for)), _Sums(add_rule_for):
             yield
     finally:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from methods.engine import hooks
 from methods.errors import InvalidArgumentError, UnsupportedModelError, positive_number
 
 #: what ``precision`` accepts
@@ -78,9 +79,11 @@ def model_dtype(model: Any) -> torch.dtype:
 # -- the low-precision copy -----------------------------------------------------------------
 
 
-def _fingerprint(model: nn.Module) -> tuple[tuple[int, int], ...]:
-    """Changes when a parameter or buffer is replaced or written in place."""
-    return tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+def _fingerprint(model: nn.Module) -> tuple[Any, ...]:
+    """Changes when a parameter or buffer is replaced or written in place, or a module's mode
+    changes (a copy made in training mode would keep its dropout)."""
+    tensors = tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+    return (tensors, tuple(m.training for m in model.modules()))
 
 
 _TWINS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, tuple[Any, nn.Module]]] = (
@@ -98,14 +101,42 @@ def twin(model: Any, dtype: torch.dtype) -> nn.Module:
             f"{type(model).__name__}; leave precision unset for this model",
             argument="precision",
         )
-    print_ = _fingerprint(model)
     with _LOCK:
+        print_ = _fingerprint(model)
         found = _TWINS.setdefault(model, {}).get(dtype)
         if found is not None and found[0] == print_:
             return found[1]
-        copied = copy.deepcopy(model).to(dtype=dtype)
+        copied = _cast_copy(model, dtype)
         _TWINS[model][dtype] = (print_, copied)
         return copied
+
+
+def _cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A deep copy of ``model`` with its floating parameters and buffers made in ``dtype``
+    directly (never a full-precision copy first: a large LM on a full GPU), ties between
+    parameters kept, without the hooks another call of the engine holds on it meanwhile."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        if id(p) not in memo:
+            data = p.detach().to(dtype) if p.is_floating_point() else p.detach().clone()
+            memo[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
+    for b in model.buffers():
+        if id(b) not in memo:
+            memo[id(b)] = b.detach().to(dtype) if b.is_floating_point() else b.detach().clone()
+    with hooks.held_while() as held:
+        copied = copy.deepcopy(model, memo)
+        hooks.strip(copied, held)
+    return copied
+
+
+def forget(model: Any, keep: torch.dtype | None = None) -> None:
+    """Let go of ``model``'s cast copies but ``keep``'s."""
+    if not isinstance(model, nn.Module):
+        return
+    with _LOCK:
+        copies = _TWINS.get(model, {})
+        for dtype in [d for d in copies if d != keep]:
+            del copies[dtype]
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
@@ -348,4 +379,6 @@ def probe(
     found = Probe(chosen, seconds, rel, tolerance)
     with _LOCK:
         _PROBES.setdefault(model, {})[key] = found
+    # the copies tried and not kept are let go (a GPU would hold a bfloat16 and a float16 one)
+    forget(model, keep=DTYPES[chosen])
     return found, answers

@@ -138,8 +138,7 @@ def attribute_generation(
     shown = targets.check_step_scores(step_scores)
     prec = precision_.check_precision(precision)
     tolerance = precision_.check_tolerance(fidelity_tolerance)
-    if not isinstance(verify, bool):
-        raise InvalidTypeError(f"verify must be a bool, got {verify!r}", argument="verify")
+    at_precision.check_verify(prec, verify)
     lm, feats = prepare(
         model, tokenizer, prompt, method, features, baselines, skip_tokens, params,
         use_cache=use_cache, progress=progress, target_fn=target_fn,

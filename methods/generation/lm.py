@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from methods.engine import hooks
 from methods.errors import InvalidArgumentError
 from methods.generation.errors import UnsupportedLanguageModelError
 
@@ -295,8 +296,9 @@ def _contiguous_head(model: Any, on: bool) -> Iterator[None]:
     if not isinstance(head, nn.Module):
         yield
         return
-    handle = head.register_forward_pre_hook(
-        lambda _m, args: (args[0].contiguous(), *args[1:]) if args else None
+    handle = hooks.hold(
+        head.register_forward_pre_hook,
+        lambda _m, args: (args[0].contiguous(), *args[1:]) if args else None,
     )
     try:
         yield

@@ -26,12 +26,25 @@ from methods import registry
 from methods.api import in_precision
 from methods.engine import precision as precision_
 from methods.engine.precision import Fidelity
+from methods.errors import InvalidArgumentError, InvalidTypeError
 
 #: dtypes the layer taps convert at (a float64 copy needs no boundary)
 LOW = (torch.bfloat16, torch.float16)
 
 #: runs the attribution on a model (the caller's, or its cast copy): a ``GenerationResult``
 Run = Callable[[Any], Any]
+
+
+def check_verify(precision: str | None, verify: object) -> None:
+    """``verify`` compares a precision's answer with float32's: it needs a precision."""
+    if not isinstance(verify, bool):
+        raise InvalidTypeError(f"verify must be a bool, got {verify!r}", argument="verify")
+    if verify and precision is None:
+        raise InvalidArgumentError(
+            "verify compares the answer in a precision with float32's; give precision "
+            '(e.g. "bfloat16", or "float32" to check a model stored in a low dtype)',
+            argument="verify",
+        )
 
 
 def needs_runs(model: Any, precision: str | None, verify: bool) -> bool:
@@ -60,17 +73,19 @@ def run_at(
     """``run`` in ``precision`` (None: the model's own dtype, nothing to check), the result
     saying what it cost (``fidelity``)."""
     own = precision_.model_dtype(model)
-    if not needs_runs(model, precision, verify):
+    if precision is None:  # the model as given, Captum's way
         return dataclasses.replace(run(model), fidelity=precision_.Fidelity.of(own))
 
     def run_in(name: str) -> Any:
+        """In ``name``: the model's copy in it (or the model, in its own dtype), the layer
+        taps converting to float32 where it is a low dtype (a model stored in bfloat16 too)."""
         dtype = precision_.DTYPES[name]
-        if dtype == own:
-            return run(model)
-        low = precision_.twin(model, dtype)
+        m = model if dtype == own else precision_.twin(model, dtype)
         with precision_.boundary(dtype) if dtype in LOW else nullcontext():
-            return run(low)
+            return run(m)
 
+    if not needs_runs(model, precision, verify):  # the model's own dtype, nothing to check
+        return dataclasses.replace(run_in(precision), fidelity=precision_.Fidelity.of(own))
     key = ("generation", method)
     prec = str(precision)
     return in_precision(model, key, _device(model), prec, run_in, verify, tolerance)
@@ -97,11 +112,12 @@ def for_stream(model: Any, method: str, precision: Any) -> tuple[Any, torch.dtyp
         known = precision_.known_probe(model, ("generation", method))
         prec = None if known is None else known.precision
         chosen = "no probe of this method yet: the model's own" if known is None else known.reason()
-    if prec is None or precision_.DTYPES[prec] == own:
+    if prec is None:
         return model, None, dataclasses.replace(precision_.Fidelity.of(own), chosen=chosen)
     dtype = precision_.DTYPES[prec]
     low = dtype if dtype in LOW else None
-    return precision_.twin(model, dtype), low, precision_.Fidelity(prec, chosen=chosen)
+    run_on = model if dtype == own else precision_.twin(model, dtype)
+    return run_on, low, precision_.Fidelity(prec, chosen=chosen)
 
 
 def in_dtype(items: Iterator[Any], low: torch.dtype | None, fidelity: Fidelity) -> Iterator[Any]:

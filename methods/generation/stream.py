@@ -236,6 +236,13 @@ def stream_generation(
     ``attribute_generation``'s, to rounding). Iterating drives the work: stop iterating and
     nothing more is computed. ``precision``: the model's copy in that dtype writes and
     attributes the answer, unchecked (``methods.generation.precision.for_stream``)."""
+    for name in ("verify", "fidelity_tolerance"):
+        if name in params:
+            raise InvalidArgumentError(
+                "a stream sends each row as soon as it is known, so it is not checked against "
+                f"float32; leave {name} out, or use attribute_generation",
+                argument=name,
+            )
     run_on, low, fidelity = at_precision.for_stream(model, method, precision)
     steps = _stream(
         run_on, tokenizer, prompt, method, target, features, baselines, gen_args,

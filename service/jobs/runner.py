@@ -139,10 +139,15 @@ class JobRunner:
             )
         asked = req.precision if req.precision is not None else spec.precision
         if req.verify and asked in (None, spec.dtype):
+            low = (
+                ""
+                if spec.remote is not None
+                else '; a job verifies a low precision (e.g. "precision": "bfloat16") against '
+                "float32, chunk by chunk"
+            )
             raise InvalidRequest(
                 "verify at the model's own dtype compares one synchronous answer with a float64 "
-                "CPU reference, which jobs do not return; a job verifies a low precision "
-                '(e.g. "precision": "bfloat16") against float32, chunk by chunk',
+                f"CPU reference, which jobs do not return{low}",
                 loc=("body", "verify"),
             )
         return await self.submit_work(

@@ -151,6 +151,7 @@ def test_the_callers_model_is_left_as_it_was() -> None:
         ({"precision": "int8"}, InvalidArgumentError),
         ({"precision": "bfloat16", "verify": "yes"}, InvalidTypeError),
         ({"precision": "bfloat16", "fidelity_tolerance": -1}, InvalidArgumentError),
+        ({"verify": True}, InvalidArgumentError),  # nothing to compare with
     ],
 )
 def test_bad_precision_arguments_are_typed_errors(kw: dict[str, Any], error: type) -> None:
@@ -198,3 +199,32 @@ def test_a_model_with_the_kv_protocol_runs_in_a_precision(method: str) -> None:
     assert f is not None and f.checked and f.rel_l2 is not None
     assert f.rel_l2 == pytest.approx(rel_l2(res.seq_attr, ref.seq_attr), rel=1e-6, abs=1e-9)
     assert int(res.seq_attr.argmax()) == int(ref.seq_attr.argmax())  # the name, as in float32
+
+
+def test_a_stream_takes_no_check() -> None:
+    for name, value in (("verify", True), ("fidelity_tolerance", 0.1)):
+        stream = methods.stream_generation(
+            model32(), gpt2_tokenizer(), PROMPT, "feature_ablation", precision="bfloat16",
+            **{name: value}, **KW,
+        )  # fmt: skip
+        with pytest.raises(InvalidArgumentError) as info:
+            next(iter(stream))
+        assert info.value.argument == name
+
+
+def test_a_model_stored_in_bfloat16_keeps_its_path_in_float32_when_asked() -> None:
+    """precision equal to a low dtype the model is stored in: the layer taps still hand the
+    engine float32 (the path, the sums), as for a float32 model's cast copy."""
+    ref = run("layer_integrated_gradients")
+    stored = copy.deepcopy(model32()).bfloat16()
+    plain = methods.attribute_generation(
+        stored, gpt2_tokenizer(), PROMPT, "layer_integrated_gradients", **KW
+    )
+    asked = methods.attribute_generation(
+        stored, gpt2_tokenizer(), PROMPT, "layer_integrated_gradients", precision="bfloat16",
+        **KW,
+    )  # fmt: skip
+    assert plain.seq_attr.dtype == torch.bfloat16  # Captum's way: the model as given
+    assert asked.seq_attr.dtype == torch.float32
+    assert asked.fidelity is not None and asked.fidelity.precision == "bfloat16"
+    assert rel_l2(asked.seq_attr, ref.seq_attr) < rel_l2(plain.seq_attr.float(), ref.seq_attr)

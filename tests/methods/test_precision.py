@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import methods
-from methods.engine import precision
+from methods.engine import hooks, precision
 from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
 
 
@@ -73,6 +73,48 @@ def test_the_copy_is_made_once_and_again_when_the_weights_change() -> None:
     b = precision.twin(model, torch.bfloat16)
     assert b is not a
     assert torch.equal(b[0].weight, model[0].weight.to(torch.bfloat16))
+
+
+def test_the_copy_follows_the_models_modes_and_keeps_its_ties() -> None:
+    """A copy made in training mode is made again after eval() (it kept its dropout); tied
+    parameters stay one parameter, cast once, never copied in full precision first."""
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Dropout(0.5), nn.Linear(4, 10, bias=False))
+    model[2].weight = model[0].weight  # tied, as a language model's head and embedding
+    model.train()
+    assert precision.twin(model, torch.bfloat16).training
+    model.eval()
+    copy = precision.twin(model, torch.bfloat16)
+    assert not any(m.training for m in copy.modules())
+    assert copy[2].weight is copy[0].weight and copy[0].weight.dtype == torch.bfloat16
+    assert torch.equal(copy[0].weight, model[0].weight.to(torch.bfloat16))
+    assert model[0].weight.dtype == torch.float32
+
+
+def test_a_copy_made_meanwhile_leaves_out_the_hooks_another_call_holds() -> None:
+    """Another call's layer tap on the model while the copy is made (another thread) is not
+    copied: it would fire into a call that has ended. The caller's own hooks are copied."""
+    model = mlp()
+    seen: list[str] = []
+    model[0].register_forward_hook(lambda m, a, o: seen.append("own"))
+    engine = hooks.hold(model[2].register_forward_hook, lambda m, a, o: seen.append("engine"))
+    try:
+        copy = precision.twin(model, torch.bfloat16)
+    finally:
+        engine.remove()
+    assert not copy[2]._forward_hooks and len(copy[0]._forward_hooks) == 1
+    copy(torch.rand(1, 16, dtype=torch.bfloat16))
+    assert seen == ["own"]
+    assert not model[2]._forward_hooks
+
+
+def test_the_probe_lets_go_of_the_copies_it_did_not_keep() -> None:
+    model = mlp()
+    precision.twin(model, torch.bfloat16)
+    precision.twin(model, torch.float16)
+    precision.forget(model, keep=torch.float16)
+    assert set(precision._TWINS[model]) == {torch.float16}
+    precision.forget(model)
+    assert not precision._TWINS[model]
 
 
 def test_an_answer_out_of_tolerance_is_replaced_by_float32() -> None:
