@@ -442,3 +442,16 @@ def test_a_share_of_low_precision_answers_is_checked_unasked() -> None:
     own = AttributionRequest(**body, precision="float32")
     job = CausalLMKind().build_job(Settings(), spec, own, time.time() + 60)
     assert (job.precision, job.verify) == (None, False)
+
+
+def test_an_encoder_decoder_answers_in_a_precision(lm_server: Server) -> None:
+    """bart-dir (float64): float32 asked for runs its cast copy, checked against float32."""
+    body = {"method": "saliency", "inputs": {"prompt": "my friend alice lives in the city"},
+            "target": "paris rome", "precision": "float32", "verify": True}  # fmt: skip
+    r = post(lm_server, "bart-dir", body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["fidelity"]["precision"] == "float32" and got["fidelity"]["checked"]
+    plain = post(lm_server, "bart-dir", {**body, "precision": None, "verify": False}).json()
+    assert plain["fidelity"]["precision"] == "float64"
+    np.testing.assert_allclose(got["seq_attr"], plain["seq_attr"], rtol=1e-4, atol=1e-7)
