@@ -126,7 +126,9 @@ def _cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     with hooks.held_while() as held:
         copied = copy.deepcopy(model, memo)
         hooks.strip(copied, held)
-    return copied
+    # what a module does on a cast besides its tensors (an RNN regroups its weights); its
+    # tensors are in dtype already, so nothing is copied again
+    return copied.to(dtype=dtype)
 
 
 def forget(model: Any, keep: torch.dtype | None = None) -> None:
