@@ -40,6 +40,9 @@ from methods.errors import InvalidArgumentError, UnsupportedModelError, positive
 #: what ``precision`` accepts
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the low dtypes: a layer tap hands the engine float32 from these, and scores are taken
+#: from logits widened out of them
+LOW_DTYPES = (torch.bfloat16, torch.float16)
 #: the largest relative L2 distance from the float32 answer a low-precision answer may have
 TOLERANCE = 0.05
 #: how many of an example's largest |attributions| the top-k agreement compares

@@ -28,9 +28,6 @@ from methods.engine import precision as precision_
 from methods.engine.precision import Fidelity
 from methods.errors import InvalidArgumentError, InvalidTypeError
 
-#: dtypes the layer taps convert at (a float64 copy needs no boundary)
-LOW = (torch.bfloat16, torch.float16)
-
 #: runs the attribution on a model (the caller's, or its cast copy): a ``GenerationResult``
 Run = Callable[[Any], Any]
 
@@ -81,7 +78,7 @@ def run_at(
         taps converting to float32 where it is a low dtype (a model stored in bfloat16 too)."""
         dtype = precision_.DTYPES[name]
         m = model if dtype == own else precision_.twin(model, dtype)
-        with precision_.boundary(dtype) if dtype in LOW else nullcontext():
+        with precision_.boundary(dtype) if dtype in precision_.LOW_DTYPES else nullcontext():
             return run(m)
 
     if not needs_runs(model, precision, verify):  # the model's own dtype, nothing to check
@@ -115,7 +112,7 @@ def for_stream(model: Any, method: str, precision: Any) -> tuple[Any, torch.dtyp
     if prec is None:
         return model, None, dataclasses.replace(precision_.Fidelity.of(own), chosen=chosen)
     dtype = precision_.DTYPES[prec]
-    low = dtype if dtype in LOW else None
+    low = dtype if dtype in precision_.LOW_DTYPES else None
     run_on = model if dtype == own else precision_.twin(model, dtype)
     return run_on, low, precision_.Fidelity(prec, chosen=chosen)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from methods.engine.precision import LOW_DTYPES
 from methods.errors import InvalidArgumentError
 
 TARGET_FNS = ("log_prob", "prob", "logit", "entropy", "contrast")
@@ -33,13 +34,10 @@ CONTRAST_FNS = ("log_prob", "prob", "logit")
 StepFn = Callable[[Tensor, Tensor], Tensor]
 
 
-#: logits in these dtypes are scored in float32: a softmax over 50k logits in bfloat16 keeps
-#: 2-3 significant digits (a model served or run in a low ``precision``)
-LOW_DTYPES = (torch.bfloat16, torch.float16)
-
-
 def wide(logits: Tensor) -> Tensor:
-    """``logits`` in float32 when they are in a low dtype (``LOW_DTYPES``), as they are."""
+    """``logits`` in float32 when they are in a low dtype (``LOW_DTYPES``), as they are: a
+    softmax over 50k logits in bfloat16 keeps 2-3 significant digits (a model served or run
+    in a low ``precision``)."""
     return logits.float() if logits.dtype in LOW_DTYPES else logits
 
 

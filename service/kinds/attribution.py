@@ -6,7 +6,6 @@ kinds answer the same way with them."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import numpy as np
@@ -41,16 +40,8 @@ class AttributionRules:
         return p
 
     def precision(self, spec: ModelSpec, req: AttributionRequest) -> str | None:
-        """The dtype the model runs in: the request's, else the model's default; None: the
-        model's own dtype (so is a precision equal to it)."""
-        chosen = req.precision if req.precision is not None else spec.precision
-        if chosen is not None and spec.remote is not None:
-            raise InvalidRequest(
-                f"model {spec.id!r} is served by the {spec.remote.describe()}, which computes "
-                "in its own dtype; omit precision",
-                loc=("body", "precision"),
-            )
-        return None if chosen == spec.dtype else chosen
+        """The dtype the model runs in (``checks.precision``)."""
+        return checks.precision(spec, req)
 
     def engine_params(self, p: MethodParams) -> dict[str, Any]:
         return checks.given(p)
@@ -97,8 +88,7 @@ def build_attribution(
     checks.check_limits(ms, p, settings)
     precision = rules.precision(spec, req)
     # a share of low-precision answers is checked against float32 unasked (never merged)
-    share = settings.verify_share if spec.fidelity_sample is None else spec.fidelity_sample
-    sampled = precision is not None and random.random() < share
+    sampled = checks.sampled(settings, spec, precision)
     if req.verify and precision is None and (ms.stochastic or req.noise_tunnel is not None):
         raise InvalidRequest(
             f"{ms.name}{' with a noise tunnel' if req.noise_tunnel else ''} draws random "

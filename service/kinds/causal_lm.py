@@ -10,7 +10,6 @@ exact token counts and cost once tokenized (``service.worker.generation``).
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 
 import methods
 from methods import registry
-from methods.engine.precision import Fidelity, model_dtype, probes_of
+from methods.engine.precision import Fidelity, model_dtype
 from methods.errors import AttributionCancelled, AttributionError, ModelError
 from methods.generation import chat, targets
 from methods.generation.catalog import METHODS, PERTURBATION
@@ -179,7 +178,7 @@ def _build_job(
         settings.internal_batch_size,
         settings.max_internal_batch_size,
     )
-    precision = _precision(settings, spec, req)
+    precision = _precision(spec, req)
     return Generation(
         id=new_id(),
         model_id=spec.id,
@@ -195,7 +194,7 @@ def _build_job(
         max_tokens=settings.max_text_tokens,
         precision=precision,
         # a share of low-precision answers is checked against float32 unasked
-        verify=req.verify or (precision is not None and random.random() < _share(settings, spec)),
+        verify=req.verify or checks.sampled(settings, spec, precision),
         fidelity_tolerance=spec.fidelity_tolerance,
         generation={
             **g,
@@ -213,12 +212,10 @@ def _build_job(
 _GRADIENT = tuple(m for m in METHODS if m not in PERTURBATION)
 
 
-def _precision(settings: Settings, spec: ModelSpec, req: AttributionRequest) -> str | None:
-    """The dtype the model runs in: the request's, else the model's default; None: the model's
-    own dtype (so is a precision equal to it). ``verify`` checks a low precision against
-    float32, so it needs one."""
-    chosen = req.precision if req.precision is not None else spec.precision
-    chosen = None if chosen == spec.dtype else chosen
+def _precision(spec: ModelSpec, req: AttributionRequest) -> str | None:
+    """The dtype the model runs in (``checks.precision``). ``verify`` checks a low precision
+    against float32, so it needs one."""
+    chosen = checks.precision(spec, req)
     if req.verify and chosen is None:
         raise InvalidRequest(
             "verify checks a low-precision answer against float32; on a causal language model "
@@ -227,10 +224,6 @@ def _precision(settings: Settings, spec: ModelSpec, req: AttributionRequest) -> 
             loc=("body", "verify"),
         )
     return chosen
-
-
-def _share(settings: Settings, spec: ModelSpec) -> float:
-    return settings.verify_share if spec.fidelity_sample is None else spec.fidelity_sample
 
 
 def _objective(params: dict[str, Any]) -> dict[str, Any]:
@@ -363,21 +356,13 @@ def _run(lm: LoadedModel, job: Generation) -> Reply:
 PROBE_PROMPT, PROBE_TOKENS = "the old friend said that the city lives near the river", 4
 
 
-def _probe(lm: LoadedModel) -> tuple[dict[str, Any] | None, str | None]:
-    """``precision = "auto"``'s probe of feature ablation (every precision timed and compared
-    with float32): per precision its ``rel_l2`` and ``ok``, and what was kept, or why not."""
-    try:
-        res = methods.attribute_generation(
-            lm.model, lm.text_tokenizer, PROBE_PROMPT, "feature_ablation",
-            gen_args={"max_new_tokens": PROBE_TOKENS}, precision="auto",
-            fidelity_tolerance=lm.spec.fidelity_tolerance,
-        )  # fmt: skip
-    except Exception as exc:  # requests measure for themselves
-        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        return None, f"the probe could not run ({why}); the first request of each method measures"
-    measured = probes_of(lm.model)
-    chosen = None if res.fidelity is None else res.fidelity.chosen
-    return (measured[-1].table() if measured else None), chosen
+def _probe(lm: LoadedModel) -> Any:
+    """``precision = "auto"``'s probe: feature ablation of a short generated answer."""
+    return methods.attribute_generation(
+        lm.model, lm.text_tokenizer, PROBE_PROMPT, "feature_ablation",
+        gen_args={"max_new_tokens": PROBE_TOKENS}, precision="auto",
+        fidelity_tolerance=lm.spec.fidelity_tolerance,
+    )  # fmt: skip
 
 
 def _streamed(stream: Any) -> methods.GenerationResult:
@@ -437,9 +422,9 @@ class CausalLMKind(ModelKind):
         short prompt, so its first requests do not pay for it (others probe on their first)."""
         info = super().prepare(lm)
         if lm.spec.precision == "auto":
-            from service.kinds.prepare import precision_of  # worker side only
+            from service.kinds.prepare import precision_of, probed  # worker side only
 
-            info["precision"] = precision_of(lm, *_probe(lm))
+            info["precision"] = precision_of(lm, *probed(lm, lambda: _probe(lm)))
         return info
 
     def check(

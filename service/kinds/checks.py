@@ -7,6 +7,7 @@ listed here.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -16,10 +17,11 @@ from methods.errors import AttributionError
 from methods.noise_tunnel import parse_noise_tunnel
 from methods.params import MethodParams, parse_params
 from methods.registry import MethodSpec
+from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest, LimitExceeded, UnknownMethod
 from service.core.settings import Settings
 from service.wire import codec
-from service.wire.attributions import REQUEST_FIELDS
+from service.wire.attributions import REQUEST_FIELDS, AttributionRequest
 from service.wire.engine_errors import from_engine
 
 #: characters a text may hold per allowed token before it is refused unread (long words)
@@ -199,3 +201,24 @@ def check_cost(
         f"the limit is {settings.max_cost}: {fix}",
         loc=("body",),
     )
+
+
+def precision(spec: ModelSpec, req: AttributionRequest) -> str | None:
+    """The dtype the model runs in: the request's, else the model's default; None: the
+    model's own dtype (so is a precision equal to it)."""
+    chosen = req.precision if req.precision is not None else spec.precision
+    if chosen is not None and spec.remote is not None:
+        raise InvalidRequest(
+            f"model {spec.id!r} is served by the {spec.remote.describe()}, which computes "
+            "in its own dtype; omit precision",
+            loc=("body", "precision"),
+        )
+    return None if chosen == spec.dtype else chosen
+
+
+def sampled(settings: Settings, spec: ModelSpec, precision: str | None) -> bool:
+    """Whether an answer in ``precision`` is one of the share checked against float32
+    unasked (models.toml ``fidelity_sample``, else ``ATTRSERVE_VERIFY_SHARE``); never one in
+    the model's own dtype (``precision`` None)."""
+    share = settings.verify_share if spec.fidelity_sample is None else spec.fidelity_sample
+    return precision is not None and random.random() < share

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -89,8 +90,9 @@ def probe_precision(lm: LoadedModel) -> tuple[dict[str, Any] | None, str | None]
         return None, None
     xs = probe_inputs(lm, PROBE_BATCH, AUTO_PROBE_LENGTH)
     method, params = probe_method(lm)
-    try:
-        res = methods.attribute(
+    return probed(
+        lm,
+        lambda: methods.attribute(
             lm.model,
             _one(xs),
             method,
@@ -98,7 +100,15 @@ def probe_precision(lm: LoadedModel) -> tuple[dict[str, Any] | None, str | None]
             precision="auto",
             fidelity_tolerance=lm.spec.fidelity_tolerance,
             **params,
-        )
+        ),
+    )
+
+
+def probed(lm: LoadedModel, run: Callable[[], Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """``run`` (an attribution with ``precision="auto"``, every kind its own) as the load-time
+    probe: per precision tried its ``rel_l2`` and ``ok``, and what was kept, or why not."""
+    try:
+        res = run()
     except Exception as exc:  # requests measure for themselves
         why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         log.warning("attrserve: model %s: the precision probe could not run: %s", lm.spec.id, why)
