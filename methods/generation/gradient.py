@@ -16,9 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from torch import Tensor, nn
 
+from methods import registry
 from methods.api import attribute
+from methods.cost import CostShape
+from methods.engine.batching import at_most
 from methods.errors import InvalidArgumentError
 from methods.generation.catalog import check_length, counterpart
 from methods.generation.errors import UnsupportedGenerationMethodError
@@ -117,18 +121,19 @@ def run(
     else:
         module = _TargetScores(lm, feats, target_ids, objective.step_fn())
         layer = f"lm.{lm.embedding_layer}"
-    res = attribute(
-        module,
-        ones,
-        ran,
-        target=rows,
-        baselines=0,
-        seed=seed,
-        internal_batch_size=internal_batch_size,
-        layer=layer,
-        **extra,
-        **given,
-    )
+    with at_most(captum_pass(ran, {**extra, **given, "layer": layer}, feats.n)):
+        res = attribute(
+            module,
+            ones,
+            ran,
+            target=rows,
+            baselines=0,
+            seed=seed,
+            internal_batch_size=internal_batch_size,
+            layer=layer,
+            **extra,
+            **given,
+        )
     a = res.attributions
     if not isinstance(a, Tensor):
         raise TypeError("unexpected attribution form")  # the embedding gives one tensor
@@ -138,3 +143,20 @@ def run(
     echo = {k: v for k, v in res.params.items()}
     echo["seed"] = seed
     return token_attr.sum(0), token_attr, ran, echo, {"forwards": 0}
+
+
+def captum_pass(method: str, params: dict[str, Any], n_features: int) -> int:
+    """The rows of Captum's one pass for one answer token (its ``internal_batch_size`` unset):
+    the most an "auto" chunk takes here, where one call runs every answer token. The method's
+    rows per example; ``n_steps="auto"``, which Captum has not, counts as the default step
+    count. Params that do not validate give no cap (the attribution reports them)."""
+    entry = registry.get(method)
+    fields = entry.params.model_fields
+    given = {k: v for k, v in params.items() if k in fields}
+    if given.get("n_steps") == "auto":
+        given.pop("n_steps")
+    try:
+        p = entry.params(**given)
+    except ValidationError:
+        return 1 << 62
+    return entry.cost(p, CostShape(input_shapes=((n_features,),)))

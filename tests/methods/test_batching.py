@@ -143,6 +143,22 @@ def test_cpu_gradient_chunks_keep_the_working_set_in_the_caches() -> None:
     torch.testing.assert_close(res.attributions, ref.attributions)
 
 
+def test_at_most_caps_auto_chunks_only() -> None:
+    """``at_most`` caps an "auto" chunk within its block (a path still takes one step of every
+    example); an explicit internal_batch_size and the code after the block are the caller's."""
+
+    def per_row() -> int:
+        return 1000
+
+    auto = batching.rows_per_chunk("auto", 600, per_row, granule=3)
+    assert auto == 600
+    with batching.at_most(50):
+        assert batching.rows_per_chunk("auto", 600, per_row, granule=3) == 48
+        assert batching.rows_per_chunk("auto", 600, per_row, granule=64) == 50
+        assert batching.rows_per_chunk(200, 600, per_row, granule=3) == 198
+    assert batching.rows_per_chunk("auto", 600, per_row, granule=3) == auto
+
+
 def test_a_measured_only_forward_lets_go_of_what_it_saves() -> None:
     """Perturbation methods measure a forward's bytes with grad enabled but never run its
     backward: with ``keep=False`` the saved activations are counted and freed as the forward

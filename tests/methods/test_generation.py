@@ -457,3 +457,23 @@ def test_progress_counts_the_prompts_evaluated(
     done, total = map(int, re.findall(r"(\d+)/(\d+)", capsys.readouterr().err)[-1])
     assert done == total > 1
     close(shown.seq_attr, quiet.seq_attr, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n_steps", [6, "auto"])
+def test_auto_chunks_hold_no_more_than_captums_pass_per_answer_token(n_steps: Any) -> None:
+    """One call runs every answer token, but an "auto" chunk holds no more rows than Captum's
+    one pass for one token (n_steps; 50, its default, for "auto"), however large the memory
+    budget: on a GPU half the free memory otherwise took every token's steps at once."""
+    from methods.engine import batching
+
+    batching.set_memory_budget(1 << 40)
+    try:
+        capped = ours_tokens("layer_integrated_gradients", n_steps=n_steps)
+    finally:
+        batching.set_memory_budget(None)
+    # "auto" climbs 2, 3, 5, ... Clenshaw-Curtis points; a rung's new points are 1 to 256
+    per_pass = 6 if n_steps == 6 else 50
+    tokens = 2  # "paris rome"
+    assert tokens <= capped.params["internal_batch_size"] <= max(per_pass, tokens)
+    whole = ours_tokens("layer_integrated_gradients", n_steps=n_steps, internal_batch_size=None)
+    close(capped.seq_attr, whole.seq_attr, rtol=1e-5, atol=1e-6)
