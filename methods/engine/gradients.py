@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from methods.engine.batching import forward_done
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.targets import Target
 
@@ -18,6 +19,7 @@ def gradients(forward: Forward, xs: Tensors, target: Target) -> tuple[Tensors, T
     with torch.enable_grad():
         leaves = tuple(x.detach().requires_grad_(True) for x in xs)
         selected = target.select(forward(leaves))  # checks the target against the output
+        forward_done()
         grads = (
             torch.autograd.grad(selected, leaves, torch.ones_like(selected), allow_unused=True)
             if selected.requires_grad
@@ -37,6 +39,7 @@ def grad_of_sum(selected: Tensor, leaves: Tensors) -> tuple[Tensor | None, ...]:
     """
     if not selected.requires_grad:
         return (None,) * len(leaves)
+    forward_done()
     return torch.autograd.grad(selected.sum(), leaves, allow_unused=True)
 
 

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from methods.engine import hooks
+from methods.engine.batching import forward_done
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.precision import working_dtype
 from methods.engine.targets import Target
@@ -335,6 +336,7 @@ def layer_gradients(
                 "layer on the path to the output",
                 argument="layer",
             )
+        forward_done()
         grads = torch.autograd.grad(selected.sum(), wanted, allow_unused=True) if wanted else ()
     it = iter(grads)
     full = tuple((next(it) if leaf.requires_grad else None) for leaf in leaves)

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from methods.engine.batching import forward_done
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.layers import run, tap
 from methods.errors import InvalidArgumentError
@@ -109,6 +110,7 @@ def neuron_gradients(
         if not neuron.requires_grad:
             grads: tuple[Tensor | None, ...] = (None,) * len(leaves)
         else:
+            forward_done()
             grads = torch.autograd.grad(neuron.sum(), leaves, allow_unused=True)
     return (
         tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs, strict=True)),

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from methods.engine import layers
+from methods.engine.batching import forward_done
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Forward, Tensors
 from methods.engine.targets import Target
@@ -66,6 +67,7 @@ def _gradients(
         taps, out = _tapped(stack, call, forward, paths, to_input, "graft")
         selected = target.select(out)
         wanted = [leaf for t in taps for leaf in t.leaves if leaf.requires_grad]
+        forward_done()
         found = (
             torch.autograd.grad(selected.sum(), wanted, allow_unused=True)
             if wanted and selected.requires_grad

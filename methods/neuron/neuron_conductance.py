@@ -13,6 +13,7 @@ import torch
 from pydantic import Field
 
 from methods.engine import layers, neurons
+from methods.engine.batching import forward_done
 from methods.engine.call import Call, Output
 from methods.engine.inputs import Tensors
 from methods.engine.quadrature import ApproximationMethod
@@ -46,6 +47,7 @@ def neuron_conductance(call: Call, p: NeuronConductanceParams) -> Output:
             out = layers.run(sub.forward, leaves, t)
             selected = sub.target.select(out)  # type: ignore[arg-type]
             values = t.values
+            forward_done()
             layer_grads = torch.autograd.grad(
                 selected.sum(), values, retain_graph=True, allow_unused=True
             )

@@ -210,3 +210,62 @@ def test_a_forward_that_differentiates_inside_itself_is_measured_keeping_what_it
         want = torch.stack([forces(x)[:, 0] - forces(x.index_fill(1, torch.tensor([j]), 0))[:, 0]
                             for j in range(5)], dim=1)  # fmt: skip
     torch.testing.assert_close(res.attributions, want)
+
+
+class _CountsBackwards(torch.autograd.Function):
+    calls = 0
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+        _CountsBackwards.calls += 1
+        return g
+
+
+class _Counted(nn.Module):
+    """Counts the backwards run through its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _CountsBackwards.apply(self.inner(x))
+
+
+def test_a_rows_cost_is_measured_without_its_backward() -> None:
+    """The measuring run of "auto" ends where the engine's backward would start: one backward
+    per chunk and none for the measure, the same attributions, the same bytes counted as with
+    the backward; a backward the engine does not announce (the caller's own) still runs."""
+    import methods
+    from methods.engine.gradients import grad_of_sum
+
+    model, x = _Counted(), torch.randn(2, 64)
+    for method, kw in [("integrated_gradients", {}), ("layer_integrated_gradients",
+                                                    {"layer": "inner.0"})]:  # fmt: skip
+        _CountsBackwards.calls = 0
+        res = methods.attribute(model, x, method, target=0, n_steps=12, internal_batch_size="auto",
+                                **kw)  # fmt: skip
+        chunks = -(-12 * 2 // res.params["internal_batch_size"])
+        assert _CountsBackwards.calls == chunks, method
+        ref = methods.attribute(model, x, method, target=0, n_steps=12, **kw)
+        torch.testing.assert_close(res.attributions, ref.attributions)
+
+    def announced() -> None:
+        leaf = x.clone().requires_grad_(True)
+        grad_of_sum(model(leaf)[:, 0], (leaf,))
+
+    def own() -> None:
+        leaf = x.clone().requires_grad_(True)
+        torch.autograd.grad(model(leaf)[:, 0].sum(), leaf)
+
+    _CountsBackwards.calls = 0
+    full = batching.count_saved_bytes(announced)[1]
+    assert _CountsBackwards.calls == 1
+    assert batching.row_bytes_estimate(announced, 1).nbytes == full.nbytes
+    assert _CountsBackwards.calls == 1
+    assert batching.row_bytes_estimate(own, 1).nbytes == full.nbytes
+    assert _CountsBackwards.calls > 1  # run again keeping what it saves, as before
