@@ -119,3 +119,17 @@ def test_cuda_without_a_gpu_is_refused_in_one_line(capsys: pytest.CaptureFixture
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert (p.returncode, p.stdout, p.stderr.strip()) == (2, "", real.NO_CUDA)
+
+
+def test_peak_memory_is_the_runs_own() -> None:
+    """The CPU peak (Linux's reset peak RSS, else a sampling thread) sees a run's transient
+    allocation, freed before the run ends, and not what was held before it."""
+    import torch
+
+    held = torch.ones(64 << 18)  # 64 MiB held throughout
+    with real.peak_mib(torch.device("cpu")) as mem:
+        big = torch.ones(128 << 18)  # 128 MiB, freed inside the run
+        big.add_(1)
+        del big
+    assert mem[0] is not None and 100 < mem[0] < 200, mem[0]
+    del held
