@@ -12,7 +12,7 @@ import math
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -198,6 +198,17 @@ _forward_only: ContextVar[bool] = ContextVar("forward_only", default=False)
 
 class _ForwardDone(Exception):
     """Raised by ``forward_done`` to end a measured run where its backward would start."""
+
+
+def model_call() -> Token[bool]:
+    """Entered around a call of the model (``Forward``): a backward the model runs inside
+    itself, even through the engine (a model that attributes), is the model's own and runs;
+    pass the token to ``model_returned``."""
+    return _forward_only.set(False)
+
+
+def model_returned(token: Token[bool]) -> None:
+    _forward_only.reset(token)
 
 
 def forward_done() -> None:

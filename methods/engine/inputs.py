@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from methods.engine.batching import model_call, model_returned
 from methods.errors import AttributionError, InvalidArgumentError, InvalidTypeError, ModelError
 
 Tensors = tuple[Tensor, ...]
@@ -108,6 +109,7 @@ class Forward:
     args: tuple[Any, ...] = ()
 
     def __call__(self, inputs: Tensors) -> Tensor:
+        token = model_call()
         try:
             out = self.fn(*inputs, *self.args)
         except (AttributionError, torch.OutOfMemoryError):
@@ -116,6 +118,8 @@ class Forward:
             raise ModelError(
                 f"the model raised {type(exc).__name__}: {exc}", argument="inputs"
             ) from exc
+        finally:
+            model_returned(token)
         return as_output_tensor(out, like=inputs[0])
 
     def expanded(self, n: int, *, interleave: bool = False) -> Forward:

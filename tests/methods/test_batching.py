@@ -269,3 +269,21 @@ def test_a_rows_cost_is_measured_without_its_backward() -> None:
     assert _CountsBackwards.calls == 1
     assert batching.row_bytes_estimate(own, 1).nbytes == full.nbytes
     assert _CountsBackwards.calls > 1  # run again keeping what it saves, as before
+
+
+def test_a_backward_inside_the_model_runs_while_a_row_is_measured() -> None:
+    """A model that attributes inside its forward (through the engine) is not cut short by the
+    measure of the call around it: that backward is the model's own."""
+    import methods
+
+    inner = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        sal = methods.attribute(inner, x.detach(), "saliency", target=0).attributions
+        return inner(x) + sal.sum(1, keepdim=True)
+
+    x = torch.randn(3, 8)
+    res = methods.attribute(model, x, "integrated_gradients", target=1, n_steps=6,
+                            internal_batch_size="auto")  # fmt: skip
+    ref = methods.attribute(model, x, "integrated_gradients", target=1, n_steps=6)
+    torch.testing.assert_close(res.attributions, ref.attributions)
