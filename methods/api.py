@@ -11,14 +11,19 @@ from typing import Any, cast
 import torch
 
 from methods import registry
-from methods.engine import layers
+from methods.engine import layers, layout
 from methods.engine import precision as precision_
 from methods.engine.batching import check_batch_size
 from methods.engine.call import Call, Output, Result
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
-from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
+from methods.errors import (
+    InvalidArgumentError,
+    InvalidTypeError,
+    ModelError,
+    UnsupportedModelError,
+)
 from methods.layer import multi
 from methods.layer._common import LayerParams, upsampler
 from methods.params import parse_params
@@ -249,6 +254,29 @@ def _attribute(
     upsample: Any,
     seed: int | None,
 ) -> Result:
+    """``_attribute_as_given``, with image batches fed channels-last where ``layout`` says it
+    pays; a model that fails on them is run again as given, and fed as given from then on."""
+    args = (p, noise_tunnel, as_tuple, upsample, seed)
+    if EXPORTING.get() or not layout.eligible(call, spec.name):
+        return _attribute_as_given(spec, call, *args)
+    try:
+        return _attribute_as_given(spec, layout.fed_channels_last(call), *args)
+    except ModelError:
+        again = call.replace(generator=_generator(seed, call.inputs[0].device))
+        result = _attribute_as_given(spec, again, *args)  # the model's own error raises here
+        layout.refuse(call.model, spec.name)
+        return result
+
+
+def _attribute_as_given(
+    spec: registry.MethodSpec,
+    call: Call,
+    p: Any,
+    noise_tunnel: dict[str, Any] | None,
+    as_tuple: bool,
+    upsample: Any,
+    seed: int | None,
+) -> Result:
     """The method on ``call``: once, or for a list of layers once per layer or in one pass."""
     paths = p.layer if isinstance(p, LayerParams) and isinstance(p.layer, list) else None
     if paths is None:
@@ -342,10 +370,10 @@ def _result(
     if nt_echo is not None:
         echo["noise_tunnel"] = nt_echo
     form = as_tuple if out.as_tuple is None else out.as_tuple
+    # laid out as a caller's tensors are (a layer's value fed channels-last is not)
+    attrs = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in out.attributions)
     return Result(
-        attributions=(
-            restore_form(out.attributions, form) if nest is None else nest(out.attributions)
-        ),
+        attributions=restore_form(attrs, form) if nest is None else nest(attrs),
         convergence_delta=out.delta if call.return_delta else None,
         outputs=out.outputs,
         params=echo,

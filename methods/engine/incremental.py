@@ -35,6 +35,7 @@ window layer are left to the plain path (``local_graph`` returns None).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -429,8 +430,11 @@ def evaluate_boxes(
         )
     initial = initial.detach()
     initial = initial.reshape(1) if initial.dim() == 0 else initial
+    # the model's own forward in the layout the analysis ran in (a channels-last one sums in
+    # another order), on a copy: the caller's x stays as is
+    as_given = dataclasses.replace(call.forward, channels_last=False)
     with torch.no_grad():
-        own = call.target.select_rows(call.forward((x.clone(),)))  # the caller's x stays as is
+        own = call.target.select_rows(as_given((x.clone(),)))
     if not torch.equal(initial, own.reshape(1) if own.dim() == 0 else own):
         return None  # the graph is not the model's function after all: take the plain path
     ev = Evaluator(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -103,12 +103,16 @@ def tile(x: Tensor, n: int) -> Tensor:
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """The model bound to its additional forward arguments: ``forward(inputs) -> output``."""
+    """The model bound to its additional forward arguments: ``forward(inputs) -> output``;
+    with ``channels_last``, image batches reach it channels-last (``methods.engine.layout``)."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
+    channels_last: bool = False
 
     def __call__(self, inputs: Tensors) -> Tensor:
+        if self.channels_last:
+            inputs = tuple(_channels_last(x) for x in inputs)
         token = model_call()
         try:
             out = self.fn(*inputs, *self.args)
@@ -125,7 +129,30 @@ class Forward:
     def expanded(self, n: int, *, interleave: bool = False) -> Forward:
         if n == 1 or not self.args:
             return self
-        return Forward(self.fn, expand_args(self.args, n, interleave=interleave))
+        args = expand_args(self.args, n, interleave=interleave)
+        return Forward(self.fn, args, self.channels_last)
+
+
+class _ToChannelsLast(torch.autograd.Function):
+    """A channels-last copy whose gradient comes back laid out as its input (NCHW), so that
+    every attribution made from it is laid out as the caller's inputs are."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.contiguous(memory_format=torch.channels_last)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad.contiguous()
+
+
+def _channels_last(x: Tensor) -> Tensor:
+    """An image batch (4-D, floating point) channels-last; anything else as it is."""
+    if not isinstance(x, Tensor) or x.dim() != 4 or not x.is_floating_point():
+        return x
+    if x.requires_grad and torch.is_grad_enabled():
+        return cast(Tensor, _ToChannelsLast.apply(x))
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 def as_output_tensor(out: object, like: Tensor) -> Tensor:

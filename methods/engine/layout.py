@@ -1,0 +1,74 @@
+"""Channels-last inputs for conv nets on a CPU.
+
+oneDNN runs a 2-D convolution natively in the channels-last (NHWC) layout; fed the usual NCHW
+it reorders every convolution's input and output. Fed channels-last, the layout carries from
+one convolution to the next and the model is unchanged (its weights keep their layout). On a
+2-core AVX-512 Xeon, float32, the same rows (2026-11-28): the benchmarks' 3x64x64 CNN forward
+and backward 0.57-0.64x NCHW's time (a no-grad forward 0.28x), ResNet-50 0.87-0.90x (forward
+0.88x), ViT-B/16, whose one convolution is its patch embedding, 0.99x. The answer is the same
+function of the inputs: convolutions sum in another order, a difference at float32's rounding
+(0 on the CNN's forward, checked against Captum by the parity tests).
+
+A forward that cannot take such inputs (``x.view(n, -1)`` after a convolution: a
+channels-last tensor has no such view) raises; the attribution is then run again as given
+and the model is not fed channels-last again. Only where it pays and is measured: CUDA is not
+on the list until a GPU benchmark says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+from torch import Tensor, nn
+
+from methods.engine.call import Call
+
+#: device types whose conv nets get channels-last inputs
+DEVICES = ("cpu",)
+
+#: per model: whether it has a 2-D convolution (walking a model costs more than a small
+#: model's forward; kept weakly)
+_HAS_CONV: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+#: per model: the methods whose run failed on channels-last inputs and ran as given (a
+#: method's own hooks may need the layout too: a DeepLift rule viewing a pooled activation)
+_REFUSED: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
+
+
+def eligible(call: Call, method: str) -> bool:
+    """Whether ``call``'s forward should get its image inputs channels-last for ``method``: a
+    module with a 2-D convolution, no norm layer updating its running statistics (a failed
+    first try must not have moved them), a 4-D floating input on a listed device."""
+    model = call.model
+    if not isinstance(model, nn.Module) or method in _REFUSED.get(model, ()):
+        return False
+    if not any(_image(x) for x in call.inputs):
+        return False
+    has = _HAS_CONV.get(model)
+    if has is None:
+        has = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        _HAS_CONV[model] = has
+    return has and not any(
+        m.training and m.track_running_stats
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase)
+    )
+
+
+def fed_channels_last(call: Call) -> Call:
+    return call.replace(forward=dataclasses.replace(call.forward, channels_last=True))
+
+
+def refuse(model: nn.Module, method: str) -> None:
+    """``method`` on ``model`` failed on channels-last inputs and ran as given: as given from
+    now on."""
+    _REFUSED.setdefault(model, set()).add(method)
+
+
+def _image(x: object) -> bool:
+    return (
+        isinstance(x, Tensor)
+        and x.dim() == 4
+        and x.is_floating_point()
+        and x.device.type in DEVICES
+    )

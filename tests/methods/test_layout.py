@@ -1,0 +1,102 @@
+"""Channels-last inputs for conv nets on a CPU (methods.engine.layout): the model sees them
+where it can take them, the answers are Captum's and laid out as the caller's inputs, and a
+model that cannot take them is run as given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import methods
+from methods.errors import ModelError
+
+captum_attr = pytest.importorskip("captum.attr")
+
+CL = torch.channels_last
+
+
+class _Seen(nn.Module):
+    """A small conv net that records the layout of every input it is fed."""
+
+    def __init__(self, view: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(6 * 4 * 4, 3)
+        self.view = view
+        self.layouts: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.layouts.append(x.is_contiguous(memory_format=CL) and not x.is_contiguous())
+        h = self.pool(torch.relu(self.conv(x)))
+        # a view needs the NCHW layout; flatten copies where it must
+        return self.head(h.view(h.shape[0], -1) if self.view else h.flatten(1))
+
+
+def _net(view: bool = False) -> _Seen:
+    torch.manual_seed(0)
+    return _Seen(view).eval()
+
+
+X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize(
+    "method,captum,kw",
+    [
+        ("integrated_gradients", "IntegratedGradients", {"n_steps": 20}),
+        ("saliency", "Saliency", {}),
+        ("occlusion", "Occlusion", {"sliding_window_shapes": (3, 2, 2)}),
+    ],
+)
+def test_a_conv_net_is_fed_channels_last_and_answers_as_captum(
+    method: str, captum: str, kw: dict[str, Any]
+) -> None:
+    model = _net()
+    res = methods.attribute(model, X, method, target=1, **kw)
+    assert model.layouts and all(model.layouts), "the model was fed NCHW"
+    want = getattr(captum_attr, captum)(model).attribute(X, target=1, **kw)
+    torch.testing.assert_close(res.attributions, want, rtol=1e-5, atol=1e-6)
+    assert res.attributions.is_contiguous()
+
+
+def test_a_layers_attributions_are_laid_out_as_usual() -> None:
+    model = _net()
+    res = methods.attribute(model, X, "layer_gradcam", target=1, layer="conv")
+    want = captum_attr.LayerGradCam(model, model.conv).attribute(X, target=1)
+    torch.testing.assert_close(res.attributions, want, rtol=1e-5, atol=1e-6)
+    assert res.attributions.is_contiguous()
+
+
+def test_a_model_that_cannot_take_them_is_run_as_given_and_remembered() -> None:
+    model = _net(view=True)
+    res = methods.attribute(model, X, "integrated_gradients", target=1, n_steps=8)
+    want = captum_attr.IntegratedGradients(model).attribute(X, target=1, n_steps=8)
+    torch.testing.assert_close(res.attributions, want, rtol=1e-5, atol=1e-6)
+    assert model.layouts[0] and not any(model.layouts[1:])  # one failed try, then NCHW
+    model.layouts.clear()
+    methods.attribute(model, X, "integrated_gradients", target=1, n_steps=8)
+    assert model.layouts and not any(model.layouts)  # not tried again
+
+
+def test_the_models_own_error_is_still_reported() -> None:
+    model = _net()
+    with pytest.raises(ModelError, match="mat1 and mat2"):
+        methods.attribute(model, torch.randn(2, 3, 10, 10), "saliency", target=1)
+    model.layouts.clear()
+    methods.attribute(model, X, "saliency", target=1)
+    assert model.layouts and all(model.layouts)  # a real error does not turn it off
+
+
+def test_not_while_a_norm_layer_updates_its_statistics() -> None:
+    model = _net()
+    model.norm = nn.BatchNorm2d(3)  # registered, in training mode, never called
+    methods.attribute(model, X, "saliency", target=1)
+    assert model.layouts and not any(model.layouts)
+    model.norm.eval()
+    model.layouts.clear()
+    methods.attribute(model, X, "saliency", target=1)
+    assert all(model.layouts)
