@@ -812,6 +812,66 @@ def check_incremental(
     return [Row("incremental occlusion", "FAIL" if problems else "PASS", figures, data=data)]
 
 
+# -- 7. channels-last inputs ---------------------------------------------------------------
+
+
+def check_channels_last(
+    device: str, images: int = 4, size: int = 224, n_steps: int = 16, tiny: bool = False
+) -> list[Row]:
+    """Integrated gradients on Hugging Face's ResNet-50 with its images fed channels-last and
+    as given (``methods.engine.layout``, on by default for the CPU only): the same answer, and
+    the time of each (whether CUDA should be on the list)."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    import methods
+    from methods.engine import layout
+
+    torch.manual_seed(0)
+    cfg = ResNetConfig(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 64]) if tiny else None
+    hf = ResNetForImageClassification(cfg or ResNetConfig()).eval().to(device)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = hf
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.model(pixel_values=pixel_values).logits  # type: ignore[no-any-return]
+
+    model = Logits().eval()
+    x = torch.randn(images, 3, size, size, generator=torch.Generator().manual_seed(5)).to(device)
+
+    def run(on: tuple[str, ...]) -> tuple[Any, float]:
+        layout.DEVICES = on
+        methods.attribute(model, x, "integrated_gradients", target=1, n_steps=n_steps)  # warm
+        _sync(device)
+        start = time.perf_counter()
+        res = methods.attribute(model, x, "integrated_gradients", target=1, n_steps=n_steps)
+        _sync(device)
+        return res.attributions, time.perf_counter() - start
+
+    before = layout.DEVICES
+    kind = x.device.type
+    try:
+        with _tf32_off():  # what is compared is the layout, in float32
+            nhwc, nhwc_s = run((kind,))
+            nchw, nchw_s = run(())
+    finally:
+        layout.DEVICES = before
+    d = rel_diff(nhwc, nchw)
+    tol = 1e-4
+    figures = (
+        f"rel diff {d:.2g} (tol {tol:.0e}, TF32 off); IG {n_steps} steps, {images} image(s): "
+        f"channels-last {nhwc_s:.3f} s, as given {nchw_s:.3f} s ({nhwc_s / nchw_s:.2f}x); on by "
+        f"default here: {kind in before}"
+    )
+    ok = d <= tol
+    data = {"rel_diff": d, "channels_last_s": nhwc_s, "as_given_s": nchw_s}
+    return [Row("channels-last inputs", "PASS" if ok else "FAIL",
+                figures if ok else figures + "; FAILED: answers differ", data=data)]  # fmt: skip
+
+
 # -- the benchmark, the report, the command ------------------------------------------------
 
 
@@ -872,6 +932,7 @@ def checks(device: str) -> list[tuple[str, Callable[[], list[Row]]]]:
             "incremental occlusion",
             lambda: check_incremental(device, images=4 if "cuda" in device else 1),
         ),
+        ("channels-last inputs", lambda: check_channels_last(device)),
     ]
 
 

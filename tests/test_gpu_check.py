@@ -141,6 +141,16 @@ def test_incremental_occlusion_equals_full_forwards_and_is_timed() -> None:
     assert "on by default here: True" in row.figures
 
 
+def test_channels_last_inputs_answer_as_given_and_are_timed() -> None:
+    from methods.engine import layout
+
+    before = layout.DEVICES
+    [row] = gpu_check.check_channels_last("cpu", images=1, size=32, n_steps=4, tiny=True)
+    assert row.result == "PASS", row.figures
+    assert row.data["rel_diff"] <= 1e-5 and row.data["channels_last_s"] > 0
+    assert "on by default here: True" in row.figures and before == layout.DEVICES
+
+
 def test_a_check_that_raises_becomes_one_fail_row() -> None:
     def broken() -> list[Row]:
         raise torch.OutOfMemoryError("CUDA out of memory.\nTried to allocate 2.00 GiB")
