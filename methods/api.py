@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import torch
 
-from methods import registry
+from methods import progress, registry
 from methods.engine import layers, layout
 from methods.engine import precision as precision_
 from methods.engine.batching import check_batch_size
@@ -19,6 +19,7 @@ from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
 from methods.errors import (
+    AttributionError,
     InvalidArgumentError,
     InvalidTypeError,
     ModelError,
@@ -259,13 +260,24 @@ def _attribute(
     args = (p, noise_tunnel, as_tuple, upsample, seed)
     if EXPORTING.get() or not layout.eligible(call, spec.name):
         return _attribute_as_given(spec, call, *args)
+    # what the try may move and the run as given must find as it was: the global random
+    # stream (unseeded sampling; layout's devices are CPUs) and the progress bar
+    rng, mark = torch.get_rng_state(), progress.mark()
     try:
         return _attribute_as_given(spec, layout.fed_channels_last(call), *args)
     except ModelError:
-        again = call.replace(generator=_generator(seed, call.inputs[0].device))
-        result = _attribute_as_given(spec, again, *args)  # the model's own error raises here
-        layout.refuse(call.model, spec.name)
-        return result
+        pass  # the model's forward failed on them
+    except (AttributionError, torch.OutOfMemoryError):
+        raise  # the request's own error, a cancel, memory: the layout is not the cause
+    except Exception:
+        pass  # the model's backward failed on them (a gradient hook's view)
+    # outside the handler, so that the model's own error, if it fails again, is reported alone
+    torch.set_rng_state(rng)
+    progress.rewind(mark)
+    again = call.replace(generator=_generator(seed, call.inputs[0].device))
+    result = _attribute_as_given(spec, again, *args)
+    layout.refuse(call.model, spec.name)
+    return result
 
 
 def _attribute_as_given(
@@ -375,7 +387,7 @@ def _result(
     return Result(
         attributions=restore_form(attrs, form) if nest is None else nest(attrs),
         convergence_delta=out.delta if call.return_delta else None,
-        outputs=out.outputs,
+        outputs=None if out.outputs is None else out.outputs.contiguous(),
         params=echo,
         method=spec.name,
     )

@@ -49,3 +49,17 @@ def done(n: int) -> None:
     bar = _bar.get()
     if bar is not None and n > 0:
         bar.update(int(n))
+
+
+def mark() -> tuple[float, float] | None:
+    """Where the bar stands (its total and count), for ``rewind``; None without a bar."""
+    bar = _bar.get()
+    return None if bar is None else (bar.total, bar.n)
+
+
+def rewind(at: tuple[float, float] | None) -> None:
+    """Back to ``mark()``'s place: work that is to be run again is counted once."""
+    bar = _bar.get()
+    if bar is not None and at is not None:
+        bar.total, bar.n = at
+        bar.refresh()

@@ -16,6 +16,7 @@ and output) and its plain vector-Jacobian product.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -189,7 +190,7 @@ def ruled(forward: Any, composite: Composite) -> Any:
         with _Mode(composite):
             return fn(*args)
 
-    return type(forward)(wrapped, forward.args)
+    return dataclasses.replace(forward, fn=wrapped)
 
 
 # --- Guided backprop (Springenberg et al. 2015) and deconvolution (Zeiler & Fergus 2014)

@@ -9,9 +9,10 @@ and backward 0.57-0.64x NCHW's time (a no-grad forward 0.28x), ResNet-50 0.87-0.
 function of the inputs: convolutions sum in another order, a difference at float32's rounding
 (0 on the CNN's forward, checked against Captum by the parity tests).
 
-A forward that cannot take such inputs (``x.view(n, -1)`` after a convolution: a
-channels-last tensor has no such view) raises; the attribution is then run again as given
-and the model is not fed channels-last again. Only where it pays and is measured: CUDA is not
+A model that cannot take such inputs (``x.view(n, -1)`` after a convolution: a
+channels-last tensor has no such view; a gradient hook viewing its gradient) raises; the
+attribution is then run again as given, from the same random state, and that method is not
+run channels-last on that model again. Only where it pays and is measured: CUDA is not
 on the list until a GPU benchmark says so.
 """
 
@@ -37,8 +38,9 @@ _REFUSED: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictio
 
 def eligible(call: Call, method: str) -> bool:
     """Whether ``call``'s forward should get its image inputs channels-last for ``method``: a
-    module with a 2-D convolution, no norm layer updating its running statistics (a failed
-    first try must not have moved them), a 4-D floating input on a listed device."""
+    module with a 2-D convolution, no module with state of its own in training mode (a
+    failed first try must not have moved it: a norm layer's running statistics), a 4-D
+    floating input on a listed device."""
     model = call.model
     if not isinstance(model, nn.Module) or method in _REFUSED.get(model, ()):
         return False
@@ -48,11 +50,13 @@ def eligible(call: Call, method: str) -> bool:
     if has is None:
         has = any(isinstance(m, nn.Conv2d) for m in model.modules())
         _HAS_CONV[model] = has
-    return has and not any(
-        m.training and m.track_running_stats
-        for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._NormBase)
-    )
+    return has and not any(m.training and _has_buffers(m) for m in model.modules())
+
+
+def _has_buffers(m: nn.Module) -> bool:
+    """Whether ``m`` holds state of its own that a training-mode forward may move (a norm
+    layer's running statistics, spectral norm's power-iteration vector)."""
+    return any(True for _ in m.buffers(recurse=False))
 
 
 def fed_channels_last(call: Call) -> Call:

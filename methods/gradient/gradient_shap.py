@@ -9,6 +9,8 @@ distribution. Unlike Captum, the N * n_samples rows are chunked by ``internal_ba
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from pydantic import Field
 
@@ -76,9 +78,9 @@ def gradient_shap(call: Call, p: GradientShapParams) -> Output:
     def chunk(s: int, e: int) -> Tensors:
         fwd = sub.forward
         if e - s != rows:
-            fwd = type(fwd)(
-                fwd.fn,
-                tuple(
+            fwd = dataclasses.replace(
+                fwd,
+                args=tuple(
                     a[s:e]
                     if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == rows
                     else a

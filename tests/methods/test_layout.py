@@ -100,3 +100,66 @@ def test_not_while_a_norm_layer_updates_its_statistics() -> None:
     model.layouts.clear()
     methods.attribute(model, X, "saliency", target=1)
     assert all(model.layouts)
+
+
+class _HookView(_Seen):
+    """Views the gradient at its conv's output: only the backward fails on channels-last."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.layouts.append(x.is_contiguous(memory_format=CL) and not x.is_contiguous())
+        h = torch.relu(self.conv(x))
+        if h.requires_grad:
+            h.register_hook(lambda g: g.view(g.shape[0], -1).view(g.shape))
+        return self.head(self.pool(h).flatten(1))
+
+
+def test_a_backward_that_cannot_take_them_is_run_as_given_too() -> None:
+    torch.manual_seed(0)
+    model = _HookView().eval()
+    want = captum_attr.Saliency(model).attribute(X, target=1)
+    model.layouts.clear()
+    for _ in range(2):
+        res = methods.attribute(model, X, "saliency", target=1)
+        torch.testing.assert_close(res.attributions, want)
+    assert model.layouts[0] and not any(model.layouts[1:])
+
+
+def test_the_run_as_given_starts_from_the_same_random_state() -> None:
+    """Unseeded sampling draws from torch's stream: a failed try must not move it, nor count
+    twice on the progress bar."""
+    model = _net(view=True)
+    answers = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        zeros = torch.zeros(3, 3, 8, 8)
+        res = methods.attribute(model, X, "gradient_shap", target=1, baselines=zeros)
+        answers.append(res.attributions)
+    torch.testing.assert_close(answers[0], answers[1], rtol=0, atol=0)
+
+
+def test_the_progress_bar_counts_a_run_as_given_once(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    methods.attribute(_net(view=True), X, "integrated_gradients", target=1, n_steps=8,
+                      progress=True)  # fmt: skip
+    done, total = map(int, re.findall(r"(\d+)/(\d+)", capsys.readouterr().err)[-1])
+    assert done == total == 8
+
+
+def test_the_models_own_error_after_a_failed_try_is_reported_alone() -> None:
+    with pytest.raises(methods.errors.TargetError) as caught:
+        methods.attribute(_net(view=True), X, "saliency", target=7)
+    assert caught.value.__context__ is None
+
+
+def test_not_while_a_module_with_state_is_in_training_mode() -> None:
+    """A training-mode module with buffers (spectral norm's vector, a norm's statistics) may
+    move them in a forward: no try that could fail. A wrapper without state may train."""
+    model = nn.Sequential(_net()).train()
+    model[0].eval()
+    methods.attribute(model, X, "saliency", target=1)
+    assert all(model[0].layouts)
+    sn = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Conv2d(3, 3, 1)), _net()).train()
+    sn[1].eval()
+    methods.attribute(sn, X, "saliency", target=1)
+    assert sn[1].layouts and not any(sn[1].layouts)
