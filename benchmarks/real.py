@@ -255,13 +255,14 @@ class _Chunks:
     many evaluations each chunk ran: the benchmark's one window on what "auto" chose."""
 
     def __init__(self) -> None:
-        self.total = 0
+        self.total = self.n = 0  # what the bar counts (methods.progress.mark reads them)
         self.sizes: list[int] = []
 
     def refresh(self) -> None:
         pass
 
     def update(self, n: int) -> None:
+        self.n += n
         self.sizes.append(n)
 
 

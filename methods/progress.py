@@ -1,7 +1,8 @@
 """``progress=True``: a tqdm bar on stderr over an attribution's model evaluations (Captum's
 ``show_progress``).
 
-The bar lives in a ContextVar for the duration of one ``methods.attribute`` call. Every
+The bar lives in a ContextVar for the duration of one ``methods.attribute`` call (a tqdm bar,
+or anything with its ``total``, ``n``, ``update`` and ``refresh``). Every
 evaluation loop of the engine (chunks of path rows, batches of perturbations) says how many
 evaluations it will make when it starts (``expect``) and counts them as they finish
 (``done``); a method whose loops nest (a noise tunnel over a chunked method) grows the total
