@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import torch
 
-from methods import progress, registry
+from methods import registry
 from methods.engine import layers, layout
 from methods.engine import precision as precision_
 from methods.engine.batching import check_batch_size
@@ -18,13 +18,7 @@ from methods.engine.call import Call, Output, Result
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
-from methods.errors import (
-    AttributionError,
-    InvalidArgumentError,
-    InvalidTypeError,
-    ModelError,
-    UnsupportedModelError,
-)
+from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
 from methods.layer import multi
 from methods.layer._common import LayerParams, upsampler
 from methods.params import parse_params
@@ -254,42 +248,17 @@ def _attribute(
     as_tuple: bool,
     upsample: Any,
     seed: int | None,
+    laid_out: bool = False,
 ) -> Result:
-    """``_attribute_as_given``, with image batches fed channels-last where ``layout`` says it
-    pays; a model that fails on them is run again as given, and fed as given from then on."""
-    args = (p, noise_tunnel, as_tuple, upsample, seed)
-    if EXPORTING.get() or not layout.eligible(call, spec.name):
-        return _attribute_as_given(spec, call, *args)
-    # what the try may move and the run as given must find as it was: the global random
-    # stream (unseeded sampling; layout's devices are CPUs) and the progress bar
-    rng, mark = torch.get_rng_state(), progress.mark()
-    try:
-        return _attribute_as_given(spec, layout.fed_channels_last(call), *args)
-    except ModelError:
-        pass  # the model's forward failed on them
-    except (AttributionError, torch.OutOfMemoryError):
-        raise  # the request's own error, a cancel, memory: the layout is not the cause
-    except Exception:
-        pass  # the model's backward failed on them (a gradient hook's view)
-    # outside the handler, so that the model's own error, if it fails again, is reported alone
-    torch.set_rng_state(rng)
-    progress.rewind(mark)
-    again = call.replace(generator=_generator(seed, call.inputs[0].device))
-    result = _attribute_as_given(spec, again, *args)
-    layout.refuse(call.model, spec.name)
-    return result
-
-
-def _attribute_as_given(
-    spec: registry.MethodSpec,
-    call: Call,
-    p: Any,
-    noise_tunnel: dict[str, Any] | None,
-    as_tuple: bool,
-    upsample: Any,
-    seed: int | None,
-) -> Result:
-    """The method on ``call``: once, or for a list of layers once per layer or in one pass."""
+    """The method on ``call``: once, or for a list of layers once per layer or in one pass;
+    image batches fed channels-last where ``layout`` says it pays (``laid_out``: decided)."""
+    if not laid_out and not EXPORTING.get() and layout.eligible(call, spec.name):
+        return layout.tried(
+            call,
+            spec.name,
+            lambda c: _attribute(spec, c, p, noise_tunnel, as_tuple, upsample, seed, True),
+            again=lambda: call.replace(generator=_generator(seed, call.inputs[0].device)),
+        )
     paths = p.layer if isinstance(p, LayerParams) and isinstance(p.layer, list) else None
     if paths is None:
         return _run(spec, call, p, noise_tunnel, as_tuple, upsample)

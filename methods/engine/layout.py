@@ -20,10 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
+import torch
 from torch import Tensor, nn
 
+from methods import progress
 from methods.engine.call import Call
+from methods.errors import AttributionError, ModelError
+
+R = TypeVar("R")
 
 #: device types whose conv nets get channels-last inputs
 DEVICES = ("cpu",)
@@ -59,14 +66,29 @@ def _has_buffers(m: nn.Module) -> bool:
     return any(True for _ in m.buffers(recurse=False))
 
 
-def fed_channels_last(call: Call) -> Call:
-    return call.replace(forward=dataclasses.replace(call.forward, channels_last=True))
-
-
-def refuse(model: nn.Module, method: str) -> None:
-    """``method`` on ``model`` failed on channels-last inputs and ran as given: as given from
-    now on."""
-    _REFUSED.setdefault(model, set()).add(method)
+def tried(call: Call, method: str, run: Callable[[Call], R], again: Callable[[], Call]) -> R:
+    """``run(call)`` with ``call``'s image batches fed channels-last; where the model
+    fails on them (its forward, or its backward: a gradient hook's view), ``run`` on
+    ``again()`` (``call`` with a fresh generator) as given, and ``method`` as given on that
+    model from then on. The run as given finds the global random stream (unseeded sampling;
+    ``DEVICES`` are CPUs) and the progress bar where the try found them, and runs outside
+    the failed try's handler, so that the model's own error, if it fails again, is reported
+    alone."""
+    rng, mark = torch.get_rng_state(), progress.mark()
+    fed = call.replace(forward=dataclasses.replace(call.forward, channels_last=True))
+    try:
+        return run(fed)
+    except ModelError:
+        pass  # the model's forward failed on them
+    except (AttributionError, torch.OutOfMemoryError):
+        raise  # the request's own error, a cancel, memory: the layout is not the cause
+    except Exception:
+        pass  # the model's backward failed on them
+    torch.set_rng_state(rng)
+    progress.rewind(mark)
+    result = run(again())
+    _REFUSED.setdefault(call.model, set()).add(method)
+    return result
 
 
 def _image(x: object) -> bool:
