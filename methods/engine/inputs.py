@@ -110,9 +110,14 @@ class Forward:
     args: tuple[Any, ...] = ()
     channels_last: bool = False
 
+    def laid_out(self, inputs: Tensors) -> Tensors:
+        """``inputs`` as the model gets them: image batches channels-last where set."""
+        if not self.channels_last:
+            return inputs
+        return tuple(_channels_last(x) for x in inputs)
+
     def __call__(self, inputs: Tensors) -> Tensor:
-        if self.channels_last:
-            inputs = tuple(_channels_last(x) for x in inputs)
+        inputs = self.laid_out(inputs)
         token = model_call()
         try:
             out = self.fn(*inputs, *self.args)

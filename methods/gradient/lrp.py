@@ -64,7 +64,7 @@ def relevance_forward(call: Call, rules: dict[str, lrp_rules.Rule]) -> Forward:
         with lrp_rules.lrp(model, rules):
             return fn(*args)
 
-    return Forward(wrapped, call.forward.args)
+    return Forward(wrapped, call.forward.args, call.forward.channels_last)
 
 
 def scale(relevance: Tensors, output: torch.Tensor) -> Tensors:

@@ -50,17 +50,20 @@ def layer_feature_ablation(call: Call, p: LayerFeatureAblationParams) -> Output:
     to_input = p.attribute_to_layer_input
     acts = layers.activations(call.forward, call.inputs, module, p.path, to_input)
     xs, fn, n, count = call.inputs, call.forward.fn, call.n, len(acts)
+    laid = call.forward.laid_out
 
     def swapped(*args: Any) -> Any:
         values, rest = args[:count], args[count:]
         k = int(values[0].shape[0]) // n
         with layers.tap(module, p.path, to_input=to_input, mode="swap", replacement=values) as t:
-            out = fn(*layers.tile(xs, k), *rest)
+            out = fn(*laid(layers.tile(xs, k)), *rest)
         t.check_ran()
         return out
 
     sub = call.replace(
-        forward=Forward(swapped, call.forward.args), inputs=acts, baselines=p.layer_baselines
+        forward=Forward(swapped, call.forward.args, call.forward.channels_last),
+        inputs=acts,
+        baselines=p.layer_baselines,
     )
     out = feature_ablation(sub, FeatureAblationParams(feature_mask=p.layer_mask))
     return layer_output(out.attributions, echo=out.echo)

@@ -43,6 +43,8 @@ def neuron_feature_ablation(call: Call, p: NeuronFeatureAblationParams) -> Outpu
             layers.run(Forward(fn, ()), args, t)
         return neurons.select_neuron(t.values, selector)
 
-    sub = call.replace(forward=Forward(neuron, call.forward.args), target=NONE)
+    # the perturbed inputs reach the model laid out as the call's (``methods.engine.layout``)
+    forward = Forward(neuron, call.forward.args, call.forward.channels_last)
+    sub = call.replace(forward=forward, target=NONE)
     out = feature_ablation(sub, FeatureAblationParams(feature_mask=p.feature_mask))
     return Output(out.attributions, echo=out.echo)

@@ -63,6 +63,60 @@ def test_a_conv_net_is_fed_channels_last_and_answers_as_captum(
     assert res.attributions.is_contiguous()
 
 
+@pytest.mark.parametrize(
+    "method,captum,kw",
+    [
+        ("layer_feature_ablation", "LayerFeatureAblation", {"target": 1}),
+        ("neuron_feature_ablation", "NeuronFeatureAblation", {"neuron_selector": (1, 3, 2)}),
+    ],
+)
+def test_feature_ablation_of_a_layer_or_neuron_runs_channels_last(
+    method: str, captum: str, kw: dict[str, Any]
+) -> None:
+    """Their perturbed forwards are their own; the model, and the layers after a swapped-in
+    activation, see channels-last all the same."""
+    model = _net()
+    after: list[bool] = []
+    model.pool.register_forward_pre_hook(
+        lambda _m, a: after.append(
+            a[0].is_contiguous(memory_format=CL) and not a[0].is_contiguous()
+        )
+    )
+    mask = (torch.arange(64).view(1, 1, 8, 8) // 8) if method.startswith("layer") else None
+    key = "layer_mask" if mask is not None else "feature_mask"
+    res = methods.attribute(model, X, method, layer="conv", **kw, **{key: mask})
+    assert model.layouts and all(model.layouts)
+    assert all(after) and (bool(after) or method.startswith("neuron"))  # a neuron's stops early
+    want = getattr(captum_attr, captum)(model, model.conv).attribute(X, **kw, **{key: mask})
+    torch.testing.assert_close(res.attributions, want, rtol=1e-5, atol=1e-6)
+    assert res.attributions.is_contiguous()
+
+
+@pytest.mark.parametrize("method,kw", [("lrp", {}), ("layer_lrp", {"layer": "0"})])
+def test_lrp_runs_channels_last_and_answers_as_given(
+    method: str, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LRP's rules wrap the model's forward; the inputs keep their layout through them."""
+    from methods.engine import layout
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(96, 3)
+    ).eval()
+    seen: list[bool] = []
+    model[0].register_forward_pre_hook(
+        lambda _m, a: seen.append(a[0].is_contiguous(memory_format=CL) and not a[0].is_contiguous())
+    )
+    res = methods.attribute(model, X, method, target=1, **kw)
+    assert seen and all(seen)
+    monkeypatch.setattr(layout, "DEVICES", ())
+    seen.clear()
+    want = methods.attribute(model, X, method, target=1, **kw)
+    assert seen and not any(seen)
+    torch.testing.assert_close(res.attributions, want.attributions, rtol=1e-5, atol=1e-6)
+    assert res.attributions.is_contiguous()
+
+
 def test_a_layers_attributions_are_laid_out_as_usual() -> None:
     model = _net()
     res = methods.attribute(model, X, "layer_gradcam", target=1, layer="conv")
