@@ -44,14 +44,20 @@ _REFUSED: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictio
 
 
 def eligible(call: Call, method: str) -> bool:
-    """Whether ``call``'s forward should get its image inputs channels-last for ``method``: a
-    module with a 2-D convolution, no module with state of its own in training mode (a
-    failed first try must not have moved it: a norm layer's running statistics), a 4-D
-    floating input on a listed device."""
-    model = call.model
-    if not isinstance(model, nn.Module) or method in _REFUSED.get(model, ()):
+    """Whether ``call``'s forward should get its image inputs channels-last for ``method``
+    (``suits``)."""
+    return suits(call.model, call.inputs, method)
+
+
+def suits(model: object, inputs: tuple[object, ...], key: str) -> bool:
+    """Whether ``model`` should get ``inputs``' image batches channels-last for ``key`` (a
+    method, or another use with a forward of its own): a module with a 2-D convolution, no
+    module with state of its own in training mode (a failed first try must not have moved
+    it: a norm layer's running statistics), a 4-D floating input on a listed device, and
+    ``key`` not refused by the model before."""
+    if not isinstance(model, nn.Module) or key in _REFUSED.get(model, ()):
         return False
-    if not any(_image(x) for x in call.inputs):
+    if not any(_image(x) for x in inputs):
         return False
     has = _HAS_CONV.get(model)
     if has is None:
@@ -68,16 +74,22 @@ def _has_buffers(m: nn.Module) -> bool:
 
 def tried(call: Call, method: str, run: Callable[[Call], R], again: Callable[[], Call]) -> R:
     """``run(call)`` with ``call``'s image batches fed channels-last; where the model
-    fails on them (its forward, or its backward: a gradient hook's view), ``run`` on
-    ``again()`` (``call`` with a fresh generator) as given, and ``method`` as given on that
-    model from then on. The run as given finds the global random stream (unseeded sampling;
-    ``DEVICES`` are CPUs) and the progress bar where the try found them, and runs outside
-    the failed try's handler, so that the model's own error, if it fails again, is reported
-    alone."""
-    rng, mark = torch.get_rng_state(), progress.mark()
+    fails on them, ``run`` on ``again()`` (``call`` with a fresh generator) as given
+    (``attempt``)."""
     fed = call.replace(forward=dataclasses.replace(call.forward, channels_last=True))
+    return attempt(call.model, method, lambda: run(fed), lambda: run(again()))
+
+
+def attempt(model: object, key: str, fed: Callable[[], R], given: Callable[[], R]) -> R:
+    """``fed()`` (the work with image batches channels-last); where the model fails on
+    them (its forward, or its backward: a gradient hook's view), ``given()`` as given, and
+    ``key`` as given on that model from then on. The run as given finds the global random
+    stream (unseeded sampling; ``DEVICES`` are CPUs) and the progress bar where the try
+    found them, and runs outside the failed try's handler, so that the model's own error,
+    if it fails again, is reported alone."""
+    rng, mark = torch.get_rng_state(), progress.mark()
     try:
-        return run(fed)
+        return fed()
     except ModelError:
         pass  # the model's forward failed on them
     except (AttributionError, torch.OutOfMemoryError):
@@ -86,8 +98,9 @@ def tried(call: Call, method: str, run: Callable[[Call], R], again: Callable[[],
         pass  # the model's backward failed on them
     torch.set_rng_state(rng)
     progress.rewind(mark)
-    result = run(again())
-    _REFUSED.setdefault(call.model, set()).add(method)
+    result = given()
+    if isinstance(model, nn.Module):
+        _REFUSED.setdefault(model, set()).add(key)
     return result
 
 

@@ -38,6 +38,7 @@ Ours (Petsiuk et al. 2018, RISE's causal metrics):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,6 +48,7 @@ from torch import Tensor
 
 from methods import metrics as captum_metrics
 from methods import registry
+from methods.engine import layout
 from methods.engine.call import Result
 from methods.engine.inputs import Forward, Tensors, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
@@ -164,31 +166,54 @@ def evaluate(
         bases = curves.baselines_for(baselines, xs)
         masks = curves.feature_ids(feature_mask, xs)
 
+    def infidelity(p: dict[str, Any], laid: bool) -> Tensor:
+        return captum_metrics.infidelity(
+            _fed(model, len(xs)) if laid else model,
+            _gaussian(_generator(seed, xs[0]), p["noise_std"]),
+            restore_form(xs, as_tuple),
+            attrs,
+            additional_forward_args=additional_forward_args,
+            target=target,
+            n_perturb_samples=p["n_perturb_samples"],
+            max_examples_per_batch=p["max_examples_per_batch"],
+            normalize=p["normalize"],
+        )
+
+    def curve(name: str, p: dict[str, Any], laid: bool) -> dict[str, Tensor]:
+        forward = Forward(model, args, channels_last=laid)
+        values = curves.curve(forward, xs, attrs, masks, bases, tgt, name == "insertion", p)
+        x = torch.linspace(0, 1, p["steps"] + 1, dtype=values.dtype, device=values.device)
+        return {"auc": torch.trapezoid(values, x=x, dim=1), "curve": values}
+
     out: dict[str, Any] = {}
     for name, p in chosen.items():
-        if name == "infidelity":
-            out[name] = captum_metrics.infidelity(
-                model,
-                _gaussian(_generator(seed, xs[0]), p["noise_std"]),
-                restore_form(xs, as_tuple),
-                attrs,
-                additional_forward_args=additional_forward_args,
-                target=target,
-                n_perturb_samples=p["n_perturb_samples"],
-                max_examples_per_batch=p["max_examples_per_batch"],
-                normalize=p["normalize"],
-            )
-        elif name == "sensitivity_max":
+        if name == "sensitivity_max":  # it runs the method, which lays out its own inputs
             out[name] = _sensitivity(
                 model, xs, as_tuple, p, seed, str(method), mparams, target, additional_forward_args
             )
+            continue
+        run: Callable[[bool], Any] = (
+            functools.partial(infidelity, p)
+            if name == "infidelity"
+            else functools.partial(curve, name, p)
+        )
+        key = f"metrics.{name}"
+        if layout.suits(model, xs, key):  # a conv net: its forwards run channels-last
+            fed, given = functools.partial(run, True), functools.partial(run, False)
+            out[name] = layout.attempt(model, key, fed, given)
         else:
-            values = curves.curve(
-                Forward(model, args), xs, attrs, masks, bases, tgt, name == "insertion", p
-            )
-            x = torch.linspace(0, 1, p["steps"] + 1, dtype=values.dtype, device=values.device)
-            out[name] = {"auc": torch.trapezoid(values, x=x, dim=1), "curve": values}
+            out[name] = run(False)
     return out
+
+
+def _fed(model: Callable[..., Any], k: int) -> Callable[..., Any]:
+    """``model`` with the image batches among its first ``k`` arguments channels-last."""
+    laid = Forward(model, channels_last=True).laid_out
+
+    def fed(*args: Any) -> Any:
+        return model(*laid(args[:k]), *args[k:])
+
+    return fed
 
 
 # ----------------------------------------------------------------------------- validation

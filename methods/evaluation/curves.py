@@ -156,7 +156,7 @@ def curve(
         row_tgt = tgt
         if tgt.rows is not None:
             row_tgt = Target(tgt.kind, tgt.index, tgt.rows[ex.to(tgt.rows.device)])
-        return row_tgt.select(Forward(forward.fn, args)(tuple(batch)))
+        return row_tgt.select(Forward(forward.fn, args, forward.channels_last)(tuple(batch)))
 
     total = n * (steps + 1)
     cap = p["max_examples_per_batch"]

@@ -117,6 +117,38 @@ def test_lrp_runs_channels_last_and_answers_as_given(
     assert res.attributions.is_contiguous()
 
 
+@pytest.mark.parametrize("view", [False, True])
+def test_metrics_forwards_run_channels_last_where_the_model_takes_them(
+    view: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Infidelity's and the curves' perturbed forwards are their own: a conv net gets them
+    channels-last, and one that cannot take them gets them as given, with the same answer
+    (unseeded noise included: the try does not move torch's random stream)."""
+    from methods.engine import layout
+    from methods.evaluation import evaluate
+
+    model = _net(view=view)
+    attrs = methods.attribute(model, X, "saliency", target=1).attributions
+    metrics: dict[str, Any] = {"infidelity": {}, "deletion": {"steps": 4}, "insertion": {}}
+    answers = []
+    for devices in (("cpu",), ()):
+        monkeypatch.setattr(layout, "DEVICES", devices)
+        model.layouts.clear()
+        torch.manual_seed(3)
+        answers.append(evaluate(model, X, attrs, target=1, metrics=metrics))
+        if devices and not view:
+            assert model.layouts and all(model.layouts)
+        elif devices:
+            assert sum(model.layouts) == len(metrics)  # one failed try each, then as given
+            model.layouts.clear()
+            evaluate(model, X, attrs, target=1, metrics=metrics)
+            assert model.layouts and not any(model.layouts)  # not tried again
+    for name, got in answers[0].items():
+        want = answers[1][name]
+        got, want = (got, want) if name == "infidelity" else (got["curve"], want["curve"])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
 def test_a_layers_attributions_are_laid_out_as_usual() -> None:
     model = _net()
     res = methods.attribute(model, X, "layer_gradcam", target=1, layer="conv")
