@@ -14,6 +14,7 @@ ball around the inputs: clamped for ``Linf``, ``torch.renorm`` per example for `
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from methods.cancel import checkpoint
+from methods.engine import layout
 from methods.engine.guard import model_guard
 from methods.engine.inputs import Forward, Tensors, format_args, format_inputs, restore_form
 from methods.engine.targets import Target, make_target
@@ -264,7 +266,40 @@ def attack(
     n = int(xs[0].shape[0])
     masks = check_masks(p["mask"], xs)
     tgt = make_target(target, n)
-    forward = Forward(model, format_args(additional_forward_args))
+    if method == "pgd" and p["random_start"] and p["seed"] is None:
+        # drawn once, so that a run as given (``layout.attempt``) starts where the try did
+        p = {**p, "seed": torch.Generator().seed()}
+    run = functools.partial(
+        _attack, model, method, p, xs, masks, tgt, additional_forward_args, loss
+    )
+    key = f"attack.{method}"
+    if layout.suits(model, xs, key):  # a conv net: its forwards run channels-last
+        perturbed, before, after = layout.attempt(
+            model, key, functools.partial(run, True), functools.partial(run, False)
+        )
+    else:
+        perturbed, before, after = run(False)
+    return AttackResult(
+        perturbed=restore_form(perturbed, as_tuple),
+        predictions=after,
+        flipped=_top(after) != _top(before),
+    )
+
+
+def _attack(
+    model: Any,
+    method: str,
+    p: dict[str, Any],
+    xs: Tensors,
+    masks: tuple[Tensor | float, ...],
+    tgt: Target,
+    additional_forward_args: Any,
+    loss: str,
+    laid: bool,
+) -> tuple[Tensors, Tensor, Tensor]:
+    """The attack's perturbed inputs, and the model's outputs before and after; with
+    ``laid``, image batches reach the model channels-last."""
+    forward = Forward(model, format_args(additional_forward_args), channels_last=laid)
     low, high = p["lower_bound"], p["upper_bound"]
 
     def bound(t: Tensor) -> Tensor:
@@ -278,10 +313,7 @@ def attack(
             start = None
             if p["random_start"]:
                 g = torch.Generator()
-                if p["seed"] is not None:
-                    g.manual_seed(int(p["seed"]))
-                else:
-                    g.seed()
+                g.manual_seed(int(p["seed"]))
                 start = tuple(
                     bound(_random_point(x, p["radius"], p["norm"], m, g))
                     for x, m in zip(xs, masks, strict=True)
@@ -307,11 +339,7 @@ def attack(
                     before = forward(xs)
         with torch.no_grad():
             after = forward(perturbed)
-    return AttackResult(
-        perturbed=restore_form(perturbed, as_tuple),
-        predictions=after.detach(),
-        flipped=_top(after) != _top(before),
-    )
+    return perturbed, before, after.detach()
 
 
 def per_example(value: float | Tensor, x: Tensor) -> Tensor:

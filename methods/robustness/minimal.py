@@ -16,6 +16,7 @@ when any example flips); ours searches for each example, as Captum on that examp
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from methods.cancel import checkpoint
+from methods.engine import layout
 from methods.engine.guard import model_guard
 from methods.engine.inputs import Forward, Tensors, format_args, format_inputs, restore_form
 from methods.engine.targets import make_target
@@ -151,7 +153,7 @@ def _perturbation(
     tgt = make_target(target, n)
     if name == "gaussian_noise":
         g = torch.Generator()
-        g.manual_seed(int(p["seed"])) if p["seed"] is not None else g.seed()
+        g.manual_seed(int(p["seed"]))
         noise = tuple(torch.randn(x.shape, generator=g, dtype=x.dtype).to(x.device) for x in xs)
         return lambda v, rows: tuple(
             x[rows] + per_example(v, x[rows]) * z[rows] for x, z in zip(xs, noise, strict=True)
@@ -188,7 +190,7 @@ def _perturbation(
         sub = tuple(x[rows] for x in xs)
         step = v * 2.5 / p["step_num"] if p["step_size"] is None else p["step_size"]
         sub_target = make_target(_rows_target(target, rows, n), len(rows))
-        fwd = Forward(forward.fn, _rows_args(forward.args, rows, n))
+        fwd = Forward(forward.fn, _rows_args(forward.args, rows, n), forward.channels_last)
         perturbed, _ = pgd(
             fwd,
             sub,
@@ -302,7 +304,8 @@ def _flips(forward: Forward, xs: Tensors, target: Tensor, rows: Tensor) -> tuple
     """Which of the perturbed examples ``xs`` (rows ``rows``) no longer have ``target`` on top,
     and the model's output on them."""
     with torch.no_grad():
-        out = Forward(forward.fn, _rows_args(forward.args, rows, int(target.shape[0])))(xs)
+        args = _rows_args(forward.args, rows, int(target.shape[0]))
+        out = Forward(forward.fn, args, forward.channels_last)(xs)
     if out.dim() != 2:
         raise InvalidArgumentError(
             "min_perturbation needs an output of shape (N, classes): a flip is the top class "
@@ -337,18 +340,32 @@ def min_perturbation(
             "target must be a class index, or one per example", argument="target"
         )
     classes = tgt.rows if tgt.rows is not None else torch.full((n,), int(tgt.index[0]))
-    forward = Forward(model, format_args(additional_forward_args))
-    with model_guard(model):
-        perturb = _perturbation(perturbation, p, model, forward, xs, target)
-        found: list[float | None] = [None] * n
-        best: list[Tensors | None] = [None] * n
-        search = _linear if mode == "linear" else _binary
-        search(perturb, forward, classes, n, arg_min, arg_max, arg_step, found, best)
-        perturbed = tuple(
-            torch.stack([_row(best[i], j, x[i]) for i in range(n)]) for j, x in enumerate(xs)
+    if perturbation == "gaussian_noise" and p["seed"] is None:
+        # drawn once, so that a run as given (``layout.attempt``) draws the try's noise
+        p = {**p, "seed": torch.Generator().seed()}
+
+    def run(laid: bool) -> tuple[list[float | None], Tensors, Tensor]:
+        forward = Forward(model, format_args(additional_forward_args), channels_last=laid)
+        with model_guard(model):
+            perturb = _perturbation(perturbation, p, model, forward, xs, target)
+            found: list[float | None] = [None] * n
+            best: list[Tensors | None] = [None] * n
+            search = _linear if mode == "linear" else _binary
+            search(perturb, forward, classes, n, arg_min, arg_max, arg_step, found, best)
+            perturbed = tuple(
+                torch.stack([_row(best[i], j, x[i]) for i in range(n)]) for j, x in enumerate(xs)
+            )
+            with torch.no_grad():
+                predictions = forward(perturbed)
+        return found, perturbed, predictions
+
+    key = f"min_perturbation.{perturbation}"
+    if layout.suits(model, xs, key):  # a conv net: its forwards run channels-last
+        found, perturbed, predictions = layout.attempt(
+            model, key, functools.partial(run, True), functools.partial(run, False)
         )
-        with torch.no_grad():
-            predictions = forward(perturbed)
+    else:
+        found, perturbed, predictions = run(False)
     return MinPerturbationResult(restore_form(perturbed, as_tuple), found, predictions.detach())
 
 

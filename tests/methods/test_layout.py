@@ -149,6 +149,60 @@ def test_metrics_forwards_run_channels_last_where_the_model_takes_them(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("view", [False, True])
+def test_attacks_run_channels_last_where_the_model_takes_them(
+    view: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FGSM and PGD (random start, unseeded too) on a conv net: channels-last where it
+    takes them, the same perturbed inputs as given, a failed try run again from the same
+    start."""
+    from methods.engine import layout
+
+    model = _net(view=view)
+    y = torch.tensor([0, 2])
+    pgd = {"radius": 0.3, "step_size": 0.05, "step_num": 3, "random_start": True, "seed": 4,
+           "loss": "cross_entropy"}  # fmt: skip
+    answers = []
+    for devices in (("cpu",), ()):
+        monkeypatch.setattr(layout, "DEVICES", devices)
+        model.layouts.clear()
+        got = [
+            methods.attack(model, X, "fgsm", target=y, loss="cross_entropy", epsilon=0.1),
+            methods.attack(model, X, "pgd", target=y, **pgd),
+        ]
+        answers.append(got)
+        if devices:
+            assert (sum(model.layouts) == 2) if view else all(model.layouts)
+    for ours, as_given in zip(*answers, strict=True):
+        torch.testing.assert_close(ours.perturbed, as_given.perturbed, rtol=1e-5, atol=1e-6)
+        assert ours.perturbed.is_contiguous()
+    monkeypatch.setattr(layout, "DEVICES", ("cpu",))
+    unseeded = methods.attack(_net(view=view), X, "pgd", target=y, **{**pgd, "seed": None})
+    assert ((unseeded.perturbed - X).abs() <= 0.3 + 1e-6).all()
+
+
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize("perturbation", ["gaussian_noise", "fgsm"])
+def test_min_perturbation_runs_channels_last_where_the_model_takes_them(
+    view: bool, perturbation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from methods.engine import layout
+
+    model = _net(view=view)
+    kw: dict[str, Any] = {"target": 1, "arg_min": 0.0, "arg_max": 4.0, "arg_step": 0.25}
+    kw.update({"seed": 0} if perturbation == "gaussian_noise" else {"loss": "cross_entropy"})
+    answers = []
+    for devices in (("cpu",), ()):
+        monkeypatch.setattr(layout, "DEVICES", devices)
+        model.layouts.clear()
+        answers.append(methods.min_perturbation(model, X, perturbation, **kw))
+        if devices:
+            assert (sum(model.layouts) == 1) if view else all(model.layouts)
+    ours, as_given = answers
+    assert ours.min_param == as_given.min_param and any(v is not None for v in ours.min_param)
+    torch.testing.assert_close(ours.perturbed, as_given.perturbed, rtol=1e-5, atol=1e-6)
+
+
 def test_a_layers_attributions_are_laid_out_as_usual() -> None:
     model = _net()
     res = methods.attribute(model, X, "layer_gradcam", target=1, layer="conv")
