@@ -14,6 +14,10 @@ channels-last tensor has no such view; a gradient hook viewing its gradient) rai
 attribution is then run again as given, from the same random state, and that method is not
 run channels-last on that model again. Only where it pays and is measured: CUDA is not
 on the list until a GPU benchmark says so.
+
+Attribution methods get it through ``tried`` (``methods.api``); work that runs the model in
+forwards of its own (``evaluate``'s metrics, the attacks, ``min_perturbation``) through
+``attempt``, each under its own key, so that a refusal is remembered per use.
 """
 
 from __future__ import annotations
