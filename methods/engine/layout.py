@@ -17,12 +17,13 @@ on the list until a GPU benchmark says so.
 
 Attribution methods get it through ``tried`` (``methods.api``); work that runs the model in
 forwards of its own (``evaluate``'s metrics, the attacks, ``min_perturbation``) through
-``attempt``, each under its own key, so that a refusal is remembered per use.
+``either``, each under its own key, so that a refusal is remembered per use.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Callable
 from typing import TypeVar
@@ -106,6 +107,14 @@ def attempt(model: object, key: str, fed: Callable[[], R], given: Callable[[], R
     if isinstance(model, nn.Module):
         _REFUSED.setdefault(model, set()).add(key)
     return result
+
+
+def either(model: object, inputs: tuple[object, ...], key: str, work: Callable[[bool], R]) -> R:
+    """``work(True)`` (image batches channels-last) where ``model`` suits them for ``key``,
+    ``work(False)`` as given where it does not or fails on them (``attempt``)."""
+    if not suits(model, inputs, key):
+        return work(False)
+    return attempt(model, key, functools.partial(work, True), functools.partial(work, False))
 
 
 def _image(x: object) -> bool:

@@ -197,12 +197,7 @@ def evaluate(
             if name == "infidelity"
             else functools.partial(curve, name, p)
         )
-        key = f"metrics.{name}"
-        if layout.suits(model, xs, key):  # a conv net: its forwards run channels-last
-            fed, given = functools.partial(run, True), functools.partial(run, False)
-            out[name] = layout.attempt(model, key, fed, given)
-        else:
-            out[name] = run(False)
+        out[name] = layout.either(model, xs, f"metrics.{name}", run)  # a conv net: NHWC
     return out
 
 

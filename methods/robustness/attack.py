@@ -267,18 +267,13 @@ def attack(
     masks = check_masks(p["mask"], xs)
     tgt = make_target(target, n)
     if method == "pgd" and p["random_start"] and p["seed"] is None:
-        # drawn once, so that a run as given (``layout.attempt``) starts where the try did
+        # drawn once, so that a run as given (``layout.either``) starts where the try did
         p = {**p, "seed": torch.Generator().seed()}
     run = functools.partial(
         _attack, model, method, p, xs, masks, tgt, additional_forward_args, loss
     )
-    key = f"attack.{method}"
-    if layout.suits(model, xs, key):  # a conv net: its forwards run channels-last
-        perturbed, before, after = layout.attempt(
-            model, key, functools.partial(run, True), functools.partial(run, False)
-        )
-    else:
-        perturbed, before, after = run(False)
+    # a conv net's forwards run channels-last
+    perturbed, before, after = layout.either(model, xs, f"attack.{method}", run)
     return AttackResult(
         perturbed=restore_form(perturbed, as_tuple),
         predictions=after,

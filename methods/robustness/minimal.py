@@ -16,7 +16,6 @@ when any example flips); ours searches for each example, as Captum on that examp
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -341,7 +340,7 @@ def min_perturbation(
         )
     classes = tgt.rows if tgt.rows is not None else torch.full((n,), int(tgt.index[0]))
     if perturbation == "gaussian_noise" and p["seed"] is None:
-        # drawn once, so that a run as given (``layout.attempt``) draws the try's noise
+        # drawn once, so that a run as given (``layout.either``) draws the try's noise
         p = {**p, "seed": torch.Generator().seed()}
 
     def run(laid: bool) -> tuple[list[float | None], Tensors, Tensor]:
@@ -359,13 +358,10 @@ def min_perturbation(
                 predictions = forward(perturbed)
         return found, perturbed, predictions
 
-    key = f"min_perturbation.{perturbation}"
-    if layout.suits(model, xs, key):  # a conv net: its forwards run channels-last
-        found, perturbed, predictions = layout.attempt(
-            model, key, functools.partial(run, True), functools.partial(run, False)
-        )
-    else:
-        found, perturbed, predictions = run(False)
+    # a conv net's forwards run channels-last
+    found, perturbed, predictions = layout.either(
+        model, xs, f"min_perturbation.{perturbation}", run
+    )
     return MinPerturbationResult(restore_form(perturbed, as_tuple), found, predictions.detach())
 
 
