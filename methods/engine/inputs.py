@@ -112,9 +112,7 @@ class Forward:
 
     def laid_out(self, inputs: Tensors) -> Tensors:
         """``inputs`` as the model gets them: image batches channels-last where set."""
-        if not self.channels_last:
-            return inputs
-        return tuple(_channels_last(x) for x in inputs)
+        return images_channels_last(inputs) if self.channels_last else inputs
 
     def __call__(self, inputs: Tensors) -> Tensor:
         inputs = self.laid_out(inputs)
@@ -149,6 +147,11 @@ class _ToChannelsLast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:
         return grad.contiguous()
+
+
+def images_channels_last(inputs: Tensors) -> Tensors:
+    """``inputs`` with their image batches (4-D, floating point) channels-last."""
+    return tuple(_channels_last(x) for x in inputs)
 
 
 def _channels_last(x: Tensor) -> Tensor:

@@ -57,9 +57,8 @@ def eligible(call: Call, method: str) -> bool:
 def suits(model: object, inputs: tuple[object, ...], key: str) -> bool:
     """Whether ``model`` should get ``inputs``' image batches channels-last for ``key`` (a
     method, or another use with a forward of its own): a module with a 2-D convolution, no
-    module with state of its own in training mode (a failed first try must not have moved
-    it: a norm layer's running statistics), a 4-D floating input on a listed device, and
-    ``key`` not refused by the model before."""
+    module in training mode with random draws or state of its own (``_trains``), a 4-D
+    floating input on a listed device, and ``key`` not refused by the model before."""
     if not isinstance(model, nn.Module) or key in _REFUSED.get(model, ()):
         return False
     if not any(_image(x) for x in inputs):
@@ -68,13 +67,23 @@ def suits(model: object, inputs: tuple[object, ...], key: str) -> bool:
     if has is None:
         has = any(isinstance(m, nn.Conv2d) for m in model.modules())
         _HAS_CONV[model] = has
-    return has and not any(m.training and _has_buffers(m) for m in model.modules())
+    return has and not any(_trains(m) for m in model.modules())
 
 
-def _has_buffers(m: nn.Module) -> bool:
-    """Whether ``m`` holds state of its own that a training-mode forward may move (a norm
-    layer's running statistics, spectral norm's power-iteration vector)."""
-    return any(True for _ in m.buffers(recurse=False))
+#: modules that draw random numbers in training mode, element by element in memory order
+#: (a channels-last batch gets other draws for the same seed)
+_RANDOM = (
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+    nn.FeatureAlphaDropout, nn.RReLU,
+)  # fmt: skip
+
+
+def _trains(m: nn.Module) -> bool:
+    """Whether ``m``, in training mode, draws random numbers (dropout: its answer would
+    differ from the one as given for the same seed) or holds state of its own that a
+    failed try must not move (a norm layer's running statistics, spectral norm's
+    power-iteration vector)."""
+    return m.training and (isinstance(m, _RANDOM) or any(True for _ in m.buffers(False)))
 
 
 def tried(call: Call, method: str, run: Callable[[Call], R], again: Callable[[], Call]) -> R:
@@ -95,18 +104,34 @@ def attempt(model: object, key: str, fed: Callable[[], R], given: Callable[[], R
     rng, mark = torch.get_rng_state(), progress.mark()
     try:
         return fed()
-    except ModelError:
-        pass  # the model's forward failed on them
-    except (AttributionError, torch.OutOfMemoryError):
-        raise  # the request's own error, a cancel, memory: the layout is not the cause
-    except Exception:
-        pass  # the model's backward failed on them
+    except Exception as exc:  # the model's forward or backward failed on them, or not
+        if not_the_layout(exc):
+            raise
     torch.set_rng_state(rng)
     progress.rewind(mark)
     result = given()
     if isinstance(model, nn.Module):
         _REFUSED.setdefault(model, set()).add(key)
     return result
+
+
+def not_the_layout(exc: BaseException) -> bool:
+    """Whether ``exc`` is one no layout causes: the request's own (a bad target, a cancel:
+    an ``AttributionError`` other than the model's failure) or memory, anywhere in the
+    model's error's causes (CUDA's ``OutOfMemoryError``; a CPU allocation failure is a
+    plain ``RuntimeError``)."""
+    if isinstance(exc, AttributionError) and not isinstance(exc, ModelError):
+        return True
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, torch.OutOfMemoryError) or (
+            isinstance(cur, RuntimeError) and "can't allocate memory" in str(cur)
+        ):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def either(model: object, inputs: tuple[object, ...], key: str, work: Callable[[bool], R]) -> R:

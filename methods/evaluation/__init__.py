@@ -50,7 +50,14 @@ from methods import metrics as captum_metrics
 from methods import registry
 from methods.engine import layout
 from methods.engine.call import Result
-from methods.engine.inputs import Forward, Tensors, format_args, format_inputs, restore_form
+from methods.engine.inputs import (
+    Forward,
+    Tensors,
+    format_args,
+    format_inputs,
+    images_channels_last,
+    restore_form,
+)
 from methods.engine.targets import make_target
 from methods.errors import (
     InvalidArgumentError,
@@ -166,9 +173,9 @@ def evaluate(
         bases = curves.baselines_for(baselines, xs)
         masks = curves.feature_ids(feature_mask, xs)
 
-    def infidelity(p: dict[str, Any], laid: bool) -> Tensor:
+    def infidelity(p: dict[str, Any], channels_last: bool) -> Tensor:
         return captum_metrics.infidelity(
-            _fed(model, len(xs)) if laid else model,
+            _fed(model, len(xs)) if channels_last else model,
             _gaussian(_generator(seed, xs[0]), p["noise_std"]),
             restore_form(xs, as_tuple),
             attrs,
@@ -179,8 +186,8 @@ def evaluate(
             normalize=p["normalize"],
         )
 
-    def curve(name: str, p: dict[str, Any], laid: bool) -> dict[str, Tensor]:
-        forward = Forward(model, args, channels_last=laid)
+    def curve(name: str, p: dict[str, Any], channels_last: bool) -> dict[str, Tensor]:
+        forward = Forward(model, args, channels_last=channels_last)
         values = curves.curve(forward, xs, attrs, masks, bases, tgt, name == "insertion", p)
         x = torch.linspace(0, 1, p["steps"] + 1, dtype=values.dtype, device=values.device)
         return {"auc": torch.trapezoid(values, x=x, dim=1), "curve": values}
@@ -203,10 +210,9 @@ def evaluate(
 
 def _fed(model: Callable[..., Any], k: int) -> Callable[..., Any]:
     """``model`` with the image batches among its first ``k`` arguments channels-last."""
-    laid = Forward(model, channels_last=True).laid_out
 
     def fed(*args: Any) -> Any:
-        return model(*laid(args[:k]), *args[k:])
+        return model(*images_channels_last(args[:k]), *args[k:])
 
     return fed
 

@@ -50,13 +50,13 @@ def layer_feature_ablation(call: Call, p: LayerFeatureAblationParams) -> Output:
     to_input = p.attribute_to_layer_input
     acts = layers.activations(call.forward, call.inputs, module, p.path, to_input)
     xs, fn, n, count = call.inputs, call.forward.fn, call.n, len(acts)
-    laid = call.forward.laid_out
+    lay_out = call.forward.laid_out
 
     def swapped(*args: Any) -> Any:
         values, rest = args[:count], args[count:]
         k = int(values[0].shape[0]) // n
         with layers.tap(module, p.path, to_input=to_input, mode="swap", replacement=values) as t:
-            out = fn(*laid(layers.tile(xs, k)), *rest)
+            out = fn(*lay_out(layers.tile(xs, k)), *rest)
         t.check_ran()
         return out
 

@@ -266,9 +266,8 @@ def attack(
     n = int(xs[0].shape[0])
     masks = check_masks(p["mask"], xs)
     tgt = make_target(target, n)
-    if method == "pgd" and p["random_start"] and p["seed"] is None:
-        # drawn once, so that a run as given (``layout.either``) starts where the try did
-        p = {**p, "seed": torch.Generator().seed()}
+    if method == "pgd" and p["random_start"]:
+        p = drawn_seed(p)
     run = functools.partial(
         _attack, model, method, p, xs, masks, tgt, additional_forward_args, loss
     )
@@ -290,11 +289,11 @@ def _attack(
     tgt: Target,
     additional_forward_args: Any,
     loss: str,
-    laid: bool,
+    channels_last: bool,
 ) -> tuple[Tensors, Tensor, Tensor]:
     """The attack's perturbed inputs, and the model's outputs before and after; with
-    ``laid``, image batches reach the model channels-last."""
-    forward = Forward(model, format_args(additional_forward_args), channels_last=laid)
+    ``channels_last``, image batches reach the model channels-last."""
+    forward = Forward(model, format_args(additional_forward_args), channels_last=channels_last)
     low, high = p["lower_bound"], p["upper_bound"]
 
     def bound(t: Tensor) -> Tensor:
@@ -334,7 +333,15 @@ def _attack(
                     before = forward(xs)
         with torch.no_grad():
             after = forward(perturbed)
-    return perturbed, before, after.detach()
+    # a 4-D output of a channels-last run is laid out as the as-given one (as methods.attribute)
+    return perturbed, before.detach().contiguous(), after.detach().contiguous()
+
+
+def drawn_seed(p: dict[str, Any]) -> dict[str, Any]:
+    """``p`` with its ``seed``, where None, drawn now (as ``torch.Generator.seed`` draws
+    one), so that a run as given after a failed channels-last try (``layout.either``)
+    draws what the try drew."""
+    return p if p["seed"] is not None else {**p, "seed": torch.Generator().seed()}
 
 
 def per_example(value: float | Tensor, x: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ from methods.robustness.attack import (
     LOSSES,
     check_bounds,
     check_masks,
+    drawn_seed,
     loss_gradients,
     per_example,
     pgd,
@@ -158,7 +159,7 @@ def _perturbation(
             x[rows] + per_example(v, x[rows]) * z[rows] for x, z in zip(xs, noise, strict=True)
         )
     if name == "feature_ablation":
-        return _ablation(p, model, xs, target)
+        return _ablation(p, model, xs, target, forward.args)
     masks = check_masks(p["mask"], xs)
     low, high = p["lower_bound"], p["upper_bound"]
 
@@ -223,14 +224,18 @@ def _rows_args(args: tuple[Any, ...], rows: Tensor, n: int) -> tuple[Any, ...]:
     )
 
 
-def _ablation(p: dict[str, Any], model: Any, xs: Tensors, target: Any) -> Perturb:
-    """Replace each example's ``k`` most important features (groups) by the baselines."""
+def _ablation(
+    p: dict[str, Any], model: Any, xs: Tensors, target: Any, args: tuple[Any, ...]
+) -> Perturb:
+    """Replace each example's ``k`` most important features (groups) by the baselines, as
+    ranked by the attribution method run with the model's additional forward ``args``."""
     from methods.api import attribute
 
     inputs = xs if len(xs) > 1 else xs[0]
-    attrs = attribute(
-        model, inputs, p["attribution_method"], target=target, **(p["attribution_params"] or {})
-    ).attributions
+    params = dict(p["attribution_params"] or {})
+    if args and "additional_forward_args" not in params:
+        params["additional_forward_args"] = args
+    attrs = attribute(model, inputs, p["attribution_method"], target=target, **params).attributions
     attrs = attrs if isinstance(attrs, tuple) else (attrs,)
     n = int(xs[0].shape[0])
     mask = p["feature_mask"]
@@ -339,12 +344,12 @@ def min_perturbation(
             "target must be a class index, or one per example", argument="target"
         )
     classes = tgt.rows if tgt.rows is not None else torch.full((n,), int(tgt.index[0]))
-    if perturbation == "gaussian_noise" and p["seed"] is None:
-        # drawn once, so that a run as given (``layout.either``) draws the try's noise
-        p = {**p, "seed": torch.Generator().seed()}
+    if perturbation == "gaussian_noise":
+        p = drawn_seed(p)
 
-    def run(laid: bool) -> tuple[list[float | None], Tensors, Tensor]:
-        forward = Forward(model, format_args(additional_forward_args), channels_last=laid)
+    def run(channels_last: bool) -> tuple[list[float | None], Tensors, Tensor]:
+        args = format_args(additional_forward_args)
+        forward = Forward(model, args, channels_last=channels_last)
         with model_guard(model):
             perturb = _perturbation(perturbation, p, model, forward, xs, target)
             found: list[float | None] = [None] * n

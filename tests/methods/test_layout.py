@@ -303,3 +303,53 @@ def test_not_while_a_module_with_state_is_in_training_mode() -> None:
     sn[1].eval()
     methods.attribute(sn, X, "saliency", target=1)
     assert sn[1].layouts and not any(sn[1].layouts)
+
+
+def _dropping() -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Dropout(0.5), nn.Flatten(),
+        nn.Linear(384, 3),
+    ).eval()  # fmt: skip
+    model[2].train()
+    return model
+
+
+def test_not_while_dropout_draws_its_masks() -> None:
+    """Dropout draws its mask element by element in memory order: channels-last would drop
+    other elements than Captum's run for the same seed."""
+    model = _dropping()
+    seen: list[bool] = []
+    model[0].register_forward_pre_hook(lambda _m, a: seen.append(a[0].is_contiguous()))
+    torch.manual_seed(5)
+    got = methods.attribute(model, X, "saliency", target=1).attributions
+    torch.manual_seed(5)
+    want = captum_attr.Saliency(model).attribute(X, target=1)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.manual_seed(5)
+    methods.attack(model, X, "fgsm", target=torch.tensor([0, 2]), loss="cross_entropy", epsilon=0.1)
+    assert seen and all(seen)  # fed as given every time
+
+
+def test_a_cpu_allocation_failure_is_not_blamed_on_the_layout() -> None:
+    """On a CPU running out of memory is a plain RuntimeError: reported, not run again as
+    given (nor the method refused channels-last from then on)."""
+
+    class Starved(_Seen):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.layouts.append(x.is_contiguous(memory_format=CL) and not x.is_contiguous())
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+
+    torch.manual_seed(0)
+    model = Starved().eval()
+    for _ in range(2):
+        with pytest.raises(ModelError, match="can't allocate memory"):
+            methods.attribute(model, X, "saliency", target=1)
+    assert model.layouts == [True, True]
+
+
+def test_an_attacks_outputs_are_laid_out_as_usual() -> None:
+    model = nn.Conv2d(3, 3, 3, padding=1).eval()  # a 4-D output: per-pixel classes
+    res = methods.attack(model, X, "fgsm", target=[(0, 1, 1), (2, 3, 3)], epsilon=0.1,
+                         loss="cross_entropy")  # fmt: skip
+    assert res.predictions.is_contiguous() and res.perturbed.is_contiguous()

@@ -132,3 +132,23 @@ def test_a_mask_per_example_is_refused() -> None:
             arg_step=1,
             feature_mask=per_example,
         )
+
+
+def test_feature_ablation_ranks_with_the_additional_forward_args() -> None:
+    """The attribution that ranks the features runs the model as the search does: with its
+    additional forward arguments (it raised the model's TypeError before)."""
+
+    class Gated(nn.Module):
+        def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+            return MODEL(x * gate)
+
+    gate = torch.linspace(0.2, 1.8, 6, dtype=F64)[None]  # one row: not an argument per example
+    kw: dict[str, Any] = {"target": Y, "arg_min": 0, "arg_max": 7, "arg_step": 1}
+    got = methods.min_perturbation(
+        Gated().eval(), X, "feature_ablation", additional_forward_args=(gate,), **kw
+    )
+    baked = nn.Sequential()
+    baked.forward = lambda x: MODEL(x * gate)  # type: ignore[method-assign]
+    want = methods.min_perturbation(baked, X, "feature_ablation", **kw)
+    assert got.min_param == want.min_param
+    torch.testing.assert_close(got.perturbed, want.perturbed)
