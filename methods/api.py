@@ -252,7 +252,7 @@ def _attribute(
 ) -> Result:
     """The method on ``call``: once, or for a list of layers once per layer or in one pass;
     image batches fed channels-last where ``layout`` says it pays (``laid_out``: decided)."""
-    if not laid_out and not EXPORTING.get() and layout.eligible(call, spec.name):
+    if not laid_out and not EXPORTING.get() and layout.suits(call.model, call.inputs, spec.name):
         return layout.tried(
             call,
             spec.name,

@@ -135,7 +135,7 @@ def count_saved_bytes(run: Callable[[], T], *, keep: bool = True) -> tuple[T, Fo
         try:
             return _count_saved_bytes(run, keep=False)
         except Exception as exc:
-            if not _caused_by(exc, _Dropped):
+            if not caused_by(exc, lambda e: isinstance(e, _Dropped)):
                 raise
     return _count_saved_bytes(run, keep=True)
 
@@ -144,11 +144,12 @@ class _Dropped(RuntimeError):
     """A tensor ``count_saved_bytes(keep=False)`` let go was asked for by a backward."""
 
 
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+def caused_by(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
+    """Whether ``exc`` or any exception in its chain of causes and contexts passes ``test``."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, kind):
+        if test(cur):
             return True
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -132,8 +133,7 @@ class Forward:
     def expanded(self, n: int, *, interleave: bool = False) -> Forward:
         if n == 1 or not self.args:
             return self
-        args = expand_args(self.args, n, interleave=interleave)
-        return Forward(self.fn, args, self.channels_last)
+        return dataclasses.replace(self, args=expand_args(self.args, n, interleave=interleave))
 
 
 class _ToChannelsLast(torch.autograd.Function):

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from methods import progress
+from methods.engine.batching import caused_by
 from methods.engine.call import Call
 from methods.errors import AttributionError, ModelError
 
@@ -46,12 +47,6 @@ _HAS_CONV: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionar
 #: per model: the methods whose run failed on channels-last inputs and ran as given (a
 #: method's own hooks may need the layout too: a DeepLift rule viewing a pooled activation)
 _REFUSED: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
-
-
-def eligible(call: Call, method: str) -> bool:
-    """Whether ``call``'s forward should get its image inputs channels-last for ``method``
-    (``suits``)."""
-    return suits(call.model, call.inputs, method)
 
 
 def suits(model: object, inputs: tuple[object, ...], key: str) -> bool:
@@ -122,16 +117,13 @@ def not_the_layout(exc: BaseException) -> bool:
     plain ``RuntimeError``)."""
     if isinstance(exc, AttributionError) and not isinstance(exc, ModelError):
         return True
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, torch.OutOfMemoryError) or (
-            isinstance(cur, RuntimeError) and "can't allocate memory" in str(cur)
-        ):
-            return True
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return False
+    return caused_by(exc, _out_of_memory)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    )
 
 
 def either(model: object, inputs: tuple[object, ...], key: str, work: Callable[[bool], R]) -> R:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -156,7 +157,7 @@ def curve(
         row_tgt = tgt
         if tgt.rows is not None:
             row_tgt = Target(tgt.kind, tgt.index, tgt.rows[ex.to(tgt.rows.device)])
-        return row_tgt.select(Forward(forward.fn, args, forward.channels_last)(tuple(batch)))
+        return row_tgt.select(dataclasses.replace(forward, args=args)(tuple(batch)))
 
     total = n * (steps + 1)
     cap = p["max_examples_per_batch"]

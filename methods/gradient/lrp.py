@@ -12,6 +12,7 @@ are propagated correctly, and the model's weights are never modified.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -64,7 +65,7 @@ def relevance_forward(call: Call, rules: dict[str, lrp_rules.Rule]) -> Forward:
         with lrp_rules.lrp(model, rules):
             return fn(*args)
 
-    return Forward(wrapped, call.forward.args, call.forward.channels_last)
+    return dataclasses.replace(call.forward, fn=wrapped)
 
 
 def scale(relevance: Tensors, output: torch.Tensor) -> Tensors:

@@ -8,6 +8,7 @@ inputs work as they are.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import Field
@@ -15,7 +16,6 @@ from pydantic import Field
 from methods.cost import per_feature_cost
 from methods.engine import layers
 from methods.engine.call import Call, Output
-from methods.engine.inputs import Forward
 from methods.layer._common import LayerParams, layer_output, target_layer
 from methods.params import TensorParam
 from methods.perturbation.feature_ablation import FeatureAblationParams, feature_ablation
@@ -61,7 +61,7 @@ def layer_feature_ablation(call: Call, p: LayerFeatureAblationParams) -> Output:
         return out
 
     sub = call.replace(
-        forward=Forward(swapped, call.forward.args, call.forward.channels_last),
+        forward=dataclasses.replace(call.forward, fn=swapped),
         inputs=acts,
         baselines=p.layer_baselines,
     )

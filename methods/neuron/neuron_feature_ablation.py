@@ -6,6 +6,7 @@ with the selected neuron as the output; each forward stops once the layer has ru
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from methods.cost import per_feature_cost
@@ -44,7 +45,6 @@ def neuron_feature_ablation(call: Call, p: NeuronFeatureAblationParams) -> Outpu
         return neurons.select_neuron(t.values, selector)
 
     # the perturbed inputs reach the model laid out as the call's (``methods.engine.layout``)
-    forward = Forward(neuron, call.forward.args, call.forward.channels_last)
-    sub = call.replace(forward=forward, target=NONE)
+    sub = call.replace(forward=dataclasses.replace(call.forward, fn=neuron), target=NONE)
     out = feature_ablation(sub, FeatureAblationParams(feature_mask=p.feature_mask))
     return Output(out.attributions, echo=out.echo)

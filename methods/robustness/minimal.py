@@ -16,6 +16,7 @@ when any example flips); ours searches for each example, as Captum on that examp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,7 +191,7 @@ def _perturbation(
         sub = tuple(x[rows] for x in xs)
         step = v * 2.5 / p["step_num"] if p["step_size"] is None else p["step_size"]
         sub_target = make_target(_rows_target(target, rows, n), len(rows))
-        fwd = Forward(forward.fn, _rows_args(forward.args, rows, n), forward.channels_last)
+        fwd = dataclasses.replace(forward, args=_rows_args(forward.args, rows, n))
         perturbed, _ = pgd(
             fwd,
             sub,
@@ -309,7 +310,7 @@ def _flips(forward: Forward, xs: Tensors, target: Tensor, rows: Tensor) -> tuple
     and the model's output on them."""
     with torch.no_grad():
         args = _rows_args(forward.args, rows, int(target.shape[0]))
-        out = Forward(forward.fn, args, forward.channels_last)(xs)
+        out = dataclasses.replace(forward, args=args)(xs)
     if out.dim() != 2:
         raise InvalidArgumentError(
             "min_perturbation needs an output of shape (N, classes): a flip is the top class "
