@@ -252,12 +252,18 @@ def _attribute(
 ) -> Result:
     """The method on ``call``: once, or for a list of layers once per layer or in one pass;
     image batches fed channels-last where ``layout`` says it pays (``laid_out``: decided)."""
-    if not laid_out and not EXPORTING.get() and layout.suits(call.model, call.inputs, spec.name):
+    gradients = not spec.forward_only
+    if (
+        not laid_out
+        and not EXPORTING.get()
+        and layout.suits(call.model, call.inputs, spec.name, gradients)
+    ):
         return layout.tried(
             call,
             spec.name,
             lambda c: _attribute(spec, c, p, noise_tunnel, as_tuple, upsample, seed, True),
             again=lambda: call.replace(generator=_generator(seed, call.inputs[0].device)),
+            gradients=gradients,
         )
     paths = p.layer if isinstance(p, LayerParams) and isinstance(p.layer, list) else None
     if paths is None:

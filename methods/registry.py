@@ -111,6 +111,9 @@ class MethodSpec:
     #: takes inputs after the first whose dim 0 is not the batch (Captum's sparse features),
     #: fed whole to every evaluation, one perturbation per forward
     sparse_inputs: bool = False
+    #: runs the model forward only (no gradient of it): layout choices cannot move its
+    #: answer past rounding (``methods.engine.layout``)
+    forward_only: bool = False
 
     def info(self) -> MethodInfo:
         return MethodInfo(
@@ -180,6 +183,7 @@ def register(
     generation: Generation | None = None,
     exportable: bool = False,
     sparse_inputs: bool = False,
+    forward_only: bool = False,
 ) -> Callable[[MethodFn], MethodFn]:
     """Register ``fn`` as the method ``name`` (the module's name, its wire name too).
 
@@ -218,6 +222,7 @@ def register(
             generation=generation,
             exportable=exportable,
             sparse_inputs=sparse_inputs,
+            forward_only=forward_only,
         )
         return fn
 

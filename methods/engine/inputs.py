@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from methods.engine.batching import model_call, model_returned
 from methods.errors import AttributionError, InvalidArgumentError, InvalidTypeError, ModelError
@@ -118,9 +121,11 @@ class Forward:
     def __call__(self, inputs: Tensors) -> Tensor:
         inputs = self.laid_out(inputs)
         token = model_call()
+        probing = self.channels_last and _probing.get()
         try:
-            out = self.fn(*inputs, *self.args)
-        except (AttributionError, torch.OutOfMemoryError):
+            with _ArgmaxProbe() if probing else contextlib.nullcontext():
+                out = self.fn(*inputs, *self.args)
+        except (AttributionError, torch.OutOfMemoryError, ArgmaxRouting):
             raise
         except Exception as exc:  # the model's own failure, reported as such
             raise ModelError(
@@ -134,6 +139,50 @@ class Forward:
         if n == 1 or not self.args:
             return self
         return dataclasses.replace(self, args=expand_args(self.args, n, interleave=interleave))
+
+
+#: operations whose gradient goes to the arg-max of a window or a dimension, or follows a
+#: sorted order: where inputs tie exactly, which one gets it is decided by rounding, and a
+#: channels-last convolution rounds otherwise than the model as given (``methods.engine.layout``)
+ARGMAX_ROUTING = frozenset(
+    f"{name}{suffix}"
+    for name in (
+        "max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+        "adaptive_max_pool3d", "fractional_max_pool2d", "fractional_max_pool3d",
+    )
+    for suffix in ("", "_with_indices")
+) | {
+    "max", "min", "amax", "amin", "argmax", "argmin", "topk", "sort", "argsort", "msort",
+    "kthvalue", "median", "nanmedian", "mode", "cummax", "cummin",
+}  # fmt: skip
+
+
+class ArgmaxRouting(Exception):
+    """Raised from a model call under ``argmax_probe`` where the model calls an operation of
+    ``ARGMAX_ROUTING``."""
+
+
+_probing: ContextVar[bool] = ContextVar("argmax_probe", default=False)
+
+
+@contextlib.contextmanager
+def argmax_probe() -> Iterator[None]:
+    """While entered, a channels-last model call (``Forward``) raises ``ArgmaxRouting`` at
+    its first operation of ``ARGMAX_ROUTING`` (modules and functional calls alike)."""
+    token = _probing.set(True)
+    try:
+        yield
+    finally:
+        _probing.reset(token)
+
+
+class _ArgmaxProbe(TorchFunctionMode):
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        if getattr(func, "__name__", None) in ARGMAX_ROUTING:
+            raise ArgmaxRouting(func.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 class _ToChannelsLast(torch.autograd.Function):
@@ -150,7 +199,8 @@ class _ToChannelsLast(torch.autograd.Function):
 
 
 def images_channels_last(inputs: Tensors) -> Tensors:
-    """``inputs`` with their image batches (4-D, floating point) channels-last."""
+    """``inputs`` with their image batches (4-D, floating point) channels-last (what
+    ``Forward`` feeds them; the tests stand a CPU that rounds otherwise in for it)."""
     return tuple(_channels_last(x) for x in inputs)
 
 

@@ -204,7 +204,8 @@ def evaluate(
             if name == "infidelity"
             else functools.partial(curve, name, p)
         )
-        out[name] = layout.either(model, xs, f"metrics.{name}", run)  # a conv net: NHWC
+        # a conv net: NHWC; forwards only, so ties do not matter
+        out[name] = layout.either(model, xs, f"metrics.{name}", run, gradients=False)
     return out
 
 

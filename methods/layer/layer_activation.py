@@ -15,6 +15,7 @@ from methods.registry import register
     needs_hooks=True,
     differentiates_inputs=False,
     needs_target=False,
+    forward_only=True,
 )
 def layer_activation(call: Call, p: LayerParams) -> Output:
     """The layer's activations for the inputs (computed without gradients)."""

@@ -43,6 +43,7 @@ class LayerFeatureAblationParams(LayerParams):
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     cost=per_feature_cost("layer_mask"),
+    forward_only=True,
 )
 def layer_feature_ablation(call: Call, p: LayerFeatureAblationParams) -> Output:
     """Output change when each unit (group) of the layer is replaced by its baseline."""

@@ -33,6 +33,7 @@ class NeuronFeatureAblationParams(NeuronParams, FeatureMaskParams):
     differentiates_inputs=False,
     cost=per_feature_cost(),
     needs_target=False,
+    forward_only=True,
 )
 def neuron_feature_ablation(call: Call, p: NeuronFeatureAblationParams) -> Output:
     """Change of the selected neuron when each input feature is replaced by its baseline."""

@@ -29,6 +29,7 @@ class FeatureAblationParams(FeatureMaskParams):
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     cost=per_feature_cost(),
+    forward_only=True,
 )
 def feature_ablation(call: Call, p: FeatureAblationParams) -> Output:
     """Output change when each feature is replaced by its baseline (default zero).

@@ -57,6 +57,7 @@ def _permutations(call: Call, f: int, n: int, device: torch.device) -> Tensor:
     stochastic=True,
     cost=per_feature_cost(),
     couples_examples=lambda p: True,  # features permuted across the batch
+    forward_only=True,
 )
 def feature_permutation(call: Call, p: FeaturePermutationParams) -> Output:
     """Output change when each feature is permuted across the examples of the batch."""

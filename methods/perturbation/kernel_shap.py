@@ -46,6 +46,7 @@ _RANK_ROWS = 256
     differentiates_inputs=False,
     stochastic=True,
     couples_examples=lambda p: True,  # one surrogate sampled for the call
+    forward_only=True,
 )
 def kernel_shap(call: Call, p: KernelShapParams) -> Output:
     """Kernel SHAP values of the interpretable features (default baselines: zeros)."""

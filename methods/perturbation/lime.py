@@ -68,6 +68,7 @@ def _similarity(xs: Tensors, rows: int, p: LimeParams, dtype: torch.dtype) -> Pe
     differentiates_inputs=False,
     stochastic=True,
     couples_examples=lambda p: True,  # one surrogate sampled for the call
+    forward_only=True,
 )
 def lime(call: Call, p: LimeParams) -> Output:
     """LIME coefficients of the interpretable features (default baselines: zeros)."""

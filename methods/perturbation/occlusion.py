@@ -185,6 +185,7 @@ def _cost(p: OcclusionParams, shape: CostShape) -> int:
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     cost=_cost,
+    forward_only=True,
 )
 def occlusion(call: Call, p: OcclusionParams) -> Output:
     """Mean output change when a sliding box covering each element is set to the baseline."""

@@ -35,6 +35,7 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
     differentiates_inputs=False,
     stochastic=True,
     cost=lambda p, shape: p.n_samples * (n_features(p.feature_mask, shape) + 1),
+    forward_only=True,
 )
 def shapley_value_sampling(call: Call, p: ShapleyValueSamplingParams) -> Output:
     """Shapley values estimated from n_samples random permutations of the features.

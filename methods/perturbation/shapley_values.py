@@ -43,6 +43,7 @@ def working_dtype(out: torch.Tensor) -> torch.dtype:
     batching="perturbations_per_eval",
     differentiates_inputs=False,
     cost=lambda p, shape: 2 ** min(n_features(p.feature_mask, shape), 62),
+    forward_only=True,
 )
 def shapley_values(call: Call, p: ShapleyValuesParams) -> Output:
     """Exact Shapley values of feature groups; refuses more than 16 features (2**F forwards).

@@ -22,6 +22,9 @@ from torch import Tensor, nn
 
 import methods
 
+#: every test twice, channels-last (rounded as another CPU would) and as given (conftest)
+pytestmark = pytest.mark.usefixtures("both_layouts")
+
 F64 = torch.float64
 SEEDS = [0, 1, 2]
 

@@ -21,6 +21,9 @@ import methods
 from tests import zoo
 from tests.methods.test_deeplift_rules import captum_per_example_softmax
 
+#: every test twice, channels-last (rounded as another CPU would) and as given (conftest)
+pytestmark = pytest.mark.usefixtures("both_layouts")
+
 CASES = [c.name for c in zoo.cases()]
 
 

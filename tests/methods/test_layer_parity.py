@@ -25,6 +25,9 @@ from tests import zoo
 from tests.captum_models import ConvNetOneConv, MultiLayer
 from tests.methods.test_deeplift_rules import captum_per_example_softmax
 
+#: every test twice, channels-last (rounded as another CPU would) and as given (conftest)
+pytestmark = pytest.mark.usefixtures("both_layouts")
+
 LAYER_CASES = [(c.name, layer) for c in zoo.cases() for layer in c.layers]
 #: Captum's DeepLift breaks the rescale chain where nn.ReLU feeds nn.MaxPool directly; these
 #: (case, layer) pairs have that chain on the backward path, so completeness is checked instead.

@@ -19,12 +19,13 @@ CL = torch.channels_last
 
 
 class _Seen(nn.Module):
-    """A small conv net that records the layout of every input it is fed."""
+    """A small conv net that records the layout of every input it is fed (average pooling:
+    a max pooling's gradient would keep gradient methods as given, ``test_ties_*``)."""
 
     def __init__(self, view: bool = False) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 6, 3, padding=1)
-        self.pool = nn.MaxPool2d(2)
+        self.pool = nn.AvgPool2d(2)
         self.head = nn.Linear(6 * 4 * 4, 3)
         self.view = view
         self.layouts: list[bool] = []
@@ -101,7 +102,7 @@ def test_lrp_runs_channels_last_and_answers_as_given(
 
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(96, 3)
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(96, 3)
     ).eval()
     seen: list[bool] = []
     model[0].register_forward_pre_hook(
@@ -353,3 +354,130 @@ def test_an_attacks_outputs_are_laid_out_as_usual() -> None:
     res = methods.attack(model, X, "fgsm", target=[(0, 1, 1), (2, 3, 3)], epsilon=0.1,
                          loss="cross_entropy")  # fmt: skip
     assert res.predictions.is_contiguous() and res.perturbed.is_contiguous()
+
+
+# ------------------------------------------------------------------------------ ties (9.1)
+
+
+class _Pooled(nn.Module):
+    """Conv -> ReLU -> a max over windows or channels -> a linear head, the max as a module,
+    a functional call, or a reduction."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.relu = nn.ReLU()  # a module: Captum's DeepLift and guided backprop hook only those
+        self.pool = pool
+        self.max = nn.MaxPool2d(2) if pool == "module" else None
+        self.head = nn.LazyLinear(3)
+        self.layouts: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.layouts.append(x.is_contiguous(memory_format=CL) and not x.is_contiguous())
+        # `* 1`: a ReLU feeding a max pooling breaks Captum's DeepLift chain (its
+        # tests/methods/test_gradient_parity.py::test_deeplift_adjacent_nonlinearities_chain)
+        h = self.relu(self.conv(x)) * 1
+        if self.max is not None:
+            h = self.max(h)
+        elif self.pool == "functional":
+            h = torch.nn.functional.max_pool2d(h, 2)
+        else:  # a global max per channel
+            h = h.amax(dim=(2, 3))
+        return self.head(h.flatten(1))
+
+
+def _pooled(pool: str) -> _Pooled:
+    torch.manual_seed(1)
+    model = _Pooled(pool).double().eval()
+    model(torch.zeros(1, 3, 8, 8, dtype=torch.float64))  # the lazy head takes its shape
+    model.layouts.clear()
+    return model
+
+
+XD = torch.randn(3, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+#: a flat background: equal values under a convolution as given
+FLAT = XD.clone()
+FLAT[:, :, :, 4:] = 0.3
+
+
+@pytest.mark.parametrize("pool", ["module", "functional", "amax"])
+@pytest.mark.parametrize(
+    "method,captum,inputs,kw,captum_kw",
+    [
+        ("deeplift", "DeepLift", XD, {"baselines": 0.1}, {}),  # a constant baseline
+        ("input_x_gradient", "InputXGradient", FLAT, {}, {}),
+        ("guided_backprop", "GuidedBackprop", FLAT, {}, {}),
+        (  # its first step is the baseline
+            "integrated_gradients", "IntegratedGradients", XD,
+            {"baselines": 0.1, "n_steps": 4, "approximation_method": "riemann_left"},
+            {"method": "riemann_left"},
+        ),
+    ],
+)  # fmt: skip
+def test_ties_are_broken_as_the_model_as_given_breaks_them(
+    pool: str,
+    method: str,
+    captum: str,
+    inputs: torch.Tensor,
+    kw: dict[str, Any],
+    captum_kw: dict[str, Any],
+    both_layouts: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A constant baseline or a flat region gives equal values in a pooling window as given,
+    and values a rounding apart channels-last (in an order each CPU's kernels decide: an
+    AVX2 EPYC moved DeepLift by 10%). The gradient goes to the window's winner: the answer is
+    the NCHW model's, to float64 rounding, on every CPU (``both_layouts`` stands in for one
+    that rounds otherwise than this one)."""
+    from methods.engine import layout
+
+    model = _pooled(pool)
+    got = methods.attribute(model, inputs, method, target=1, **kw).attributions
+    assert not any(model.layouts[1:]), "a gradient through a max was fed channels-last"
+    with monkeypatch.context() as m:
+        m.setattr(layout, "DEVICES", ())
+        want = methods.attribute(model, inputs, method, target=1, **kw).attributions
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    if method == "deeplift" and pool == "functional":
+        return  # Captum's DeepLift hooks modules only: a plain gradient at F.max_pool2d
+    ours = {k: v for k, v in kw.items() if k != "approximation_method"}
+    want = getattr(captum_attr, captum)(model).attribute(inputs, target=1, **ours, **captum_kw)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_model_routing_by_argmax_is_probed_once() -> None:
+    """A functional max pooling is seen by a probe on the first gradient run: that run stops
+    at the call and is made as given, and the model's gradient work is as given from then on;
+    forward-only work keeps the layout."""
+    model = _pooled("functional")
+    methods.attribute(model, XD, "saliency", target=1)
+    assert model.layouts[0] and not any(model.layouts[1:])
+    model.layouts.clear()
+    methods.attribute(model, XD, "input_x_gradient", target=1)
+    assert model.layouts and not any(model.layouts)  # no second try
+    model.layouts.clear()
+    methods.attribute(model, XD, "occlusion", target=1, sliding_window_shapes=(3, 2, 2))
+    assert model.layouts and all(model.layouts)
+
+
+def test_forward_only_methods_keep_the_layout_on_a_max_pooling_net(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ties move a forward's value by rounding only: occlusion, feature ablation and the
+    Shapley family run channels-last over max pooling and equal the run as given."""
+    from methods.engine import layout
+
+    model = _pooled("module")
+    mask = (torch.arange(64).view(1, 1, 8, 8) // 16).expand(1, 3, 8, 8)
+    for method, kw in [
+        ("occlusion", {"sliding_window_shapes": (3, 2, 2), "baselines": 0.1}),
+        ("feature_ablation", {"feature_mask": mask, "baselines": 0.1}),
+        ("shapley_values", {"feature_mask": mask, "baselines": 0.1}),
+    ]:
+        model.layouts.clear()
+        got = methods.attribute(model, FLAT, method, target=1, **kw).attributions
+        assert model.layouts and all(model.layouts), method
+        with monkeypatch.context() as m:
+            m.setattr(layout, "DEVICES", ())
+            want = methods.attribute(model, FLAT, method, target=1, **kw).attributions
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

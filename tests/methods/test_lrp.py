@@ -14,6 +14,9 @@ import methods
 from tests import zoo
 from tests.captum_models import ConvNetOneConv
 
+#: every test twice, channels-last (rounded as another CPU would) and as given (conftest)
+pytestmark = pytest.mark.usefixtures("both_layouts")
+
 F64 = torch.float64
 
 

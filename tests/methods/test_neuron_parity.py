@@ -20,6 +20,9 @@ import methods
 from tests import zoo
 from tests.captum_models import MultiLayer
 
+#: every test twice, channels-last (rounded as another CPU would) and as given (conftest)
+pytestmark = pytest.mark.usefixtures("both_layouts")
+
 #: layers whose neuron Captum cannot differentiate w.r.t. every input (it raises; ours gives 0)
 CAPTUM_RAISES = {("two_input", "a")}
 #: Captum's DeepLift breaks the rescale chain where nn.ReLU feeds nn.MaxPool directly
