@@ -5,6 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed-dev
+RUN    := $(VENV)/.installed
 
 .PHONY: test serve install install-dev lint bench gpu-check openapi docs clean
 
@@ -12,18 +13,23 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# Runtime install: the package and its dependencies, torch pinned by constraints.txt.
-install: $(BIN)/python
-	$(PIP) install --quiet -c constraints.txt -e .
+# Runtime install: the package and its dependencies, torch pinned by constraints.txt, with the
+# hf extra (the README's Hugging Face walk-through serves a save_pretrained directory). Once,
+# and again only when pyproject.toml or constraints.txt change: make serve starts at once.
+$(RUN): $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) install --quiet -c constraints.txt -e '.[hf]'
+	touch $(RUN)
+
+install: $(RUN)
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray]'
+	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray,hf]'
 	# inseq, a test oracle, without its dependencies (they would move torch and transformers)
 	# but the few its import needs
 	$(PIP) install --quiet --no-deps inseq==0.7.1 jaxtyping==0.3.11 wadler-lindig treescope==0.1.10
 	# context-cite, the oracle of context attribution, likewise (its imports are dev extras)
 	$(PIP) install --quiet --no-deps context-cite==0.0.4
-	touch $(STAMP)
+	touch $(RUN) $(STAMP)  # the runtime install is part of this one
 
 install-dev: $(STAMP)
 
@@ -31,7 +37,7 @@ install-dev: $(STAMP)
 # import cycles, runtime code never imports benchmarks or tests), then the suite: two
 # processes (pytest-xdist), a test file per process at a time, so a module's fixtures (its
 # servers) stay in one; measured 539 s against 700 s in one process on this 2-core machine.
-test: $(STAMP)
+test: $(STAMP) $(RUN)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
