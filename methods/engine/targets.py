@@ -161,7 +161,10 @@ def _index_entry(v: object, where: str) -> int | slice:
 
 
 def make_target(target: object, n_examples: int) -> Target:
-    """Normalise any of Captum's target forms for a batch of ``n_examples``."""
+    """Normalise any of Captum's target forms for a batch of ``n_examples``.
+
+    A negative index counts from the end of its dim, as Python and Captum index (``-1``: the
+    last class); only the HTTP API refuses one (CONTRACT 9.1, ``service.wire.targets``)."""
     if target is None:
         return NONE
     if isinstance(target, Tensor):

@@ -66,10 +66,15 @@ def _check_index(index: list[Any], out: OutputSpec, loc: Loc) -> None:
         )
     for d, i in enumerate(index):
         size = out.shape[d]
-        if size is not None and not -size <= i < size:
-            what = f"classes 0..{size - 1}" + (f" or {list(out.labels)}" if out.labels else "")
+        # below 0 is refused (CONTRACT 9.1), not counted from the end as Python and the engine
+        # do: a client's -1 is more often a "no class" sentinel than a wish for the last class
+        if i < 0 or (size is not None and i >= size):
+            what = "indices from 0" if size is None else f"classes 0..{size - 1}"
+            what += f" or {list(out.labels)}" if out.labels else ""
+            of_size = "" if size is None else f" of size {size}"
+            why = "; a target counts from 0, never from the end" if i < 0 else ""
             raise InvalidRequest(
-                f"target {i} is out of range for output dim {d + 1} of size {size} ({what})",
+                f"target {i} is out of range for output dim {d + 1}{of_size} ({what}){why}",
                 loc=loc,
             )
 

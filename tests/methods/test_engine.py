@@ -298,3 +298,28 @@ def test_a_target_out_of_range_names_each_example_s_output_shape() -> None:
         with pytest.raises(TargetError) as err:
             methods.attribute(model, x, "integrated_gradients", target=target, n_steps=50)
         assert "(4, 3)" in str(err.value) and "(100" not in str(err.value), str(err.value)
+
+
+def test_a_negative_target_counts_from_the_end_as_in_captum() -> None:
+    """The engine keeps Captum's (Python's) indexing: ``target=-1`` is the last class, in every
+    form; below ``-size`` is out of range. Only the HTTP API refuses a target below 0
+    (CONTRACT 9.1, ``service.wire.targets``)."""
+    from captum.attr import Saliency
+
+    from methods.errors import TargetError
+
+    model, x = _mlp()
+    classes = model(x).shape[1]
+    last = classes - 1
+    got = methods.attribute(model, x, "saliency", target=-1).attributions
+    torch.testing.assert_close(
+        got, methods.attribute(model, x, "saliency", target=last).attributions
+    )
+    torch.testing.assert_close(got, Saliency(model).attribute(x, target=-1))
+    rows = [-1, 0] * (x.shape[0] // 2)
+    want = methods.attribute(model, x, "saliency", target=[r % classes for r in rows])
+    got_rows = methods.attribute(model, x, "saliency", target=rows)
+    torch.testing.assert_close(got_rows.attributions, want.attributions)
+    with pytest.raises(TargetError, match="out of range") as err:
+        methods.attribute(model, x, "saliency", target=-classes - 1)
+    assert err.value.argument == "target"

@@ -155,6 +155,67 @@ def test_unservable_requests_are_422(
     assert match in str(err["detail"])
 
 
+X2 = [X[0], [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]]
+OIP_X2 = [{"name": "x", "shape": [2, 8], "datatype": "FP32", "data": X2}]
+NOISE = {"arg_min": 0, "arg_max": 4, "arg_step": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "at", "loc"),
+    [
+        (ATTR, {"method": "saliency", "inputs": X2}, (), ["body", "target"]),
+        (
+            ATTR,
+            {"method": "saliency", "inputs": X2, "metrics": {"infidelity": {}}},
+            (),
+            ["body", "target"],
+        ),
+        (ATTR + ":render", {"method": "saliency", "inputs": X2}, (), ["body", "target"]),
+        (
+            "/v1/models/tabular-mlp/attacks",
+            {"method": "fgsm", "inputs": X2, "params": {"epsilon": 0.1}},
+            (),
+            ["body", "target"],
+        ),
+        (
+            "/v1/models/tabular-mlp/counterfactuals",
+            {"perturbation": "gaussian_noise", "inputs": X2, "params": NOISE},
+            (),
+            ["body", "target"],
+        ),
+        (
+            "/v1/models/tabular-mlp:explain",
+            {"instances": X2, "parameters": {"method": "saliency"}},
+            ("parameters",),
+            ["body", "parameters", "target"],
+        ),
+        (
+            "/v2/models/tabular-mlp/explain",
+            {"inputs": OIP_X2, "parameters": {"method": "saliency"}},
+            ("parameters",),
+            ["body", "parameters", "target"],
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "target", [-1, [1, -1], {"index": [-1]}, [{"index": [0]}, {"index": [-3]}]]
+)
+def test_a_target_below_zero_is_422_on_every_route(
+    client: TestClient,
+    path: str,
+    body: dict[str, object],
+    at: tuple[str, ...],
+    loc: list[object],
+    target: object,
+) -> None:
+    """CONTRACT 9.1: ``-1`` used to reach the workers and explain the last class (200)."""
+    req = json.loads(json.dumps(body))
+    (req[at[0]] if at else req)["target"] = target
+    err = problem(client.post(path, json=req), 422)
+    assert err["errors"][0]["loc"][: len(loc)] == loc  # type: ignore[index]
+    assert "counts from 0" in str(err["detail"]), err
+
+
 def test_a_cost_refusal_says_what_would_fix_it(client: TestClient) -> None:
     image = [[[[0.5] * 32] * 32] * 3]
     body = {"method": "shapley_values", "inputs": image, "target": 0}

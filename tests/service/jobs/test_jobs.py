@@ -18,6 +18,7 @@ from tests.service.conftest import Server, start_server, stop_server
 A = {"X-API-Key": "k-a"}
 B = {"Authorization": "Bearer k-b"}
 FINISHED = ("succeeded", "failed", "cancelled")
+NOISE = {"arg_min": 0, "arg_max": 4, "arg_step": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -148,11 +149,20 @@ def test_texts_and_errors_at_submission(jobs_server: Server) -> None:
             ({"method": "nope", "inputs": [[0.0] * 8], "target": 0}, 404),
             ({"method": "saliency", "inputs": [[0.0] * 7], "target": 0}, 422),
             ({"method": "saliency", "inputs": [[0.0] * 8], "target": 5}, 422),
+            ({"method": "saliency", "inputs": [[0.0] * 8], "target": -1}, 422),  # CONTRACT 9.1
             ({"method": "saliency", "inputs": [[0.0] * 8], "target": 0, "render": {}}, 422),
         ]
         for body, status in bad:
             r = c.post("/v1/models/tabular-mlp/attribution-jobs", json=body, headers=A)
             assert r.status_code == status, r.text
+        for route, body in [
+            ("attack-jobs", {"method": "fgsm", "params": {"epsilon": 0.1}}),
+            ("counterfactual-jobs", {"perturbation": "gaussian_noise", "params": NOISE}),
+        ]:
+            body = {**body, "inputs": [[0.0] * 8] * 2, "target": [0, -1]}
+            r = c.post(f"/v1/models/tabular-mlp/{route}", json=body, headers=A)
+            assert r.status_code == 422, r.text
+            assert r.json()["errors"][0]["loc"] == ["body", "target", 1]
         # a job may hold more examples than a synchronous request
         r = c.post(
             "/v1/models/tabular-mlp/attributions",

@@ -133,6 +133,30 @@ def test_targets() -> None:
     assert resolve_target(None, OutputSpec((1,)), 2) is None
 
 
+@pytest.mark.parametrize(
+    ("out", "raw", "loc"),
+    [
+        (OutputSpec((3,), ("a", "b", "c")), -1, ["body", "target"]),
+        (OutputSpec((3,), ("a", "b", "c")), -3, ["body", "target"]),
+        (OutputSpec((3,), ("a", "b", "c")), [0, -1], ["body", "target", 1]),
+        (OutputSpec((3,), ("a", "b", "c")), {"index": [-1]}, ["body", "target"]),
+        (OutputSpec((4, 3)), {"index": [1, -2]}, ["body", "target"]),
+        (OutputSpec((4, 3)), {"index": [-1, 0]}, ["body", "target"]),
+        (OutputSpec((4, 3)), [{"index": [0, 0]}, {"index": [-1, 2]}], ["body", "target", 1]),
+        (OutputSpec((None, 3)), {"index": [-1, 0]}, ["body", "target"]),  # a free dim too
+        (OutputSpec((4, 3), ("O", "PER", "LOC")), [[0, "PER"], [-1, "O"]], ["body", "target", 1]),
+        (OutputSpec((4, 3), ("O", "PER", "LOC")), [[0, -1], [1, "O"]], ["body", "target", 0]),
+    ],
+)
+def test_a_target_below_zero_is_refused_not_counted_from_the_end(
+    out: OutputSpec, raw: object, loc: list[object]
+) -> None:
+    """CONTRACT 9.1: ``-1`` used to explain the last class silently, in every form."""
+    with pytest.raises(InvalidRequest, match=r"out of range.*counts from 0") as err:
+        resolve_target(raw, out, 2)
+    assert err.value.errors[0]["loc"] == loc
+
+
 def test_baselines() -> None:
     inputs = dec([[0.0] * 4] * 2)
     assert codec.decode_baselines(0.5, TAB, inputs, 100) == 0.5
