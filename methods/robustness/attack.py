@@ -3,13 +3,21 @@ et al., 2018), ``methods.attack``.
 
 The loss is Captum's default per example, ``-log(output[target])`` (``loss="nll"``, for models
 that return probabilities), or the same after a log-softmax over dim 1 (``"cross_entropy"``,
-for logits); the batch's losses are summed, never averaged, so an example's attack never
-depends on its batch. A gradient element at most 1e-6 in size leaves its input element as it is
-(Captum's zero threshold). PGD takes FGSM sign steps for both norms and projects back onto the
-ball around the inputs: clamped for ``Linf``, ``torch.renorm`` per example for ``L2``. With
-``random_start`` PGD starts at a uniform point of that ball, drawn from a generator seeded with
-``seed`` (Captum draws from the global RNG). ``targeted`` attacks descend the loss of
-``target`` instead of ascending it.
+for logits), or ``"margin"``: the largest other output minus the target's (the other classes
+along dim 1 at the target's position), which does not saturate where a softmax does; the
+batch's losses are summed, never averaged, so an example's attack never depends on its batch.
+A gradient element at most 1e-6 in size leaves its input element as it is (Captum's zero
+threshold); an example whose every gradient element was that small at every step did not move,
+and says so (``zero_gradient``): a confident logit model's softmax rounds to exactly one, its
+cross-entropy gradient vanishes, and "not flipped" would otherwise read as robust.
+
+PGD takes FGSM sign steps for both norms and projects back onto the ball around the inputs:
+clamped for ``Linf``, ``torch.renorm`` per example for ``L2``. With ``random_start`` PGD starts
+at a uniform point of that ball, drawn from a generator seeded with ``seed`` (Captum draws from
+the global RNG). ``targeted`` attacks descend the loss of
+``target`` instead of ascending it: untargeted, the margin grows until another class passes the
+target; targeted, it shrinks until the target passes the others (the target's output minus the
+largest other, the reverse, grows).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from methods.errors import InvalidArgumentError, InvalidTypeError, UnknownParame
 
 #: gradient elements at most this large leave their input element unchanged (Captum's)
 ZERO_THRESHOLD = 1e-6
-LOSSES = ("nll", "cross_entropy")
+LOSSES = ("nll", "cross_entropy", "margin")
 #: a parameter without a default
 REQUIRED: Any = object()
 #: each method's parameters and defaults
@@ -85,11 +93,14 @@ def check_bounds(params: dict[str, Any]) -> None:
 @dataclass
 class AttackResult:
     """``perturbed``: the inputs' form; ``predictions``: the model's output on them;
-    ``flipped``: per example, whether the top class changed from the unperturbed input's."""
+    ``flipped``: per example, whether the top class changed from the unperturbed input's;
+    ``zero_gradient``: per example, whether the loss's gradient was zero (every element within
+    ``ZERO_THRESHOLD``) at every step, so that nothing moved."""
 
     perturbed: Tensor | tuple[Tensor, ...]
     predictions: Tensor
     flipped: Tensor
+    zero_gradient: Tensor
 
 
 def with_defaults(
@@ -162,8 +173,30 @@ def check_masks(mask: Any, xs: Tensors) -> tuple[Tensor | float, ...]:
     return tuple(m.to(x.dtype) for m, x in zip(found, xs, strict=True))
 
 
+def _margin(out: Tensor, target: Target) -> Tensor:
+    """Per example, the largest other output minus the target's: the other classes are the
+    target's neighbours along dim 1 (as the cross-entropy's softmax runs)."""
+    n = out.shape[0]
+    if target.kind == "none" or out.dim() < 2 or out.shape[1] < 2:
+        raise InvalidArgumentError(
+            "margin compares the target's output with the other classes': it takes an output "
+            "of shape (N, C, ...) with C >= 2 and a target class",
+            argument="loss",
+        )
+    per_row = out[0].numel()
+    where = torch.arange(out.numel(), device=out.device).reshape(out.shape)
+    at = target.select(where) - torch.arange(n, device=out.device) * per_row
+    hit = torch.zeros(n, per_row, dtype=torch.bool, device=out.device)
+    hit = hit.scatter(1, at.unsqueeze(1), True).reshape(out.shape)
+    others = hit.any(dim=1, keepdim=True).expand_as(out) & ~hit
+    best = out.masked_fill(~others, -math.inf).reshape(n, -1).amax(dim=1)
+    return best - out.reshape(n, -1).gather(1, at.unsqueeze(1)).squeeze(1)
+
+
 def _loss(out: Tensor, target: Target, loss: str) -> Tensor:
     """Each example's loss, summed over the batch."""
+    if loss == "margin":
+        return _margin(out, target).sum()
     if loss == "cross_entropy":
         if out.dim() < 2:
             raise InvalidArgumentError(
@@ -192,6 +225,13 @@ def loss_gradients(
         return torch.autograd.grad(_loss(out, target, loss), leaves), out.detach()
 
 
+def moving(grads: Tensors) -> Tensor:
+    """Per example, whether any element of its gradient (over every input) is above the zero
+    threshold, so that a sign step moves it."""
+    live = [g.reshape(g.shape[0], -1).abs().gt(ZERO_THRESHOLD).any(dim=1) for g in grads]
+    return functools.reduce(torch.logical_or, live)
+
+
 def fgsm_step(
     forward: Forward,
     xs: Tensors,
@@ -200,11 +240,11 @@ def fgsm_step(
     epsilon: float | Tensors,
     targeted: bool,
     masks: tuple[Tensor | float, ...],
-) -> tuple[Tensors, Tensor]:
+) -> tuple[Tensors, Tensor, Tensor]:
     """One FGSM step (``epsilon`` a number, or per input a tensor broadcasting against it),
-    and the model's output before it."""
+    the model's output before it, and per example whether its gradient could move it."""
     grads, out = loss_gradients(forward, xs, target, loss)
-    return sign_step(xs, grads, epsilon, targeted, masks), out
+    return sign_step(xs, grads, epsilon, targeted, masks), out, moving(grads)
 
 
 def sign_step(
@@ -272,11 +312,12 @@ def attack(
         _attack, model, method, p, xs, masks, tgt, additional_forward_args, loss
     )
     # a conv net's forwards run channels-last
-    perturbed, before, after = layout.either(model, xs, f"attack.{method}", run)
+    perturbed, before, after, moved = layout.either(model, xs, f"attack.{method}", run)
     return AttackResult(
         perturbed=restore_form(perturbed, as_tuple),
         predictions=after,
         flipped=_top(after) != _top(before),
+        zero_gradient=~moved,
     )
 
 
@@ -290,9 +331,10 @@ def _attack(
     additional_forward_args: Any,
     loss: str,
     channels_last: bool,
-) -> tuple[Tensors, Tensor, Tensor]:
-    """The attack's perturbed inputs, and the model's outputs before and after; with
-    ``channels_last``, image batches reach the model channels-last."""
+) -> tuple[Tensors, Tensor, Tensor, Tensor]:
+    """The attack's perturbed inputs, the model's outputs before and after, and per example
+    whether a gradient moved it; with ``channels_last``, image batches reach the model
+    channels-last."""
     forward = Forward(model, format_args(additional_forward_args), channels_last=channels_last)
     low, high = p["lower_bound"], p["upper_bound"]
 
@@ -301,7 +343,9 @@ def _attack(
 
     with model_guard(model):
         if method == "fgsm":
-            out, before = fgsm_step(forward, xs, tgt, loss, p["epsilon"], p["targeted"], masks)
+            out, before, moved = fgsm_step(
+                forward, xs, tgt, loss, p["epsilon"], p["targeted"], masks
+            )
             perturbed = tuple(bound(t).detach() for t in out)
         else:
             start = None
@@ -312,7 +356,7 @@ def _attack(
                     bound(_random_point(x, p["radius"], p["norm"], m, g))
                     for x, m in zip(xs, masks, strict=True)
                 )
-            perturbed, first = pgd(
+            perturbed, first, moved = pgd(
                 forward,
                 xs,
                 tgt,
@@ -334,7 +378,7 @@ def _attack(
         with torch.no_grad():
             after = forward(perturbed)
     # a 4-D output of a channels-last run is laid out as the as-given one (as methods.attribute)
-    return perturbed, before.detach().contiguous(), after.detach().contiguous()
+    return perturbed, before.detach().contiguous(), after.detach().contiguous(), moved
 
 
 def drawn_seed(p: dict[str, Any]) -> dict[str, Any]:
@@ -374,19 +418,22 @@ def pgd(
     masks: tuple[Tensor | float, ...],
     bound: Any,
     start: Tensors | None = None,
-) -> tuple[Tensors, Tensor]:
-    """PGD's steps from ``start`` (default: the inputs), and the model's output at the start;
-    ``radius`` and ``step_size`` may be one value per example."""
+) -> tuple[Tensors, Tensor, Tensor]:
+    """PGD's steps from ``start`` (default: the inputs), the model's output at the start, and
+    per example whether any step's gradient could move it; ``radius`` and ``step_size`` may be
+    one value per example."""
     perturbed = xs if start is None else start
     first: Tensor | None = None
+    moved = torch.zeros(int(xs[0].shape[0]), dtype=torch.bool, device=xs[0].device)
     for _ in range(step_num):
         checkpoint()
         steps = tuple(per_example(step_size, x) for x in xs)
-        stepped, out = fgsm_step(forward, perturbed, target, loss, steps, targeted, masks)
+        stepped, out, live = fgsm_step(forward, perturbed, target, loss, steps, targeted, masks)
+        moved |= live
         first = out if first is None else first
         perturbed = tuple(
             bound(_project(x, s, radius, norm)).detach() for x, s in zip(xs, stepped, strict=True)
         )
     if first is None:
         raise InvalidArgumentError("step_num must be an integer >= 1", argument="step_num")
-    return perturbed, first
+    return perturbed, first, moved

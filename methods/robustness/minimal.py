@@ -192,7 +192,7 @@ def _perturbation(
         step = v * 2.5 / p["step_num"] if p["step_size"] is None else p["step_size"]
         sub_target = make_target(_rows_target(target, rows, n), len(rows))
         fwd = dataclasses.replace(forward, args=_rows_args(forward.args, rows, n))
-        perturbed, _ = pgd(
+        perturbed, _, _ = pgd(
             fwd,
             sub,
             sub_target,

@@ -149,8 +149,11 @@ class AttackRequest(_Common):
         description="fgsm: epsilon (required), targeted, lower_bound, upper_bound, mask, loss. "
         "pgd: radius, step_size, step_num (required), norm (Linf | L2), targeted, "
         "random_start, seed, lower_bound, upper_bound, mask, loss. loss: nll (default: "
-        "-log output[target], for models that return probabilities) or cross_entropy "
-        "(for logits); per example, summed over the batch",
+        "-log output[target], for models that return probabilities), cross_entropy "
+        "(for logits; it saturates where the softmax rounds to 1, and nothing moves: see "
+        "zero_gradient) or margin (the largest other output minus the target's, raised by an "
+        "attack, lowered by a targeted one; it does not saturate); per example, summed over "
+        "the batch",
     )
 
 
@@ -165,8 +168,9 @@ class CounterfactualRequest(_Common):
         default_factory=dict,
         description="arg_min, arg_max, arg_step (required), mode (linear | binary), and the "
         "perturbation's own: gaussian_noise: seed; fgsm: targeted, lower_bound, upper_bound, "
-        "mask, loss; pgd: step_size, step_num, norm, and fgsm's; feature_ablation: "
-        "attribution_method (default saliency), attribution_params, feature_mask, baselines",
+        "mask, loss (nll | cross_entropy | margin); pgd: step_size, step_num, norm, and fgsm's; "
+        "feature_ablation: attribution_method (default saliency), attribution_params, "
+        "feature_mask, baselines",
     )
 
 
@@ -206,6 +210,11 @@ class AttackResponse(_Result):
     method: str
     flipped: list[bool] = Field(
         description="per example: the top class differs from the unperturbed input's"
+    )
+    zero_gradient: list[bool] = Field(
+        description="per example: the loss's gradient was zero (every element at most 1e-6, "
+        "Captum's threshold) at every step, so nothing moved: not flipped says nothing of "
+        'robustness then; params.loss "margin" does not saturate'
     )
 
 

@@ -63,7 +63,8 @@ async def attack(
     x_deadline_ms: Deadline = None,
 ) -> OrjsonResponse:
     """FGSM or PGD on a batch: the perturbed inputs, the model's output on them and whether
-    each example's top class changed (pictures of the perturbation with ``render``)."""
+    each example's top class changed, and whether its loss's gradient was zero so that it
+    could not move (pictures of the perturbation with ``render``)."""
     return await _serve(state, request, model_id, body, x_deadline_ms)
 
 

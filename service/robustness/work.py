@@ -61,7 +61,10 @@ def run(lm: LoadedModel, job: Perturbation) -> Reply:
         res = methods.attack(
             lm.model, inputs, study["name"], target=target, loss=study["loss"], **params
         )
-        found: dict[str, list[bool] | list[float | None]] = {"flipped": res.flipped.tolist()}
+        found: dict[str, list[bool] | list[float | None]] = {
+            "flipped": res.flipped.tolist(),
+            "zero_gradient": res.zero_gradient.tolist(),
+        }
     else:
         cf = methods.min_perturbation(lm.model, inputs, study["name"], target=target, **params)
         res, found = cf, {"min_param": cf.min_param}  # type: ignore[assignment]

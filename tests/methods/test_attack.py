@@ -169,3 +169,146 @@ def test_nll_on_logits_is_refused_not_silently_nan() -> None:
     assert err.value.argument == "loss"
     moved = methods.attack(model, x, "fgsm", target=0, epsilon=0.1, loss="cross_entropy")
     assert not torch.equal(moved.perturbed, x)
+
+
+# -- a loss that does not saturate, and saying when nothing moved (issue 56) ----------------
+
+#: README's example: tabular-mlp is so sure of it that its softmax rounds to exactly 1 in
+#: float32, so cross-entropy's gradient is below Captum's zero threshold everywhere
+SURE = torch.tensor([[1.0, 0.3, -0.2, 0.9, 0.1, -0.5, 0.4, 0.0]])
+
+
+def _tabular_mlp() -> nn.Module:
+    from model_registry.builtin import build
+
+    net, _ = build("tabular-mlp")
+    return net.eval()
+
+
+@pytest.mark.parametrize(
+    ("method", "budget"),
+    [("fgsm", {"epsilon": 1.0}), ("pgd", {"radius": 1.0, "step_size": 0.2, "step_num": 10})],
+)
+def test_margin_flips_what_a_saturated_cross_entropy_cannot_move(
+    method: str, budget: dict[str, float]
+) -> None:
+    net = _tabular_mlp()
+    with torch.no_grad():
+        target = net(SURE).argmax(1)
+    stuck = methods.attack(net, SURE, method, target=target, loss="cross_entropy", **budget)
+    assert torch.equal(stuck.perturbed, SURE)  # not one step was taken ...
+    assert stuck.zero_gradient.tolist() == [True]  # ... and the answer says why
+    assert stuck.flipped.tolist() == [False]
+    moved = methods.attack(net, SURE, method, target=target, loss="margin", **budget)
+    assert moved.zero_gradient.tolist() == [False]
+    assert moved.flipped.tolist() == [True]
+    assert (moved.perturbed - SURE).abs().max() <= 1.0 + 1e-6
+
+
+def _margin_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """d/dx of (largest other logit - the target's), one example at a time, literally."""
+    grads = []
+    for i in range(len(x)):
+        xi = x[i : i + 1].clone().requires_grad_()
+        out = model(xi)[0]
+        others = [out[c] for c in range(out.shape[0]) if c != int(y[i])]
+        margin = torch.stack(others).max() - out[int(y[i])]
+        (g,) = torch.autograd.grad(margin, xi)
+        grads.append(g[0])
+    return torch.stack(grads)
+
+
+@pytest.mark.parametrize("targeted", [False, True])
+def test_margin_steps_the_way_the_attack_means(targeted: bool) -> None:
+    """Untargeted: the step ascends the margin (another class gains on the target); targeted:
+    it descends it (the target gains on the best other), as a literal reference steps."""
+    logits, _ = _models()
+    g = _margin_reference(logits, X, Y)
+    sign = -1.0 if targeted else 1.0
+    want = torch.where(g.abs() > 1e-6, X + sign * 0.01 * torch.sign(g), X)
+    got = methods.attack(
+        logits, X, "fgsm", target=Y, loss="margin", epsilon=0.01, targeted=targeted
+    )
+    close(got.perturbed, want)
+    assert got.zero_gradient.tolist() == [False] * len(X)
+
+    def margin(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            out = logits(x)
+        best = out.scatter(1, Y.unsqueeze(1), -torch.inf).amax(1)
+        return best - out.gather(1, Y.unsqueeze(1)).squeeze(1)
+
+    grew = margin(got.perturbed) > margin(X)
+    assert grew.tolist() == [not targeted] * len(X)
+
+
+def test_a_targeted_margin_attack_reaches_its_class_from_a_saturated_input() -> None:
+    net = _tabular_mlp()
+    for wanted in (0, 1):
+        reached = methods.attack(
+            net, SURE, "pgd", target=wanted, loss="margin", targeted=True,
+            radius=2.0, step_size=0.2, step_num=20,
+        )  # fmt: skip
+        assert reached.predictions.argmax(1).tolist() == [wanted]
+        assert reached.zero_gradient.tolist() == [False]
+
+
+def test_zero_gradient_is_per_example() -> None:
+    """In one batch, the saturated example says it could not move, the other moved; neither's
+    answer depends on the other (the losses are summed, per example)."""
+    net = _tabular_mlp()
+    x = torch.cat([SURE, torch.tensor([[0.2, 0.1, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0]])])
+    with torch.no_grad():
+        target = net(x).argmax(1)
+    kw = {"target": target, "loss": "cross_entropy", "radius": 0.3, "step_size": 0.1}
+    got = methods.attack(net, x, "pgd", step_num=3, **kw)
+    assert got.zero_gradient.tolist() == [True, False]
+    assert torch.equal(got.perturbed[0], x[0]) and not torch.equal(got.perturbed[1], x[1])
+    # the same with Captum's default loss on the model's probabilities
+    nll = methods.attack(nn.Sequential(net, nn.Softmax(dim=1)), x, "fgsm", target=target,
+                         epsilon=0.1)  # fmt: skip
+    assert nll.zero_gradient.tolist() == [True, False]
+
+
+def test_margin_on_an_output_with_positions() -> None:
+    """An (N, C, L) output and a (class, position) target: the other classes are those at the
+    target's position (dim 1, where a cross-entropy's softmax runs)."""
+    torch.manual_seed(2)
+    conv = nn.Conv1d(2, 3, 3, padding=1).double().eval()
+    x = torch.randn(2, 2, 5, dtype=F64)
+    y = torch.tensor([[0, 1], [2, 4]])
+    got = methods.attack(conv, x, "fgsm", target=y, loss="margin", epsilon=0.1)
+    grads = []
+    for i in range(2):
+        xi = x[i : i + 1].clone().requires_grad_()
+        out = conv(xi)[0]
+        c, p = (int(v) for v in y[i])
+        best = torch.stack([out[k, p] for k in range(3) if k != c]).max()
+        (g,) = torch.autograd.grad(best - out[c, p], xi)
+        grads.append(g[0])
+    g = torch.stack(grads)
+    close(got.perturbed, torch.where(g.abs() > 1e-6, x + 0.1 * torch.sign(g), x))
+
+
+def test_margin_needs_classes_to_compare() -> None:
+    one = nn.Linear(4, 1).double()
+    x = torch.randn(3, 4, dtype=F64)
+    with pytest.raises(InvalidArgumentError, match="margin") as err:
+        methods.attack(one, x, "fgsm", target=0, loss="margin", epsilon=0.1)
+    assert err.value.argument == "loss"
+    scalar = nn.Sequential(nn.Linear(4, 1), nn.Flatten(0)).double()
+    with pytest.raises(InvalidArgumentError, match="margin"):
+        methods.attack(scalar, x, "fgsm", target=None, loss="margin", epsilon=0.1)
+
+
+def test_a_counterfactual_step_search_takes_the_margin() -> None:
+    """The least FGSM step that flips README's example: none in range with a saturated
+    cross-entropy (it cannot move), one with the margin."""
+    net = _tabular_mlp()
+    with torch.no_grad():
+        target = net(SURE).argmax(1)
+    search = {"arg_min": 0.0, "arg_max": 2.0, "arg_step": 0.05, "target": target}
+    stuck = methods.min_perturbation(net, SURE, "fgsm", loss="cross_entropy", **search)
+    found = methods.min_perturbation(net, SURE, "fgsm", loss="margin", **search)
+    assert stuck.min_param == [None]
+    assert found.min_param[0] is not None and 0 < found.min_param[0] <= 2.0

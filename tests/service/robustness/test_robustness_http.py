@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from typing import Any
 
 import httpx
@@ -61,10 +62,75 @@ def test_attack_equals_methods_attack(server: Server, method: str, params: dict[
     np.testing.assert_allclose(got["perturbed"], want.perturbed.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["predictions"], want.predictions.numpy(), rtol=1e-5, atol=1e-6)
     assert got["flipped"] == want.flipped.tolist()
+    assert got["zero_gradient"] == want.zero_gradient.tolist()
     assert got["target"] == target.tolist()
     assert got["predicted"] == want.predictions.argmax(1).tolist()
     assert got["method"] == method
     assert got["params"]["loss"] == params.get("loss", "nll")
+
+
+#: README's PGD example: tabular-mlp's softmax rounds to exactly 1 on TAB[0] (float32)
+README_PGD = {"radius": 0.5, "step_size": 0.1, "step_num": 10, "loss": "cross_entropy"}
+
+
+def test_an_attack_that_could_not_move_says_so_and_margin_moves_it(server: Server) -> None:
+    """README's example with cross_entropy: no step is taken, and the answer says why
+    (``zero_gradient``) instead of passing for robust; the margin loss flips it."""
+    body = {"method": "pgd", "inputs": TAB.tolist(), "params": README_PGD}
+    stuck = ok(server, "tabular-mlp", "attacks", body)
+    assert stuck["zero_gradient"][0] is True and stuck["flipped"][0] is False
+    np.testing.assert_array_equal(np.asarray(stuck["perturbed"][0], np.float32), TAB[0])
+    x = torch.from_numpy(TAB)
+    net, _ = build("tabular-mlp")
+    target = predicted("tabular-mlp", x)
+    want = methods.attack(net, x, "pgd", target=target, **README_PGD)
+    assert stuck["zero_gradient"] == want.zero_gradient.tolist()
+    margin = {"radius": 1.0, "step_size": 0.2, "step_num": 10, "loss": "margin"}
+    for method, params in (("pgd", margin), ("fgsm", {"epsilon": 1.0, "loss": "margin"})):
+        moved = ok(server, "tabular-mlp", "attacks", {**body, "method": method, "params": params})
+        assert moved["zero_gradient"] == [False, False]
+        assert moved["flipped"][0] is True
+        assert moved["params"]["loss"] == "margin"
+        want = methods.attack(net, x, method, target=target, **params)
+        np.testing.assert_allclose(moved["perturbed"], want.perturbed.numpy(), atol=1e-6)
+        assert moved["flipped"] == want.flipped.tolist()
+    # a counterfactual's FGSM search takes the margin too
+    search = {"arg_min": 0, "arg_max": 2, "arg_step": 0.05, "loss": "margin"}
+    found = ok(server, "tabular-mlp", "counterfactuals",
+               {"perturbation": "fgsm", "inputs": TAB[:1].tolist(), "params": search})  # fmt: skip
+    assert found["min_param"][0] is not None
+    # documented in the schema of the answer (OpenAPI)
+    schema = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]
+    assert schema["AttackResponse"]["properties"]["zero_gradient"]["type"] == "array"
+    assert "zero_gradient" in schema["AttackResponse"]["required"]
+
+
+def test_an_attack_job_says_per_example_which_could_not_move(keyed_server: Server) -> None:
+    """zero_gradient in a job's result: per example, joined over its chunks, as the route."""
+    rng = np.random.default_rng(2)
+    x = (rng.random((120, 8), dtype=np.float32) * 0.4 - 0.2).astype(np.float32)
+    x[::7] = TAB[0]  # the saturated row, in every chunk
+    body = {"method": "fgsm", "inputs": x.tolist(), "params": {"epsilon": 0.2,
+            "loss": "cross_entropy"}}  # fmt: skip
+    key = {"X-API-Key": "k-a"}
+    with keyed_server.client() as c:
+        r = c.post("/v1/models/tabular-mlp/attack-jobs", json=body, headers=key)
+        assert r.status_code == 202, r.text
+        job = r.json()["id"]
+        for _ in range(600):
+            info = c.get(f"/v1/jobs/{job}", headers=key).json()
+            if info["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.1)
+        assert info["status"] == "succeeded", info
+        assert info["progress"]["total"] == 120
+        result = c.get(f"/v1/jobs/{job}/result", headers=key).json()
+        sync = c.post("/v1/models/tabular-mlp/attacks", json=body, headers=key).json()
+    assert result["zero_gradient"] == sync["zero_gradient"]
+    assert len(result["zero_gradient"]) == 120
+    saturated = [i for i, z in enumerate(result["zero_gradient"]) if z]
+    assert set(range(0, 120, 7)) <= set(saturated) and len(saturated) < 120
+    np.testing.assert_array_equal(np.asarray(result["perturbed"], np.float32)[::7], x[::7])
 
 
 def test_image_pgd_within_its_ball_with_pictures(server: Server) -> None:
