@@ -29,13 +29,12 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import nn
 
 from model_registry.hf_config import config
+from model_registry.image_header import declared_size
 
 AUTO_CLASS = "AutoModelForImageClassification"
-#: the encodings an image may arrive in (PIL tries only these decoders)
+#: the encodings an image may arrive in (PIL tries only these decoders; ``image_header``
+#: reads the size of each)
 FORMATS = ("PNG", "JPEG", "WEBP")
-#: the most pixels an image (or a request's images in all) may have, checked from each
-#: image's header before it is decoded
-MAX_PIXELS = 50_000_000
 
 
 class ImageClassifier(nn.Module):
@@ -62,25 +61,43 @@ def payload(text: str) -> bytes:
         raise ValueError("is not base64 text") from None
 
 
-def decode(data: bytes, max_pixels: int = MAX_PIXELS) -> Image.Image:
+class TooManyPixels(ValueError):
+    """An image that declares more pixels than it may have: ``size`` (None where only
+    Pillow read it), over ``max_pixels`` (the caller's bound, or Pillow's own where that is
+    lower)."""
+
+    def __init__(self, size: tuple[int, int] | None, max_pixels: int) -> None:
+        shown = "more" if size is None else f"{size[0]}×{size[1]}"
+        super().__init__(f"declares {shown} pixels, over {max_pixels:,}")
+        self.size = size
+        self.max_pixels = max_pixels
+
+
+def decode(data: bytes, max_pixels: int | None = None) -> Image.Image:
     """An encoded image, decoded (EXIF orientation applied); ValueError saying why it cannot
-    be (``max_pixels``: the most it may have)."""
+    be, TooManyPixels where its header declares more than ``max_pixels`` (checked before a
+    pixel is decoded; None: Pillow's own bound only)."""
+    declared = declared_size(data)
+    if declared is not None and max_pixels is not None:
+        _bound(declared, max_pixels)
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.DecompressionBombError:  # over Pillow's own bound, where that is lower
+        raise TooManyPixels(declared, 2 * int(Image.MAX_IMAGE_PIXELS or 0)) from None
     except (UnidentifiedImageError, OSError, ValueError):
         raise ValueError(f"is not an image in any of {', '.join(FORMATS)}") from None
-    width, height = image.size
-    if width * height > max_pixels:
-        left = "" if max_pixels == MAX_PIXELS else f", {max_pixels:,} left for this one"
-        raise ValueError(
-            f"is {width}×{height} pixels; a request's images may hold {MAX_PIXELS:,} pixels in "
-            f"all{left}"
-        )
+    if max_pixels is not None:  # a header only Pillow reads
+        _bound(image.size, max_pixels)
     try:
         image.load()
         return ImageOps.exif_transpose(image)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ValueError(f"is a truncated or corrupt {image.format} image ({e})") from None
+
+
+def _bound(size: tuple[int, int], max_pixels: int) -> None:
+    if size[0] * size[1] > max_pixels:
+        raise TooManyPixels(size, max_pixels)
 
 
 class Images:

@@ -136,6 +136,12 @@ class BodyTooLarge(ServiceError):
     status, code, title = 413, "body_too_large", "Request body too large"
 
 
+class ImageTooLarge(ServiceError):
+    """An image whose header declares more pixels than the server decodes (refused unread)."""
+
+    status, code, title = 413, "image_too_large", "Image too large"
+
+
 class InvalidRequest(ServiceError):
     """Valid JSON that cannot be served: shape, dtype, NaN, target, limits, ..."""
 

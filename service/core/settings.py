@@ -117,6 +117,12 @@ class Settings(BaseModel):
         default=4 << 20, ge=1, description="largest tensor in a request, in elements"
     )
     max_batch_size: int = Field(default=256, ge=1, description="most examples in one request")
+    max_image_pixels: int = Field(
+        default=40_000_000,
+        ge=1,
+        description="most pixels an image's header may declare: an upload, or a request's "
+        "encoded images in all (413 above, before any is decoded)",
+    )
     max_n_steps: int = Field(default=1024, ge=1, description="largest n_steps")
     max_n_samples: int = Field(default=1024, ge=1, description="largest n_samples / nt_samples")
     max_cost: int = Field(

@@ -1,7 +1,8 @@
 """Short-lived uploads: an image a person gave the explorer (``GET /ui``), kept under
 ``data_dir/uploads`` for ``TTL_S`` so a link to the page (which names the upload by its id,
 never inlines it) reproduces the same input. Only PNG, JPEG and WebP files are taken, checked by
-their first bytes; expired files go at the next upload."""
+their first bytes, and no larger than ``max_image_pixels`` by the size their header declares
+(nothing is decoded here); expired files go at the next upload."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import secrets
 import time
 from pathlib import Path
 
-from service.core.errors import InvalidRequest, NotFound
+from model_registry.image_header import declared_size
+from service.core.errors import ImageTooLarge, InvalidRequest, NotFound
 from service.core.files import atomic_write
 from service.core.settings import Settings
 
@@ -47,6 +49,17 @@ def save(settings: Settings, data: bytes) -> dict[str, object]:
     if len(data) > MAX_BYTES:
         raise InvalidRequest(f"an upload is at most {MAX_BYTES} bytes", loc=("body",))
     kind = media_type(data)
+    size = declared_size(data)
+    if size is None:
+        raise InvalidRequest(
+            f"the upload begins as {kind} but its header is cut short or damaged", loc=("body",)
+        )
+    if size[0] * size[1] > settings.max_image_pixels:
+        raise ImageTooLarge(
+            f"the image is {size[0]}×{size[1]} pixels; an upload may hold "
+            f"{settings.max_image_pixels:,} (ATTRSERVE_MAX_IMAGE_PIXELS)",
+            loc=("body",),
+        )
     folder = _dir(settings)
     folder.mkdir(parents=True, exist_ok=True)
     purge(folder)

@@ -71,7 +71,11 @@ def query_job(
             f"k is {req.k}; the training set has {n_train} examples", loc=("body", "k")
         )
     inputs = codec.decode_inputs(
-        req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
+        req.inputs,
+        spec,
+        settings.max_tensor_elements,
+        settings.max_batch_size,
+        max_image_pixels=settings.max_image_pixels,
     )
     field = "labels" if req.labels is not None else "target"
     raw = req.labels if req.labels is not None else req.target

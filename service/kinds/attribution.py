@@ -103,7 +103,11 @@ def build_attribution(
         )
     nt = checks.noise_tunnel(req.noise_tunnel, settings)
     inputs = codec.decode_inputs(
-        req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
+        req.inputs,
+        spec,
+        settings.max_tensor_elements,
+        settings.max_batch_size,
+        max_image_pixels=settings.max_image_pixels,
     )
     if inputs.texts:
         shapes: tuple[tuple[int, ...], ...] = ((checks.check_texts(inputs.texts, settings),),)

@@ -48,7 +48,11 @@ class TensorKind(AttributionKind):
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
         decoded = codec.decode_inputs(
-            inputs, spec, settings.max_tensor_elements, settings.max_batch_size
+            inputs,
+            spec,
+            settings.max_tensor_elements,
+            settings.max_batch_size,
+            max_image_pixels=settings.max_image_pixels,
         )
         if decoded.texts:
             checks.check_texts(decoded.texts, settings)

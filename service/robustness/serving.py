@@ -105,7 +105,11 @@ def build_job(settings: Settings, spec: ModelSpec, req: Request, deadline: float
     """Every check that needs no model: the request as a job for the worker."""
     _check_model(spec)
     inputs = codec.decode_inputs(
-        req.inputs, spec, settings.max_tensor_elements, settings.max_batch_size
+        req.inputs,
+        spec,
+        settings.max_tensor_elements,
+        settings.max_batch_size,
+        max_image_pixels=settings.max_image_pixels,
     )
     params = dict(req.params)
     loss = "nll"

@@ -263,13 +263,15 @@ def is_text(item: Any) -> bool:
     return isinstance(item, list) and len(item) == 2 and all(isinstance(t, str) for t in item)
 
 
-def decode_inputs(raw: Any, spec: ModelSpec, max_elements: int, max_batch: int) -> DecodedInputs:
+def decode_inputs(
+    raw: Any, spec: ModelSpec, max_elements: int, max_batch: int, *, max_image_pixels: int
+) -> DecodedInputs:
     """``inputs`` in any accepted form: one tensor, a list per input, an object by name, texts,
-    encoded images."""
+    encoded images (``max_image_pixels`` in all)."""
     loc: Loc = ("body", "inputs")
     names = [i.name for i in spec.inputs]
     if images.sent(raw, spec):
-        values, files = images.decode(raw, spec, max_elements, max_batch)
+        values, files = images.decode(raw, spec, max_elements, max_batch, max_image_pixels)
         return DecodedInputs(arrays=(values,), images=files)
     if isinstance(raw, list) and raw and all(is_text(t) for t in raw):
         if spec.images is not None:

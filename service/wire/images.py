@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from model_registry import hf_image
+from model_registry.image_header import declared_size
 from model_registry.spec import ModelSpec
-from service.core.errors import WHERE, InvalidRequest, LimitExceeded, Loc
+from service.core.errors import WHERE, ImageTooLarge, InvalidRequest, LimitExceeded, Loc
 
 
 def is_image(item: Any) -> bool:
@@ -48,10 +49,10 @@ def _image_bytes(item: dict[str, Any], loc: Loc) -> bytes:
 
 
 def decode(
-    raw: list[Any], spec: ModelSpec, max_elements: int, max_batch: int
+    raw: list[Any], spec: ModelSpec, max_elements: int, max_batch: int, max_image_pixels: int
 ) -> tuple[np.ndarray, tuple[bytes, ...]]:
     """Encoded images as the ``pixel_values`` of the model's image processor, and each
-    image's file."""
+    image's file; 413 where their headers declare more than ``max_image_pixels`` in all."""
     loc: Loc = ("body", "inputs")
     if spec.images is None:
         raise InvalidRequest(
@@ -69,8 +70,9 @@ def decode(
             f"{max_elements} per request",
             loc=loc,
         )
-    # one image decoded at a time, its pixels counted against the request's budget
-    files, values, budget = [], [], hf_image.MAX_PIXELS
+    # every image's header first: a request over the pixel limit decodes none of its images
+    files: list[bytes] = []
+    left = max_image_pixels
     for k, item in enumerate(raw):
         where: Loc = (*loc, k, "image")
         if not isinstance(item, dict) or "image" not in item:
@@ -78,16 +80,38 @@ def decode(
                 f'{WHERE} must be {{"image": "<base64>"}} as the first example is', loc=where[:-1]
             )
         data = _image_bytes(item, where)
+        size = declared_size(data)
+        if size is not None:
+            _bound(size, left, max_image_pixels, where)
+            left -= size[0] * size[1]
+        files.append(data)
+    # then one image decoded at a time (its pixels counted again: a header only Pillow reads)
+    values, left = [], max_image_pixels
+    for k, data in enumerate(files):
+        where = (*loc, k, "image")
         try:
-            picture = hf_image.decode(data, budget)
+            picture = hf_image.decode(data, left)
+        except hf_image.TooManyPixels as exc:  # a header only Pillow reads, or its own bound
+            raise ImageTooLarge(f"{WHERE} {exc}", loc=where) from None
         except ValueError as exc:
             raise InvalidRequest(f"{WHERE} {exc}", loc=where) from None
-        budget -= picture.width * picture.height
+        left -= picture.width * picture.height
         try:
             values.append(processor([picture])[0])
         except Exception as exc:  # an image its processor cannot take (an odd mode or size)
             raise InvalidRequest(
                 f"{WHERE}: the model's image processor cannot take it: {exc}", loc=where
             ) from None
-        files.append(data)
     return np.stack(values), tuple(files)
+
+
+def _bound(size: tuple[int, int], left: int, limit: int, where: Loc) -> None:
+    """413 where an image of ``size`` is over the ``left`` of a request's ``limit``."""
+    if size[0] * size[1] <= left:
+        return
+    rest = "" if left == limit else f", {max(left, 0):,} left for this one"
+    raise ImageTooLarge(
+        f"{WHERE} is {size[0]}×{size[1]} pixels; a request's images may hold {limit:,} pixels "
+        f"in all (ATTRSERVE_MAX_IMAGE_PIXELS){rest}",
+        loc=where,
+    )

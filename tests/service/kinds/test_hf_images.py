@@ -23,6 +23,7 @@ from PIL import Image
 import model_registry
 from model_registry.errors import RegistryError
 from tests.hf_dirs import FLOWERS, vit_dir
+from tests.model_registry.test_image_header import png_header
 from tests.service.conftest import Server
 
 
@@ -225,16 +226,24 @@ def test_bad_images_are_422_naming_the_example(
 def test_an_image_too_large_is_refused_before_it_is_decoded(
     vit_server: tuple[Server, Path],
 ) -> None:
+    """413 over ATTRSERVE_MAX_IMAGE_PIXELS (CONTRACT 9.1: 40,000,000 by default), read from
+    the headers before any image is decoded."""
     server, _ = vit_server
     huge = io.BytesIO()
     Image.new("1", (7200, 7200)).save(huge, format="PNG")  # 51.8 megapixels, a small file
     r = post(server, {"method": "saliency", "inputs": [{"image": b64(huge.getvalue())}]})
-    assert r.status_code == 422 and "50,000,000 pixels in all" in r.json()["detail"], r.text
+    assert r.status_code == 413 and "40,000,000 pixels in all" in r.json()["detail"], r.text
+    assert r.json()["type"].endswith("/image_too_large")
+    # a header alone declaring 10^10 pixels (Pillow's own bound raised through: a 500)
+    bomb = {"image": b64(png_header(100_000, 100_000))}
+    r = post(server, {"method": "saliency", "inputs": [{"image": b64(FILES[0])}, bomb]})
+    assert r.status_code == 413 and "100000×100000" in r.json()["detail"], r.text
+    assert r.json()["errors"][0]["loc"] == ["body", "inputs", 1, "image"]
     # and a request's images in all: the second of two 30-megapixel images is over
     half = io.BytesIO()
     Image.new("1", (6000, 5000)).save(half, format="PNG")
     r = post(server, {"method": "saliency", "inputs": [{"image": b64(half.getvalue())}] * 2})
-    assert r.status_code == 422 and "20,000,000 left" in r.json()["detail"], r.text
+    assert r.status_code == 413 and "10,000,000 left" in r.json()["detail"], r.text
     assert r.json()["errors"][0]["loc"] == ["body", "inputs", 1, "image"]
 
 

@@ -47,7 +47,7 @@ TOK = ModelSpec(
 
 
 def dec(raw: object, spec: ModelSpec = TAB) -> codec.DecodedInputs:
-    return codec.decode_inputs(raw, spec, max_elements=1000, max_batch=8)
+    return codec.decode_inputs(raw, spec, max_elements=1000, max_batch=8, max_image_pixels=100)
 
 
 def test_nested_list_and_b64_agree() -> None:
@@ -100,7 +100,9 @@ def test_bad_inputs(raw: object, match: str) -> None:
 
 def test_limits() -> None:
     with pytest.raises(LimitExceeded, match="elements"):
-        codec.decode_inputs([[0.0] * 4] * 300, TAB, max_elements=1000, max_batch=1000)
+        codec.decode_inputs(
+            [[0.0] * 4] * 300, TAB, max_elements=1000, max_batch=1000, max_image_pixels=100
+        )
     with pytest.raises(LimitExceeded, match="examples"):
         dec([[0.0] * 4] * 9)
 
@@ -187,7 +189,7 @@ def test_an_empty_text_is_refused_naming_it(raw: object) -> None:
     """An empty text has no word to attribute to (it used to answer [[0.0]])."""
     spec = dataclasses.replace(TOK, embedding_layer="embed")
     with pytest.raises(InvalidRequest, match="empty") as err:
-        codec.decode_inputs(raw, spec, max_elements=1000, max_batch=8)
+        codec.decode_inputs(raw, spec, max_elements=1000, max_batch=8, max_image_pixels=100)
     assert err.value.errors[0]["loc"][:2] == ["body", "inputs"]
 
 
