@@ -22,7 +22,10 @@ the prompt's common start reused and the vocabulary's logits computed only where
 
 from __future__ import annotations
 
+import bisect
+import difflib
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +58,12 @@ class ContextResult:
 
     #: the context's units (the features)
     units: list[str]
-    #: the answer attributed (given, or generated)
+    #: the answer attributed: as given, or the generated tokens decoded
     answer: str
+    #: its sentences, each ``answer[start:end]`` of ``answer_spans``
     answer_sentences: list[str]
+    #: each answer sentence's [start, end) character offsets in ``answer``
+    answer_spans: list[tuple[int, int]]
     #: the surrogate's weight of each unit, per answer sentence: [sentences, units]
     scores: Tensor
     #: per answer sentence, the units best first
@@ -99,7 +105,8 @@ def attribute_context(
 ) -> ContextResult:
     """Rank the units of ``context`` by how much each supports each sentence of ``answer``
     (None: generated greedily from the whole prompt with ``gen_args``, 64 new tokens by
-    default), the model answering ``query``.
+    default), the model answering ``query``. A given answer is kept as given (not as the
+    tokenizer decodes it) and its sentences are cut in it (``answer_spans``).
 
     ``units``: "sentences", "paragraphs" or "documents" (each text of a list), or the pieces
     between matches of ``unit_pattern``. ``prompt_template`` (default ``"{context}\\n\\n{query}"``)
@@ -122,9 +129,6 @@ def attribute_context(
 
     full = prompt_ids(None)
     answer_ids, text = _answer(lm, tokenizer, full, answer, gen_args)
-    decoded = tokenizer.decode(answer_ids)
-    if decoded.strip() and decoded != text:  # sentences are cut where the tokens are
-        text = decoded
     sent_spans = units_.sentence_spans(text) or [(0, len(text))]
     ranges = _token_ranges(tokenizer, answer_ids, text, sent_spans)
     masks = ablation_masks(n_ablations, len(parts), keep_prob, seed)
@@ -153,6 +157,7 @@ def attribute_context(
         units=list(parts.parts),
         answer=text,
         answer_sentences=[text[a:b] for a, b in sent_spans],
+        answer_spans=sent_spans,
         scores=weights,
         top=top,
         fit={"r2": r2},
@@ -311,16 +316,46 @@ def _token_ranges(
 ) -> list[tuple[int, int]]:
     """Each sentence's [start, stop) token range: from the token holding its first character to
     the one holding its last (ContextCite's selection; a token across two sentences counts in
-    both). Token ends are the lengths of the decoded prefixes, clamped to the text."""
-    ends = []
-    for k in range(1, len(ids) + 1):
-        ends.append(min(len(tokenizer.decode(ids[:k])), len(text)))
-    ends[-1] = max(ends[-1], len(text))
+    both). A token ends where its decoded prefix ends, carried into ``text`` where the decoding
+    differs from it (a tokenizer that lowercases, or spaces its words apart)."""
+    decoded = tokenizer.decode(ids)
+    ends = [min(len(tokenizer.decode(ids[:k])), len(decoded)) for k in range(1, len(ids) + 1)]
+    if decoded != text:
+        carry = _carried(decoded, text)
+        ends = [carry(e) for e in ends]
+    ends[-1] = len(text)
 
     def token_at(c: int) -> int:
         return next((k for k, e in enumerate(ends) if c < e), len(ids) - 1)
 
     return [(token_at(a), token_at(b - 1) + 1) for a, b in spans]
+
+
+def _carried(a: str, b: str) -> Callable[[int], int]:
+    """A monotone map of character positions in ``a`` to positions in ``b``, the two compared
+    without white space and case: exact inside the runs they share, linear across the gaps
+    between them (an ``<unk>`` for a word); a position lands after a character of ``b``, and
+    after any of ``b``'s characters that ``a`` lacks there (a "!" the tokenizer dropped)."""
+    ka = [i for i, c in enumerate(a) if not c.isspace()]
+    kb = [j for j, c in enumerate(b) if not c.isspace()]
+    fold = difflib.SequenceMatcher(
+        None, [a[i].casefold() for i in ka], [b[j].casefold() for j in kb], autojunk=False
+    )
+    xs, ys = [0], [0]  # runs' starts and ends, in characters that are not white space
+    for i, j, n in fold.get_matching_blocks():  # the last is (len(ka), len(kb), 0)
+        xs += [i, i + n]
+        ys += [j, j + n]
+
+    def carry(p: int) -> int:
+        q = bisect.bisect_left(ka, p)
+        k = bisect.bisect_right(xs, q) - 1
+        if xs[k] == q or k + 1 == len(xs):
+            r = ys[k]
+        else:
+            r = ys[k] + (q - xs[k]) * (ys[k + 1] - ys[k]) // (xs[k + 1] - xs[k])
+        return kb[r - 1] + 1 if r else 0
+
+    return carry
 
 
 def _ranked(w: Tensor) -> list[int]:

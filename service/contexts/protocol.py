@@ -3,7 +3,7 @@ units of the context support each sentence of the answer (``methods.attribute_co
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -74,8 +74,15 @@ class ContextResponse(BaseModel):
     model_id: str
     model_version: str
     units: list[str] = Field(description="the context's units, in order")
-    answer: str
-    answer_sentences: list[str]
+    answer: str = Field(
+        description="the answer attributed: exactly as given, or the generated tokens decoded"
+    )
+    answer_sentences: list[str] = Field(
+        description="the answer's sentences, each a substring of answer (see answer_spans)"
+    )
+    answer_spans: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = Field(
+        description="per answer sentence, its [start, end) character offsets in answer"
+    )
     scores: list[list[float]] = Field(
         description="per answer sentence, each unit's weight: how much keeping it raises the "
         "sentence's score (0: no effect found)"

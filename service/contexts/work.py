@@ -58,6 +58,7 @@ def run(lm: LoadedModel, job: ContextQuery) -> Reply:
             "units": res.units,
             "answer": res.answer,
             "answer_sentences": res.answer_sentences,
+            "answer_spans": [list(span) for span in res.answer_spans],
             "scores": res.scores.tolist(),
             "top": res.top,
             "fit": res.fit,

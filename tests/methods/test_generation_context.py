@@ -18,6 +18,7 @@ from methods.errors import AttributionError
 from methods.generation import units
 from methods.generation.context import ablation_masks, surrogate
 from tests.methods.context_models import CopyLM, bpe_tokenizer, random_gpt2
+from tests.methods.test_generation import tiny_lm
 
 CONTEXT = (
     "Paris is the capital of France. The secret code is blue seven. Bob likes green apples. "
@@ -146,6 +147,23 @@ def test_a_model_made_to_copy_ranks_the_copied_sentence_first() -> None:
     assert all(r is not None and r > 0.8 for r in res.fit["r2"])
 
 
+def test_a_given_answer_is_kept_as_given_by_a_tokenizer_that_lowercases() -> None:
+    """CONTRACT 9.1: tiny-lm's tokenizer lowercases, drops "!" and decodes words spaced apart
+    ("alice lives in paris . bob <unk> old"); the answer comes back as given, its sentences cut
+    in it, and each sentence still scores its own tokens."""
+    model, tok = tiny_lm()
+    answer = " Alice lives in Paris.  Bob is old!"
+    res = methods.attribute_context(
+        model, tok, "Alice lives in Paris. Bob lives in Rome.", "Where?", answer, n_ablations=8
+    )
+    assert res.answer == answer
+    assert res.answer_sentences == ["Alice lives in Paris.", "Bob is old!"]
+    assert res.answer_spans == [(1, 22), (24, 35)]
+    assert [answer[a:b] for a, b in res.answer_spans] == res.answer_sentences
+    assert res.answer_ids == tok.encode(answer, add_special_tokens=False)
+    assert res.sentence_tokens == [(0, 5), (5, 8)]  # "alice lives in paris ." | "bob <unk> old"
+
+
 def test_units_documents_paragraphs_and_a_pattern() -> None:
     docs = ["Alice works at the bank. Bob likes apples.", "The code is blue seven."]
     assert units.split(docs, "documents").parts == tuple(docs)
@@ -179,6 +197,7 @@ def test_a_generated_answer_is_the_model_s_greedy_answer_to_the_whole_prompt() -
                           do_sample=False)[0, ids.shape[1]:].tolist()  # fmt: skip
     assert gen.answer_ids == [i for i in want if i != tok.eos_token_id][: len(gen.answer_ids)]
     assert gen.answer == tok.decode(gen.answer_ids)
+    assert [gen.answer[a:b] for a, b in gen.answer_spans] == gen.answer_sentences
     assert gen.scores.shape == (len(gen.answer_sentences), 6)
     assert gen.params["gen_args"]["max_new_tokens"] == 12
     assert bool(torch.isfinite(gen.scores).all())

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import methods
-from tests.methods.test_generation import gpt2
+from tests.methods.test_generation import gpt2, tiny_lm
 from tests.methods.test_generation_chat import chat_tokenizer
 from tests.service.conftest import Server
 
@@ -39,12 +39,30 @@ def test_the_engine_s_numbers_over_http(server: Server) -> None:
         == ["alice lives in paris.", "bob lives in rome.", "carol is old."]
     )
     assert got["answer_sentences"] == want.answer_sentences
+    assert got["answer_spans"] == [list(span) for span in want.answer_spans]
     torch.testing.assert_close(torch.tensor(got["scores"], dtype=torch.float64), want.scores)
     assert got["top"] == want.top
     assert got["fit"]["r2"] == pytest.approx(want.fit["r2"])
     assert got["masks"] == want.masks.to(int).tolist()
     assert got["params"]["chat_template"] is True and got["params"]["n_ablations"] == 24
     assert got["stats"]["prompts"] >= 1 and set(got["timing_ms"]) >= {"queue", "compute"}
+
+
+def test_a_given_answer_comes_back_as_given(server: Server) -> None:
+    """CONTRACT 9.1, on tiny-lm, whose tokenizer lowercases and decodes words spaced apart: the
+    answer as given, its sentences substrings of it at answer_spans, the engine's numbers."""
+    answer = "Alice lives in Paris. Bob is old!"
+    context = "Alice lives in Paris. Bob lives in Rome."
+    body = {"context": context, "query": "Where?", "answer": answer, "n_ablations": 8}
+    r = post(server, "tiny-lm", body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["answer"] == answer
+    assert got["answer_sentences"] == ["Alice lives in Paris.", "Bob is old!"]
+    assert got["answer_spans"] == [[0, 21], [22, 33]]
+    model, tok = tiny_lm()
+    want = methods.attribute_context(model, tok, context, "Where?", answer, n_ablations=8)
+    torch.testing.assert_close(torch.tensor(got["scores"], dtype=torch.float64), want.scores)
 
 
 def test_a_generated_answer_and_documents(server: Server) -> None:
@@ -55,6 +73,7 @@ def test_a_generated_answer_and_documents(server: Server) -> None:
     got = r.json()
     assert got["units"] == docs and got["masks"] is None
     assert len(got["scores"]) == len(got["answer_sentences"]) >= 1
+    assert [got["answer"][a:b] for a, b in got["answer_spans"]] == got["answer_sentences"]
     assert all(len(row) == 2 for row in got["scores"])
     assert got["params"]["gen_args"]["max_new_tokens"] == 3
 
