@@ -7,6 +7,7 @@ call. Its Content-Security-Policy lets it reach its own origin only."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from importlib import resources
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from service.explorer import uploads
 from service.http.responses import OrjsonResponse
 from service.http.routing import OPEN, OrjsonRoute, declare
 from service.http.state import AppState, get_state
+from service.serving import render
 from service.wire.catalog import Problem
 
 router = APIRouter(tags=["explorer"], route_class=OrjsonRoute)
@@ -31,6 +33,7 @@ FILES = {
     "change.js": "text/javascript; charset=utf-8",
     "concepts.js": "text/javascript; charset=utf-8",
     "influence.js": "text/javascript; charset=utf-8",
+    "colormaps.js": "text/javascript; charset=utf-8",
     "explorer.css": "text/css; charset=utf-8",
 }
 HEADERS = {
@@ -42,10 +45,30 @@ HEADERS = {
 }
 
 
+#: the page's colormaps by its names (its links keep them), each one of the API pictures'
+#: (render.COLORMAPS): one table, so that the page and a rendered PNG colour a score alike
+COLORMAPS = {"redblue": "rdbu", "viridis": "viridis", "grays": "greys"}
+
+
 @cache
 def _file(name: str) -> bytes:
-    """One of the page's files, read once (they are package data)."""
+    """One of the page's files, read once (they are package data, but for colormaps.js)."""
+    if name == "colormaps.js":
+        return _colormaps()
     return resources.files("service.explorer").joinpath("page", name).read_bytes()
+
+
+def _colormaps() -> bytes:
+    """colormaps.js: the anchors of the page's colormaps and which are diverging, from
+    :data:`render.COLORMAPS`."""
+    table = {page: render.COLORMAPS[ours] for page, ours in COLORMAPS.items()}
+    anchors = {page: hexes.split() for page, (_, hexes) in table.items()}
+    diverging = {page: flag for page, (flag, _) in table.items()}
+    return (
+        "// made by service/explorer/router.py from service/serving/render.py (COLORMAPS)\n"
+        f"export const ANCHORS = {json.dumps(anchors)};\n"
+        f"export const DIVERGING = {json.dumps(diverging)};\n"
+    ).encode()
 
 
 @router.get("/ui", include_in_schema=False)

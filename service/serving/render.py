@@ -24,6 +24,10 @@ MIN_SIDE = 256  # small maps are upscaled (integer factor, NEAREST) to at least 
 MAX_SIDE = 4096  # no picture larger than MAX_SIDE × MAX_SIDE
 OVERLAY_ALPHA = 0.6  # heat map opacity at |v| = 1; zero attribution shows the plain image
 PAD, GAP, BAR_H, LINE_H = 8, 4, 12, 14  # layout (px): margin, spacing, colour bar, text line
+#: the least space between words (px): the default font's own (2 px at its 10 px) is no wider
+#: than the gaps between its letters, so that "(class 0) · 3 channels summed" read as
+#: "(class0)·3 channelssummed"
+WORD_GAP = 4
 WRAP_W = 800  # token pictures wrap lines at this width
 CHART_W = 400  # tabular: width of the bar area
 
@@ -290,7 +294,7 @@ def _text(attr: Floats, tokens: list[str], style: _Style) -> Rendered:
     font, boxes, x, y = _font(), [], 0, 0
     for token in tokens:
         text = _drawable(token, font)
-        width = int(np.ceil(font.getlength(text))) + 2 * GAP
+        width = int(np.ceil(_length(text, font))) + 2 * GAP
         if x > 0 and x + width > WRAP_W:
             x, y = 0, y + LINE_H + GAP
             if y > MAX_SIDE:  # too tall already: _check_size below refuses it
@@ -303,7 +307,7 @@ def _text(attr: Floats, tokens: list[str], style: _Style) -> Rendered:
     pen = ImageDraw.Draw(body)
     for (bx, by, bw, text), rgb in zip(boxes, colours, strict=True):
         pen.rectangle((bx, by, bx + bw - 1, by + LINE_H - 1), fill=rgb)
-        pen.text((bx + GAP, by + 1), text, fill=_ink(rgb), font=font)
+        _write(pen, (bx + GAP, by + 1), text, _ink(rgb), font)
     return Rendered("image/png", _encode(_framed(body, style, scale), style.width))
 
 
@@ -312,25 +316,26 @@ def _text(attr: Floats, tokens: list[str], style: _Style) -> Rendered:
 
 def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
     """Bars of the raw scores after the sign filter (lengths are exact, not outlier-clipped);
-    "negative" keeps negative scores on the left of the zero axis."""
+    "negative" keeps negative scores on the left of the zero axis. Each bar is labelled with its
+    feature's score, sign and all, whichever scores the filter draws."""
     values = np.minimum(attr, 0.0) if style.sign == "negative" else _signed(attr, style.sign)
     ends = (1.0, -1.0 if style.lo < 0 else 1.0)  # sequential 0..1 maps: one colour for both
     pos, neg = (_rgb(style.colours(np.array([v]))[0]) for v in ends)
     peak = float(np.abs(values).max()) or 1.0
     if style.format == "html":
         rows = "".join(
-            f"<tr><td>{html.escape(name, quote=True)}</td><td class=num>{number(v)}</td>"
+            f"<tr><td>{html.escape(name, quote=True)}</td><td class=num>{number(score)}</td>"
             f'<td class=neg><div style="width:{max(-v, 0) / peak * 100:.1f}%;'
             f'background:{_css(neg)}"></div></td><td class=pos><div style="width:'
             f'{max(v, 0) / peak * 100:.1f}%;background:{_css(pos)}"></div></td></tr>'
-            for name, v in zip(names, values.tolist(), strict=True)
+            for name, score, v in zip(names, attr.tolist(), values.tolist(), strict=True)
         )
         return _document(style.title, f"<table>{rows}</table>")
     font = _font()
     labels = [_drawable(name, font) for name in names]
-    texts = [number(v) for v in values.tolist()]
-    name_w = int(max(font.getlength(s) for s in labels)) + GAP
-    value_w = int(max(font.getlength(s) for s in texts)) + GAP
+    texts = [number(score) for score in attr.tolist()]
+    name_w = int(max(_length(s, font) for s in labels)) + GAP
+    value_w = int(max(_length(s, font) for s in texts)) + GAP
     row = LINE_H + GAP
     size = (name_w + CHART_W + value_w + 2 * GAP, len(names) * row)
     _check_size(size[0] + 2 * PAD, size[1] + 2 * PAD + (LINE_H + GAP if style.title else 0))
@@ -341,13 +346,13 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
     axis = name_w + GAP + round(CHART_W * -low / span)
     for i, (label, text, v) in enumerate(zip(labels, texts, values.tolist(), strict=True)):
         top, end = i * row, axis + round(CHART_W * v / span)
-        pen.text((0, top + 1), label, fill="black", font=font)
+        _write(pen, (0, top + 1), label, "black", font)
         if end != axis:
             pen.rectangle(
                 (min(axis, end), top + 1, max(axis, end), top + LINE_H - 2),
                 fill=pos if v > 0 else neg,
             )
-        pen.text((name_w + CHART_W + 2 * GAP, top + 1), text, fill="black", font=font)
+        _write(pen, (name_w + CHART_W + 2 * GAP, top + 1), text, "black", font)
     pen.line((axis, 0, axis, size[1] - 1), fill="black")
     return Rendered("image/png", _encode(_framed(body, style, None), style.width))
 
@@ -356,6 +361,7 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
 
 
 Font = ImageFont.ImageFont | ImageFont.FreeTypeFont
+Ink = RGB | str
 
 
 def _font() -> Font:
@@ -370,6 +376,32 @@ def _drawable(text: str, font: Font) -> str:
     if isinstance(font, ImageFont.FreeTypeFont):
         return text
     return text.encode("latin-1", "replace").decode("latin-1")
+
+
+def _words(text: str, font: Font) -> tuple[list[tuple[float, str]], float]:
+    """Each word of one line of ``text`` with where it starts, and the line's length: words
+    :data:`WORD_GAP` apart, or the font's own space where that is wider."""
+    gap = max(float(font.getlength(" ")), float(WORD_GAP))
+    placed, x = [], 0.0
+    for word in text.split(" "):
+        if word:
+            placed.append((x, word))
+            x += float(font.getlength(word))
+        x += gap
+    return placed, x - gap
+
+
+def _length(text: str, font: Font) -> float:
+    """How long :func:`_write` draws ``text``."""
+    return _words(text, font)[1]
+
+
+def _write(
+    pen: ImageDraw.ImageDraw, at: tuple[float, float], text: str, fill: Ink, font: Font
+) -> None:
+    """``text`` drawn one word at a time, so that its spaces show (:data:`WORD_GAP`)."""
+    for x, word in _words(text, font)[0]:
+        pen.text((at[0] + x, at[1]), word, fill=fill, font=font)
 
 
 def _ink(rgb: RGB) -> RGB:
@@ -402,21 +434,19 @@ def _framed(body: Image.Image, style: _Style, scale: float | None) -> Image.Imag
     of a full colour), a colour bar below labelled with the scores at its ends."""
     font, top = _font(), PAD + (LINE_H + GAP if style.title else 0)
     text = _drawable(style.title or "", font)
-    width = min(MAX_SIDE, max(body.width, int(np.ceil(font.getlength(text)))) + 2 * PAD)
+    width = min(MAX_SIDE, max(body.width, int(np.ceil(_length(text, font)))) + 2 * PAD)
     height = top + body.height + PAD + (0 if scale is None else GAP + BAR_H + LINE_H)
     canvas = Image.new("RGB", (width, height), "white")
     canvas.paste(body, (PAD, top))
     pen = ImageDraw.Draw(canvas)
-    pen.text((PAD, PAD), text, fill="black", font=font)
+    _write(pen, (PAD, PAD), text, "black", font)
     if scale is not None:
         y = top + body.height + GAP
         ramp = style.colours(np.linspace(style.lo, 1.0, body.width))
         canvas.paste(Image.fromarray(np.repeat(ramp[None], BAR_H, axis=0)), (PAD, y))
         right = number(scale)
-        pen.text((PAD, y + BAR_H), number(style.lo * scale), fill="black", font=font)
-        pen.text(
-            (PAD + body.width - font.getlength(right), y + BAR_H), right, fill="black", font=font
-        )
+        _write(pen, (PAD, y + BAR_H), number(style.lo * scale), "black", font)
+        _write(pen, (PAD + body.width - _length(right, font), y + BAR_H), right, "black", font)
     return canvas
 
 

@@ -304,8 +304,9 @@ class RenderSpec(BaseModel):
         default="heatmap", description="images: the map alone, or blended over the input image"
     )
     sign: Literal["absolute", "positive", "negative", "all"] = Field(
-        default="absolute",
-        description="which scores to show: |a|, a > 0, a < 0, or all (diverging colours)",
+        default="all",
+        description="which scores to show: all, signed (diverging colours: red positive, blue "
+        "negative, as the explorer draws), or |a| (grey), a > 0, a < 0",
     )
     colormap: str | None = Field(
         default=None, description="a colormap name; default by sign (diverging for 'all')"

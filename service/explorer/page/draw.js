@@ -3,12 +3,10 @@
 // cell or pixel block carries data-score, its attribution; colours follow the sign and
 // colormap chosen, the scores never change.
 
-const ANCHORS = {
-  redblue: ["2166ac", "67a9cf", "d1e5f0", "f7f7f7", "fddbc7", "ef8a62", "b2182b"],
-  viridis: ["440154", "3b528b", "21918c", "5ec962", "fde725"],
-  grays: ["ffffff", "000000"],
-};
-const DIVERGING = { redblue: true, viridis: false, grays: false };
+// The colormaps are the API pictures' own (served from service/serving/render.py's table), so
+// that a score has one colour on the page and in a rendered PNG.
+import { ANCHORS, DIVERGING } from "./colormaps.js";
+
 /** What each colormap's ends look like, for the legend's words. */
 const ENDS = { redblue: ["blue", "red"], viridis: ["purple", "yellow"], grays: ["white", "black"] };
 
@@ -42,7 +40,8 @@ export function legend(sign, cmap, up = "raises the target's score", down = "low
 export function signLegend(words) {
   const box = el("p", { class: "legend", role: "note", "aria-label": "Legend" });
   const swatch = el("span", { class: "swatch", "aria-hidden": "true" });
-  swatch.style.background = `linear-gradient(to right, #${ANCHORS.redblue[6]} 0 33%, #bbb 33% 67%, #${ANCHORS.redblue[0]} 67%)`;
+  // the colours of explorer.css's .bar.for and .bar.against
+  swatch.style.background = "linear-gradient(to right, #b2182b 0 33%, #bbb 33% 67%, #2166ac 67%)";
   box.append(swatch, el("span", {}, `Colour: ${words}.`));
   return box;
 }

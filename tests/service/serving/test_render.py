@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFont
+from PIL import Image, ImageDraw, ImageFont
 
 from service.serving import render
 from service.wire.attributions import RenderSpec
@@ -45,6 +45,20 @@ def lut(name: str, value: float, lo: float = 0.0) -> np.ndarray:
     return render.colormap(name).colours(np.array([value]), lo)[0].astype(int)
 
 
+@pytest.fixture
+def written(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every string handed to Pillow to draw, in order (the drawing itself goes on)."""
+    texts: list[str] = []
+    text = ImageDraw.ImageDraw.text
+
+    def spy(pen: ImageDraw.ImageDraw, xy: Any, words: str, *args: Any, **kwargs: Any) -> None:
+        texts.append(words)
+        text(pen, xy, words, *args, **kwargs)
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", spy)
+    return texts
+
+
 # --- images -------------------------------------------------------------------------------
 
 
@@ -76,11 +90,40 @@ def test_heatmap_colour_is_where_the_attribution_mass_is() -> None:
     attr = np.zeros((3, 32, 32))
     attr[:, 4:12, 20:28] = 1.0  # top-right quadrant
     attr += rng.normal(scale=1e-3, size=attr.shape)
-    block = heat(draw(attr), 256, 256)
+    block = heat(draw(attr, sign="absolute"), 256, 256)
     inside, outside = block[40:90, 170:220], block[150:250, 10:120]
     assert np.abs(inside - lut("greys", 1.0)).max() <= 3  # saturated
     assert np.abs(outside - lut("greys", 0.0)).max() <= 3  # near the light end of the map
     assert inside.mean(axis=(0, 1)).sum() < outside.mean(axis=(0, 1)).sum() - 300
+
+
+def test_by_default_the_sign_shows_red_positive_blue_negative() -> None:
+    """Signed by default, in the explorer's colours (CONTRACT 6.4's sign "all"); a magnitude
+    without its sign, grey, only when asked for."""
+    attr = np.ones((16, 16))
+    attr[:, 8:] = -1.0
+    assert RenderSpec().sign == "all"
+    block = heat(draw(attr), 256, 256)
+    assert (block[:, :128] == lut("rdbu", 1.0, lo=-1.0)).all()  # dark red
+    assert (block[:, 128:] == lut("rdbu", -1.0, lo=-1.0)).all()  # dark blue
+    grey = heat(draw(attr, sign="absolute"), 256, 256)
+    assert (grey == lut("greys", 1.0)).all()  # both sides alike: the sign is not shown
+
+
+def test_title_keeps_its_spaces() -> None:
+    """Each space of a title is a gap wider than any between two letters of a word (the default
+    font's own space, 2 px, is not)."""
+    title = "image-cnn · saliency · cat (class 0)"
+    image = pixels(draw(rng.normal(size=(3, 8, 8)), title=title))
+    band = image[PAD : PAD + render.LINE_H, PAD:] < 200  # ink: the title's line
+    ink = np.flatnonzero(band.any(axis=(0, 2)))
+    gaps = np.diff(ink) - 1  # blank columns between inked ones
+    title += " · 3 channels summed"  # what the map shows, added by the drawing
+    assert (gaps >= render.WORD_GAP).sum() == title.count(" ")
+    for word in title.split(" "):  # no word alone has a gap that wide
+        alone = pixels(draw(np.zeros((8, 8)), title=word))[PAD : PAD + render.LINE_H, PAD:]
+        inked = np.flatnonzero((alone < 200).any(axis=(0, 2)))
+        assert (np.diff(inked) - 1 < render.WORD_GAP).all(), word
 
 
 def test_heatmap_sums_channels_as_captum() -> None:
@@ -226,6 +269,17 @@ def test_tabular_sign_filters_bars() -> None:
     absolute = bar_runs(pixels(draw([2.0, -1.0], sign="absolute")), lut("greys", 1.0))
     assert [row for row, *_ in absolute] == [0, 1]
     assert absolute[0][1] == absolute[1][1]  # both to the right of the axis
+
+
+@pytest.mark.parametrize("sign", render.SIGNS)
+def test_tabular_bars_are_labelled_with_their_signed_scores(sign: str, written: list[str]) -> None:
+    """Whichever bars the sign filter draws, each is labelled with its feature's score."""
+    scores = [0.5, -0.0639, 0.2, 0.0]
+    draw(scores, sign=sign, feature_names=["age", "income", "x", "y"])
+    # row by row: the feature's name, then its bar's label
+    assert [w for w in written if w] == ["age", "0.5", "income", "-0.0639", "x", "0.2", "y", "0"]
+    page = draw(scores, sign=sign, format="html", feature_names=["a", "b", "c", "d"]).data
+    assert b"<td class=num>-0.0639</td>" in page and b"<td class=num>0.5</td>" in page
 
 
 def test_tabular_html_one_row_per_feature_escaped() -> None:
