@@ -8,7 +8,7 @@ faithful per-token attribution ranks it first.
 
 from __future__ import annotations
 
-import re
+import unicodedata
 from collections.abc import Sequence
 
 import torch
@@ -38,7 +38,56 @@ NEUTRAL = (
 VOCAB: tuple[str, ...] = (PAD, UNK, *NEGATIVE, *POSITIVE, *NEUTRAL)
 EMBED_DIM = 16
 
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+#: emoji modifiers (skin tones) and tag characters (subdivision flags): part of the symbol
+#: they follow
+_MODIFIERS = range(0x1F3FB, 0x1F400)
+_TAGS = range(0xE0020, 0xE0080)
+_REGIONAL = range(0x1F1E6, 0x1F200)  # two make a flag
+_JOINERS = ("\u200c", "\u200d")  # zero-width (non-)joiners, inside a word or an emoji
+
+
+def _kind(c: str) -> str | None:
+    """``"w"`` a word's character (a letter or digit), ``"m"`` a mark (it joins what it
+    follows), ``"s"`` a character that is a token by itself (an emoji, a symbol, one Unicode
+    does not know yet), None a separator (white space, punctuation, a control)."""
+    category = unicodedata.category(c)
+    if category[0] in "LN":
+        return "w"
+    if category[0] == "M":
+        return "m"
+    if category[0] in "PZ" or category in ("Cc", "Cf") or c.isspace():
+        return None
+    return "s"
+
+
+def split_words(text: str) -> list[str]:
+    """The tokens of ``text`` as written (lower-cased): runs of letters and digits (one
+    apostrophe inside, as in "don't"), and each other character that is neither white space
+    nor punctuation (an emoji with its modifiers and joined parts, a symbol). Punctuation
+    separates and is dropped."""
+    text = text.lower()
+    out: list[str] = []
+    cur, kind = "", None
+    for i, c in enumerate(text):
+        k = _kind(c)
+        nxt = _kind(text[i + 1]) if i + 1 < len(text) else None
+        if cur and (
+            k == "m"
+            or (kind == "w" and k == "w")
+            or (c in _JOINERS and nxt == kind)  # joins the next character to this token
+            or cur[-1] in _JOINERS
+            or (kind == "w" and c == "'" and "'" not in cur and nxt == "w")
+            or (kind == "s" and (ord(c) in _MODIFIERS or ord(c) in _TAGS))
+            or (len(cur) == 1 and ord(cur) in _REGIONAL and ord(c) in _REGIONAL)
+        ):
+            cur += c
+            continue
+        if cur:
+            out.append(cur)
+        cur, kind = (c, "s" if k == "m" else k) if k is not None else ("", None)
+    if cur:
+        out.append(cur)
+    return out
 
 
 class WordTokenizer:
@@ -47,8 +96,10 @@ class WordTokenizer:
     ``tokenizer(texts)`` returns ``(ids, tokens)``: ``ids`` is an int64 [N, L] tensor padded
     with ``PAD_ID`` (0) to the longest text in the batch (L >= 1); ``tokens[i]`` lists the
     words of text i, so ``tokens[i][j]`` is the word at ``ids[i, j]`` and positions
-    ``j >= len(tokens[i])`` are padding. Out-of-vocabulary words keep their spelling in
-    ``tokens`` and get ``UNK_ID`` (1) in ``ids``.
+    ``j >= len(tokens[i])`` are padding. Out-of-vocabulary words, and characters that are
+    neither white space nor punctuation (``ñ``, an emoji), keep their spelling in ``tokens``
+    and get ``UNK_ID`` (1) in ``ids`` (``split_words``); a text of punctuation alone has no
+    token.
     """
 
     def __init__(self, vocab: Sequence[str] = VOCAB, max_length: int | None = None) -> None:
@@ -57,7 +108,7 @@ class WordTokenizer:
         self.max_length = max_length
 
     def split(self, text: str) -> list[str]:
-        words = _WORD.findall(text.lower())
+        words = split_words(text)
         return words if self.max_length is None else words[: self.max_length]
 
     def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[list[str]]]:

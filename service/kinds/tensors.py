@@ -105,6 +105,13 @@ def inputs(lm: LoadedModel, job: Work) -> tuple[tuple[torch.Tensor, ...], list[l
         ids, tokens = lm.tokenizer(list(job.texts))
     except ValueError as exc:  # a text the model cannot take (longer than its positions)
         raise InvalidRequest(str(exc), loc=("body", "inputs")) from None
+    for i, toks in enumerate(tokens):
+        if not toks:  # as an empty text is (service.wire.codec): an all-padding row gave [[0.0]]
+            raise InvalidRequest(
+                f"text {i} has no word to attribute to: the model's tokenizer finds no token "
+                "in it (punctuation alone, say)",
+                loc=("body", "inputs", i),
+            )
     longest = max(len(t) for t in tokens) if tokens else 0
     if job.max_tokens is not None and longest > job.max_tokens:
         raise LimitExceeded(

@@ -100,6 +100,29 @@ def test_tokenizer_aligns_tokens_with_ids() -> None:
         tok("a bare string")
 
 
+@pytest.mark.parametrize(
+    ("written", "words"),
+    [
+        ("great 🎬 film ñ", ["great", "🎬", "film", "ñ"]),  # both were dropped
+        ("Naïve CAFÉ, don't!", ["naïve", "café", "don't"]),  # "na", "ve", "caf"
+        ("cafe\u0301 1\ufe0f\u20e3", ["cafe\u0301", "1\ufe0f\u20e3"]),  # marks stay with it
+        ("👩\u200d💻 👍🏽🇫🇷🇩🇪", ["👩\u200d💻", "👍🏽", "🇫🇷", "🇩🇪"]),  # an emoji as written
+        ("x+y = $5", ["x", "+", "y", "=", "$", "5"]),  # symbols are not punctuation
+        ("中文 テスト", ["中文", "テスト"]),
+        ("!!! ... ¿? «» snake_case", ["snake", "case"]),
+        ("!!! ... ¿? «»", []),  # punctuation alone: nothing to attribute (the service's 422)
+    ],
+)
+def test_unknown_characters_keep_their_spelling(written: str, words: list[str]) -> None:
+    """Every character but white space and punctuation is in ``tokens`` as written (lower-
+    cased), with the unknown id where the vocabulary lacks it: an ``[a-z0-9]`` pattern dropped
+    the others silently."""
+    ids, tokens = text.WordTokenizer()([written])
+    assert tokens == [words]
+    want = [text.VOCAB.index(w) if w in text.VOCAB else text.UNK_ID for w in words]
+    assert ids[0].tolist() == (want or [text.PAD_ID])
+
+
 def test_padding_does_not_change_the_prediction() -> None:
     m = loaded("text-classifier")
     assert m.tokenizer is not None

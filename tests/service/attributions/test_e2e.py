@@ -174,6 +174,26 @@ def test_ground_truth_text_raw(server: Server) -> None:
     assert res["attributed_layer"] == "embedding"
 
 
+def test_unknown_characters_are_tokens_and_a_text_of_punctuation_is_422(server: Server) -> None:
+    """Unknown characters keep their spelling in ``tokens`` (``ñ`` and the emoji were dropped
+    silently); a text in which the tokenizer finds nothing is refused as an empty one is
+    (``"!!! ..."`` answered 200 with no tokens and [[0.0]]), naming the text."""
+    with server.client() as c:
+        body = {"method": "saliency", "inputs": ["great 🎬 film ñ"], "target": "positive"}
+        res = ok(post(c, "text-classifier", body))
+        assert res["tokens"] == [["great", "🎬", "film", "ñ"]]
+        assert np.asarray(res["attributions"]).shape == (1, 4)
+        for texts, bad in (
+            (["!!! ..."], 0),
+            (["a fine film", "!!! ..."], 1),
+            (["ok", "?!", "ok"], 1),
+        ):
+            r = post(c, "text-classifier", {"method": "saliency", "inputs": texts, "target": 0})
+            assert r.status_code == 422, r.text
+            assert r.json()["errors"][0]["loc"] == ["body", "inputs", bad], r.json()
+            assert "no word" in r.json()["detail"]
+
+
 def test_numbers_equal_engine_and_captum(server: Server) -> None:
     """The HTTP layer adds nothing: IG equals the engine in-process and Captum."""
     from captum.attr import IntegratedGradients
