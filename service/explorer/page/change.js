@@ -6,17 +6,19 @@ import { call } from "./api.js";
 import { drawBars, drawImage, el, flat, fmt, imageCanvas, legend, shapeOf } from "./draw.js";
 
 /** The ways to perturb: the route, its method or perturbation, and its parameters with a
- * default from the model (`image`: inputs are pixels in [0, 1]). */
+ * default from the model (`image`: inputs are pixels in [0, 1]). The attacks' loss is the
+ * margin (the largest other class's output minus the target's): a cross-entropy saturates
+ * where the model is sure, its gradient is zero, and nothing moves. */
 const HOW = {
   fgsm: {
     label: "FGSM attack: one step against the answer",
     route: "attacks",
-    params: (k) => ({ epsilon: k.image ? 0.03 : 0.3, loss: "cross_entropy", ...k.bounds }),
+    params: (k) => ({ epsilon: k.image ? 0.03 : 0.3, loss: "margin", ...k.bounds }),
   },
   pgd: {
     label: "PGD attack: ten small steps within a budget",
     route: "attacks",
-    params: (k) => ({ radius: k.image ? 0.03 : 0.3, step_size: k.image ? 0.01 : 0.1, step_num: 10, loss: "cross_entropy", ...k.bounds }),
+    params: (k) => ({ radius: k.image ? 0.03 : 0.3, step_size: k.image ? 0.01 : 0.1, step_num: 10, loss: "margin", ...k.bounds }),
   },
   noise: {
     label: "Least random noise that changes the answer",
@@ -34,7 +36,7 @@ const HOW = {
     label: "Least FGSM step that changes the answer",
     route: "counterfactuals",
     perturbation: "fgsm",
-    params: (k) => ({ arg_min: 0, arg_max: k.image ? 0.3 : 3, arg_step: k.image ? 0.005 : 0.05, mode: "binary", loss: "cross_entropy", ...k.bounds }),
+    params: (k) => ({ arg_min: 0, arg_max: k.image ? 0.3 : 3, arg_step: k.image ? 0.005 : 0.05, mode: "binary", loss: "margin", ...k.bounds }),
   },
 };
 
@@ -50,7 +52,7 @@ const HUMAN = {
   arg_max: "search up to",
   arg_step: "search step",
   mode: "search",
-  loss: "loss the attack raises",
+  loss: "loss the attack raises (margin, cross_entropy, nll)",
 };
 
 /** What the searched parameter is, for the sentence under a counterfactual. */
@@ -59,6 +61,27 @@ const SEARCHED = {
   ablation: "number of features removed",
   step: "FGSM step size",
 };
+
+/** Changes at most this share of the input's largest magnitude are float32 rounding (the API
+ * computes in float32; a JSON input such as 0.3 comes back as 0.30000001192...), not a change:
+ * drawn as none, never at full colour. */
+const ROUNDING = 1e-6;
+
+/** perturbed − input, with rounding noise (see ROUNDING) as 0; and whether anything is left. */
+function settled(perturbed, original) {
+  const scale = flat(original).reduce((a, v) => Math.max(a, Math.abs(v)), 0);
+  const tol = ROUNDING * scale;
+  let moved = false;
+  const go = (a, b) => {
+    if (Array.isArray(a)) return a.map((x, k) => go(x, b[k]));
+    const d = a - b;
+    if (Math.abs(d) <= tol) return 0;
+    moved = true;
+    return d;
+  };
+  const diff = go(perturbed, original);
+  return { diff, moved };
+}
 
 /** What the defaults follow: pixels in [0, 1] (a tensor model whose pixels the page makes, not
  * a processor's normalised pixel_values), and how many features an example has. */
@@ -143,10 +166,21 @@ export const view = {
     const changed = res.flipped ? res.flipped[i] : res.min_param[i] !== null;
     verdict.dataset.flipped = String(changed);
     const from = was === null ? "the answer" : `“${labelOf(was)}”`;
+    // an attack whose loss had no gradient took no step: "did not change" would read as robust
+    const stuck = Boolean(res.zero_gradient && res.zero_gradient[i]);
+    verdict.dataset.zeroGradient = String(stuck);
     verdict.textContent = changed
       ? `The answer changed: ${from} became “${labelOf(now)}”.`
-      : `The answer did not change: still ${was === null ? `“${labelOf(now)}”` : from}.`;
+      : stuck
+        ? `Nothing could move: the loss's gradient is zero at this input, so the attack took no step and the answer is still ${was === null ? `“${labelOf(now)}”` : from}. This says nothing of robustness.`
+        : `The answer did not change: still ${was === null ? `“${labelOf(now)}”` : from}.`;
     region.append(verdict);
+    if (stuck) {
+      const loss = res.params && res.params.loss;
+      region.append(el("p", { class: "hint stuck" }, loss === "margin"
+        ? "The model's outputs do not change around this input at all: no gradient attack can start here."
+        : `The ${loss || "loss"} saturates where the model is this sure (its softmax rounds to 1); the margin loss does not: set loss to margin.`));
+    }
     if (res.min_param) {
       const what = SEARCHED[Object.keys(HOW).find((k) => HOW[k].perturbation === res.perturbation)] || "parameter";
       const p = res.params;
@@ -172,7 +206,8 @@ export const view = {
       region.append(el("p", { class: "hint" }, "This model has several inputs: the perturbed inputs are in the API's answer."));
       return;
     }
-    const diff = subtract(perturbed, original);
+    const { diff, moved } = settled(perturbed, original);
+    if (!moved) region.append(el("p", { class: "hint unchanged" }, "No change: the perturbed input is the input (differences within float32 rounding are not drawn)."));
     const shape = shapeOf(perturbed);
     if (shape.length === 3 && [1, 3].includes(shape[0])) {
       const row = el("div", { class: "triptych" });
@@ -205,10 +240,6 @@ function originalOf(inputs, ctx, i) {
     return Array.from({ length: c }, (_, k) => Array.from({ length: h }, (_, y) => Array.from(px.subarray(k * h * w + y * w, k * h * w + (y + 1) * w))));
   }
   return null;
-}
-
-function subtract(a, b) {
-  return Array.isArray(a) ? a.map((x, k) => subtract(x, b[k])) : a - b;
 }
 
 function figure(caption, canvas) {

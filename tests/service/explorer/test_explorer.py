@@ -9,6 +9,7 @@ origin; with API keys on, the page asks for one. Screenshots of each demo go to
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -647,3 +648,74 @@ def test_the_main_flow_by_keyboard_alone(page: Page) -> None:
     page.page.wait_for_selector("body[data-explained='1']", timeout=60_000)
     assert page.page.locator("section.result[data-state='done']").count() >= 1
     assert page.page.get_by_role("alert").is_hidden()
+
+
+# -- issue 56: an attack that could not move says so; rounding is no change ---------------
+
+
+def test_an_attack_defaults_to_the_margin_and_says_when_nothing_could_move(page: Page) -> None:
+    """README's example on tabular-mlp: the page's default loss (margin) flips it; with the
+    cross-entropy chosen the model's softmax saturates, nothing moves, and the page says so
+    (not "did not change") and draws the float32 rounding of the input as no change."""
+    row = [1.0, 0.3, -0.2, 0.9, 0.1, -0.5, 0.4, 0.0]
+    page.open()
+    ask(page, "tabular-mlp", "What would change the answer?")
+    page.page.get_by_label("How", exact=True).select_option("pgd")
+    page.page.get_by_label("change radius").fill("1.0")
+    page.page.get_by_label("change step_size").fill("0.2")
+    page.page.get_by_label("Input", exact=True).fill(json.dumps([row]))
+    page.explain()
+    sent = posted(page, "/attacks")
+    assert sent["params"]["loss"] == "margin"  # where the person did not choose
+    want = again(page.server, "tabular-mlp", "attacks", sent)
+    assert want["flipped"] == [True] and want["zero_gradient"] == [False]
+    region = page.page.get_by_role("region", name="What would change the answer?")
+    verdict = region.locator(".verdict")
+    assert verdict.get_attribute("data-flipped") == "true"
+    assert verdict.get_attribute("data-zero-gradient") == "false"
+    # the person's choice: cross_entropy, which saturates here
+    page.page.get_by_label("change loss").fill("cross_entropy")
+    page.sent.clear()
+    page.explain()
+    sent = posted(page, "/attacks")
+    assert sent["params"]["loss"] == "cross_entropy"
+    want = again(page.server, "tabular-mlp", "attacks", sent)
+    assert want["zero_gradient"] == [True] and want["flipped"] == [False]
+    verdict = region.locator(".verdict")
+    assert verdict.get_attribute("data-zero-gradient") == "true"
+    assert "Nothing could move" in verdict.inner_text()
+    assert "did not change" not in verdict.inner_text()
+    assert "margin" in region.locator(".stuck").inner_text()
+    assert page.scores("What would change the answer?") == [0.0] * len(row)
+    widths = region.locator(".bar").evaluate_all("els => els.map(e => parseFloat(e.style.width))")
+    assert widths == [0.0] * len(row)
+    assert "No change" in region.inner_text()
+
+
+def test_rounding_is_drawn_as_no_change(page: Page, tmp_path: Path) -> None:
+    """An uploaded image goes as float32 and its perturbed copy comes back as JSON numbers of
+    float32's shortest form: the page's pixel and the answer's then differ by a few 1e-8 where
+    nothing moved (FGSM with epsilon 0). That is drawn as no change, not at full colour."""
+    x, _ = image.make_data(1, torch.Generator().manual_seed(7))
+    png = tmp_path / "square.png"
+    Image.fromarray((x[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)).save(png)
+    page.open()
+    ask(page, "image-cnn", "What would change the answer?")
+    page.page.get_by_label("change epsilon").fill("0")
+    page.page.get_by_label("Image", exact=True).set_input_files(str(png))
+    page.page.wait_for_selector("body[data-image]")
+    page.explain()
+    sent = posted(page, "/attacks")
+    assert sent["params"]["epsilon"] == 0 and sent["params"]["loss"] == "margin"
+    want = again(page.server, "image-cnn", "attacks", sent)
+    pixels = np.frombuffer(base64.b64decode(sent["inputs"]["b64"]), np.float32)
+    noise = np.asarray(want["perturbed"][0], np.float64).ravel() - pixels.astype(np.float64)
+    assert 0 < np.abs(noise).max() < 1e-6  # rounding of the JSON numbers, not a change
+    np.testing.assert_array_equal(np.asarray(want["perturbed"][0], np.float32).ravel(), pixels)
+    region = page.page.get_by_role("region", name="What would change the answer?")
+    assert page.scores("What would change the answer?") == [0.0] * 32 * 32
+    colours = region.locator(".heat .cell").evaluate_all(
+        "els => [...new Set(els.map(e => e.style.background))]"
+    )
+    assert len(colours) == 1  # one colour, the middle of the map: no change anywhere
+    assert "No change" in region.inner_text()
