@@ -68,6 +68,7 @@ function showExample(i) {
   $("example-of").textContent = `Example ${i + 1} of ${state.count}`;
   const t0 = performance.now();
   drawPrediction(state.predictions);
+  renderRowEditor(); // the row editor shows the example shown
   redraw();
   document.body.dataset.redrawMs = (performance.now() - t0).toFixed(3); // benchmarks.explorer
 }
@@ -125,16 +126,7 @@ function chooseModel(id, preset = {}) {
   $("model-about").textContent = `${m.description || m.kind}${labels}`;
   const wanted = preset.methods || PREFERRED.filter((x) => m.methods.includes(x)).slice(0, 2);
   if (!wanted.length && m.methods.length) wanted.push(m.methods[0]);
-  $("method-list").replaceChildren(
-    ...m.methods.map((name) => {
-      const box = el("input", { type: "checkbox", name: "method", value: name });
-      box.checked = wanted.includes(name);
-      box.addEventListener("change", () => renderParams());
-      const label = el("label");
-      label.append(box, ` ${name}`);
-      return label;
-    }),
-  );
+  renderMethods(m, wanted);
   renderParams(preset.params || {});
   renderViews(m, preset.view, preset.viewParams);
   $("image-field").hidden = !(form === "image" || form === "encoded-image");
@@ -152,6 +144,46 @@ function chooseModel(id, preset = {}) {
   $("target-hint").textContent =
     form === "prompt" ? "The answer to attribute; empty: the model generates one." : "Empty: each example's predicted class.";
   renderRowEditor();
+}
+
+/** What each family of methods (GET /v1/methods' kind) is called, in the order shown. */
+const FAMILIES = {
+  gradient: "Gradient methods",
+  perturbation: "Perturbation methods",
+  layer: "Layer methods (a layer's units)",
+  neuron: "Neuron methods (one neuron's inputs)",
+};
+
+/** The model's methods, every one in sight: grouped by family, each group headed by its name
+ * and count, the whole list by its count (a list in a scroll box hid most of them). */
+function renderMethods(m, wanted) {
+  const groups = new Map();
+  for (const name of m.methods) {
+    const kind = state.methods.get(name)?.kind;
+    const family = kind in FAMILIES ? kind : "other";
+    if (!groups.has(family)) groups.set(family, []);
+    groups.get(family).push(name);
+  }
+  const order = [...Object.keys(FAMILIES), "other"].filter((f) => groups.has(f));
+  $("methods-count").textContent = `(${m.methods.length})`;
+  $("method-list").replaceChildren(
+    ...order.map((family) => {
+      const names = groups.get(family);
+      const head = el("p", { class: "group-name", id: `methods-${family}` }, `${FAMILIES[family] || "Other methods"} (${names.length})`);
+      const group = el("div", { class: "method-group", role: "group", "aria-labelledby": head.id, "data-family": family });
+      const boxes = el("div", { class: "choices" });
+      for (const name of names) {
+        const box = el("input", { type: "checkbox", name: "method", value: name });
+        box.checked = wanted.includes(name);
+        box.addEventListener("change", () => renderParams());
+        const label = el("label");
+        label.append(box, ` ${name}`);
+        boxes.append(label);
+      }
+      group.append(head, boxes);
+      return group;
+    }),
+  );
 }
 
 /** The views as tabs named by what they show (Attributions, Robustness, Concepts, Influence),
@@ -291,6 +323,7 @@ function renderParams(preset) {
     set.append(grid);
     box.append(set);
   }
+  offerMetrics();
 }
 
 function paramControl(param, schema, id, name) {
@@ -346,12 +379,54 @@ function chosenMethods() {
   return [...document.querySelectorAll('input[name="method"]:checked')].map((x) => x.value);
 }
 
+/** The metrics ticked and offered (a box is disabled when no chosen method can take it). */
 function chosenMetrics() {
-  return [...document.querySelectorAll('input[name="metric"]:checked')].map((x) => x.value);
+  return [...document.querySelectorAll('input[name="metric"]:checked:not(:disabled)')].map((x) => x.value);
+}
+
+/** Why `metric` cannot be computed with `method`'s attributions on model `m` (null: it can),
+ * the server's own rules (service/kinds/metrics.py): metrics need a model's predictions, score
+ * attributions of the inputs (not a layer's or a neuron's), and the noisy ones perturb the
+ * inputs, which must be numbers (not token ids). */
+function metricRefusal(metric, method, m) {
+  if (!m.predicts) return "this model gives no predictions";
+  const kind = state.methods.get(method)?.kind;
+  if (kind === "layer" || kind === "neuron") return `${method} attributes to a ${kind}; metrics score attributions of the inputs`;
+  const numbers = !m.tokenizer && !isLM(m) && m.inputs.every((i) => /^(float|bfloat)/.test(i.dtype));
+  if (NOISY.includes(metric) && !numbers) return `${metric} adds noise to the inputs, which are not numbers on this model`;
+  return null;
+}
+const NOISY = ["infidelity", "sensitivity_max"];
+
+/** Each metric box enabled when a chosen method can take it, else disabled, saying why. */
+function offerMetrics() {
+  const m = state.model;
+  if (!m) return;
+  const methods = chosenMethods();
+  const off = new Map(); // why -> the metrics it holds back
+  const note = (why, metric) => off.set(why, [...(off.get(why) || []), metric]);
+  for (const box of document.querySelectorAll('input[name="metric"]')) {
+    const why = methods.map((x) => metricRefusal(box.value, x, m));
+    const none = methods.length ? why.every(Boolean) : !m.predicts;
+    const reason = why.find(Boolean) || "this model gives no predictions";
+    box.disabled = none;
+    box.closest("label").title = none ? `Not offered: ${reason}` : "";
+    if (none) note(reason, box.value);
+    else if (box.checked) why.forEach((w, k) => w && note(`not with ${methods[k]} (${w})`, box.value));
+  }
+  const said = [...off].map(([why, metrics]) => `${metrics.join(", ")}: ${why}`);
+  $("metrics-hint").textContent = said.length ? `Not offered: ${said.join("; ")}.` : "";
+}
+
+/** The metrics to ask with `method`: those ticked that it can take. */
+function chosenMetricsFor(method) {
+  return chosenMetrics().filter((x) => !metricRefusal(x, method, state.model));
 }
 
 // -- inputs ---------------------------------------------------------------------------------
 
+/** One number field per feature of the row of the example shown (the Example control), so
+ * that what is edited is what is displayed. */
 function renderRowEditor() {
   const box = $("row-editor");
   const m = state.model;
@@ -359,20 +434,20 @@ function renderRowEditor() {
   box.hidden = form !== "row";
   box.replaceChildren();
   if (box.hidden) return;
-  let row;
-  try {
-    row = JSON.parse($("input").value)[0];
-  } catch {
-    row = startRow(m);
-  }
+  const rows = safeRows(m);
+  const k = Math.max(0, Math.min(state.example, rows.length - 1));
+  const row = Array.isArray(rows[k]) ? rows[k] : startRow(m);
+  box.dataset.row = String(k + 1);
   const names = m.inputs[0].features || row.map((_, i) => `${m.inputs[0].name}[${i}]`);
+  box.append(el("p", { class: "hint row-of", id: "row-of" }, rows.length > 1 ? `Editing row ${k + 1} of ${rows.length} (the example shown)` : "Editing the row"));
   names.forEach((name, i) => {
     const id = `feature-${i}`;
     const input = el("input", { id, type: "number", step: "any", value: String(row[i] ?? 0) });
     input.addEventListener("input", () => {
-      const rows = safeRows(m);
-      rows[0][i] = Number(input.value);
-      $("input").value = JSON.stringify(rows);
+      const now = safeRows(m);
+      if (!Array.isArray(now[k])) now[k] = startRow(m);
+      now[k][i] = Number(input.value);
+      $("input").value = JSON.stringify(now);
     });
     box.append(el("label", { for: id }, name), input);
   });
@@ -580,6 +655,7 @@ function drawResult(region, name, res, d) {
   }
   region.append(legend(look.sign, look.colormap));
   if (res.metrics) drawMetrics(region, res.metrics, i);
+  if (d && d.unmeasured && d.unmeasured.length) region.append(el("p", { class: "hint unmeasured" }, `Metrics not computed here: ${d.unmeasured.join("; ")}.`));
   region.dataset.state = "done";
 }
 
@@ -698,7 +774,6 @@ async function explain(event) {
   }
   saveURL();
   state.drawMs = 0;
-  const metrics = Object.fromEntries(chosenMetrics().map((x) => [x, {}]));
   const controller = new AbortController();
   state.running = controller;
   $("explain").disabled = true;
@@ -706,6 +781,7 @@ async function explain(event) {
   $("status").textContent = "computing…";
   state.example = 0;
   setExamples(isLM(m) || v.perExample === false ? 1 : Math.max(1, countOf(inputs)));
+  renderRowEditor();
   const started = performance.now();
   state.drawn = methods.map((name) => ({ name, region: pending(name), response: null }));
   $("results").replaceChildren(...state.drawn.map((d) => d.region));
@@ -723,12 +799,15 @@ async function explain(event) {
   const jobs = asked.map(async (d) => {
     const body = { method: d.name, inputs, target, params: given[d.name] || {} };
     if (state.methods.get(d.name)?.returns_delta && !isLM(m)) body.return_convergence_delta = true;
-    if (Object.keys(metrics).length && !asJob) body.metrics = metrics;
+    const metrics = asJob ? [] : chosenMetricsFor(d.name);
+    if (metrics.length) body.metrics = Object.fromEntries(metrics.map((x) => [x, {}]));
+    // a metric this method cannot take is not asked of it (the region says why)
+    d.unmeasured = chosenMetrics().filter((x) => !metrics.includes(x)).map((x) => (asJob ? `${x}: not computed in a job` : `${x}: ${metricRefusal(x, d.name, m)}`));
     try {
       d.response = asJob
         ? await runJob(m, body, d.region, controller.signal)
         : await call(`/v1/models/${encodeURIComponent(m.id)}/attributions`, { method: "POST", body, signal: controller.signal });
-      timed(() => drawResult(d.region, d.name, d.response));
+      timed(() => drawResult(d.region, d.name, d.response, d));
     } catch (err) {
       failed ||= err;
       failures += 1;
@@ -848,6 +927,7 @@ async function start() {
   });
   $("view-list").addEventListener("keydown", moveTab);
   $("example").addEventListener("change", () => showExample(Number($("example").value) - 1));
+  for (const box of document.querySelectorAll('input[name="metric"]')) box.addEventListener("change", offerMetrics);
   $("sign").addEventListener("change", redraw);
   $("colormap").addEventListener("change", redraw);
   $("form").addEventListener("submit", explain);

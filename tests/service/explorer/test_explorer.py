@@ -719,3 +719,97 @@ def test_rounding_is_drawn_as_no_change(page: Page, tmp_path: Path) -> None:
     )
     assert len(colours) == 1  # one colour, the middle of the map: no change anywhere
     assert "No change" in region.inner_text()
+
+
+# -- issue 56: what runs is what is offered; the row shown is the row edited; all in sight -----
+
+
+def test_metrics_are_offered_only_with_methods_that_take_them(page: Page) -> None:
+    """A layer method's attributions are not of the inputs: with it alone the metrics are not
+    offered (and the page says why); beside an input method they go with that one only, and
+    both regions answer. A token model is offered the curves, not the noise metrics."""
+    page.open()
+    page.choose("tabular-mlp", ["layer_conductance"])
+    deletion = page.page.get_by_label("deletion", exact=True)
+    assert deletion.is_disabled()
+    assert (
+        "layer_conductance attributes to a layer" in page.page.locator("#metrics-hint").inner_text()
+    )
+    page.choose("tabular-mlp", ["saliency", "layer_conductance"])
+    assert deletion.is_enabled()
+    deletion.check()
+    page.page.get_by_label("Input", exact=True).fill("[[1, 0.3, -0.2, 0.9, 0.1, -0.5, 0.4, 0]]")
+    page.explain()
+    assert page.page.get_by_role("alert").is_hidden()
+    (with_metrics,) = page.requests("saliency")
+    assert with_metrics["metrics"] == {"deletion": {}}
+    (layer,) = page.requests("layer_conductance")
+    assert "metrics" not in layer
+    for method in ("saliency", "layer_conductance"):
+        region = page.page.get_by_role("region", name=method, exact=True)
+        assert region.get_attribute("data-state") == "done", region.inner_text()
+    saliency = page.page.get_by_role("region", name="saliency", exact=True)
+    assert saliency.locator("[data-metric='deletion']").count() == 1
+    layer_region = page.page.get_by_role("region", name="layer_conductance", exact=True)
+    assert "Metrics not computed here: deletion" in layer_region.inner_text()
+    page.choose("text-classifier", ["saliency"])
+    assert page.page.get_by_label("infidelity", exact=True).is_disabled()
+    assert page.page.get_by_label("sensitivity_max", exact=True).is_disabled()
+    assert page.page.get_by_label("deletion", exact=True).is_enabled()
+
+
+def test_the_row_editor_edits_the_example_shown(page: Page) -> None:
+    rows = [[1.0, 0, 0, 1.0, 0, 0, 0, 0], [0.5, 0.25, 0, -1.0, 0, 0, 0, 0], [-1.0] + [0] * 7]
+    page.open()
+    page.choose("tabular-mlp", ["saliency"])
+    page.page.get_by_label("Input", exact=True).fill(json.dumps(rows))
+    page.explain()
+    field = page.page.get_by_label
+    assert float(field("signal_0", exact=True).input_value()) == 1.0
+    page.page.get_by_label("Example", exact=True).select_option("2")
+    assert page.page.locator("#example-of").inner_text() == "Example 2 of 3"
+    assert float(field("signal_0", exact=True).input_value()) == 0.5
+    assert float(field("noise_1", exact=True).input_value()) == 0.25
+    assert float(field("signal_3", exact=True).input_value()) == -1.0
+    assert "row 2 of 3" in page.page.locator("#row-of").inner_text()
+    field("signal_3", exact=True).fill("2")
+    now = json.loads(page.page.get_by_label("Input", exact=True).input_value())
+    assert now[1][3] == 2 and now[0] == rows[0] and now[2] == rows[2]
+    page.explain()
+    assert page.requests("saliency")[-1]["inputs"][1][3] == 2
+
+
+#: a method's checkbox hidden inside a scrolling box (not in sight, and nothing says so)
+CLIPPED = """els => els.filter(e => {
+  const r = e.getBoundingClientRect();
+  for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+    const s = getComputedStyle(a);
+    if (!/(auto|scroll|hidden)/.test(s.overflowY)) continue;
+    const b = a.getBoundingClientRect();
+    if (r.top < b.top - 1 || r.bottom > b.bottom + 1) return true;
+  }
+  return false;
+}).map(e => e.value)"""
+
+
+def test_every_method_is_in_sight_in_groups_with_their_counts(page: Page) -> None:
+    page.open()
+    page.page.get_by_label("Model", exact=True).select_option("image-cnn")
+    listed = httpx.get(f"{page.server.url}/v1/models/image-cnn").json()["methods"]
+    assert len(listed) > 30
+    boxes = page.page.locator('input[name="method"]')
+    assert sorted(boxes.evaluate_all("els => els.map(e => e.value)")) == sorted(listed)
+    assert boxes.evaluate_all(CLIPPED) == []
+    groups = page.page.locator("#method-list [role='group']")
+    counts = {}
+    for k in range(groups.count()):
+        group = groups.nth(k)
+        head = page.page.locator(f"#{group.get_attribute('aria-labelledby')}").inner_text()
+        counts[group.get_attribute("data-family")] = int(head.rsplit("(", 1)[1].rstrip(")"))
+        assert (
+            group.locator('input[name="method"]').count()
+            == counts[group.get_attribute("data-family")]
+        )
+    assert set(counts) == {"gradient", "perturbation", "layer", "neuron"}
+    assert sum(counts.values()) == len(listed)
+    assert f"({len(listed)})" in page.page.locator("#methods legend").inner_text()
