@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import socket
 import time
 from collections.abc import Sequence
@@ -45,13 +46,26 @@ PRELOAD = [
 ]
 
 
+#: MKL's conditional numerical reproducibility: the code path its CPU check picks, and the same
+#: bits whatever the thread count
+REPRODUCIBLE_MKL = "AUTO,STRICT"
+
+
 def start_method(specs: Sequence[ModelSpec]) -> Any:
     """The workers' multiprocessing context: forkserver with ``PRELOAD`` and what ``specs``'
     sources preload, where the platform has it (Linux), else spawn. Never plain fork: the
     server process has threads (the event loop's executors) and may hold CUDA state.
 
     Every group is made before the first worker starts, so the forkserver imports what all
-    the pool's models need; a model loaded later imports its own in its worker."""
+    the pool's models need; a model loaded later imports its own in its worker.
+
+    The workers compute their matrix products in MKL's strict reproducible mode: a batch's
+    thread count follows the load and the measured rates (``service.pool.cores``), and MKL
+    otherwise splits a product's sums by its threads, so the same request moved in its last
+    bits with them (infidelity in its fifth digit: CONTRACT 9.1 wants the same bits). MKL
+    reads the variable at its first call in a process: the workers' come after it is set. A
+    value the operator set is kept."""
+    os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_MKL)
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     preload.declare(sources.preload(specs))  # the forkserver inherits the environment
@@ -190,7 +204,9 @@ class Processes:
             await asyncio.sleep(min(1.0, timeout / 4))
             now = time.monotonic()
             for w in self.workers:
-                if w.state not in ("starting", "ready", "busy"):
+                # not spawned yet (the pool starts its workers one by one, the supervisor
+                # first): its grace has not begun, and 0.0 would read as hours of silence
+                if w.state not in ("starting", "ready", "busy") or w.process is None:
                     continue
                 silent = now - w.last_heard
                 running = w.outstanding[0] if w.outstanding else None
