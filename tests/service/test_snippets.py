@@ -1,106 +1,53 @@
-"""Every shell and Python code block of the README and docs/ runs, as written, against a live
-server: the docs stay true.
+"""Every shell and Python code block of docs/ runs, as written, against a live server: the
+docs stay true (the README's run in order against ``make serve``: ``tests/test_readme.py``).
 
 A block runs as a reader would paste it, with two substitutions only: the README's demo server
 (``localhost:8000``) is the session's main server (tests/service/conftest.py: the built-in
 models and the Hugging Face ones), and ``curl`` fails on an HTTP error (``--fail-with-body``),
 so a 4xx answer fails the test instead of printing a problem document. A block that starts its
-own server (the README's Hugging Face walk-through) gets a free port instead of its own and a
-scratch directory instead of ``/tmp``, and its processes are stopped after it.
-
-A block that cannot run here says so where it stands, on the line before it:
-``<!-- snippet: skip: <why> -->`` (installs, docker, Kubernetes, a server that holds the
-terminal). ``<!-- snippet: own-server -->`` marks a block that starts a server, and
-``<!-- snippet: http-error -->`` one that shows an error answer (it must get one). Every other
-``sh``, ``bash``, ``console`` or ``python`` block is run; ``json``, ``toml`` and ``text`` blocks
-are what the reader sees, not commands."""
+own server gets a free port instead of its own and a scratch directory instead of ``/tmp``,
+and its processes are stopped after it. The markers a block may carry: ``tests/snippets.py``."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.service.conftest import Server
+from tests.snippets import (
+    DEMO,
+    DOCS,
+    HTTP_ERROR,
+    OWN_PORT,
+    PREAMBLE,
+    README,
+    RUN,
+    SHOWN,
+    Block,
+    blocks,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-RUN = {"sh", "bash", "console", "python"}
-SHOWN = {"json", "toml", "text", "yaml", "http", ""}
-MARK = re.compile(r"<!--\s*snippet:\s*(skip|own-server|http-error)\s*(?::\s*(.*?))?\s*-->")
-#: the README's demo server, as its blocks name it
-DEMO = re.compile(r"(localhost|127\.0\.0\.1):8000")
-#: curl that fails on an HTTP error, as a reader would notice one (unless the block asks for
-#: --fail itself: a readiness loop)
-PREAMBLE = """curl() {
-  case " $* " in
-    *" -f"* | *" -sf"* | *" --fail"*) command curl --max-time 180 "$@" ;;
-    *) command curl --fail-with-body --max-time 180 "$@" ;;
-  esac
-}
-"""
-
-
-@dataclass(frozen=True)
-class Block:
-    page: Path
-    line: int
-    lang: str
-    text: str
-    mark: str | None  # None, "skip", "own-server" or "http-error" (it shows a 4xx)
-    why: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.page.relative_to(REPO)}:{self.line}"
-
-
-def blocks(page: Path) -> list[Block]:
-    """The fenced code blocks of a page, with the marker on the line before each."""
-    found: list[Block] = []
-    lines = page.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        fence = re.match(r"^```(\w*)\s*$", lines[i])
-        if not fence:
-            i += 1
-            continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        mark = MARK.search(before)
-        found.append(
-            Block(
-                page,
-                i + 1,
-                fence.group(1),
-                "\n".join(lines[i + 1 : end]) + "\n",
-                mark.group(1) if mark else None,
-                (mark.group(2) or "") if mark else "",
-            )
-        )
-        i = end + 1
-    return found
-
-
-ALL = [b for page in PAGES for b in blocks(page)]
-RUNNABLE = [b for b in ALL if b.lang in RUN]
+ALL = [b for page in [README, *DOCS] for b in blocks(page)]
+RUNNABLE = [b for page in DOCS for b in blocks(page) if b.lang in RUN]
 
 
 def test_every_block_is_run_shown_or_skipped_with_a_reason() -> None:
     unknown = [b.name for b in ALL if b.lang not in RUN | SHOWN]
     assert unknown == [], f"blocks of a language the runner does not know: {unknown}"
-    silent = [b.name for b in RUNNABLE if b.mark == "skip" and not b.why]
+    silent = [b.name for b in ALL if b.lang in RUN and b.mark == "skip" and not b.why]
     assert silent == [], f"skipped without saying why: {silent}"
-    assert len([b for b in RUNNABLE if b.mark != "skip"]) >= 20  # the runner found them
+    # the runners found them (the README's run in tests/test_readme.py)
+    assert len([b for b in RUNNABLE if b.runs]) >= 10
+    assert len([b for b in ALL if b.runs]) >= 20
 
 
 def _free_port() -> int:
@@ -118,20 +65,13 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def _commands(block: Block) -> str:
-    """A console block's commands (its ``$ `` lines); a shell block as it is."""
-    if block.lang != "console":
-        return block.text
-    return "\n".join(ln[2:] for ln in block.text.splitlines() if ln.startswith("$ ")) + "\n"
-
-
 def run_block(block: Block, server: Server, tmp: Path) -> subprocess.CompletedProcess[str]:
     url = server.url.removeprefix("http://")
-    text = DEMO.sub(url, _commands(block))
+    text = DEMO.sub(url, block.commands())
     env = _env(tmp)
     if block.mark == "own-server":  # its own port and scratch directory, stopped after
         port = str(_free_port())
-        text = text.replace("8001", port).replace("/tmp/", f"{tmp}/")
+        text = text.replace(OWN_PORT, port).replace("/tmp/", f"{tmp}/")
     if block.lang == "python":
         cmd = [sys.executable, "-c", text]
     else:
@@ -162,7 +102,8 @@ def test_block_runs(block: Block, server: Server, tmp_path: Path) -> None:
         pytest.fail("curl is missing (the docs use it; apt-get install curl)")
     done = run_block(block, server, tmp_path)
     if block.mark == "http-error":  # the block shows an error: curl's exit for an HTTP error
-        assert done.returncode == 22, f"{block.name} did not fail as shown:\n{done.stdout[-3000:]}"
+        shown = f"{block.name} did not fail as shown:\n{done.stdout[-3000:]}"
+        assert done.returncode == HTTP_ERROR, shown
         assert "problem" in done.stdout or '"status"' in done.stdout, done.stdout[-3000:]
         return
     assert done.returncode == 0, f"{block.name} failed ({done.returncode}):\n{done.stdout[-3000:]}"
