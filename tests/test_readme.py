@@ -141,7 +141,8 @@ def session(walk: list[Block], port: int, own_port: int, tmp: Path) -> str:
     lines = ["set -euo pipefail", PREAMBLE.rstrip(), f"cd {shlex.quote(str(REPO))}"]
     for i, block in enumerate(walk):
         text = DEMO.sub(f"localhost:{port}", block.commands())
-        text = text.replace(OWN_PORT, str(own_port)).replace("/tmp/", f"{tmp}/")
+        text = re.sub(rf"(?<=[:\s]){OWN_PORT}\b", str(own_port), text)  # :8001, --port 8001
+        text = text.replace("/tmp/", f"{tmp}/")
         if block.lang == "python":  # pasted into the reader's python
             end = f"README_BLOCK_{i}"
             text = f"python - <<'{end}'\n{text}{end}\n"
