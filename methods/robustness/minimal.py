@@ -366,7 +366,11 @@ def min_perturbation(
 
     # a conv net's forwards run channels-last
     found, perturbed, predictions = layout.either(
-        model, xs, f"min_perturbation.{perturbation}", run, gradients=perturbation == "fgsm"
+        model,
+        xs,
+        f"min_perturbation.{perturbation}",
+        run,
+        gradients=perturbation != "gaussian_noise",
     )
     return MinPerturbationResult(restore_form(perturbed, as_tuple), found, predictions.detach())
 
