@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -29,10 +30,18 @@ def chunk(job: W, start: int, stop: int) -> W:
 
 
 def pieces(job: W, rows: int) -> list[W]:
-    """``job`` in pieces of ``rows`` examples (the last may have fewer), each its own id."""
+    """``job`` in as few pieces of at most ``rows`` examples as it takes, of sizes within one
+    of each other (17 in pieces of 8: 6, 6, 5, not 8, 8, 1), each its own id. A piece of one
+    or two examples is what changed a cut request's numbers: MKL computes a product of one or
+    two rows on another path (a matrix-vector product) whose sums round otherwise, so a
+    saliency's or a DeepLift delta's last bits moved with the cut (CONTRACT 9.1). Even pieces
+    of at most ``rows`` have at least half of it: one-example pieces are left to requests
+    whose one example is a piece of compute of its own, whose products have many rows."""
+    count = -(-job.n // rows)
+    bounds = [job.n * i // count for i in range(count + 1)]
     return [
-        dataclasses.replace(chunk(job, start, min(job.n, start + rows)), id=new_id())
-        for start in range(0, job.n, rows)
+        dataclasses.replace(chunk(job, start, stop), id=new_id())
+        for start, stop in itertools.pairwise(bounds)
     ]
 
 

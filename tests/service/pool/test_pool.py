@@ -188,8 +188,8 @@ async def _split() -> None:
     whole = p.submit(rows_job(1, 10, 20))  # rate unknown: goes whole, and is measured
     answer(p, conn.sent[0], compute_ms=200.0)  # 200 ms for 200 rows: 1 ms per row
     assert whole.future.result().attributions[0].shape == (10, 1)
-    big = p.submit(rows_job(2, 10, 40))  # 40 ms per example: pieces of 2 examples (80 ms)
-    assert len(big.parts) == 5 and [len(b.jobs[0].arrays[0]) for b in conn.sent[1:]] == [2]
+    big = p.submit(rows_job(2, 40, 12))  # 12 ms per example: pieces of 8 examples (96 ms)
+    assert len(big.parts) == 5 and [len(b.jobs[0].arrays[0]) for b in conn.sent[1:]] == [8]
     cheap = p.submit(job(3, key=None))  # waits behind one piece, not the whole request
     assert [j.id for j in conn.sent[2].jobs] == [3]
     answer(p, conn.sent[1])
@@ -200,7 +200,7 @@ async def _split() -> None:
     assert len(conn.sent) == 7
     await asyncio.sleep(0)  # the pieces' done callbacks run
     got = big.future.result()
-    np.testing.assert_array_equal(got.attributions[0][:, 0], np.arange(10) * 2)
+    np.testing.assert_array_equal(got.attributions[0][:, 0], np.arange(40) * 2)
     assert got.job_id == 2
 
 
@@ -208,10 +208,20 @@ def test_an_expensive_request_is_split_and_joined_in_order() -> None:
     asyncio.run(_split())
 
 
+def test_pieces_are_even() -> None:
+    """17 examples in pieces of at most 8 are 6, 6 and 5, not 8, 8 and 1: a piece of one
+    example rounds otherwise (a product of one row takes MKL's matrix-vector path)."""
+    from service.pool.split import pieces
+
+    assert [p.n for p in pieces(rows_job(1, 17, 1), 8)] == [5, 6, 6]
+    assert [p.n for p in pieces(rows_job(1, 16, 1), 8)] == [8, 8]
+    assert [p.n for p in pieces(rows_job(1, 3, 1), 1)] == [1, 1, 1]
+
+
 async def _split_cancel() -> None:
     p, conn = pool()
     p.costs.rates["m", "saliency"] = 1.0
-    big = p.submit(rows_job(1, 10, 40))
+    big = p.submit(rows_job(1, 40, 12))
     assert len(big.parts) == 5 and len(conn.sent) == 1
     p.cancel(big)
     assert big.future.cancelled() and p.queue_depth() == 0
@@ -225,13 +235,13 @@ def test_cancelling_a_split_request_cancels_every_piece() -> None:
 async def _pieces_count_once() -> None:
     p, conn = pool(queue_size=2)
     p.costs.rates["m", "saliency"] = 1.0
-    big = p.submit(rows_job(1, 10, 40))  # five pieces: one computing, four waiting
+    big = p.submit(rows_job(1, 40, 12))  # five pieces: one computing, four waiting
     assert len(big.parts) == 5 and p.queue_depth() == 1
     cheap = p.submit(job(2, key=None))  # admitted: one request waits, not four
     assert p.queue_depth() == 2
     with pytest.raises(QueueFull) as full:
         p.submit(job(3, key=None))
-    # Retry-After from the backlog: 4 pieces of 80 ms and 1 ms, rounded up to a second
+    # Retry-After from the backlog: 4 pieces of 96 ms and 1 ms, rounded up to a second
     assert full.value.headers == {"Retry-After": "1"}
     answer(p, conn.sent[0])
     answer(p, conn.sent[1])
