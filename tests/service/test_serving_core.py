@@ -354,32 +354,53 @@ def test_keys_are_checked_before_the_body_is_parsed(tight_server: Server) -> Non
 
 
 def test_large_bodies_do_not_stall_health(server: Server) -> None:
-    """Four 12 MB bodies at once: /live keeps answering in well under a second."""
+    """Four 12 MB bodies whose last bytes arrive together: /live keeps answering while they
+    are parsed, waiting at most for the piece of work in progress (about one body's parse:
+    a quarter of the work), never behind most of the bodies' work.
+
+    Bounded by the same run's work, not by the machine's speed (a fixed 1 s failed at 1.04 s
+    on a loaded machine): the worst /live latency is under half the time from the bodies'
+    last bytes to their last answer. An event loop stalled for most of that time fails it
+    (a 2 s block of the loop at the first body: 2.2 s of 3.2 s)."""
     row = [0.25] * 8
     big = json.dumps({**CHEAP, "inputs": [row] * 200_000}).encode()
-    done = threading.Event()
+    n = 4
+    arrived = threading.Barrier(n + 1)
+    answered: list[tuple[float, int]] = []
+
+    def body() -> Iterator[bytes]:
+        yield big[:-1]
+        arrived.wait(60)
+        yield big[-1:]
 
     def send() -> None:
-        httpx.post(
+        r = httpx.post(
             f"{server.url}/v1/models/tabular-mlp/attributions",
-            content=big,
-            headers={"content-type": "application/json"},
+            content=body(),
+            headers={"content-type": "application/json", "content-length": str(len(big))},
             timeout=60,
         )
+        answered.append((time.monotonic(), r.status_code))
 
-    threads = [threading.Thread(target=send) for _ in range(4)]
+    threads = [threading.Thread(target=send) for _ in range(n)]
     for t in threads:
         t.start()
-    worst = 0.0
+    latencies: list[float] = []
     with server.client() as c:
+        assert c.get("/v1/health/live").status_code == 200  # connected before the clock runs
+        arrived.wait(60)
+        released = time.monotonic()
         while any(t.is_alive() for t in threads):
             t0 = time.monotonic()
             assert c.get("/v1/health/live").status_code == 200
-            worst = max(worst, time.monotonic() - t0)
-            time.sleep(0.05)
-    done.set()
-    print(f"worst /live latency: {worst * 1e3:.0f} ms")
-    assert worst < 1.0, worst
+            latencies.append(time.monotonic() - t0)
+            time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert latencies and [status for _, status in answered] == [422] * n  # over max_batch_size
+    work = max(at for at, _ in answered) - released
+    print(f"worst /live latency {max(latencies) * 1e3:.0f} ms of {work * 1e3:.0f} ms of work")
+    assert max(latencies) < work / 2, (latencies, work)
 
 
 @pytest.mark.lifecycle
