@@ -2,9 +2,10 @@
 image (an upload, an image sent inline) is bounded by before anything decodes it (CONTRACT 9.1).
 
 Only the formats images are taken in (``hf_image.FORMATS``): PNG (its IHDR chunk), JPEG (the
-first start-of-frame marker, segments skipped by their lengths, so an EXIF thumbnail's frame
-is never read for the image's), WebP (a VP8, VP8L or VP8X first chunk). A 16-byte PNG header
-may declare 100000×100000 pixels: the size is read from the header alone, whatever follows.
+largest start-of-frame before the scan, segments skipped by their lengths, so an EXIF
+thumbnail's frame is never read for the image's), WebP (a VP8, VP8L or VP8X first chunk).
+A 16-byte PNG header may declare 100000×100000 pixels: the size is read from the header
+alone, whatever follows.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ def _png(data: bytes) -> tuple[int, int] | None:
 
 
 def _jpeg(data: bytes) -> tuple[int, int] | None:
+    """The largest frame declared before the scan: Pillow takes the last start-of-frame it
+    meets, so a small first frame followed by a large one must not pass for small."""
+    found: tuple[int, int] | None = None
     pos = 2
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
-            return None
+            return found
         marker = data[pos + 1]
         if marker == 0xFF:  # a fill byte before the marker
             pos += 1
@@ -50,19 +54,20 @@ def _jpeg(data: bytes) -> tuple[int, int] | None:
         if marker in BARE:
             pos += 2
             continue
-        if marker in (0xD9, 0xDA):  # the end, or the scan, before any frame
-            return None
+        if marker in (0xD9, 0xDA):  # the end, or the scan: every frame is declared by then
+            return found
         (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
         if marker in SOF:
             # length (2), precision (1), height (2), width (2)
             if pos + 9 > len(data):
-                return None
+                return found
             height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
-            return int(width), int(height)
+            if found is None or width * height > found[0] * found[1]:
+                found = int(width), int(height)
         if length < 2:
-            return None
+            return found
         pos += 2 + length
-    return None
+    return found
 
 
 def _webp(data: bytes) -> tuple[int, int] | None:

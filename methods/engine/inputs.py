@@ -121,9 +121,9 @@ class Forward:
     def __call__(self, inputs: Tensors) -> Tensor:
         inputs = self.laid_out(inputs)
         token = model_call()
-        probing = self.channels_last and _probing.get()
+        probed = _probing.get() if self.channels_last else None
         try:
-            with _ArgmaxProbe() if probing else contextlib.nullcontext():
+            with _ArgmaxProbe(probed) if probed is not None else contextlib.nullcontext():
                 out = self.fn(*inputs, *self.args)
         except (AttributionError, torch.OutOfMemoryError, ArgmaxRouting):
             raise
@@ -162,26 +162,41 @@ class ArgmaxRouting(Exception):
     ``ARGMAX_ROUTING``."""
 
 
-_probing: ContextVar[bool] = ContextVar("argmax_probe", default=False)
+@dataclass
+class Probed:
+    """What ``argmax_probe`` saw: the first operation of ``ARGMAX_ROUTING``, or None."""
+
+    seen: str | None = None
+
+
+_probing: ContextVar[Probed | None] = ContextVar("argmax_probe", default=None)
 
 
 @contextlib.contextmanager
-def argmax_probe() -> Iterator[None]:
+def argmax_probe() -> Iterator[Probed]:
     """While entered, a channels-last model call (``Forward``) raises ``ArgmaxRouting`` at
-    its first operation of ``ARGMAX_ROUTING`` (modules and functional calls alike)."""
-    token = _probing.set(True)
+    its first operation of ``ARGMAX_ROUTING`` (modules and functional calls alike), and the
+    ``Probed`` yielded says so even where the model catches the exception itself."""
+    probed = Probed()
+    token = _probing.set(probed)
     try:
-        yield
+        yield probed
     finally:
         _probing.reset(token)
 
 
 class _ArgmaxProbe(TorchFunctionMode):
+    def __init__(self, probed: Probed) -> None:
+        super().__init__()
+        self.probed = probed
+
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        if getattr(func, "__name__", None) in ARGMAX_ROUTING:
-            raise ArgmaxRouting(func.__name__)
+        name = getattr(func, "__name__", None)
+        if name in ARGMAX_ROUTING:
+            self.probed.seen = self.probed.seen or name
+            raise ArgmaxRouting(name)
         return func(*args, **(kwargs or {}))
 
 

@@ -149,10 +149,12 @@ def attempt(
     try:
         if not probing:
             return fed()
-        with argmax_probe():
+        with argmax_probe() as probed:
             result = fed()
-        _ROUTES[model] = False  # type: ignore[index]
-        return result
+        routes = probed.seen is not None  # the model caught the probe's exception itself
+        if not routes:
+            _ROUTES[model] = False  # type: ignore[index]
+            return result
     except Exception as exc:  # the model's forward or backward failed on them, or not
         routes = caused_by(exc, lambda e: isinstance(e, ArgmaxRouting))
         if not routes and not_the_layout(exc):

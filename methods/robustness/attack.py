@@ -94,8 +94,9 @@ def check_bounds(params: dict[str, Any]) -> None:
 class AttackResult:
     """``perturbed``: the inputs' form; ``predictions``: the model's output on them;
     ``flipped``: per example, whether the top class changed from the unperturbed input's;
-    ``zero_gradient``: per example, whether the loss's gradient was zero (every element within
-    ``ZERO_THRESHOLD``) at every step, so that nothing moved."""
+    ``zero_gradient``: per example, whether the loss's gradient was zero (every element its
+    mask lets move within ``ZERO_THRESHOLD``) at every step, so that no step moved it (a
+    random start may have)."""
 
     perturbed: Tensor | tuple[Tensor, ...]
     predictions: Tensor
@@ -225,10 +226,15 @@ def loss_gradients(
         return torch.autograd.grad(_loss(out, target, loss), leaves), out.detach()
 
 
-def moving(grads: Tensors) -> Tensor:
-    """Per example, whether any element of its gradient (over every input) is above the zero
-    threshold, so that a sign step moves it."""
-    live = [g.reshape(g.shape[0], -1).abs().gt(ZERO_THRESHOLD).any(dim=1) for g in grads]
+def moving(grads: Tensors, masks: tuple[Tensor | float, ...]) -> Tensor:
+    """Per example, whether any element of its gradient (over every input) that its mask
+    lets move is above the zero threshold, so that a sign step moves it."""
+    live = [
+        ((g.abs() > ZERO_THRESHOLD) & (torch.as_tensor(m, device=g.device) != 0))
+        .reshape(g.shape[0], -1)
+        .any(dim=1)
+        for g, m in zip(grads, masks, strict=True)
+    ]
     return functools.reduce(torch.logical_or, live)
 
 
@@ -244,7 +250,7 @@ def fgsm_step(
     """One FGSM step (``epsilon`` a number, or per input a tensor broadcasting against it),
     the model's output before it, and per example whether its gradient could move it."""
     grads, out = loss_gradients(forward, xs, target, loss)
-    return sign_step(xs, grads, epsilon, targeted, masks), out, moving(grads)
+    return sign_step(xs, grads, epsilon, targeted, masks), out, moving(grads, masks)
 
 
 def sign_step(

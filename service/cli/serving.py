@@ -68,7 +68,11 @@ def check_address(host: str, port: int) -> None:
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
         for family, kind, proto, _, address in found:
-            with socket.socket(family, kind, proto) as probe:
+            try:
+                made = socket.socket(family, kind, proto)
+            except OSError:  # a family this machine lacks (IPv6 compiled out): asyncio skips it
+                continue
+            with made as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 if family == socket.AF_INET6:
                     probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)

@@ -307,6 +307,10 @@ class JobRunner:
         wait_s = 1.0
         while done < row.total:
             stop = min(row.total, done + size)
+            if 0 < row.total - stop < max(2, size // 2):
+                # no small tail: a chunk of one or two examples rounds otherwise than the
+                # request whole (MKL's matrix-vector path: CONTRACT 9.1); it joins this one
+                stop = row.total
             started = time.perf_counter()
             ran = await self._chunk(row, chunk(whole, done, stop))
             if ran is None:  # cancelled

@@ -31,7 +31,7 @@ def chunk(job: W, start: int, stop: int) -> W:
 
 def pieces(job: W, rows: int) -> list[W]:
     """``job`` in as few pieces of at most ``rows`` examples as it takes, of sizes within one
-    of each other (17 in pieces of 8: 6, 6, 5, not 8, 8, 1), each its own id. A piece of one
+    of each other (17 in pieces of 8: 5, 6, 6, not 8, 8, 1), each its own id. A piece of one
     or two examples is what changed a cut request's numbers: MKL computes a product of one or
     two rows on another path (a matrix-vector product) whose sums round otherwise, so a
     saliency's or a DeepLift delta's last bits moved with the cut (CONTRACT 9.1). Even pieces

@@ -212,9 +212,10 @@ class AttackResponse(_Result):
         description="per example: the top class differs from the unperturbed input's"
     )
     zero_gradient: list[bool] = Field(
-        description="per example: the loss's gradient was zero (every element at most 1e-6, "
-        "Captum's threshold) at every step, so nothing moved: not flipped says nothing of "
-        'robustness then; params.loss "margin" does not saturate'
+        description="per example: the loss's gradient was zero (every element the mask lets "
+        "move at most 1e-6, Captum's threshold) at every step, so no step moved it (a random "
+        "start may have): not flipped says nothing of robustness then; params.loss "
+        '"margin" does not saturate'
     )
 
 

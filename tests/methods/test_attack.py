@@ -270,6 +270,20 @@ def test_zero_gradient_is_per_example() -> None:
     assert nll.zero_gradient.tolist() == [True, False]
 
 
+def test_zero_gradient_counts_only_what_the_mask_lets_move() -> None:
+    """A mask over features the model does not read: no step can move the example, whatever
+    the gradient elsewhere; it says so (a masked-out gradient once read as "moved")."""
+    net = nn.Linear(4, 2).double().eval()
+    with torch.no_grad():
+        net.weight[:, 2:] = 0  # features 2 and 3 do not count
+    x = torch.randn(2, 4, dtype=F64)
+    mask = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=F64).expand(2, 4)
+    got = methods.attack(net, x, "fgsm", target=[0, 1], loss="margin", epsilon=1.0, mask=mask)
+    assert torch.equal(got.perturbed, x) and got.zero_gradient.tolist() == [True, True]
+    free = methods.attack(net, x, "fgsm", target=[0, 1], loss="margin", epsilon=1.0)
+    assert free.zero_gradient.tolist() == [False, False]
+
+
 def test_margin_on_an_output_with_positions() -> None:
     """An (N, C, L) output and a (class, position) target: the other classes are those at the
     target's position (dim 1, where a cross-entropy's softmax runs)."""

@@ -481,3 +481,30 @@ def test_forward_only_methods_keep_the_layout_on_a_max_pooling_net(
             m.setattr(layout, "DEVICES", ())
             want = methods.attribute(model, FLAT, method, target=1, **kw).attributions
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+class _Guarded(_Pooled):
+    """Max pooling in a try: a model's own ``except Exception`` catches the probe's
+    exception and goes on with an average."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.layouts.append(x.is_contiguous(memory_format=CL) and not x.is_contiguous())
+        h = self.relu(self.conv(x)) * 1
+        try:
+            h = torch.nn.functional.max_pool2d(h, 2)
+        except Exception:  # what a model may do
+            h = torch.nn.functional.avg_pool2d(h, 2)
+        return self.head(h.flatten(1))
+
+
+def test_a_probe_the_model_catches_still_counts() -> None:
+    torch.manual_seed(1)
+    model = _Guarded("functional").double().eval()
+    model(torch.zeros(1, 3, 8, 8, dtype=torch.float64))
+    model.layouts.clear()
+    got = methods.attribute(model, FLAT, "saliency", target=1, abs=False).attributions
+    want = captum_attr.Saliency(model).attribute(FLAT, target=1, abs=False)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert model.layouts[0] and not any(model.layouts[1:])
+    methods.attribute(model, FLAT, "saliency", target=1)
+    assert not any(model.layouts[1:])  # remembered

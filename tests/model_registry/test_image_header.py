@@ -53,6 +53,20 @@ def test_the_size_is_pillows(
     assert declared_size(data) == Image.open(io.BytesIO(data)).size == size
 
 
+def test_a_jpeg_s_second_frame_is_not_hidden_by_a_small_first() -> None:
+    """Pillow takes the last start-of-frame before the scan: a small first frame followed by
+    a 7000x7000 one is 49M pixels, not 64."""
+    data = encoded("JPEG", (8, 8))
+    sof = data.index(b"\xff\xc0")
+    (length,) = struct.unpack(">H", data[sof + 2 : sof + 4])
+    frame = bytearray(data[sof : sof + 2 + length])
+    frame[5:9] = struct.pack(">HH", 7000, 7000)
+    forged = data[: sof + 2 + length] + bytes(frame) + data[sof + 2 + length :]
+    assert declared_size(forged) == (7000, 7000)
+    with Image.open(io.BytesIO(forged)) as image:
+        assert image.size == (7000, 7000)
+
+
 def test_a_jpeg_s_exif_thumbnail_is_not_its_frame() -> None:
     data = with_exif_thumbnail(encoded("JPEG", (33, 21)))
     assert Image.open(io.BytesIO(data)).size == (33, 21)

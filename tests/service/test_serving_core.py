@@ -399,7 +399,6 @@ def test_large_bodies_do_not_stall_health(server: Server) -> None:
         t.join()
     assert latencies and [status for _, status in answered] == [422] * n  # over max_batch_size
     work = max(at for at, _ in answered) - released
-    print(f"worst /live latency {max(latencies) * 1e3:.0f} ms of {work * 1e3:.0f} ms of work")
     assert max(latencies) < work / 2, (latencies, work)
 
 
