@@ -22,8 +22,6 @@ import methods
 from methods.engine.quadrature import APPROXIMATION_METHODS
 from methods.export import EXPORTABLE
 
-#: every test twice, channels-last (rounded as another CPU would) and as given (conftest)
-pytestmark = pytest.mark.usefixtures("both_layouts")
 
 DT = torch.float64
 EXAMPLE_BATCH = 3
@@ -147,6 +145,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+#: channels-last (rounded as another CPU would) and as given (conftest): the program is the
+#: model as given, and ``methods.attribute`` must equal it either way
+@pytest.mark.usefixtures("both_layouts")
 @pytest.mark.parametrize(("name", "label", "params"), CASES)
 def test_program_equals_attribute_at_new_batch_sizes(
     exported: dict[str, Any], name: str, label: str, params: dict[str, Any]
@@ -196,7 +197,7 @@ LOADABLE = [c for c in CASES if c.values[1] != "gradient_shap"]
 def test_saved_programs_run_with_only_torch(exported: dict[str, Any]) -> None:
     folder: Path = exported["dir"]
     for case in CASES:
-        if case not in LOADABLE and (folder / f"{case.id}.pt2").exists():  # once per layout
+        if case not in LOADABLE:
             (folder / f"{case.id}.pt2").rename(folder / f"{case.id}.pt2.skip")
     inputs = {}
     for case in LOADABLE:
@@ -232,6 +233,7 @@ def test_gradient_shap_program_loads(tmp_path: Path) -> None:
     torch.export.load(tmp_path / "gs.pt2")
 
 
+@pytest.mark.usefixtures("both_layouts")
 def test_target_as_input() -> None:
     model = _model("cnn")
     program = methods.export(model, "deeplift", _inputs("cnn", 2), target="input")

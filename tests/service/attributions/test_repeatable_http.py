@@ -27,8 +27,13 @@ BODY: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def own_threads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Two workers, the server's own thread rule (None), jobs cut in chunks of cost 64."""
+    toml = '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n'
     s = serve_in_thread(
-        tmp_path_factory.mktemp("threads"), workers=2, torch_threads=None, job_chunk_cost=64
+        tmp_path_factory.mktemp("threads"),
+        toml=toml,
+        workers=2,
+        torch_threads=None,
+        job_chunk_cost=64,
     )
     yield s
     stop_server(s)
