@@ -22,7 +22,6 @@ import methods
 from methods.engine.quadrature import APPROXIMATION_METHODS
 from methods.export import EXPORTABLE
 
-
 DT = torch.float64
 EXAMPLE_BATCH = 3
 NEW_BATCHES = (1, 5)
