@@ -61,6 +61,8 @@ WRITE_BYTES = 8 << 20
 #: chunk's time is mostly fixed costs: it overestimates the cost per example, never under)
 FIRST_CHUNK = 4
 GROWTH = 16
+#: the fewest examples a last chunk is left with (fewer join the chunk before)
+TAIL = 3
 #: the longest wait before a job tries the full disk again
 MAX_BACKOFF_S = 30.0
 #: a remote model's predictor that fails (502/504) is the predictor's trouble, often passing
@@ -307,9 +309,9 @@ class JobRunner:
         wait_s = 1.0
         while done < row.total:
             stop = min(row.total, done + size)
-            if 0 < row.total - stop < max(2, size // 2):
-                # no small tail: a chunk of one or two examples rounds otherwise than the
-                # request whole (MKL's matrix-vector path: CONTRACT 9.1); it joins this one
+            if 0 < row.total - stop < TAIL:
+                # no tail of one or two examples: it rounds otherwise than the request whole
+                # (MKL's matrix-vector path: CONTRACT 9.1); it joins this chunk
                 stop = row.total
             started = time.perf_counter()
             ran = await self._chunk(row, chunk(whole, done, stop))
