@@ -82,13 +82,7 @@ def put(settings: Settings, spec: ModelSpec, name: str, raw: Any) -> tuple[dict[
     description, and whether it is new."""
     path = _path(settings, spec, name)
     _check_kind(spec)
-    inputs = codec.decode_inputs(
-        raw,
-        spec,
-        settings.max_tensor_elements,
-        settings.max_batch_size,
-        max_image_pixels=settings.max_image_pixels,
-    )
+    inputs = codec.decode_within(raw, spec, settings)
     meta = {
         "name": name,
         "n": inputs.n,
@@ -218,13 +212,7 @@ def tcav_job(
         )
     concepts = _sets(settings, spec, req.concepts, "concepts")
     randoms = _sets(settings, spec, req.random_concepts, "random_concepts")
-    inputs = codec.decode_inputs(
-        req.inputs,
-        spec,
-        settings.max_tensor_elements,
-        settings.max_batch_size,
-        max_image_pixels=settings.max_image_pixels,
-    )
+    inputs = codec.decode_within(req.inputs, spec, settings)
     target = targets.resolve(req.target, spec.output, inputs.n)
     return ConceptQuery(
         id=new_id(),

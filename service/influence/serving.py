@@ -70,13 +70,7 @@ def query_job(
         raise InvalidRequest(
             f"k is {req.k}; the training set has {n_train} examples", loc=("body", "k")
         )
-    inputs = codec.decode_inputs(
-        req.inputs,
-        spec,
-        settings.max_tensor_elements,
-        settings.max_batch_size,
-        max_image_pixels=settings.max_image_pixels,
-    )
+    inputs = codec.decode_within(req.inputs, spec, settings)
     field = "labels" if req.labels is not None else "target"
     raw = req.labels if req.labels is not None else req.target
     labels = _labels(settings, spec, raw, inputs.n, field)

@@ -102,13 +102,7 @@ def build_attribution(
             loc=("body", "noise_tunnel"),
         )
     nt = checks.noise_tunnel(req.noise_tunnel, settings)
-    inputs = codec.decode_inputs(
-        req.inputs,
-        spec,
-        settings.max_tensor_elements,
-        settings.max_batch_size,
-        max_image_pixels=settings.max_image_pixels,
-    )
+    inputs = codec.decode_within(req.inputs, spec, settings)
     if inputs.texts:
         shapes: tuple[tuple[int, ...], ...] = ((checks.check_texts(inputs.texts, settings),),)
     else:

@@ -47,13 +47,7 @@ class TensorKind(AttributionKind):
     def predict_job(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
-        decoded = codec.decode_inputs(
-            inputs,
-            spec,
-            settings.max_tensor_elements,
-            settings.max_batch_size,
-            max_image_pixels=settings.max_image_pixels,
-        )
+        decoded = codec.decode_within(inputs, spec, settings)
         if decoded.texts:
             checks.check_texts(decoded.texts, settings)
         job = Prediction(

@@ -104,13 +104,7 @@ def _rows(req: Request, p: dict[str, Any], n_features: int) -> int:
 def build_job(settings: Settings, spec: ModelSpec, req: Request, deadline: float) -> Perturbation:
     """Every check that needs no model: the request as a job for the worker."""
     _check_model(spec)
-    inputs = codec.decode_inputs(
-        req.inputs,
-        spec,
-        settings.max_tensor_elements,
-        settings.max_batch_size,
-        max_image_pixels=settings.max_image_pixels,
-    )
+    inputs = codec.decode_within(req.inputs, spec, settings)
     params = dict(req.params)
     loss = "nll"
     if isinstance(req, AttackRequest):

@@ -11,13 +11,16 @@ import binascii
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from model_registry.spec import InputSpec, ModelSpec
 from service.core.errors import WHERE, InvalidRequest, LimitExceeded, Loc
 from service.wire import images
+
+if TYPE_CHECKING:
+    from service.core.settings import Settings
 
 DTYPES = {
     "float16": np.float16,
@@ -261,6 +264,18 @@ def is_text(item: Any) -> bool:
     if isinstance(item, str):
         return True
     return isinstance(item, list) and len(item) == 2 and all(isinstance(t, str) for t in item)
+
+
+def decode_within(raw: Any, spec: ModelSpec, settings: Settings) -> DecodedInputs:
+    """``decode_inputs`` within the service's limits: its tensor elements, batch size and
+    image pixels (every route that takes inputs)."""
+    return decode_inputs(
+        raw,
+        spec,
+        settings.max_tensor_elements,
+        settings.max_batch_size,
+        max_image_pixels=settings.max_image_pixels,
+    )
 
 
 def decode_inputs(
