@@ -19,13 +19,15 @@ import methods
 import model_registry
 from service import kinds
 from service.attributions import router as attributions
+from service.attributions.serving import ATTRIBUTIONS
 from service.catalog import health
 from service.catalog import router as catalog
 from service.compat import kserve
 from service.compat import router as compat
 from service.concepts import router as concepts
-from service.concepts.serving import store_builtin
+from service.concepts.serving import TCAV_OPERATION, store_builtin
 from service.contexts import router as contexts
+from service.contexts.serving import CONTEXT_ATTRIBUTIONS
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
@@ -37,12 +39,14 @@ from service.http.responses import OrjsonResponse
 from service.http.routing import RouteTable, found
 from service.http.state import AppState
 from service.influence import router as influence
-from service.influence.indexes import InfluenceIndexes
+from service.influence.indexes import INDEX_BUILD, InfluenceIndexes
+from service.influence.serving import INFLUENCE
 from service.jobs import router as jobs
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 from service.repository import router as repository
 from service.robustness import router as robustness
+from service.robustness.serving import ATTACKS, COUNTERFACTUALS
 
 log = logging.getLogger("attrserve")
 #: each capability's routes, mounted in this order (the order requests are matched and the
@@ -59,6 +63,17 @@ CAPABILITIES = (
     influence,
     robustness,
     explorer,
+)
+#: the operations (``service.serving.capability.Capability``), each served at ``POST
+#: /v1/models/{id}/{operation}`` and ``{stem}-jobs``: a job answers as its operation's route
+OPERATIONS = (
+    ATTRIBUTIONS,
+    CONTEXT_ATTRIBUTIONS,
+    ATTACKS,
+    COUNTERFACTUALS,
+    TCAV_OPERATION,
+    INFLUENCE,
+    INDEX_BUILD,
 )
 DESCRIPTION = (
     "Attributions for PyTorch models over HTTP: Captum's catalogue, exact and fast. "
@@ -197,7 +212,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 
     if start_workers:
         try:
-            state.jobs = JobRunner(settings, state.specs, pool, telemetry)
+            answers = {op.operation: op for op in OPERATIONS}
+            state.jobs = JobRunner(settings, state.specs, pool, telemetry, answers)
             state.influence = InfluenceIndexes(settings, state.specs, state.jobs)
         except (OSError, sqlite3.Error) as exc:
             raise SystemExit(

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import base64
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from service.attributions import fastpath, serving, streaming
+from service.attributions import fastpath, streaming
+from service.attributions.serving import ATTRIBUTIONS
 from service.core.context import request_id
 from service.core.offload import large
 from service.http.headers import Deadline
-from service.http.observed import ERRORS, Observed, until_disconnect
+from service.http.observed import ERRORS, until_disconnect
 from service.http.responses import OrjsonResponse
 from service.http.routing import OrjsonRoute, Policy, declare
 from service.http.state import AppState, get_state
+from service.jobs import routes
 from service.serving import pictures
 from service.wire.attributions import (
     EXAMPLES,
@@ -74,38 +75,32 @@ async def serve(
     ``picture`` ("png", "html"; by default what an ``Accept: image/png`` or ``text/html`` header
     asks for) the answer is the one picture itself."""
     if picture is None and streaming.wanted(request.headers.get("accept")):
-        spec = state.serving(model_id)
         return await streaming.stream(
-            state, spec, body, x_deadline_ms, time.perf_counter(), request_id.get(),
-            request.url.path,
-        )  # fmt: skip
+            state, model_id, request, body, x_deadline_ms, request_id.get()
+        )
     picture = picture or pictures.accepted(request.headers.get("accept"))
     if picture is not None:
         drawing = (body.render or RenderSpec()).model_copy(update={"format": picture})
         drawing._single = True
         body = body.model_copy(update={"render": drawing})
-    with Observed(state, request.scope, model_id, body.method) as seen:
-        spec = state.serving(model_id)
-        result, _, _ = await serving.attribute(
-            state.settings,
-            state.pool,
-            spec,
-            body,
-            x_deadline_ms,
-            seen.started,
-            request_id=request_id.get(),
-            disconnected=lambda: until_disconnect(request.receive),
-            offload=offload,
+    result = await ATTRIBUTIONS.serve(
+        state,
+        request.scope,
+        model_id,
+        body,
+        deadline_ms=x_deadline_ms,
+        request_id=request_id.get(),
+        disconnected=lambda: until_disconnect(request.receive),
+        offload=offload,
+    )
+    if picture is not None:
+        (one,) = result["renders"]
+        return Response(
+            base64.b64decode(one["b64"]),
+            media_type=one["media_type"],
+            headers={"X-Attrserve-Method": result["method"]},
         )
-        seen.computed(result["timing_ms"]["compute"])
-        if picture is not None:
-            (one,) = result["renders"]
-            return Response(
-                base64.b64decode(one["b64"]),
-                media_type=one["media_type"],
-                headers={"X-Attrserve-Method": result["method"]},
-            )
-        return OrjsonResponse(result)
+    return OrjsonResponse(result)
 
 
 @router.post(
@@ -156,3 +151,6 @@ async def render(
     picture = pictures.accepted(request.headers.get("accept"))
     picture = picture or (body.render or RenderSpec()).format
     return await serve(state, model_id, request, body, x_deadline_ms, _large(request), picture)
+
+
+routes.jobs(router, ATTRIBUTIONS, tags=["jobs"])

@@ -14,7 +14,7 @@ from service.core.offload import offload_if
 from service.core.settings import Settings
 from service.core.work import Reply
 from service.pool.pool import WorkerPool
-from service.serving.run import budget_ms, run
+from service.serving.capability import budget_ms, execute
 
 
 async def predict(
@@ -33,5 +33,5 @@ async def predict(
     deadline = time.time() + budget / 1e3
     build = partial(kinds.of(spec).predict_job, settings, spec, inputs, deadline, request_id)
     job = await offload_if(offload or spec.images is not None, build)  # as attributions
-    reply, _ = await run(pool, job, budget, started, disconnected)
+    reply, _ = await execute(pool, job, budget, started, disconnected)
     return reply

@@ -36,7 +36,6 @@ from service.core.context import request_id
 from service.core.errors import MalformedRequest, ServiceError, UnknownModel
 from service.core.offload import large, offload_if
 from service.core.version import __version__
-from service.core.work import Prediction
 from service.http import headers
 from service.http.observed import ERRORS, Observed, until_disconnect
 from service.http.openapi_doc import raw_body
@@ -96,7 +95,7 @@ def _deadline(request: Request) -> float | None:
 async def v1_predict(
     state: AppState, request: Request, params: dict[str, str], body: bytes
 ) -> Response:
-    with Observed(state, request.scope, params["model_id"], Prediction.label) as seen:
+    with Observed(state, request.scope, params["model_id"], "predict") as seen:
         spec = _spec(state, params)
         data = kserve.validated(V1Request, _json(body), ("body",))
         try:
@@ -126,7 +125,7 @@ async def _explain(
     off: bool,
     predictions: bool,
 ) -> tuple[dict[str, Any], Any]:
-    with Observed(state, request.scope, model_id, req.method) as seen:
+    with Observed(state, request.scope, model_id, "explain", req.method) as seen:
         result, _, reply = await attributions.attribute(
             state.settings,
             state.pool,
@@ -186,7 +185,7 @@ def _oip_response(body: bytes, header_length: int | None) -> Response:
 async def v2_infer(
     state: AppState, request: Request, params: dict[str, str], body: bytes
 ) -> Response:
-    with Observed(state, request.scope, params["model_id"], Prediction.label) as seen:
+    with Observed(state, request.scope, params["model_id"], "infer") as seen:
         spec = _spec(state, params)
         d = await _oip_decode(state, request, spec, body, explain=False)
         try:

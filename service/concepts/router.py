@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Response
+from fastapi import APIRouter, Depends, Response
 
 from service.concepts import serving
 from service.concepts.protocol import (
@@ -15,14 +14,13 @@ from service.concepts.protocol import (
     ConceptList,
     ConceptPut,
     ConceptSet,
-    TCAVRequest,
-    TCAVResponse,
 )
+from service.concepts.serving import TCAV_OPERATION
 from service.core.offload import offload as in_thread
-from service.http.headers import Deadline
 from service.http.responses import OrjsonResponse
 from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
+from service.jobs import routes
 from service.wire.catalog import Problem
 
 router = APIRouter(tags=["concepts"], route_class=OrjsonRoute)
@@ -106,23 +104,15 @@ async def delete_concept(model_id: str, name: str, state: State) -> Response:
     return Response(status_code=204)
 
 
-@router.post(
-    "/v1/models/{model_id}/tcav",
+routes.operation(
+    router,
+    TCAV_OPERATION,
     operation_id="tcav",
-    response_model=TCAVResponse,
+    examples=TCAV_EXAMPLES,
     responses=ERRORS,
+    description="TCAV scores of the named concept sets at the layers, for the target on the "
+    "inputs: one row per (concept, layer) with the sign count, magnitude, per-random-set "
+    "counts, p-value and significance. Activations and CAVs are cached, so a repeated query "
+    "only computes the inputs' gradients.",
 )
-async def tcav(
-    model_id: str,
-    state: State,
-    body: Annotated[TCAVRequest, Body(openapi_examples=TCAV_EXAMPLES)],
-    x_deadline_ms: Deadline = None,
-) -> OrjsonResponse:
-    """TCAV scores of the named concept sets at the layers, for the target on the inputs:
-    one row per (concept, layer) with the sign count, magnitude, per-random-set counts,
-    p-value and significance. Activations and CAVs are cached, so a repeated query only
-    computes the inputs' gradients."""
-    started = time.perf_counter()
-    spec = state.serving(model_id)
-    body_out = await serving.tcav(state.settings, state.pool, spec, body, x_deadline_ms, started)
-    return OrjsonResponse(body_out)
+routes.jobs(router, TCAV_OPERATION)

@@ -12,10 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from base64 import b64encode
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -24,16 +22,13 @@ import numpy as np
 
 from model_registry.spec import ModelSpec
 from service import kinds
-from service.concepts.protocol import NAME_RULE, TCAVRequest, read_set, valid_name
+from service.concepts.protocol import NAME_RULE, TCAVRequest, TCAVResponse, read_set, valid_name
 from service.concepts.work import ConceptQuery
 from service.core.errors import InvalidRequest, NotFound, ServiceError, UnsupportedMethod
 from service.core.files import atomic_write
-from service.core.offload import offload as in_thread
 from service.core.settings import Settings
-from service.core.work import new_id
-from service.kinds.base import timing
-from service.pool.pool import WorkerPool
-from service.serving.run import budget_ms, run
+from service.core.work import Work, new_id
+from service.serving.capability import Capability, Done
 from service.wire import codec, targets
 
 log = logging.getLogger("attrserve.concepts")
@@ -237,22 +232,40 @@ def tcav_job(
     )
 
 
-async def tcav(
-    settings: Settings,
-    pool: WorkerPool,
-    spec: ModelSpec,
-    req: TCAVRequest,
-    deadline_ms: float | None,
-    started: float,
-) -> dict[str, Any]:
-    budget = budget_ms(settings, deadline_ms, req.deadline_ms)
-    # the sets' files read, the inputs decoded (images resized): off the event loop
-    job = await in_thread(partial(tcav_job, settings, spec, req, time.time() + budget / 1e3))
-    reply, queue_ms = await run(pool, job, budget, started, None)
-    return {
-        "model_id": spec.id,
-        "model_version": spec.version,
-        "scores": (reply.study or {})["scores"],
-        "computed": (reply.study or {})["computed"],
-        "timing_ms": timing(queue_ms, reply.compute_ms, started),
-    }
+class TCAV(Capability[TCAVRequest]):
+    """``POST /v1/models/{model_id}/tcav``: TCAV scores of concept sets at layers."""
+
+    operation = "tcav"
+    stem = "tcav"
+    request = TCAVRequest
+    response = TCAVResponse
+    job_operation_id = "submitTcavJob"
+    job_summary = (
+        "Queue a TCAV query as a job (checked now, run whole: its scores count over all the "
+        "examples; persisted); ``GET /v1/jobs/{job_id}/result`` answers as the tcav route does."
+    )
+
+    def build(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: TCAVRequest,
+        deadline: float,
+        request_id: str,
+        prepared: Any,
+    ) -> Work:
+        # the sets' files read, the inputs decoded (images resized): off the event loop
+        return tcav_job(settings, spec, req, deadline)
+
+    def answer(self, done: Done) -> dict[str, Any]:
+        study = done.reply.study or {}
+        return {
+            "model_id": done.spec.id,
+            "model_version": done.spec.version,
+            "scores": study["scores"],
+            "computed": study["computed"],
+            "timing_ms": done.timing_ms,
+        }
+
+
+TCAV_OPERATION = TCAV()

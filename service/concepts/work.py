@@ -130,6 +130,8 @@ class ConceptQuery(Work):
     """A TCAV query: the target on the inputs, against the concept sets at the layers."""
 
     label: ClassVar[str] = "tcav"
+    #: the scores count over all the examples: a job runs it whole
+    divisible: ClassVar[bool] = False
 
     target: WireTarget = None
     seed: int | None = None

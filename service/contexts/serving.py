@@ -4,8 +4,6 @@ the units, the template, limits on words as a lower bound of tokens), run in the
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from methods.errors import AttributionError
@@ -13,14 +11,12 @@ from methods.generation import units as units_
 from methods.generation.context import check_template
 from model_registry.spec import ModelSpec
 from service import kinds
-from service.contexts.protocol import ContextRequest
+from service.contexts.protocol import ContextRequest, ContextResponse
 from service.contexts.work import WHERE, ContextQuery
 from service.core.errors import LimitExceeded, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import new_id
-from service.kinds.base import timing
-from service.pool.pool import WorkerPool
-from service.serving.run import budget_ms, run
+from service.core.work import Work, new_id
+from service.serving.capability import Capability, Done
 from service.wire.engine_errors import from_engine
 
 #: the kinds whose models answer a prompt with text
@@ -103,25 +99,43 @@ def build(
     )
 
 
-async def attribute(
-    settings: Settings,
-    pool: WorkerPool,
-    spec: ModelSpec,
-    req: ContextRequest,
-    deadline_ms: float | None,
-    started: float,
-    request_id: str,
-    disconnected: Callable[[], Awaitable[Any]] | None,
-) -> dict[str, Any]:
-    budget = budget_ms(settings, deadline_ms, req.deadline_ms)
-    job = build(settings, spec, req, time.time() + budget / 1e3, request_id)
-    reply, queue_ms = await run(pool, job, budget, started, disconnected)
-    out = dict(reply.study or {})
-    masks = out.pop("masks", None)
-    return {
-        "model_id": spec.id,
-        "model_version": spec.version,
-        **out,
-        "masks": masks if req.return_masks else None,
-        "timing_ms": timing(queue_ms, reply.compute_ms, started),
-    }
+class ContextAttributions(Capability[ContextRequest]):
+    """``POST /v1/models/{model_id}/context-attributions``: which units of the context
+    support each sentence of the answer."""
+
+    operation = "context-attributions"
+    stem = "context-attribution"
+    request = ContextRequest
+    response = ContextResponse
+    job_operation_id = "submitContextAttributionJob"
+
+    def build(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: ContextRequest,
+        deadline: float,
+        request_id: str,
+        prepared: Any,
+    ) -> Work:
+        return build(settings, spec, req, deadline, request_id)
+
+    def offloaded(self, spec: ModelSpec, req: ContextRequest) -> bool:
+        return False  # texts split into units: no files, no images
+
+    def options(self, req: ContextRequest, work: Work) -> dict[str, Any]:
+        return {"return_masks": req.return_masks}
+
+    def answer(self, done: Done) -> dict[str, Any]:
+        out = dict(done.reply.study or {})
+        masks = out.pop("masks", None)
+        return {
+            "model_id": done.spec.id,
+            "model_version": done.spec.version,
+            **out,
+            "masks": masks if done.options.get("return_masks") else None,
+            "timing_ms": done.timing_ms,
+        }
+
+
+CONTEXT_ATTRIBUTIONS = ContextAttributions()

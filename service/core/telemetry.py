@@ -17,21 +17,22 @@ class Telemetry:
         r = self.registry
         self.requests = Counter(
             "attrserve_requests",
-            "Attribution requests by model, method and HTTP status",
-            ["model", "method", "status"],
+            'Requests by model, operation (the route\'s name), method ("" where none) and '
+            "HTTP status",
+            ["model", "operation", "method", "status"],
             registry=r,
         )
         self.latency = Histogram(
             "attrserve_request_latency_seconds",
-            "Attribution request latency (whole request)",
-            ["model", "method"],
+            "Request latency (whole request) by model, operation and method",
+            ["model", "operation", "method"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.compute = Histogram(
             "attrserve_compute_seconds",
-            "Engine time per request (shared when merged)",
-            ["model", "method"],
+            "Engine time per request (shared when merged) by model, operation and method",
+            ["model", "operation", "method"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -58,6 +58,9 @@ class Work:
 
     #: what the pool's measured rates and the logs call this kind of work
     label: ClassVar[str] = "work"
+    #: its examples are independent: a job runs it in chunks of examples (False: whole, in
+    #: one chunk, e.g. TCAV, whose scores count over all the examples)
+    divisible: ClassVar[bool] = True
 
     id: int
     model_id: str

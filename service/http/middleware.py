@@ -106,6 +106,7 @@ class RequestContext:
                         "url.path": scope["path"],
                         "attrserve.request_id": rid,
                         "attrserve.model": info.get("model"),
+                        "attrserve.operation": info.get("operation"),
                         "attrserve.method": info.get("method"),
                     },
                 )
@@ -116,6 +117,7 @@ class RequestContext:
                     "http_method": scope["method"],
                     "path": scope["path"],
                     "model": info.get("model"),
+                    "operation": info.get("operation"),
                     "method": info.get("method"),
                     "status": status or 499,
                     "ms": round((time.perf_counter() - started) * 1e3, 3),

@@ -36,22 +36,28 @@ async def until_disconnect(receive: Receive) -> None:
 
 
 class Observed:
-    """One model request's metrics (count by status, latency, compute) and access-log labels;
-    label values come from the catalogue only, never from free user text."""
+    """One model request's metrics (count by status, latency, compute) and access-log labels:
+    the model, the operation (the route's name: "attributions", "tcav", ...), the method where
+    the operation has one ("" where not); label values come from the catalogue and the routes
+    only, never from free user text."""
 
-    def __init__(self, state: AppState, scope: Scope, model_id: str, method: str) -> None:
+    def __init__(
+        self, state: AppState, scope: Scope, model_id: str, operation: str, method: str = ""
+    ) -> None:
         self.tel = state.telemetry
         self.started = time.perf_counter()
         info = route_info(scope)
-        known = method in state.method_names or method in labels()
+        known = not method or method in state.method_names or method in labels()
         self.model = info["model"] = model_id if model_id in state.specs else "_unknown"
+        self.operation = info["operation"] = operation
         self.method = info["method"] = method if known else "_unknown"
 
     def __enter__(self) -> Observed:
         return self
 
     def computed(self, ms: float) -> None:
-        self.tel.labels(self.tel.compute, self.model, self.method).observe(ms / 1e3)
+        tel = self.tel
+        tel.labels(tel.compute, self.model, self.operation, self.method).observe(ms / 1e3)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
         status = 200
@@ -60,5 +66,6 @@ class Observed:
         elif exc is not None:
             status = 499
         tel = self.tel
-        tel.labels(tel.requests, self.model, self.method, str(status)).inc()
-        tel.labels(tel.latency, self.model, self.method).observe(time.perf_counter() - self.started)
+        labels = (self.model, self.operation, self.method)
+        tel.labels(tel.requests, *labels, str(status)).inc()
+        tel.labels(tel.latency, *labels).observe(time.perf_counter() - self.started)

@@ -33,8 +33,8 @@ from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.work import new_id
 from service.influence.work import InfluenceIndexPart
-from service.jobs.results import Finished, answers
 from service.jobs.runner import JobRunner
+from service.serving.capability import Capability, Done
 
 log = logging.getLogger("attrserve.influence")
 #: how often building indexes are looked at (progress, assembly once their job finished)
@@ -126,7 +126,7 @@ class InfluenceIndexes:
             state = self.states[spec.id] = IndexState("failed", digest, error=str(exc))
             log.error("attrserve: model %s: influence data cannot be read: %s", spec.id, exc)
             return state
-        row = self.runner.queue_work(OWNER, spec, job, inf.batch_size * 4)
+        row = self.runner.queue_work(OWNER, spec, job, inf.batch_size * 4, INDEX_BUILD.operation)
         root.mkdir(parents=True, exist_ok=True)
         atomic_write(job_file, lambda f: f.write(json.dumps({"job_id": row.id}).encode()))
         log.info("attrserve: model %s: building its influence index (job %s)", spec.id, row.id)
@@ -248,14 +248,21 @@ class InfluenceIndexes:
         return {"indices": top.indices.tolist(), "scores": top.values.double().tolist()}
 
 
-@answers(InfluenceIndexPart.label, chunks=False)
-def job_answer(done: Finished) -> dict[str, Any]:
-    """An index build's result: what it built (the index itself serves its model's influence
-    routes)."""
-    row = done.row
-    return {
-        "model_id": row.model_id,
-        "method": row.method,
-        "n_train": row.total,
-        "served_by": f"/v1/models/{row.model_id}/influence",
-    }
+class IndexBuild(Capability[Any]):
+    """An influence index's build: a job the server queues itself (no route), whose result
+    says what it built; the index itself serves its model's influence routes."""
+
+    operation = "influence-index"
+    stem = "influence-index"
+    chunked_result = False
+
+    def answer(self, done: Done) -> dict[str, Any]:
+        return {
+            "model_id": done.spec.id,
+            "method": done.work.name,
+            "n_train": done.work.n,
+            "served_by": f"/v1/models/{done.spec.id}/influence",
+        }
+
+
+INDEX_BUILD = IndexBuild()

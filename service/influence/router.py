@@ -3,19 +3,19 @@ and ``GET /v1/models/{model_id}/influence/self?k=``, answered from its influence
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
 from service.core.errors import NotReady
-from service.http.headers import Deadline
 from service.http.responses import OrjsonResponse
 from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
 from service.influence import serving
 from service.influence.indexes import InfluenceIndexes
-from service.influence.protocol import InfluenceRequest, InfluenceResponse, SelfInfluence
+from service.influence.protocol import SelfInfluence
+from service.influence.serving import INFLUENCE
+from service.jobs import routes
 from service.wire.catalog import Problem
 
 router = APIRouter(tags=["influence"], route_class=OrjsonRoute)
@@ -40,28 +40,16 @@ def _indexes(state: AppState) -> InfluenceIndexes:
     return state.influence
 
 
-@router.post(
-    "/v1/models/{model_id}/influence",
+routes.operation(
+    router,
+    INFLUENCE,
     operation_id="influence",
-    response_model=InfluenceResponse,
     responses=ERRORS,
+    description="The training examples that most helped (proponents) and, with ``opponents``, "
+    "most hindered each example's loss, by the models.toml ``influence`` method, from the "
+    "index built once over the training set: one ``{indices, scores}`` per example.",
 )
-async def influence_query(
-    model_id: str,
-    state: State,
-    body: InfluenceRequest,
-    x_deadline_ms: Deadline = None,
-) -> OrjsonResponse:
-    """The training examples that most helped (proponents) and, with ``opponents``, most
-    hindered each example's loss, by the models.toml ``influence`` method, from the index
-    built once over the training set: one ``{indices, scores}`` per example."""
-    started = time.perf_counter()
-    spec = state.serving(model_id)
-    index, path = _indexes(state).ready(spec)
-    out = await serving.influence(
-        state.settings, state.pool, spec, body, str(path), index.info, x_deadline_ms, started
-    )
-    return OrjsonResponse(out)
+routes.jobs(router, INFLUENCE)
 
 
 @router.get(

@@ -4,7 +4,6 @@ then answered by a worker from the model's influence index."""
 from __future__ import annotations
 
 import os
-import time
 from functools import partial
 from typing import Any
 
@@ -12,15 +11,14 @@ import numpy as np
 
 from model_registry.influence import read_train_data
 from model_registry.spec import ModelSpec
-from service.core.errors import InvalidRequest
+from service.core.errors import InvalidRequest, NotReady
 from service.core.offload import offload as in_thread
 from service.core.settings import Settings
-from service.core.work import new_id
-from service.influence.protocol import InfluenceRequest, per_example
+from service.core.work import Work, new_id
+from service.http.state import AppState
+from service.influence.protocol import InfluenceRequest, InfluenceResponse, per_example
 from service.influence.work import InfluenceQuery
-from service.kinds.base import timing
-from service.pool.pool import WorkerPool
-from service.serving.run import budget_ms, run
+from service.serving.capability import Capability, Done
 from service.wire import codec, targets
 
 CLASS_LOSSES = ("cross_entropy", "nll")
@@ -63,7 +61,10 @@ def query_job(
     index: str,
     n_train: int,
     deadline: float,
+    method: str = "",
 ) -> InfluenceQuery:
+    """Every check that needs no model: the query as work for the worker; ``method``: the
+    index's (kept for the answer)."""
     if req.labels is not None and req.target is not None:
         raise InvalidRequest("give labels or target, not both", loc=("body", "target"))
     if req.k > n_train:
@@ -87,6 +88,7 @@ def query_job(
             "loss": inf.loss,
             "k": req.k,
             "opponents": req.opponents,
+            "method": method,
         },
         texts=inputs.texts,
         deadline=deadline,
@@ -139,31 +141,62 @@ async def examples_of(spec: ModelSpec, indices: list[int]) -> list[dict[str, Any
     return await in_thread(partial(_examples, spec, indices))
 
 
-async def influence(
-    settings: Settings,
-    pool: WorkerPool,
-    spec: ModelSpec,
-    req: InfluenceRequest,
-    index: str,
-    info: dict[str, Any],
-    deadline_ms: float | None,
-    started: float,
-) -> dict[str, Any]:
-    budget = budget_ms(settings, deadline_ms, req.deadline_ms)
-    deadline = time.time() + budget / 1e3
-    build = partial(query_job, settings, spec, req, index, int(info["n_train"]), deadline)
-    job = await in_thread(build)
-    reply, queue_ms = await run(pool, job, budget, started, None)
-    found = reply.study or {}
-    body: dict[str, Any] = {
-        "model_id": spec.id,
-        "model_version": spec.version,
-        "method": info["method"],
-        "proponents": per_example(found["proponents"]),
-    }
-    if "opponents" in found:
-        body["opponents"] = per_example(found["opponents"])
-    if req.include_examples:
-        await in_thread(partial(_with_examples, spec, body))
-    body["timing_ms"] = timing(queue_ms, reply.compute_ms, started)
-    return body
+class Influence(Capability[InfluenceRequest]):
+    """``POST /v1/models/{model_id}/influence``: the training examples that most helped (and
+    hindered) each example's loss, from the model's influence index."""
+
+    operation = "influence"
+    stem = "influence"
+    request = InfluenceRequest
+    response = InfluenceResponse
+    job_operation_id = "submitInfluenceJob"
+
+    async def prepare(self, state: AppState, spec: ModelSpec, req: InfluenceRequest) -> Any:
+        """The model's index, ready (409 while it builds): its file and what it says."""
+        if state.influence is None:
+            raise NotReady("this server runs no workers; influence needs them")
+        index, path = state.influence.ready(spec)
+        return str(path), index.info
+
+    def build(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: InfluenceRequest,
+        deadline: float,
+        request_id: str,
+        prepared: Any,
+    ) -> Work:
+        path, info = prepared
+        n_train = int(info["n_train"])
+        return query_job(settings, spec, req, path, n_train, deadline, str(info["method"]))
+
+    def options(self, req: InfluenceRequest, work: Work) -> dict[str, Any]:
+        method = work.study["method"] if isinstance(work, InfluenceQuery) else None
+        return {"include_examples": req.include_examples, "method": method}
+
+    def answer(self, done: Done) -> dict[str, Any]:
+        found = done.reply.study or {}
+        body: dict[str, Any] = {
+            "model_id": done.spec.id,
+            "model_version": done.spec.version,
+            "method": done.options.get("method"),
+            "proponents": per_example(found["proponents"]),
+        }
+        if "opponents" in found:
+            body["opponents"] = per_example(found["opponents"])
+        if done.job and done.options.get("include_examples"):
+            _with_examples(done.spec, body)  # a job's result is answered in a thread
+        body["timing_ms"] = done.timing_ms
+        return body
+
+    async def finish(
+        self, req: InfluenceRequest, done: Done, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        if req.include_examples:  # the training set read: off the event loop
+            await in_thread(partial(_with_examples, done.spec, body))
+            body["timing_ms"] = body.pop("timing_ms")  # last, as before
+        return body
+
+
+INFLUENCE = Influence()

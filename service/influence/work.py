@@ -72,6 +72,11 @@ class InfluenceQuery(Work):
     #: the index's file, k, opponents, the loss and its labels, checkpoints
     study: dict[str, Any] = field(default_factory=dict)
 
+    def job_meta(self, reply: Reply) -> dict[str, Any]:
+        # each side's indices and scores: one list per example
+        sides = list(reply.study or {})
+        return {"per_example": [f"{side}.{k}" for side in sides for k in ("indices", "scores")]}
+
 
 @dataclass(kw_only=True)
 class InfluenceIndexPart(Work):

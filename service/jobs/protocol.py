@@ -17,7 +17,14 @@ class Progress(BaseModel):
 class JobInfo(BaseModel):
     id: str
     model_id: str
-    method: str = Field(description="the method that runs (a layer method on token models)")
+    operation: str = Field(
+        description='the route the job answers as, e.g. "attributions" or '
+        '"context-attributions": its result is that route\'s response body'
+    )
+    method: str = Field(
+        description="what runs: the method (a layer method on token models), or the "
+        "operation's work where it has no method"
+    )
     status: Status
     progress: Progress
     created_at: str = Field(description="ISO 8601, UTC")

@@ -1,19 +1,16 @@
 """A job's chunks as stored, and joined: each finished chunk's arrays and metadata (one
 ``.npz`` of arrays with a JSON ``meta``), several chunks merged into one before they are
-written, and the chunks read back joined for the job's result; and how each kind of work's
-result is answered (``ANSWERS``: as its capability's route answers, registered there)."""
+written, and the chunks read back joined into one reply, which the job's capability answers
+as its route does (``Capability.result``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from service.core.work import Reply, Work, stack_examples, worst
-from service.jobs.store import JobRow
 
 
 def concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -61,12 +58,26 @@ def merged(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def studies(metas: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The chunks' ``study``: the first's, its per-example lists joined over all chunks."""
+    """The chunks' ``study``: the first's, its per-example lists joined over all chunks
+    (``per_example`` names them; a dotted name, a list inside a member:
+    ``"proponents.indices"``)."""
     first = metas[0].get("study") if metas else None
     if first is None:
         return None
-    joined = {k: [v for m in metas for v in m["study"][k]] for k in metas[0].get("per_example", [])}
-    return {**first, **joined}
+    out = json.loads(json.dumps(first))  # a copy, nested members too
+    for name in metas[0].get("per_example", []):
+        *path, last = name.split(".")
+        parts = []
+        for m in metas:
+            at = m["study"]
+            for key in path:
+                at = at[key]
+            parts.append(at[last])
+        into = out
+        for key in path:
+            into = into[key]
+        into[last] = [v for part in parts for v in part]
+    return out
 
 
 def _jsonable(value: Any) -> Any:
@@ -77,40 +88,26 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-@dataclass(frozen=True)
-class Finished:
-    """A finished job as its answer is built from it: the chunks' replies joined into one
-    (``reply``; empty for an answer that reads no chunks) and the first chunk's ``meta``."""
+def joined_reply(chunks: list[dict[str, np.ndarray]], metas: list[dict[str, Any]]) -> Reply:
+    """The chunks read back (``chunk_arrays``' form, in example order) as one reply."""
+    first = metas[0] if metas else {}
+    n_attr = sum(1 for k in chunks[0] if k.startswith("attributions_")) if chunks else 0
 
-    row: JobRow
-    model: tuple[str, str]  # id, version
-    reply: Reply
-    meta: dict[str, Any]
-    timing_ms: dict[str, float]
+    def joined(key: str) -> np.ndarray | None:
+        return concat([c[key] for c in chunks]) if chunks and key in chunks[0] else None
 
-
-@dataclass(frozen=True)
-class Answer:
-    """How a kind of work's job result is answered; ``chunks``: from its chunks (False: the
-    result is what the job built, e.g. an influence index)."""
-
-    build: Callable[[Finished], dict[str, Any]]
-    chunks: bool = True
-
-
-#: job results by the job's work label (``Work.name``: an attribution's is its method, which
-#: no entry names: attributions answer as the attributions route)
-ANSWERS: dict[str, Answer] = {}
-
-
-def answers(
-    *labels: str, chunks: bool = True
-) -> Callable[[Callable[[Finished], dict[str, Any]]], Callable[[Finished], dict[str, Any]]]:
-    """Register the answer of the jobs whose work has one of ``labels``."""
-
-    def register(fn: Callable[[Finished], dict[str, Any]]) -> Callable[[Finished], dict[str, Any]]:
-        for label in labels:
-            ANSWERS[label] = Answer(fn, chunks)
-        return fn
-
-    return register
+    return Reply(
+        job_id=0,
+        attributions=[concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)],
+        as_tuple=bool(first.get("as_tuple")),
+        layers=first.get("layers"),
+        delta=joined("convergence_delta"),
+        outputs=joined("outputs"),
+        target=[t for m in metas for t in (m.get("target") or [])] or None,
+        tokens=[t for m in metas for t in (m.get("tokens") or [])] or None,
+        params=first.get("params", {}),
+        predictions=joined("predictions"),
+        study=studies(metas),
+        fidelity=worst([m.get("fidelity") for m in metas]),
+        compute_ms=sum(m.get("compute_ms", 0.0) for m in metas),
+    )

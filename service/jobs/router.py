@@ -10,18 +10,17 @@ import json
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from service.core.errors import Conflict, InvalidRequest, NotFound
 from service.http.middleware import route_info
 from service.http.observed import ERRORS
 from service.http.responses import OrjsonResponse
-from service.http.routing import OrjsonRoute, Policy, declare
+from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
 from service.jobs.protocol import JobInfo, JobList
 from service.jobs.runner import JobRunner
 from service.jobs.store import STATUSES, JobRow
-from service.wire.attributions import AttributionRequest, AttributionResponse
 from service.wire.catalog import Problem
 
 #: a job in one of these states is done: DELETE removes it
@@ -59,23 +58,6 @@ def _job(state: AppState, request: Request, job_id: str) -> JobRow:
     return row
 
 
-@router.post(
-    "/v1/models/{model_id}/attribution-jobs",
-    operation_id="submitJob",
-    status_code=202,
-    response_model=JobInfo,
-    responses=JOB_SUBMIT_ERRORS,
-)
-@declare(Policy(job_body=True))
-async def submit_job(
-    model_id: str, state: State, request: Request, body: Annotated[AttributionRequest, Body()]
-) -> OrjsonResponse:
-    """Queue the attributions request as a job (validated now, run in chunks, persisted)."""
-    spec = state.serving(model_id)
-    row = await runner(state).submit(owner(request), spec, body, len(await request.body()))
-    return accepted(row)
-
-
 def accepted(row: JobRow) -> OrjsonResponse:
     """A queued job's answer: 202, the job, and where to follow it."""
     return OrjsonResponse(row.public(), status_code=202, headers={"Location": f"/v1/jobs/{row.id}"})
@@ -92,10 +74,17 @@ async def get_job(job_id: str, state: State, request: Request) -> OrjsonResponse
 @router.get(
     "/v1/jobs/{job_id}/result",
     operation_id="getJobResult",
-    response_model=AttributionResponse,
     responses={
         **JOB_ERRORS,
-        200: {"content": {"application/octet-stream": {}}, "description": "the result"},
+        200: {
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "application/octet-stream": {},
+            },
+            "description": "the response body of the route the job answers as (its "
+            "`operation`: the attributions route's for an attribution job, the tcav route's "
+            "for a tcav job, ...), with `job_id`; or, with `?format=npz`, a .npz of its arrays",
+        },
         409: {"model": Problem, "description": "the job has not succeeded (yet)"},
     },
 )
@@ -105,8 +94,8 @@ async def get_job_result(
     request: Request,
     format: Annotated[Literal["json", "npz"], Query(description="json or npz")] = "json",
 ) -> Response:
-    """The whole job's response (JSON: the attributions route's; an attack or counterfactual
-    job's, its route's), or a .npz of its arrays."""
+    """The whole job's response (JSON: the body of the route it answers as, its
+    ``operation``), or a .npz of its arrays (attributions, attacks, counterfactuals)."""
     row = _job(state, request, job_id)
     if row.status != "succeeded":
         raise Conflict(
@@ -118,6 +107,11 @@ async def get_job_result(
     body = await asyncio.to_thread(runner(state).result, row)
     if format == "json":
         return OrjsonResponse(body)
+    if "attributions" not in body and "perturbed" not in body:
+        raise InvalidRequest(
+            f"a {row.operation} job's result has no arrays to put in a .npz; ask format=json",
+            loc=("query", "format"),
+        )
     return Response(
         await asyncio.to_thread(_npz, body),
         media_type="application/octet-stream",

@@ -15,16 +15,14 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from model_registry.spec import ModelSpec
-from service import kinds
-from service.attributions.serving import build_job
 from service.core.errors import (
     InvalidRequest,
     JobUnreadable,
@@ -32,23 +30,28 @@ from service.core.errors import (
     QueueFull,
     ServiceError,
     StorageFull,
-    UnsupportedMethod,
     WorkerLost,
 )
 from service.core.offload import offload
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
-from service.core.work import Reply, Work, new_id, worst
-from service.jobs.results import ANSWERS, Finished, chunk_arrays, concat, merged, studies
+from service.core.work import Reply, Work, new_id
+from service.jobs.results import chunk_arrays, joined_reply, merged
 from service.jobs.store import JobRow, JobStore
 from service.jobs.stored import dumps, fingerprint, loads
-from service.kinds.base import Ran, envelope
 from service.pool.pool import PREEMPTED, Entry, WorkerPool
 from service.pool.predictors import UPSTREAM_CODES
 from service.pool.split import chunk
-from service.wire.attributions import AttributionRequest
+from service.serving import capability
+from service.serving.capability import Capability
 
 log = logging.getLogger("attrserve.jobs")
+#: jobs stored before they named their operation: the operation their work's label implies
+LEGACY = {
+    "attack": "attacks",
+    "counterfactual": "counterfactuals",
+    "influence_index": "influence-index",
+}
 #: times a chunk is tried again after its worker was lost
 RETRIES = 3
 #: how long a chunk waits for its model's worker group to be ready before the job fails
@@ -90,7 +93,10 @@ class JobRunner:
         specs: dict[str, ModelSpec],
         pool: WorkerPool,
         telemetry: Telemetry,
+        capabilities: Mapping[str, Capability[Any]] = MappingProxyType({}),
     ) -> None:
+        """``capabilities``: by operation, what answers each job's result."""
+        self.capabilities = capabilities
         self.settings = settings
         self.specs = specs
         self.pool = pool
@@ -122,60 +128,30 @@ class JobRunner:
         self.store.close()
 
     # -- the API ---------------------------------------------------------------------------
-    async def submit(
-        self, owner: str, spec: ModelSpec, req: AttributionRequest, size: int
-    ) -> JobRow:
-        """Validate and decode the whole request now (a bad one gets its 4xx here), then queue
-        it decoded; ``size``: the request body's bytes (the disk budget's first check)."""
-        if req.render is not None:
-            raise InvalidRequest(
-                "render draws pictures in synchronous answers; jobs return tensors",
-                loc=("body", "render"),
-            )
-        if req.metrics is not None and req.metrics.asked():
-            raise InvalidRequest(
-                "metrics are computed with synchronous answers (their noise is drawn for the "
-                "request's batch, which a job cuts into chunks); POST the examples to "
-                f"/v1/models/{spec.id}/attributions",
-                loc=("body", "metrics"),
-            )
-        asked = req.precision if req.precision is not None else spec.precision
-        if req.verify and asked in (None, spec.dtype):
-            low = (
-                ""
-                if spec.remote is not None
-                else '; a job verifies a low precision (e.g. "precision": "bfloat16") against '
-                "float32, chunk by chunk"
-            )
-            raise InvalidRequest(
-                "verify at the model's own dtype compares one synchronous answer with a float64 "
-                f"CPU reference, which jobs do not return{low}",
-                loc=("body", "verify"),
-            )
-        return await self.submit_work(
-            owner, spec, lambda settings: build_job(settings, spec, req, math.inf, ""), size
-        )
-
     async def submit_work(
-        self, owner: str, spec: ModelSpec, build: Callable[[Settings], Work], size: int
+        self,
+        owner: str,
+        spec: ModelSpec,
+        build: Callable[[Settings], Work],
+        size: int,
+        *,
+        operation: str = "attributions",
+        options: Callable[[Work], dict[str, Any]] | None = None,
     ) -> JobRow:
-        """A capability's request as a job: the queue's room and the disk budget checked, the
-        work built and checked whole now by ``build`` under the job limits (``job_settings``;
-        a bad request gets its 4xx here), off the event loop, then stored decoded and queued;
-        ``size``: the request body's bytes (the disk budget's first check)."""
-        self._admit(spec)
+        """A capability's request as a job (``Capability.submit``): the queue's room and the
+        disk budget checked, the work built and checked whole now by ``build`` under the job
+        limits (``job_settings``; a bad request gets its 4xx here), off the event loop, then
+        stored decoded and queued; ``size``: the request body's bytes (the disk budget's first
+        check); ``operation``: the route it answers as, ``options``: what its answer needs of
+        the request beyond the work."""
+        self._admit()
         self._budget(size)
         checked = await offload(build, job_settings(self.settings))
-        return await self._queue(owner, spec, checked)
+        kept = options(checked) if options is not None else None
+        return await self._queue(owner, spec, checked, operation, kept)
 
-    def _admit(self, spec: ModelSpec) -> None:
-        """The model takes jobs, and the queue has room."""
-        if not kinds.of(spec).catalogue(spec).jobs:
-            raise UnsupportedMethod(
-                f"model {spec.id!r} is a {kinds.name_of(spec)} model: attribution jobs run "
-                f"tensor models; send its requests to POST /v1/models/{spec.id}/attributions",
-                loc=("path", "model_id"),
-            )
+    def _admit(self) -> None:
+        """The queue has room."""
         counts = self.store.counts()
         if counts["queued"] + counts["running"] >= self.settings.max_jobs_queued:
             raise QueueFull(
@@ -184,11 +160,21 @@ class JobRunner:
                 headers={"Retry-After": "30"},
             )
 
-    async def _queue(self, owner: str, spec: ModelSpec, checked: Work) -> JobRow:
-        """A checked job stored and queued, in chunks of about ``job_chunk_cost`` rows."""
+    async def _queue(
+        self,
+        owner: str,
+        spec: ModelSpec,
+        checked: Work,
+        operation: str,
+        options: dict[str, Any] | None,
+    ) -> JobRow:
+        """A checked job stored and queued, in chunks of about ``job_chunk_cost`` rows (work
+        whose examples are not independent, ``Work.divisible`` False, in one)."""
         per_example = max(1, checked.cost // max(1, checked.n))
         chunk = max(1, self.settings.job_chunk_cost // per_example)
-        if per_example > self.settings.max_cost:
+        if not checked.divisible:
+            chunk = checked.n
+        if checked.divisible and per_example > self.settings.max_cost:
             raise InvalidRequest(
                 f"one example costs about {per_example} forward rows; the server's limit per "
                 f"chunk is {self.settings.max_cost}",
@@ -196,17 +182,21 @@ class JobRunner:
             )
         work = await offload(dumps, checked, fingerprint(spec))
         self._budget(len(work))  # decoded, the job may take more than its body did
-        row = self.store.create(owner, spec.id, checked.name, checked.n, chunk, work)
+        row = self.store.create(
+            owner, spec.id, checked.name, checked.n, chunk, work, operation, options
+        )
         self._wake.set()
         self._gauges()
         return row
 
-    def queue_work(self, owner: str, spec: ModelSpec, job: Work, chunk: int) -> JobRow:
+    def queue_work(
+        self, owner: str, spec: ModelSpec, job: Work, chunk: int, operation: str
+    ) -> JobRow:
         """Queue work the server made itself (an influence index build): ``job`` checked
-        already, run in chunks of at most ``chunk`` examples."""
+        already, run in chunks of at most ``chunk`` examples, answered as ``operation``."""
         work = dumps(job, fingerprint(spec))
         self._budget(len(work))
-        row = self.store.create(owner, spec.id, job.name, job.n, chunk, work)
+        row = self.store.create(owner, spec.id, job.name, job.n, chunk, work, operation)
         self._wake.set()
         self._gauges()
         return row
@@ -234,7 +224,7 @@ class JobRunner:
         if finished and self._current is not None:
             job_id, entry = self._current
             if job_id == row.id:
-                self.pool.cancel(entry)
+                capability.cancel(self.pool, entry)
         self._gauges()
         return self.shown(self.store.get(row.id) or row)
 
@@ -242,7 +232,7 @@ class JobRunner:
         """A finished job and its result, gone (a cancelled job's last chunk, if it still
         computes, is stopped: nothing is written after)."""
         if self._current is not None and self._current[0] == row.id:
-            self.pool.cancel(self._current[1])
+            capability.cancel(self.pool, self._current[1])
         self._cancelling.discard(row.id)
         self.store.delete(row.id)
         self._gauges()
@@ -377,7 +367,7 @@ class JobRunner:
             )
             started = time.perf_counter()
             try:
-                entry = self.pool.submit(job)
+                entry = capability.queue(self.pool, job)
             except NotReady:
                 if time.monotonic() > waited_until and not self.pool.draining:
                     raise
@@ -421,35 +411,20 @@ class JobRunner:
 
     # -- results ---------------------------------------------------------------------------
     def result(self, row: JobRow) -> dict[str, Any]:
-        """The whole job as its route answers (chunks joined): an attribution job's as the
-        attributions route, other work's by its capability's answer (``ANSWERS``)."""
+        """The whole job as its route answers (``Capability.result``: the route's own answer
+        of the chunks joined into one reply), with its ``job_id``."""
+        operation = row.operation or LEGACY.get(row.method, "attributions")
+        capability = self.capabilities.get(operation)
         spec = self.specs.get(row.model_id)
-        model = (row.model_id, spec.version if spec else "")
-        answer = ANSWERS.get(row.method)
-        if answer is not None and not answer.chunks:
-            return {"job_id": row.id, **answer.build(Finished(row, model, Reply(job_id=0), {}, {}))}
-        chunks = self.store.read_chunks(row.id)
+        if capability is None or spec is None:
+            raise JobUnreadable(
+                f"the job's {operation} result cannot be answered: model {row.model_id!r} or "
+                "its operation is no longer served"
+            )
+        work, _ = loads(self.store.work(row.id))
+        chunks = self.store.read_chunks(row.id) if capability.chunked_result else []
         metas = [json.loads(str(c["meta"])) for c in chunks]
-        first = metas[0] if metas else {}
-        n_attr = sum(1 for k in chunks[0] if k.startswith("attributions_")) if chunks else 0
-
-        def joined(key: str) -> np.ndarray | None:
-            return concat([c[key] for c in chunks]) if chunks and key in chunks[0] else None
-
-        whole = Reply(
-            job_id=0,
-            attributions=[concat([c[f"attributions_{i}"] for c in chunks]) for i in range(n_attr)],
-            as_tuple=bool(first.get("as_tuple")),
-            layers=first.get("layers"),
-            delta=joined("convergence_delta"),
-            outputs=joined("outputs"),
-            target=[t for m in metas for t in (m.get("target") or [])] or None,
-            tokens=[t for m in metas for t in (m.get("tokens") or [])] or None,
-            params=first.get("params", {}),
-            predictions=joined("predictions"),
-            study=studies(metas),
-            fidelity=worst([m.get("fidelity") for m in metas]),
-        )
+        whole = joined_reply(chunks, metas)
         started = row.started_at if row.started_at is not None else row.created_at
         finished = row.finished_at if row.finished_at is not None else started
         timing_ms = {  # queued until its first chunk ran; in all until its last was written
@@ -457,12 +432,9 @@ class JobRunner:
             "compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3),
             "total": round((finished - row.created_at) * 1e3, 3),
         }
-        if answer is not None:
-            return {"job_id": row.id, **answer.build(Finished(row, model, whole, first, timing_ms))}
-        ran = Ran(row.method, first.get("requested"), first.get("attributed_layer"))
-        body = {"job_id": row.id, **envelope(model, ran, whole, "json", timing_ms)}
-        del body["merged_requests"]  # chunks run alone
-        return body
+        options = row.options if row.options is not None else capability.legacy_options(work)
+        body = capability.result(spec, work, whole, options, timing_ms)
+        return {"job_id": row.id, **body}
 
 
 def _examples_in(target_s: float, per_example_s: float, cap: int) -> int:

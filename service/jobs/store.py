@@ -45,7 +45,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     started_at REAL,
     finished_at REAL,
     error TEXT,
-    bytes INTEGER NOT NULL DEFAULT 0
+    bytes INTEGER NOT NULL DEFAULT 0,
+    operation TEXT NOT NULL DEFAULT '',
+    options TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, created_at);
@@ -67,11 +69,16 @@ class JobRow:
     finished_at: float | None
     error: dict[str, Any] | None
     bytes: int
+    #: the route it answers as ("attributions", "tcav", ...; CONTRACT 9.2)
+    operation: str = "attributions"
+    #: what its answer needs of the request beyond the work (``Capability.options``)
+    options: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "model_id": self.model_id,
+            "operation": self.operation,
             "method": self.method,
             "status": self.status,
             "progress": {"done": self.done, "total": self.total},
@@ -135,6 +142,15 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """A database of an older version gains the columns it lacks (its jobs are
+        attribution jobs, or known by their work: ``JobRunner.result``)."""
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        for column, decl in (("operation", "TEXT NOT NULL DEFAULT ''"), ("options", "TEXT")):
+            if column not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
         with self._lock:
@@ -150,6 +166,7 @@ class JobStore:
         for r in rows:
             d = dict(zip(names, r, strict=True))
             d["error"] = json.loads(d["error"]) if d["error"] else None
+            d["options"] = json.loads(d["options"]) if d["options"] else None
             out.append(JobRow(**d))
         return out
 
@@ -158,7 +175,15 @@ class JobStore:
             return self._db.execute(sql, args).rowcount
 
     def create(
-        self, owner: str, model_id: str, method: str, total: int, chunk: int, work: bytes
+        self,
+        owner: str,
+        model_id: str,
+        method: str,
+        total: int,
+        chunk: int,
+        work: bytes,
+        operation: str = "attributions",
+        options: dict[str, Any] | None = None,
     ) -> JobRow:
         job_id = uuid.uuid4().hex
         path = self.dir(job_id) / "work.npz"
@@ -167,8 +192,20 @@ class JobStore:
                 atomic_write(path, work)
             self._exec(
                 "INSERT INTO jobs (id, owner, model_id, method, status, total, chunk, "
-                "created_at, bytes) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-                (job_id, owner, model_id, method, total, chunk, time.time(), disk_bytes(path)),
+                "created_at, bytes, operation, options) "
+                "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    owner,
+                    model_id,
+                    method,
+                    total,
+                    chunk,
+                    time.time(),
+                    disk_bytes(path),
+                    operation,
+                    json.dumps(options) if options is not None else None,
+                ),
             )
         except StorageFull:  # nothing half-made is left behind
             shutil.rmtree(self.dir(job_id), ignore_errors=True)

@@ -52,6 +52,8 @@ class Catalogue:
     no_predictions: str | None = None
     #: whether attribution jobs take it (its work cut into chunks of examples)
     jobs: bool = True
+    #: whether its answers stream token by token (``Accept: text/event-stream``)
+    streams: bool = False
 
     @property
     def predicts(self) -> bool:
@@ -114,15 +116,16 @@ class ModelKind(ABC):
     def response(
         self,
         spec: ModelSpec,
-        req: AttributionRequest,
         job: Work,
         reply: Reply,
         timing: dict[str, float],
+        encoding: str = "json",
+        requested: str | None = None,
     ) -> dict[str, Any]:
-        """The attributions response body."""
+        """The attributions response body; ``requested``: the method the request named."""
         if not isinstance(job, Attribution):
             raise TypeError(f"{self.name} answers attributions, not {type(job).__name__}")
-        return envelope((spec.id, spec.version), Ran.of(job), reply, req.output_encoding, timing)
+        return envelope((spec.id, spec.version), Ran.of(job), reply, encoding, timing)
 
     def drawn(self, reply: Reply) -> Reply:
         """What the pictures draw of a reply (its attributions, tokens and target)."""

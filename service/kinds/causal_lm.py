@@ -415,6 +415,7 @@ class CausalLMKind(ModelKind):
             'attributions with "inputs": {"prompt": "...", "features": [...]} and the answer '
             'as "target" (predictions and tensor inputs are for the other models)',
             jobs=False,  # one prompt per request: nothing to cut into chunks of examples
+            streams=True,
         )
 
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:
@@ -447,13 +448,15 @@ class CausalLMKind(ModelKind):
     def response(
         self,
         spec: ModelSpec,
-        req: AttributionRequest,
         job: Work,
         reply: Reply,
         timing: dict[str, float],
+        encoding: str = "json",
+        requested: str | None = None,
     ) -> dict[str, Any]:
         g = reply.generation or {}
-        method = reply.params.get("method", req.method)
+        requested = requested or str(getattr(job, "method", ""))
+        method = reply.params.get("method", requested)
         shown = Reply(
             job_id=reply.job_id,
             attributions=[np.asarray([g.get("seq_attr", [])], dtype=np.float64)],
@@ -462,7 +465,7 @@ class CausalLMKind(ModelKind):
             params={k: v for k, v in reply.params.items() if k != "method"},
             fidelity=reply.fidelity,
         )
-        body = envelope((spec.id, spec.version), Ran(method, req.method), shown, "json", timing)
+        body = envelope((spec.id, spec.version), Ran(method, requested), shown, "json", timing)
         body["attributions"] = [g.get("seq_attr", [])]
         if body["outputs"] is not None:
             body["outputs"] = [float(x) for x in np.asarray(body["outputs"]).reshape(-1)]

@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
-import time
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,20 +27,23 @@ from methods.robustness.minimal import check_params as check_search
 from model_registry.spec import ModelSpec
 from service import kinds
 from service.core.errors import InvalidRequest, LimitExceeded, UnsupportedMethod
-from service.core.offload import offload as in_thread
 from service.core.settings import Settings
-from service.core.work import Reply, new_id
-from service.jobs.results import Finished, answers
-from service.kinds.base import timing
-from service.pool.pool import WorkerPool
-from service.robustness.protocol import AttackRequest, CounterfactualRequest, PerturbationRender
+from service.core.work import Reply, Work, new_id
+from service.robustness.protocol import (
+    AttackRequest,
+    AttackResponse,
+    CounterfactualRequest,
+    CounterfactualResponse,
+    PerturbationRender,
+)
 from service.robustness.work import Attack, Counterfactual, Perturbation
 from service.serving import pictures, render
-from service.serving.run import budget_ms, run
+from service.serving.capability import Capability, Done
 from service.wire import codec, targets
 from service.wire.engine_errors import from_engine
 
 Request = AttackRequest | CounterfactualRequest
+R = TypeVar("R", AttackRequest, CounterfactualRequest)
 #: params that are tensors (one per input, like baselines)
 TENSORS = ("mask", "feature_mask", "baselines")
 #: where the engine's arguments are in the body
@@ -278,35 +279,75 @@ def envelope(
     }
 
 
-@answers(Attack.label, Counterfactual.label)
-def job_answer(done: Finished) -> dict[str, Any]:
-    """An attack or counterfactual job's result: as the route answers (``envelope``)."""
-    name = str(done.meta.get("name"))
-    return envelope(done.model, done.row.method, name, done.reply, "json", done.timing_ms)
+class _Perturbations(Capability[R]):
+    """What attacks and counterfactuals share: the work (``build_job``), the answer
+    (``envelope``), pictures of the perturbation."""
+
+    def build(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        req: R,
+        deadline: float,
+        request_id: str,
+        prepared: Any,
+    ) -> Work:
+        return build_job(settings, spec, req, deadline)
+
+    def options(self, req: R, work: Work) -> dict[str, Any]:
+        return {"encoding": req.output_encoding}
+
+    def answer(self, done: Done) -> dict[str, Any]:
+        work = done.work
+        if not isinstance(work, Perturbation):
+            raise TypeError(f"{self.operation} answers perturbations, not {type(work).__name__}")
+        encoding = "json" if done.job else done.options.get("encoding", "json")
+        name = str(work.study.get("name"))
+        return envelope(done.model, work.label, name, done.reply, encoding, done.timing_ms)
+
+    async def finish(self, req: R, done: Done, body: dict[str, Any]) -> dict[str, Any]:
+        if req.render is not None:
+            title = f"{done.spec.id} · {_name(req)}"
+            work = done.work
+            if not isinstance(work, Perturbation):
+                raise TypeError(f"{self.operation} draws perturbations")
+            body["renders"] = await asyncio.to_thread(
+                draw, req.render, done.spec, work, done.reply, title
+            )
+        return body
 
 
-async def perturb(
-    settings: Settings,
-    pool: WorkerPool,
-    spec: ModelSpec,
-    req: Request,
-    deadline_ms: float | None,
-    started: float,
-) -> dict[str, Any]:
-    """Validate, queue, wait, answer (pictures drawn off the event loop)."""
-    budget = budget_ms(settings, deadline_ms, req.deadline_ms)
-    job = await in_thread(partial(build_job, settings, spec, req, time.time() + budget / 1e3))
-    reply, queue_ms = await run(pool, job, budget, started, None)
-    body = envelope(
-        (spec.id, spec.version),
-        job.label,
-        _name(req),
-        reply,
-        req.output_encoding,
-        timing(queue_ms, reply.compute_ms, started),
+class Attacks(_Perturbations[AttackRequest]):
+    """``POST /v1/models/{model_id}/attacks``: FGSM or PGD on a batch."""
+
+    operation = "attacks"
+    stem = "attack"
+    request = AttackRequest
+    response = AttackResponse
+    job_operation_id = "submitAttackJob"
+    job_summary = (
+        "Queue an attack on many examples as a job (checked now, run in chunks, persisted; "
+        "``GET /v1/jobs/{job_id}/result`` answers as the attacks route does)."
     )
-    if req.render is not None:
-        title = f"{spec.id} · {_name(req)}"
-        body["renders"] = await asyncio.to_thread(draw, req.render, spec, job, reply, title)
-        body["timing_ms"] = timing(queue_ms, reply.compute_ms, started)
-    return body
+
+    def method(self, req: AttackRequest) -> str:
+        return req.method
+
+
+class Counterfactuals(_Perturbations[CounterfactualRequest]):
+    """``POST /v1/models/{model_id}/counterfactuals``: the least perturbation that changes
+    the model's answer, per example."""
+
+    operation = "counterfactuals"
+    stem = "counterfactual"
+    request = CounterfactualRequest
+    response = CounterfactualResponse
+    job_operation_id = "submitCounterfactualJob"
+    job_summary = "Queue a counterfactual search on many examples as a job (as attack-jobs)."
+
+    def method(self, req: CounterfactualRequest) -> str:
+        return req.perturbation
+
+
+ATTACKS = Attacks()
+COUNTERFACTUALS = Counterfactuals()
