@@ -379,7 +379,7 @@ def test_concurrent_requests_merge_and_match_one_by_one(server: Server) -> None:
     )
     assert (
         'attrserve_requests_total{method="integrated_gradients",model="tabular-mlp",'
-        'status="200"}' in text
+        'operation="attributions",status="200"}' in text
     )
     assert "attrserve_request_latency_seconds_bucket" in text and "attrserve_queue_depth" in text
 
