@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from model_registry.spec import ModelSpec
+from model_registry.tasks import task_of
 from service import kinds
 from service.core.errors import (
     UnsupportedMethod,
@@ -77,7 +78,7 @@ async def attribute(
     if predictions and isinstance(job, Attribution):
         job.predictions = True
     advice = ""
-    if kind.catalogue(spec).jobs:
+    if task_of(spec).jobs:
         advice = (
             f"Ask a longer deadline (up to {settings.max_deadline_ms:g} ms), or submit the same "
             f"body as a job, which has none: POST /v1/models/{spec.id}/attribution-jobs "

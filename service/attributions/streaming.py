@@ -19,6 +19,7 @@ import orjson
 from starlette.responses import StreamingResponse
 
 from model_registry.spec import ModelSpec
+from model_registry.tasks import task_of
 from service import kinds
 from service.attributions.serving import build_job
 from service.core.errors import DeadlineExceeded, InvalidRequest, RequestCancelled, ServiceError
@@ -30,8 +31,6 @@ from service.serving.run import budget_ms
 from service.wire.attributions import AttributionRequest
 
 MEDIA_TYPE = "text/event-stream"
-#: the kinds that write answers token by token
-STREAMED = ("causal_lm", "seq2seq_lm")
 
 
 def wanted(accept: str | None) -> bool:
@@ -55,8 +54,8 @@ async def stream(
     path: str,
 ) -> StreamingResponse:
     """Queue the work with its events routed here, and stream them."""
-    name = kinds.name_of(spec)
-    if name not in STREAMED:
+    name = task_of(spec).family
+    if not task_of(spec).streams:
         raise InvalidRequest(
             f"model {spec.id!r} ({name}) answers in one piece; an event stream (Accept: "
             "text/event-stream) is for generative language models (kinds causal_lm, seq2seq_lm)",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from model_registry.spec import ModelSpec
-from service import kinds
+from model_registry.tasks import task_of
 from service.attributions.serving import build_job
 from service.core.errors import (
     InvalidRequest,
@@ -170,9 +170,9 @@ class JobRunner:
 
     def _admit(self, spec: ModelSpec) -> None:
         """The model takes jobs, and the queue has room."""
-        if not kinds.of(spec).catalogue(spec).jobs:
+        if not task_of(spec).jobs:
             raise UnsupportedMethod(
-                f"model {spec.id!r} is a {kinds.name_of(spec)} model: attribution jobs run "
+                f"model {spec.id!r} is a {task_of(spec).family} model: attribution jobs run "
                 f"tensor models; send its requests to POST /v1/models/{spec.id}/attributions",
                 loc=("path", "model_id"),
             )
