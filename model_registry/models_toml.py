@@ -18,7 +18,7 @@ batch and must be free. ``output_shape`` is per example (no batch dim) and defau
 
 This module reads the file and the ``[[models]]`` array and checks the keys of each table;
 the table's source (``sources.SOURCES``) builds its spec, reading the keys through a
-``table.Table``, with the model kind's keys read by ``model_kinds``.
+``table.Table``, with the keys of the model's task read by its ``tasks.Task``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from typing import Any
 from model_registry import influence
 from model_registry.errors import RegistryError
 from model_registry.sources import SOURCES, parse_source
-from model_registry.spec import TENSOR_KINDS, ModelSpec
+from model_registry.spec import ModelSpec
 from model_registry.table import ID, Table, describe_value
+from model_registry.tasks import INFLUENCE, task_of
 
 #: keys every model may give (sources add their own: ``ModelSource.own_keys``)
 MODEL_KEYS = (
@@ -160,6 +161,7 @@ def parse_model(data: object, file: str, index: int, base_dir: str | None) -> Mo
     found_influence = influence.parse(table)
     if found_influence is None:
         return spec
-    if spec.kind not in TENSOR_KINDS:
-        table.fail("influence", f"influence is served for models of tensors, not {spec.kind}")
+    task = task_of(spec)
+    if not task.supports(INFLUENCE):
+        table.fail("influence", f"influence is served for models of tensors, not {task.name}")
     return dataclasses.replace(spec, influence=found_influence)

@@ -30,11 +30,6 @@ def resolve_path(path: str, base_dir: str | None) -> Path:
     return p if p.is_absolute() or base_dir is None else Path(base_dir) / p
 
 
-#: the kinds of model that take tensors and give one tensor: a plain one, and the Hugging Face
-#: classifiers by their task (CONTRACT 7.5), served alike
-TENSOR_KINDS = ("tensor", "text_classification", "token_classification", "image_classification")
-
-
 @dataclass(frozen=True)
 class InputSpec:
     """One model input: its name, dtype and shape (None marks a free dim; dim 0 is the batch)."""
@@ -115,16 +110,18 @@ class ModelSpec:
     #: the models.toml that declared the model; None: the current directory). ``python:``
     #: sources may also import modules that sit there.
     base_dir: str | None = None
-    #: models.toml ``explain``; None: the built-in default for the model's kind
+    #: models.toml ``explain``; None: the built-in default for the model's task
     explain: ExplainSpec | None = None
     #: models.toml ``defaults``: per method (as requests name it), the params a request of
     #: that method leaves out take these values (e.g. ``n_steps = "auto"``)
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
-    #: "tensor" (tensors in, one tensor out; the Hugging Face classifiers name their task:
-    #: ``TENSOR_KINDS``), "causal_lm" (a generative language model with its tokenizer:
-    #: attributions of an answer to the prompt, ``methods.attribute_generation``) or
-    #: "seq2seq_lm" (an encoder-decoder: the same, the prompt its source)
-    kind: str = "tensor"
+    #: what the model does, as models.toml's ``kind`` names it (a key of
+    #: ``model_registry.tasks.TASKS``): "tensor" (tensors in, one tensor out; the Hugging Face
+    #: classifiers name their task, served alike), "causal_lm" (a generative language model
+    #: with its tokenizer: attributions of an answer to the prompt,
+    #: ``methods.attribute_generation``) or "seq2seq_lm" (an encoder-decoder: the same, the
+    #: prompt its source); ``tasks.task_of(spec)`` is its record
+    task: str = "tensor"
     #: models.toml ``compile``: hook-free methods run on ``torch.compile(model, dynamic=True,
     #: mode=compile_mode)``, warmed up at load (eager on failure, with the reason reported)
     compile: bool = False

@@ -36,7 +36,7 @@ class Builtin:
     layers: tuple[str, ...]
     embedding_layer: str | None = None
     tokenizer: Callable[[], Any] | None = None
-    kind: str = "tensor"
+    task: str = "tensor"
     #: its ``[models.influence]``: the shipped training data and checkpoints
     influence: InfluenceSpec | None = None
     #: TCAV demo concept sets, stored for the model when a server starts: their names, and
@@ -45,7 +45,7 @@ class Builtin:
 
     def spec(self) -> ModelSpec:
         output = OutputSpec(shape=(len(self.labels),), labels=self.labels)
-        if self.kind == "causal_lm":  # next-token logits per position
+        if self.task == "causal_lm":  # next-token logits per position
             output = OutputSpec(shape=(None, len(lm.VOCAB)))
         return ModelSpec(
             id=self.name,
@@ -58,7 +58,7 @@ class Builtin:
             output=output,
             layers=self.layers,
             embedding_layer=self.embedding_layer,
-            kind=self.kind,
+            task=self.task,
             influence=self.influence,
         )
 
@@ -126,7 +126,7 @@ BUILTINS: dict[str, Builtin] = {
             layers=("embed", "blocks.0", "blocks.1"),
             embedding_layer=lm.EMBEDDING_LAYER,
             tokenizer=lm.TinyTokenizer,
-            kind="causal_lm",
+            task="causal_lm",
         ),
     )
 }

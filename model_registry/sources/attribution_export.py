@@ -55,7 +55,7 @@ class AttributionExportSource(FileSource):
 
     def spec(self, table: Table, source: Source) -> ModelSpec:
         self.validate(table, source)
-        self.kind(table, source)
+        self.task(table, source)
         table.refuse(self.refused)
         try:
             desc = read_description(source.path(table.base_dir))

@@ -1,8 +1,8 @@
 """A model source: what one ``source = "NAME:TARGET"`` prefix decides, and the table of them.
 
 When models.toml is read, a source checks its target (its syntax, and that what it names is
-there), refuses the keys that make no sense for it, says which kind of model it serves and
-builds the spec; at load, it builds the model, which the model kind then finishes. ``@register``
+there), refuses the keys that make no sense for it, says which task its model does and
+builds the spec; at load, it builds the model, which the model's task then finishes. ``@register``
 puts one instance of each in ``SOURCES``; the parser and the loader look a source up there
 once, by the prefix, and never compare source names themselves.
 """
@@ -18,9 +18,10 @@ from typing import ClassVar, TypeVar
 import torch
 
 from model_registry.errors import RegistryError
-from model_registry.model_kinds import MODEL_KINDS, Built, model_kind
 from model_registry.spec import LoadedModel, ModelSpec, resolve_path
 from model_registry.table import Table
+from model_registry.task_loaders import Built
+from model_registry.tasks import TASKS, task_of
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ class ModelSource:
     name: ClassVar[str]
     #: the whole form, as error messages list it ("torchscript:PATH")
     syntax: ClassVar[str]
-    #: the model kinds it can serve (``MODEL_KINDS`` keys); the first is the default
-    kinds: ClassVar[tuple[str, ...]] = ("tensor",)
+    #: the model tasks it can serve (``TASKS`` keys); the first is the default
+    tasks: ClassVar[tuple[str, ...]] = ("tensor",)
     #: models.toml keys that only this source takes (beyond every model's keys)
     own_keys: ClassVar[tuple[str, ...]] = ()
     #: models.toml keys this source refuses, each with the message saying why
@@ -69,29 +70,29 @@ class ModelSource:
     def validate(self, table: Table, source: Source) -> None:
         """Check what the target names (a file or directory that must be there)."""
 
-    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
-        """A spec filling in what models.toml does not give for a model of ``kind``; None:
+    def defaults(self, table: Table, source: Source, task: str) -> ModelSpec | None:
+        """A spec filling in what models.toml does not give for a model of ``task``; None:
         nothing to fill in."""
         return None
 
-    def kind(self, table: Table, source: Source) -> str:
-        """The model kind: models.toml's ``kind``, else the source's first."""
-        kind = table.choice("kind", tuple(MODEL_KINDS), self.kinds[0])
-        if kind not in self.kinds:
-            table.fail("source", self.not_serving(kind))
-        return kind
+    def task(self, table: Table, source: Source) -> str:
+        """The model's task: models.toml's ``kind``, else the source's first."""
+        task = table.choice("kind", tuple(TASKS), self.tasks[0])
+        if task not in self.tasks:
+            table.fail("source", self.not_serving(task))
+        return task
 
     def spec(self, table: Table, source: Source) -> ModelSpec:
         """The spec of a models.toml table naming this source."""
         self.validate(table, source)
         table.refuse(self.refused)
-        kind = self.kind(table, source)
-        return MODEL_KINDS[kind].spec(table, self.defaults(table, source, kind))
+        task = self.task(table, source)
+        return TASKS[task].read(table, self.defaults(table, source, task))
 
-    def not_serving(self, kind: str) -> str:
-        serving = [s.syntax for s in SOURCES.values() if kind in s.kinds]
+    def not_serving(self, task: str) -> str:
+        serving = [s.syntax for s in SOURCES.values() if task in s.tasks]
         where = one_of(serving) if serving else "no source"
-        return f"a {kind} model cannot come from a {self.name}: source; it comes from {where}"
+        return f"a {task} model cannot come from a {self.name}: source; it comes from {where}"
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -102,15 +103,15 @@ class ModelSource:
         return ()
 
     def build(self, spec: ModelSpec, source: Source, device: torch.device) -> Built:
-        """The model (and its tokenizer), before its kind places it on the device."""
+        """The model (and its tokenizer), before its task places it on the device."""
         raise NotImplementedError(f"{self.name}: sources build no module; they override load")
 
     def load(self, spec: ModelSpec, source: Source, device: torch.device) -> LoadedModel:
-        """``spec``'s model built, on its device and checked, as its kind finishes it."""
-        kind = model_kind(spec)
-        if spec.kind not in self.kinds:  # models_toml refuses these; a hand-built spec may not
-            raise RegistryError(self.not_serving(spec.kind), model=spec.id, field="source")
-        loaded = kind.finish(spec, self.build(spec, source, device), device)
+        """``spec``'s model built, on its device and checked, as its task finishes it."""
+        task = task_of(spec)
+        if spec.task not in self.tasks:  # models_toml refuses these; a hand-built spec may not
+            raise RegistryError(self.not_serving(spec.task), model=spec.id, field="source")
+        loaded = task.finish(spec, self.build(spec, source, device), device)
         loaded.extra["source_kind"] = self.name
         return loaded
 

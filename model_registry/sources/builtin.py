@@ -9,17 +9,18 @@ import torch
 from model_registry import builtin
 from model_registry.checks import existing_file
 from model_registry.errors import RegistryError
-from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.sources.base import ModelSource, Source, register
 from model_registry.spec import ModelSpec, resolve_path
 from model_registry.table import Table
+from model_registry.task_loaders import Built
+from model_registry.tasks import TASKS
 
 
 @register
 class BuiltinSource(ModelSource):
     name = "builtin"
     syntax = "builtin:NAME"
-    kinds = tuple(dict.fromkeys(b.kind for b in builtin.BUILTINS.values()))
+    tasks = tuple(dict.fromkeys(b.task for b in builtin.BUILTINS.values()))
 
     def check_target(self, target: str) -> None:
         if target not in builtin.BUILTINS:
@@ -28,13 +29,13 @@ class BuiltinSource(ModelSource):
                 f"{[f'builtin:{n}' for n in builtin.BUILTINS]}"
             )
 
-    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec:
+    def defaults(self, table: Table, source: Source, task: str) -> ModelSpec:
         return builtin.BUILTINS[source.target].spec()
 
-    def kind(self, table: Table, source: Source) -> str:
-        """A built-in's own kind; models.toml may only repeat it."""
-        own = builtin.BUILTINS[source.target].kind
-        if table.choice("kind", tuple(MODEL_KINDS), own) != own:
+    def task(self, table: Table, source: Source) -> str:
+        """A built-in's own task; models.toml's ``kind`` may only repeat it."""
+        own = builtin.BUILTINS[source.target].task
+        if table.choice("kind", tuple(TASKS), own) != own:
             table.fail("kind", f"builtin:{source.target} is of kind {own!r}")
         return own
 

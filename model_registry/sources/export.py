@@ -12,9 +12,9 @@ import torch
 
 from model_registry.checks import existing_file
 from model_registry.errors import RegistryError
-from model_registry.model_kinds import Built
 from model_registry.sources.base import FileSource, Source, register
 from model_registry.spec import ModelSpec
+from model_registry.task_loaders import Built
 
 
 @register

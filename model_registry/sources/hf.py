@@ -2,10 +2,10 @@
 tokenizer files), loaded with ``transformers`` (the ``attrserve[hf]`` extra), never from the
 network.
 
-The model kind comes from the config's ``architectures``, read as plain JSON when models.toml
+The model's task comes from the config's ``architectures``, read as plain JSON when models.toml
 is read (no transformers needed for that): each architecture's class name is matched by its
-ending in ``ARCHITECTURES``, and the kind's ``transformers`` Auto class loads it. A new kind of
-Hugging Face model is an entry in each of the two tables (and the kind in ``model_kinds``)."""
+ending in ``ARCHITECTURES``, and the task's ``transformers`` Auto class loads it. A new task of
+Hugging Face model is an entry in each of the two tables (and the task in ``tasks``)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ import torch
 
 from model_registry import hf_config, hf_image, hf_text
 from model_registry.errors import RegistryError
-from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.sources.base import ModelSource, Source, register
-from model_registry.spec import TENSOR_KINDS, InputSpec, ModelSpec, OutputSpec
+from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 from model_registry.table import Table
+from model_registry.task_loaders import Built, read_tensor
+from model_registry.tasks import TASKS
 
-#: how an architecture's class name ends → the model kind it is served as
+#: how an architecture's class name ends → the model task it is served as
 ARCHITECTURES: Mapping[str, str] = MappingProxyType(
     {
         "ForCausalLM": "causal_lm",
@@ -39,7 +40,7 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
         "ForImageClassification": "image_classification",
     }
 )
-#: the ``transformers`` Auto class that loads each kind
+#: the ``transformers`` Auto class that loads each task
 AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
     {
         "causal_lm": "AutoModelForCausalLM",
@@ -51,9 +52,15 @@ AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
 )
 
 
-def architecture_kind(name: str) -> str | None:
-    """The kind an architecture's class name is served as; None: not served."""
-    return next((kind for end, kind in ARCHITECTURES.items() if name.endswith(end)), None)
+def architecture_task(name: str) -> str | None:
+    """The task an architecture's class name is served as; None: not served."""
+    return next((task for end, task in ARCHITECTURES.items() if name.endswith(end)), None)
+
+
+def classifier(task: str) -> bool:
+    """Whether ``task`` is a classifier's: a tensor model of token ids or pixel_values, read
+    as one (so models.toml's ``kind = "tensor"`` may name it)."""
+    return TASKS[task].read is read_tensor
 
 
 def architectures(directory: Path) -> list[str]:
@@ -77,9 +84,9 @@ def architectures(directory: Path) -> list[str]:
 def served() -> str:
     """The architectures hf: sources serve, as error messages list them."""
     ends: dict[str, list[str]] = {}
-    for end, kind in ARCHITECTURES.items():
-        ends.setdefault(kind, []).append(f"*{end}")
-    return "; ".join(f"{', '.join(names)} (kind {kind!r})" for kind, names in ends.items())
+    for end, task in ARCHITECTURES.items():
+        ends.setdefault(task, []).append(f"*{end}")
+    return "; ".join(f"{', '.join(names)} (kind {task!r})" for task, names in ends.items())
 
 
 @register
@@ -87,7 +94,7 @@ class HFSource(ModelSource):
     path_target = True
     name = "hf"
     syntax = "hf:DIRECTORY"
-    kinds = tuple(AUTO_CLASSES)
+    tasks = tuple(AUTO_CLASSES)
     refused = MappingProxyType(
         {"weights": "hf: directories carry their own weights; remove 'weights'"}
     )
@@ -100,36 +107,36 @@ class HFSource(ModelSource):
                 "takes a local Hugging Face model directory (config, weights, tokenizer files)",
             )
 
-    def kind(self, table: Table, source: Source) -> str:
-        """The kind the config's architectures give; models.toml's ``kind`` may repeat it."""
+    def task(self, table: Table, source: Source) -> str:
+        """The task the config's architectures give; models.toml's ``kind`` may repeat it."""
         try:
             names = architectures(source.path(table.base_dir))
         except ValueError as e:
             table.fail("source", str(e))
-        kinds = list(dict.fromkeys(k for k in map(architecture_kind, names) if k is not None))
+        tasks = list(dict.fromkeys(t for t in map(architecture_task, names) if t is not None))
         if "kind" in table:
-            kind = table.choice("kind", tuple(MODEL_KINDS), "")
-            if kind == "tensor" and len(kinds) == 1 and kinds[0] in TENSOR_KINDS:
-                return kinds[0]  # a classifier is a tensor model: its task is its kind
-            if kind not in self.kinds or (names and kind not in kinds):
+            task = table.choice("kind", tuple(TASKS), "")
+            if task == "tensor" and len(tasks) == 1 and classifier(tasks[0]):
+                return tasks[0]  # a classifier is a tensor model: its task is its kind
+            if task not in self.tasks or (names and task not in tasks):
                 what = (
-                    f"its architectures {names} are served as {kinds}"
-                    if kinds
+                    f"its architectures {names} are served as {tasks}"
+                    if tasks
                     else f"none of its architectures {names} is served"
                 )
                 table.fail(
                     "kind",
-                    f"{kind!r} contradicts the directory's config.json: {what}; hf: sources "
+                    f"{task!r} contradicts the directory's config.json: {what}; hf: sources "
                     f"serve {served()}",
                 )
-            return kind
-        if len(kinds) == 1:
-            return kinds[0]
-        if kinds:
+            return task
+        if len(tasks) == 1:
+            return tasks[0]
+        if tasks:
             table.fail(
                 "source",
                 f"the directory's config.json names architectures {names} of the kinds "
-                f"{kinds}; choose one with kind = ...",
+                f"{tasks}; choose one with kind = ...",
             )
         found = f"the architectures {names}" if names else "no architectures"
         table.fail(
@@ -137,18 +144,18 @@ class HFSource(ModelSource):
             f"the directory's config.json names {found}; hf: sources serve {served()}",
         )
 
-    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
+    def defaults(self, table: Table, source: Source, task: str) -> ModelSpec | None:
         """A classifier's inputs, labels and layers come from the directory."""
-        return self._classifier(table, source, kind) if kind in TENSOR_KINDS else None
+        return self._classifier(table, source, task) if classifier(task) else None
 
-    def _classifier(self, table: Table, source: Source, kind: str) -> ModelSpec:
+    def _classifier(self, table: Table, source: Source, task: str) -> ModelSpec:
         directory = source.path(table.base_dir)
         for key in ("inputs", "labels", "output_shape"):
             if key in table:
                 table.fail(key, "a Hugging Face classifier declares its own; remove this")
         try:
             doc = hf_config.config(directory)
-            auto = AUTO_CLASSES[kind]
+            auto = AUTO_CLASSES[task]
             embedding, blocks = hf_config.layer_paths(directory, auto)
         except ImportError:
             table.fail("source", "hf: sources need transformers: pip install 'attrserve[hf]'")
@@ -167,7 +174,7 @@ class HFSource(ModelSource):
             "source": "",
             "device": "auto",
             "dtype": "float32",
-            "kind": kind,
+            "task": task,
             "description": f"{', '.join(doc.get('architectures', []))} from {source.target}",
         }
         if images is not None:  # pixel_values in, attributions on them
@@ -212,7 +219,7 @@ class HFSource(ModelSource):
                 model=spec.id,
                 field="source",
             ) from None
-        auto = getattr(transformers, AUTO_CLASSES[spec.kind])
+        auto = getattr(transformers, AUTO_CLASSES[spec.task])
         # a server's log is not a terminal: no progress bars of the weights loading
         transformers.utils.logging.disable_progress_bar()
         try:
@@ -228,14 +235,14 @@ class HFSource(ModelSource):
         except Exception as e:  # OSError, ValueError, KeyError for unknown architectures ...
             flat = " ".join(str(e).split())
             raise RegistryError(
-                f"{str(path)!r} is not a loadable Hugging Face {spec.kind} directory (config, "
+                f"{str(path)!r} is not a loadable Hugging Face {spec.task} directory (config, "
                 f"weights and {'image processor' if spec.images else 'tokenizer'} files): {flat}",
                 model=spec.id,
                 field="source",
             ) from e
         if spec.images is not None:
             return Built(hf_image.ImageClassifier(model))
-        if spec.kind in TENSOR_KINDS:
+        if classifier(spec.task):
             return _classifier(spec, model, tokenizer)
         return Built(model, tokenizer)
 

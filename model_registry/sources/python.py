@@ -19,9 +19,10 @@ from torch import nn
 
 from model_registry.checks import existing_file
 from model_registry.errors import RegistryError
-from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.sources.base import ModelSource, Source, register
 from model_registry.spec import ModelSpec, resolve_path
+from model_registry.task_loaders import Built
+from model_registry.tasks import TASKS
 
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _TARGET = re.compile(rf"^(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})$")
@@ -31,7 +32,7 @@ _TARGET = re.compile(rf"^(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})$")
 class PythonSource(ModelSource):
     name = "python"
     syntax = "python:package.module:factory"
-    kinds = tuple(MODEL_KINDS)
+    tasks = tuple(TASKS)
 
     def check_target(self, target: str) -> None:
         if not _TARGET.match(target):

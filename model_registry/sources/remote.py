@@ -39,7 +39,6 @@ from torch import nn
 from methods import cancel
 from methods.errors import AttributionError
 from model_registry.errors import RegistryError
-from model_registry.model_kinds import model_kind
 from model_registry.sources.base import ModelSource, Source, register
 from model_registry.sources.remote_payloads import (
     Words,
@@ -50,6 +49,7 @@ from model_registry.sources.remote_payloads import (
 from model_registry.sources.remote_spec import RemoteSpec, expand, remote_spec
 from model_registry.spec import InputSpec, LoadedModel, ModelSpec, OutputSpec
 from model_registry.table import Table
+from model_registry.tasks import task_of
 
 PROTOCOLS = ("kserve-v1", "oip-v2", "http")
 #: the OIP datatype of each input dtype
@@ -329,7 +329,7 @@ class RemoteModel(nn.Module):
 class RemoteSource(ModelSource):
     name = "remote"
     syntax = "remote:kserve-v1|oip-v2|http"
-    kinds = ("tensor", "text_classification")
+    tasks = ("tensor", "text_classification")
     hookable = False
     differentiable = False
     local = False
@@ -360,9 +360,9 @@ class RemoteSource(ModelSource):
         if target not in PROTOCOLS:
             raise ValueError(f"remote: takes one of {list(PROTOCOLS)}, got {target!r}")
 
-    def defaults(self, table: Table, source: Source, kind: str) -> ModelSpec | None:
+    def defaults(self, table: Table, source: Source, task: str) -> ModelSpec | None:
         """A predictor that takes text: its input is the request's words (``Words``)."""
-        if kind != "text_classification":
+        if task != "text_classification":
             return None
         if "inputs" in table:
             table.fail("inputs", "a predictor that takes text is sent texts; remove this")
@@ -375,7 +375,7 @@ class RemoteSource(ModelSource):
             dtype="float32",
             inputs=(InputSpec("text", "int64", (None, None)),),
             output=OutputSpec(shape=(None,)),
-            kind=kind,
+            task=task,
             texts_batch=True,  # each row is its own text: padding changes nothing
         )
 
@@ -395,7 +395,7 @@ class RemoteSource(ModelSource):
     def load(self, spec: ModelSpec, source: Source, device: torch.device) -> LoadedModel:
         """The remote model, not called at load: a predictor that is down makes requests
         fail with 502 (and its health show it), not the server's start."""
-        model_kind(spec)  # the kind must exist
+        task_of(spec)  # the task must exist
         remote = spec.remote
         if remote is None:
             raise RegistryError("a remote model needs its remote keys", model=spec.id)

@@ -12,10 +12,10 @@ import torch
 
 from model_registry.checks import existing_file
 from model_registry.errors import RegistryError
-from model_registry.model_kinds import Built
 from model_registry.sources.base import FileSource, Source, register
 from model_registry.spec import ModelSpec
 from model_registry.table import Table
+from model_registry.task_loaders import Built
 
 _NO_HOOKS = (
     "TorchScript models cannot run layer or neuron methods (they need forward hooks, which "

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from model_registry.spec import ModelSpec
+from model_registry.tasks import task_of
 from service import kinds
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
@@ -82,7 +83,7 @@ class Attributions(Capability[AttributionRequest]):
         return {"encoding": "json", "requested": getattr(work, "requested", None)}
 
     def advice(self, settings: Settings, spec: ModelSpec, work: Work) -> str:
-        if not kinds.of(spec).catalogue(spec).jobs:
+        if not task_of(spec).jobs:
             return ""
         return super().advice(settings, spec, work)
 
@@ -109,10 +110,9 @@ class Attributions(Capability[AttributionRequest]):
         return body
 
     def check_job(self, spec: ModelSpec, req: AttributionRequest) -> None:
-        kind = kinds.of(spec)
-        if not kind.catalogue(spec).jobs:
+        if not task_of(spec).jobs:
             raise UnsupportedMethod(
-                f"model {spec.id!r} is a {kinds.name_of(spec)} model: attribution jobs run "
+                f"model {spec.id!r} is a {task_of(spec).family} model: attribution jobs run "
                 f"tensor models; send its requests to POST /v1/models/{spec.id}/attributions",
                 loc=("path", "model_id"),
             )

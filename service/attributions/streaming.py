@@ -17,7 +17,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from service import kinds
+from model_registry.tasks import task_of
 from service.attributions.serving import ATTRIBUTIONS, build_job
 from service.core.errors import InvalidRequest
 from service.core.work import Generation, Reply
@@ -52,9 +52,9 @@ async def stream(
     """Queue the work with its events routed here, and stream them."""
     with ATTRIBUTIONS.observe(state, request.scope, model_id, req.method) as seen:
         spec = ATTRIBUTIONS.spec(state, model_id)
-        if not kinds.of(spec).catalogue(spec).streams:
+        if not task_of(spec).streams:
             raise InvalidRequest(
-                f"model {spec.id!r} ({kinds.name_of(spec)}) answers in one piece; an event "
+                f"model {spec.id!r} ({task_of(spec).family}) answers in one piece; an event "
                 "stream (Accept: text/event-stream) is for generative language models (kinds "
                 "causal_lm, seq2seq_lm)",
                 loc=("header", "accept"),

@@ -58,7 +58,7 @@ def model_info(spec: ModelSpec, loaded: dict[str, Any] | None, state: dict[str, 
         not_ready_reason=None if ready else state["reason"],
         predictor=predictor(spec, state.get("predictor")),
         remote=remote(spec, state.get("predictor")),
-        kind=spec.kind,
+        kind=spec.task,
         defaults={m: dict(p) for m, p in spec.defaults.items()},
     )
 

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import numpy as np
 
 from model_registry.spec import ModelSpec
-from service import kinds
+from model_registry.tasks import task_of
 from service.concepts.protocol import NAME_RULE, TCAVRequest, TCAVResponse, read_set, valid_name
 from service.concepts.work import ConceptQuery
 from service.core.errors import InvalidRequest, NotFound, ServiceError, UnsupportedMethod
@@ -168,9 +168,9 @@ def delete(settings: Settings, spec: ModelSpec, name: str) -> None:
 
 
 def _check_kind(spec: ModelSpec) -> None:
-    if kinds.name_of(spec) != "tensor":
+    if not task_of(spec).supports("tcav"):
         raise UnsupportedMethod(
-            f"model {spec.id!r} ({kinds.name_of(spec)}) has no layers to read concepts at; "
+            f"model {spec.id!r} ({task_of(spec).family}) has no layers to read concepts at; "
             "TCAV serves models of tensors, texts or images",
             loc=("path", "model_id"),
         )

@@ -10,7 +10,7 @@ from methods.errors import AttributionError
 from methods.generation import units as units_
 from methods.generation.context import check_template
 from model_registry.spec import ModelSpec
-from service import kinds
+from model_registry.tasks import task_of
 from service.contexts.protocol import ContextRequest, ContextResponse
 from service.contexts.work import WHERE, ContextQuery
 from service.core.errors import LimitExceeded, UnsupportedMethod
@@ -19,16 +19,13 @@ from service.core.work import Work, new_id
 from service.serving.capability import Capability, Done
 from service.wire.engine_errors import from_engine
 
-#: the kinds whose models answer a prompt with text
-GENERATIVE = ("causal_lm", "seq2seq_lm")
-
 
 def build(
     settings: Settings, spec: ModelSpec, req: ContextRequest, deadline: float, request_id: str
 ) -> ContextQuery:
     """Every check that needs no model: the request as work, or a 4xx ServiceError."""
-    kind = kinds.name_of(spec)
-    if kind not in GENERATIVE:
+    kind = task_of(spec).family
+    if not task_of(spec).supports(ContextAttributions.operation):
         raise UnsupportedMethod(
             f"model {spec.id!r} ({kind}) does not write answers; context attributions serve "
             "generative language models (kind causal_lm)",

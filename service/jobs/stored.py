@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from model_registry.spec import TENSOR_KINDS, ModelSpec
+from model_registry.spec import ModelSpec
+from model_registry.tasks import TASKS
 from service.core.work import WORK_TYPES, Work
 
 _ARRAY, _TUPLE, _DICT = "__array__", "__tuple__", "__dict__"
@@ -64,7 +65,7 @@ def fingerprint(spec: ModelSpec) -> str:
     inputs = [(i.name, i.dtype, list(i.shape)) for i in spec.inputs]
     # the kind as served: a Hugging Face classifier's task is a tensor model, as it was named
     # when jobs stored before the tasks were kinds were validated
-    kind = "tensor" if spec.kind in TENSOR_KINDS else spec.kind
+    kind = TASKS[spec.task].family
     return json.dumps([spec.version, kind, spec.exported is not None, inputs])
 
 

@@ -1,8 +1,11 @@
-"""Model kinds as plug-ins: each kind of model the service serves is one module implementing
-``ModelKind`` (``service.kinds.base``), registered here by name; ``of(spec)`` chooses it once
-from the model's spec. Adding a kind is one module and one line below.
+"""Model kinds as plug-ins: each family of model tasks the service serves is one module
+implementing ``ModelKind`` (``service.kinds.base``), registered here by the family's name;
+``of(spec)`` chooses it once, by the family the model's task names
+(``model_registry.tasks.Task.family``). A new task served by a family is one record in
+``model_registry.tasks``; a new family is one module and one line below.
 
-- ``tensor``: tensors (or raw texts through a tokenizer) in, one tensor out: every method;
+- ``tensor``: tensors (or raw texts through a tokenizer) in, one tensor out: every method
+  (tasks ``tensor`` and the Hugging Face classifiers');
 - ``exported``: a file computing one attribution (``attribution-export:``);
 - ``causal_lm``: a generative language model: the prompt's part in an answer;
 - ``seq2seq_lm``: an encoder-decoder (translation, summaries): the source's part in an answer.
@@ -12,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_registry.spec import TENSOR_KINDS, LoadedModel, ModelSpec
+from model_registry.spec import LoadedModel, ModelSpec
+from model_registry.tasks import task_of
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.work import Reply, Work
@@ -22,22 +26,15 @@ from service.kinds.causal_lm import CausalLMKind, Seq2SeqLMKind
 from service.kinds.exported import ExportedKind
 from service.kinds.tensor import TensorKind
 
+#: the plug-ins, by the family name the tasks give (``Task.family``)
 KINDS: dict[str, ModelKind] = {
     k.name: k for k in (TensorKind(), ExportedKind(), CausalLMKind(), Seq2SeqLMKind())
 }
 
 
-def name_of(spec: ModelSpec) -> str:
-    """The kind that serves ``spec``: what models.toml (or the source) says, a file of one
-    attribution being its own kind and the Hugging Face classifiers' tasks tensor models."""
-    if spec.exported is not None:
-        return "exported"
-    return "tensor" if spec.kind in TENSOR_KINDS else spec.kind
-
-
 def of(spec: ModelSpec) -> ModelKind:
-    """The kind that serves ``spec``."""
-    return KINDS[name_of(spec)]
+    """The kind that serves ``spec``: its task's family."""
+    return KINDS[task_of(spec).family]
 
 
 def with_defaults(spec: ModelSpec, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -66,4 +63,4 @@ def run(lm: LoadedModel, work: Work) -> Reply:
     return run_work(lm, work)
 
 
-__all__ = ["KINDS", "ModelKind", "check_defaults", "name_of", "of", "run", "with_defaults"]
+__all__ = ["KINDS", "ModelKind", "check_defaults", "of", "run", "with_defaults"]

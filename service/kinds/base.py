@@ -48,12 +48,9 @@ class Catalogue:
     #: pictures drawn per example
     pictures: int
     #: None where it gives predictions (``:predict``, OIP infer, ``:explain``'s, and so the
-    #: metrics, attacks and counterfactuals that need its own forward); else why not
+    #: metrics, attacks and counterfactuals that need its own forward); else why not (as its
+    #: task says: ``Task.predicts``; whether jobs take it is the task's too: ``Task.jobs``)
     no_predictions: str | None = None
-    #: whether attribution jobs take it (its work cut into chunks of examples)
-    jobs: bool = True
-    #: whether its answers stream token by token (``Accept: text/event-stream``)
-    streams: bool = False
 
     @property
     def predicts(self) -> bool:
@@ -69,7 +66,7 @@ def predicted_target(spec: ModelSpec) -> Any:
 class ModelKind(ABC):
     """The interface of a kind of model (one instance per kind, stateless): seven hooks."""
 
-    #: the kind's name: ``ModelSpec.kind`` / ``ModelInfo.kind``
+    #: the family's name, as the tasks it serves give it (``model_registry.tasks.Task.family``)
     name: ClassVar[str]
 
     @abstractmethod

@@ -414,8 +414,6 @@ class CausalLMKind(ModelKind):
             no_predictions=f"is a causal language model: POST /v1/models/{spec.id}/"
             'attributions with "inputs": {"prompt": "...", "features": [...]} and the answer '
             'as "target" (predictions and tensor inputs are for the other models)',
-            jobs=False,  # one prompt per request: nothing to cut into chunks of examples
-            streams=True,
         )
 
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:

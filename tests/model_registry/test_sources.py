@@ -19,10 +19,11 @@ import methods
 import model_registry
 from methods.export import save
 from model_registry import RegistryError
-from model_registry.model_kinds import MODEL_KINDS, Built
 from model_registry.models_toml import MODEL_KEYS
 from model_registry.sources import SOURCES, ModelSource, Source, base, hf, parse_source
 from model_registry.spec import ModelSpec
+from model_registry.task_loaders import Built
+from model_registry.tasks import TASKS
 from tests.methods.test_generation import gpt2, gpt2_tokenizer
 
 TENSOR = (
@@ -118,13 +119,13 @@ def test_each_source_is_found_read_and_loaded(
     assert found.name == name and type(found).__module__ == (
         f"model_registry.sources.{name.replace('-', '_')}"
     )  # one module per source, named for it
-    assert set(found.kinds) <= set(MODEL_KINDS) and found.kinds
+    assert set(found.tasks) <= set(TASKS) and found.tasks
     assert not set(found.own_keys) & set(MODEL_KEYS)
     assert set(found.refused) <= {*MODEL_KEYS, *found.own_keys}
     example, kind = EXAMPLES[name]
     spec = read(tmp_path, example(tmp_path))
     assert parse_source(spec.source) == Source(name, spec.source.partition(":")[2])
-    assert spec.kind == kind
+    assert spec.task == kind
     loaded = model_registry.load(spec)
     assert loaded.extra["source_kind"] == name and loaded.device == torch.device("cpu")
     assert not any(p.requires_grad for p in loaded.model.parameters())
@@ -189,13 +190,13 @@ def hf_dir(tmp: Path, config: dict[str, object] | None) -> str:
 )
 def test_hf_kind_comes_from_the_config(tmp_path: Path, architecture: str) -> None:
     table = hf_dir(tmp_path, {"architectures": [architecture], "model_type": "x"})
-    assert read(tmp_path, table).kind == "causal_lm"
-    assert read(tmp_path, table + 'kind = "causal_lm"\n').kind == "causal_lm"  # may repeat it
+    assert read(tmp_path, table).task == "causal_lm"
+    assert read(tmp_path, table + 'kind = "causal_lm"\n').task == "causal_lm"  # may repeat it
 
 
 def test_hf_explicit_kind_is_enough_without_architectures(tmp_path: Path) -> None:
     table = hf_dir(tmp_path, {"model_type": "gpt2"})
-    assert read(tmp_path, table + 'kind = "causal_lm"\n').kind == "causal_lm"
+    assert read(tmp_path, table + 'kind = "causal_lm"\n').task == "causal_lm"
     with pytest.raises(RegistryError, match="names no architectures") as info:
         read(tmp_path, table)
     assert info.value.field == "source"
@@ -255,10 +256,10 @@ def test_hf_weights_are_refused(tmp_path: Path) -> None:
 def test_hf_tables_agree() -> None:
     """Every kind an architecture maps to is a model kind with a transformers class to load
     it, and ``kinds`` are exactly those."""
-    assert set(hf.ARCHITECTURES.values()) == set(hf.AUTO_CLASSES) == set(SOURCES["hf"].kinds)
-    assert set(hf.AUTO_CLASSES) <= set(MODEL_KINDS)
-    assert hf.architecture_kind("GPT2LMHeadModel") == "causal_lm"
-    assert hf.architecture_kind("BertModel") is None
+    assert set(hf.ARCHITECTURES.values()) == set(hf.AUTO_CLASSES) == set(SOURCES["hf"].tasks)
+    assert set(hf.AUTO_CLASSES) <= set(TASKS)
+    assert hf.architecture_task("GPT2LMHeadModel") == "causal_lm"
+    assert hf.architecture_task("BertModel") is None
 
 
 @pytest.mark.parametrize(

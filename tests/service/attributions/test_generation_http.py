@@ -264,7 +264,7 @@ def test_hf_directory_loads_with_the_engine(tmp_path: Path) -> None:
     gpt2_tokenizer().save_pretrained(tmp_path / "m")
     (tmp_path / "models.toml").write_text('[[models]]\nid = "m"\nsource = "hf:m"\n')
     (spec,) = model_registry.load_specs(tmp_path / "models.toml")
-    assert spec.kind == "causal_lm"
+    assert spec.task == "causal_lm"
     loaded = model_registry.load(spec)
     res = methods.attribute_generation(
         loaded.model, loaded.text_tokenizer, "alice lives in", target="paris"

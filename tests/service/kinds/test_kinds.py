@@ -13,7 +13,9 @@ import pytest
 
 import model_registry
 from methods import registry
+from model_registry import tasks
 from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec
+from model_registry.task_loaders import finish_tensor, read_tensor
 from service import kinds
 from service.attributions import serving as attributions
 from service.compat import kserve
@@ -31,7 +33,7 @@ EXAMPLES: dict[str, ModelSpec] = {
     "causal_lm": BUILTIN["tiny-lm"],
     # an encoder-decoder: as a causal LM, its prompt the source (a spec alone: no load here)
     "seq2seq_lm": dataclasses.replace(
-        BUILTIN["tiny-lm"], id="t5-dir", source="hf:t5-dir", kind="seq2seq_lm"
+        BUILTIN["tiny-lm"], id="t5-dir", source="hf:t5-dir", task="seq2seq_lm"
     ),
     "exported": dataclasses.replace(
         BUILTIN["tabular-mlp"],
@@ -50,7 +52,7 @@ def test_every_kind_has_an_example() -> None:
 def test_the_kind_is_chosen_once_from_the_spec(name: str) -> None:
     spec = EXAMPLES[name]
     kind = kinds.of(spec)
-    assert kind is kinds.KINDS[name] and kind.name == name == kinds.name_of(spec)
+    assert kind is kinds.KINDS[name] and kind.name == name == tasks.task_of(spec).family
     offers = kind.describe(spec)
     assert offers == kind.catalogue(spec) and kind.catalogue(spec) is kind.catalogue(spec)
     methods = offers.methods
@@ -154,11 +156,15 @@ class OnePool:
         raise AssertionError("not cancelled")
 
 
-def test_a_new_kind_is_one_module_and_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_kind_is_one_module_one_entry_and_one_task(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
     monkeypatch.setitem(kinds.KINDS, "doubling", Doubling())
-    spec = dataclasses.replace(BUILTIN["tabular-mlp"], id="twice", kind="doubling")
+    doubling = tasks.Task(
+        "doubling", "doubling", read_tensor, finish_tensor, frozenset({"attributions"})
+    )
+    monkeypatch.setattr(tasks, "TASKS", {**tasks.TASKS, "doubling": doubling})
+    spec = dataclasses.replace(BUILTIN["tabular-mlp"], id="twice", task="doubling")
     req = AttributionRequest.model_validate({"method": "saliency", "inputs": [1.0, 2.5]})
     body, _, _ = asyncio.run(
         attributions.attribute(Settings(), OnePool(), spec, req, None, time.perf_counter())  # type: ignore[arg-type]

@@ -1,9 +1,10 @@
-"""What a model is, one entry per kind: the spec its models.toml table gives, and how a built
-model of that kind is finished (placed on its device, frozen, checked) at load.
+"""What the tasks (``model_registry.tasks``) read and finish with: the spec a models.toml table
+gives, and how a built model is finished (placed on its device, frozen, checked) at load.
 
-``"tensor"``: tensors in and one output, with declared inputs, labels or output shape.
-``"causal_lm"``: a generative language model with its tokenizer; its inputs are prompts and
-its output the next token, so there is nothing of the sort to declare.
+Tensor models (``read_tensor``, ``finish_tensor``): tensors in and one output, with declared
+inputs, labels or output shape. Language models (``read_causal_lm``, ``read_seq2seq_lm``,
+``finish_language_model``): a generative language model with its tokenizer; its inputs are
+prompts and its output the next token, so there is nothing of the sort to declare.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from model_registry.errors import RegistryError
 from model_registry.spec import (
     COMPILE_MODES,
     MODEL_DTYPES,
-    TENSOR_KINDS,
     ExplainSpec,
     InputSpec,
     LoadedModel,
@@ -36,7 +36,7 @@ from model_registry.table import Table, describe_value
 
 @dataclass(frozen=True)
 class Built:
-    """A model as its source built it, before its kind finishes it."""
+    """A model as its source built it, before its task finishes it."""
 
     model: nn.Module
     tokenizer: Any = None
@@ -48,22 +48,10 @@ class Built:
     forward_hint: str = ""
 
 
-@dataclass(frozen=True)
-class KindLoader:
-    """The registry's side of a model kind (``service.kinds`` serves it): how a models.toml
-    table of that kind is read, and how a built model of it is finished at load."""
-
-    name: str
-    #: the spec of a models.toml table; ``base``: a built-in's spec, filling what is not given
-    spec: Callable[[Table, ModelSpec | None], ModelSpec]
-    #: the built model on its device in its dtype, frozen and checked
-    finish: Callable[[ModelSpec, Built, torch.device], LoadedModel]
-
-
 # -- tensor ---------------------------------------------------------------------------------
 
 
-def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
+def read_tensor(table: Table, base: ModelSpec | None) -> ModelSpec:
     dtype = table.choice("dtype", MODEL_DTYPES, base.dtype if base else "float32")
     if "inputs" in table or base is None:
         inputs = table.inputs()
@@ -102,7 +90,8 @@ def _tensor_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
         texts_batch=base.texts_batch if base is not None else False,
         images=base.images if base is not None else None,
         influence=base.influence if base is not None else None,
-        kind=base.kind if base is not None and base.kind in TENSOR_KINDS else "tensor",
+        # the source's task (a built-in's, a Hugging Face classifier's), else a plain tensor one
+        task=base.task if base is not None else "tensor",
         **runtime(table),
     )
 
@@ -174,7 +163,7 @@ def _placed(spec: ModelSpec, built: Built, device: torch.device) -> nn.Module:
     return model
 
 
-def _finish_tensor(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
+def finish_tensor(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
     model = _placed(spec, built, device)
     check_layers(spec, model, is_torchscript=built.scripted)
     loaded = LoadedModel(
@@ -211,7 +200,7 @@ NOT_FOR_LM: Mapping[str, str] = MappingProxyType(
 LM_RUNTIME = ("precision", "fidelity_sample", "fidelity_tolerance")
 
 
-def _causal_lm_spec(table: Table, base: ModelSpec | None, kind: str = "causal_lm") -> ModelSpec:
+def read_causal_lm(table: Table, base: ModelSpec | None, task: str = "causal_lm") -> ModelSpec:
     table.refuse(NOT_FOR_LM)
     fidelity = {k: v for k, v in runtime(table).items() if k in LM_RUNTIME}
     return ModelSpec(
@@ -223,16 +212,16 @@ def _causal_lm_spec(table: Table, base: ModelSpec | None, kind: str = "causal_lm
         layers=table.layers(base),
         embedding_layer=table.embedding_layer(base),
         weights=table.weights(),
-        kind=kind,
+        task=task,
     )
 
 
-def _seq2seq_lm_spec(table: Table, base: ModelSpec | None) -> ModelSpec:
+def read_seq2seq_lm(table: Table, base: ModelSpec | None) -> ModelSpec:
     """An encoder-decoder: as a causal_lm, its prompt the source (``hf:`` directories)."""
-    return _causal_lm_spec(table, base, "seq2seq_lm")
+    return read_causal_lm(table, base, "seq2seq_lm")
 
 
-def _finish_causal_lm(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
+def finish_language_model(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
     """The model with its tokenizer (``LoadedModel.text_tokenizer``, and as the callable every
     model that takes text has: ``LoadedModel.tokenizer``)."""
     tokenizer = built.tokenizer
@@ -268,26 +257,3 @@ def _texts(tokenizer: Any) -> Callable[[Sequence[str]], tuple[torch.Tensor, list
         return batch, [list(tokenizer.convert_ids_to_tokens(i)) for i in ids]
 
     return tokenize
-
-
-#: every model kind, by the name models.toml's ``kind`` and ``ModelSpec.kind`` give
-MODEL_KINDS: Mapping[str, KindLoader] = MappingProxyType(
-    {
-        k.name: k
-        for k in (
-            *(KindLoader(name, _tensor_spec, _finish_tensor) for name in TENSOR_KINDS),
-            KindLoader("causal_lm", _causal_lm_spec, _finish_causal_lm),
-            KindLoader("seq2seq_lm", _seq2seq_lm_spec, _finish_causal_lm),
-        )
-    }
-)
-
-
-def model_kind(spec: ModelSpec) -> KindLoader:
-    """The kind ``spec`` names (a spec built by hand may name none that exists)."""
-    kind = MODEL_KINDS.get(spec.kind)
-    if kind is None:
-        raise RegistryError(
-            f"expected one of {list(MODEL_KINDS)}, got {spec.kind!r}", model=spec.id, field="kind"
-        )
-    return kind
