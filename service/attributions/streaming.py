@@ -17,6 +17,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from model_registry.spec import ModelSpec
 from model_registry.tasks import task_of
 from service.attributions.serving import ATTRIBUTIONS, build_job
 from service.core.errors import InvalidRequest
@@ -41,6 +42,28 @@ def sse(event: str, data: Any) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
+def check(spec: ModelSpec, req: AttributionRequest) -> None:
+    """What a stream cannot do, refused before it opens (a status and a problem+json)."""
+    if not task_of(spec).streams:
+        raise InvalidRequest(
+            f"model {spec.id!r} ({task_of(spec).family}) answers in one piece; an event "
+            "stream (Accept: text/event-stream) is for generative language models (kinds "
+            "causal_lm, seq2seq_lm)",
+            loc=("header", "accept"),
+        )
+    if req.render is not None:
+        raise InvalidRequest(
+            "a stream carries no pictures; leave render out", loc=("body", "render")
+        )
+    if req.verify:
+        raise InvalidRequest(
+            "a stream sends each row as soon as it is known, so it cannot be checked "
+            "against float32 and replaced; leave verify out, or ask without Accept: "
+            "text/event-stream",
+            loc=("body", "verify"),
+        )
+
+
 async def stream(
     state: AppState,
     model_id: str,
@@ -52,24 +75,7 @@ async def stream(
     """Queue the work with its events routed here, and stream them."""
     with ATTRIBUTIONS.observe(state, request.scope, model_id, req.method) as seen:
         spec = ATTRIBUTIONS.spec(state, model_id)
-        if not task_of(spec).streams:
-            raise InvalidRequest(
-                f"model {spec.id!r} ({task_of(spec).family}) answers in one piece; an event "
-                "stream (Accept: text/event-stream) is for generative language models (kinds "
-                "causal_lm, seq2seq_lm)",
-                loc=("header", "accept"),
-            )
-        if req.render is not None:
-            raise InvalidRequest(
-                "a stream carries no pictures; leave render out", loc=("body", "render")
-            )
-        if req.verify:
-            raise InvalidRequest(
-                "a stream sends each row as soon as it is known, so it cannot be checked "
-                "against float32 and replaced; leave verify out, or ask without Accept: "
-                "text/event-stream",
-                loc=("body", "verify"),
-            )
+        check(spec, req)
         settings = state.settings
         budget = budget_ms(settings, deadline_ms, req.deadline_ms)
         deadline = time.time() + budget / 1e3

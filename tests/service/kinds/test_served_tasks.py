@@ -4,7 +4,6 @@ by each operation's check as its task declares, with the words it was refused wi
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -95,8 +94,7 @@ def test_streams_only_where_the_task_streams(name: str) -> None:
     req = AttributionRequest.model_validate(
         {"method": "saliency", "inputs": [[0.0]], "render": {"format": "png"}}
     )
-    call = streaming.stream(None, spec, req, None, 0.0, "r", "/")  # type: ignore[arg-type]
-    why = _refused(lambda: asyncio.run(call))
+    why = _refused(lambda: streaming.check(spec, req))
     if tasks.task_of(spec).streams:
         assert why == "a stream carries no pictures; leave render out"
     else:
