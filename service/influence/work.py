@@ -72,11 +72,6 @@ class InfluenceQuery(Work):
     #: the index's file, k, opponents, the loss and its labels, checkpoints
     study: dict[str, Any] = field(default_factory=dict)
 
-    def job_meta(self, reply: Reply) -> dict[str, Any]:
-        # each side's indices and scores: one list per example
-        sides = list(reply.study or {})
-        return {"per_example": [f"{side}.{k}" for side in sides for k in ("indices", "scores")]}
-
 
 @dataclass(kw_only=True)
 class InfluenceIndexPart(Work):
@@ -176,4 +171,10 @@ def _query(lm: LoadedModel, job: InfluenceQuery) -> Reply:
             "indices": res.indices.cpu().numpy().astype(np.int64).tolist(),
             "scores": res.scores.detach().cpu().double().numpy().tolist(),
         }
-    return Reply(job_id=job.id, study=found, compute_ms=(time.perf_counter() - t0) * 1e3)
+    rows = [f"{side}.{k}" for side in found for k in ("indices", "scores")]  # per example
+    return Reply(
+        job_id=job.id,
+        study=found,
+        study_rows=rows,
+        compute_ms=(time.perf_counter() - t0) * 1e3,
+    )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -307,7 +306,7 @@ class JobRunner:
             ran = await self._chunk(row, chunk(whole, done, stop))
             if ran is None:  # cancelled
                 return
-            reply, job = ran
+            reply, _ = ran
             if reply.error is not None and reply.error.get("code") == PREEMPTED["code"]:
                 size = max(1, (stop - done) // 2)  # stopped for synchronous work: smaller
                 continue
@@ -324,7 +323,7 @@ class JobRunner:
                 self.store.finish(row.id, "failed", _error(ServiceError.from_data(reply.error)))
                 return
             flapping, wait_s = None, 1.0
-            unwritten.append(chunk_arrays(reply, job))
+            unwritten.append(chunk_arrays(reply))
             held += sum(a.nbytes for a in unwritten[-1].values())
             # the next chunk sized to take about job_chunk_ms: short chunks keep synchronous
             # requests waiting little when a chunk runs while they wait (jobs owed their share)
@@ -423,13 +422,12 @@ class JobRunner:
             )
         work, _ = loads(self.store.work(row.id))
         chunks = self.store.read_chunks(row.id) if capability.chunked_result else []
-        metas = [json.loads(str(c["meta"])) for c in chunks]
-        whole = joined_reply(chunks, metas)
+        whole = joined_reply(chunks)
         started = row.started_at if row.started_at is not None else row.created_at
         finished = row.finished_at if row.finished_at is not None else started
         timing_ms = {  # queued until its first chunk ran; in all until its last was written
             "queue": round((started - row.created_at) * 1e3, 3),
-            "compute": round(sum(m.get("compute_ms", 0.0) for m in metas), 3),
+            "compute": round(whole.compute_ms, 3),
             "total": round((finished - row.created_at) * 1e3, 3),
         }
         options = row.options if row.options is not None else capability.legacy_options(work)

@@ -15,9 +15,7 @@ import itertools
 from collections.abc import Callable
 from typing import TypeVar
 
-import numpy as np
-
-from service.core.work import Reply, Work, new_id, stack_examples, worst
+from service.core.work import Reply, Work, new_id
 from service.pool.records import Entry
 
 W = TypeVar("W", bound=Work)
@@ -45,36 +43,9 @@ def pieces(job: W, rows: int) -> list[W]:
     ]
 
 
-def _joined(arrays: list[np.ndarray | None]) -> np.ndarray | None:
-    if any(a is None for a in arrays):
-        return None
-    first = arrays[0]
-    if first is None or first.ndim == 0:
-        return first
-    return stack_examples(arrays)  # type: ignore[arg-type]
-
-
 def join(job: Work, replies: list[Reply]) -> Reply:
-    """The pieces' replies (in order, none failed) as ``job``'s one reply."""
-    first = replies[0]
-    return Reply(
-        job_id=job.id,
-        attributions=[
-            _joined([r.attributions[i] for r in replies])  # type: ignore[misc]
-            for i in range(len(first.attributions))
-        ],
-        as_tuple=first.as_tuple,
-        layers=first.layers,
-        delta=_joined([r.delta for r in replies]),
-        outputs=_joined([r.outputs for r in replies]),
-        target=None if first.target is None else [t for r in replies for t in r.target or []],
-        tokens=None if first.tokens is None else [t for r in replies for t in r.tokens or []],
-        params=first.params,
-        predictions=_joined([r.predictions for r in replies]),
-        compute_ms=sum(r.compute_ms for r in replies),
-        merged=max(r.merged for r in replies),
-        fidelity=worst([r.fidelity for r in replies]),
-    )
+    """The pieces' replies (in order, none failed) as ``job``'s one reply (``Reply.join``)."""
+    return Reply.join(job.id, replies)
 
 
 def split_entry(

@@ -31,10 +31,6 @@ class Perturbation(Work):
         target = cut_target(self.target, start, stop)
         return {"target": target, "study": {**self.study, "params": params}}
 
-    def job_meta(self, reply: Reply) -> dict[str, Any]:
-        # which attack or perturbation, and the per-example lists (flipped, min_param)
-        return {"name": self.study.get("name"), "per_example": list(reply.study or {})}
-
 
 @dataclass(kw_only=True)
 class Attack(Perturbation):
@@ -80,6 +76,7 @@ def run(lm: LoadedModel, job: Perturbation) -> Reply:
         target=targets.rows(wire, n),
         params=shown,
         study=dict(found),
+        study_rows=list(found),  # flipped, zero_gradient, min_param: one per example
         compute_ms=(time.perf_counter() - t0) * 1e3,
     )
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from service.core.work import Attribution, Reply, Work, own_fidelity
+from service.core.work import Attribution, Reply, Work
 from service.wire import targets
 
 W = TypeVar("W", bound=Work)
@@ -40,52 +40,14 @@ def merge(jobs: list[W]) -> W:
     )
 
 
-def _cut(arr: np.ndarray | None, total: int, start: int, n: int) -> np.ndarray | None:
-    if arr is None:
-        return None
-    if arr.ndim == 0 or arr.shape[0] % total:
-        return arr
-    k = arr.shape[0] // total  # rows per example (e.g. one delta per sample)
-    return arr[start * k : (start + n) * k]
-
-
 def split(reply: Reply, jobs: list[W]) -> list[Reply]:
-    """The merged reply cut back into one reply per job, in order."""
+    """The merged reply cut back into one reply per job, in order (``Reply.cut``)."""
     total = sum(j.n for j in jobs)
     out: list[Reply] = []
     start = 0
-    width = None if reply.tokens is None else max((len(t) for t in reply.tokens), default=0)
     for j in jobs:
-        tokens = None if reply.tokens is None else reply.tokens[start : start + j.n]
-        out.append(
-            Reply(
-                job_id=j.id,
-                attributions=[
-                    _own_width(_cut(a, total, start, j.n), tokens, width)  # type: ignore[misc]
-                    for a in reply.attributions
-                ],
-                tokens=tokens,
-                as_tuple=reply.as_tuple,
-                layers=reply.layers,
-                delta=_cut(reply.delta, total, start, j.n),
-                outputs=_cut(reply.outputs, total, start, j.n),
-                target=None if reply.target is None else reply.target[start : start + j.n],
-                params=reply.params,
-                predictions=_own_width(_cut(reply.predictions, total, start, j.n), tokens, width),
-                compute_ms=reply.compute_ms,
-                merged=len(jobs),
-                fidelity=own_fidelity(reply.fidelity, start, j.n),
-            )
-        )
+        part = reply.cut(j.id, start, j.n, total)
+        part.merged = len(jobs)
+        out.append(part)
         start += j.n
     return out
-
-
-def _own_width(
-    a: np.ndarray | None, tokens: list[list[str]] | None, width: int | None
-) -> np.ndarray | None:
-    """Per-token values of merged texts (dim 1 as wide as the merged batch's longest text)
-    cut to the job's own longest text: the width they have computed alone."""
-    if a is None or tokens is None or a.ndim < 2 or a.shape[1] != width:
-        return a
-    return a[:, : max((len(t) for t in tokens), default=0)]
