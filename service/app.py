@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import sqlite3
@@ -25,7 +24,7 @@ from service.catalog import router as catalog
 from service.compat import kserve
 from service.compat import router as compat
 from service.concepts import router as concepts
-from service.concepts.serving import TCAV_OPERATION, store_builtin
+from service.concepts.serving import TCAV_OPERATION
 from service.contexts import router as contexts
 from service.contexts.serving import CONTEXT_ATTRIBUTIONS
 from service.core.errors import ServiceError
@@ -39,7 +38,7 @@ from service.http.responses import OrjsonResponse
 from service.http.routing import RouteTable, found
 from service.http.state import AppState
 from service.influence import router as influence
-from service.influence.indexes import INDEX_BUILD, InfluenceIndexes
+from service.influence.indexes import INDEX_BUILD
 from service.influence.serving import INFLUENCE
 from service.jobs import router as jobs
 from service.jobs.runner import JobRunner
@@ -214,7 +213,6 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         try:
             answers = {op.operation: op for op in OPERATIONS}
             state.jobs = JobRunner(settings, state.specs, pool, telemetry, answers)
-            state.influence = InfluenceIndexes(settings, state.specs, state.jobs)
         except (OSError, sqlite3.Error) as exc:
             raise SystemExit(
                 f"attrserve: cannot use ATTRSERVE_DATA_DIR={settings.data_dir!r} for attribution "
@@ -235,12 +233,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
                         f"model {m!r} did not load: {s['reason']}" for m, s in failed.items()
                     )
                 )
-        if start_workers:  # the built-in demo models' TCAV concept sets
-            await asyncio.to_thread(store_builtin, settings, list(state.specs.values()))
         if state.jobs is not None:
             await state.jobs.start()
-        if state.influence is not None:
-            await state.influence.start()
+            for operation in OPERATIONS:  # with workers: what each operation serves from
+                await operation.start(state)
         if pool.workers:
             # torch and the app leave a large heap of long-lived objects: keep them out of the
             # cyclic collector's way, so full collections stay cheap on the request path
@@ -249,9 +245,9 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         try:
             yield
         finally:
-            if state.influence is not None:
-                await state.influence.stop()
             if state.jobs is not None:
+                for operation in reversed(OPERATIONS):
+                    await operation.stop(state)
                 await state.jobs.stop()
             await pool.stop()
 

@@ -9,6 +9,7 @@ yet (``service.concepts.work``): the query carries names and digests, not exampl
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from service.core.errors import InvalidRequest, NotFound, ServiceError, Unsuppor
 from service.core.files import atomic_write
 from service.core.settings import Settings
 from service.core.work import Work, new_id
+from service.http.state import AppState
 from service.serving.capability import Capability, Done
 from service.wire import codec, targets
 
@@ -244,6 +246,10 @@ class TCAV(Capability[TCAVRequest]):
         "Queue a TCAV query as a job (checked now, run whole: its scores count over all the "
         "examples; persisted); ``GET /v1/jobs/{job_id}/result`` answers as the tcav route does."
     )
+
+    async def start(self, state: AppState) -> None:
+        """The built-in demo models' concept sets, stored for TCAV."""
+        await asyncio.to_thread(store_builtin, state.settings, list(state.specs.values()))
 
     def build(
         self,

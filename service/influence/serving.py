@@ -16,6 +16,7 @@ from service.core.offload import offload as in_thread
 from service.core.settings import Settings
 from service.core.work import Work, new_id
 from service.http.state import AppState
+from service.influence.indexes import InfluenceIndexes
 from service.influence.protocol import InfluenceRequest, InfluenceResponse, per_example
 from service.influence.work import InfluenceQuery
 from service.serving.capability import Capability, Done
@@ -150,6 +151,15 @@ class Influence(Capability[InfluenceRequest]):
     request = InfluenceRequest
     response = InfluenceResponse
     job_operation_id = "submitInfluenceJob"
+
+    async def start(self, state: AppState) -> None:
+        """The models' influence indexes: read, or built by a job (``InfluenceIndexes``)."""
+        state.influence = InfluenceIndexes(state.settings, state.specs, state.jobs)
+        await state.influence.start()
+
+    async def stop(self, state: AppState) -> None:
+        if state.influence is not None:
+            await state.influence.stop()
 
     async def prepare(self, state: AppState, spec: ModelSpec, req: InfluenceRequest) -> Any:
         """The model's index, ready (409 while it builds): its file and what it says."""

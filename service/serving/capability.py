@@ -105,6 +105,13 @@ class Capability(Generic[R]):
     chunked_result: ClassVar[bool] = True
 
     # -- hooks: what an operation supplies ----------------------------------------------------
+    async def start(self, state: AppState) -> None:
+        """Set up what it serves from, once the workers and jobs have started (a server with
+        workers only): files it keeps, indexes it builds."""
+
+    async def stop(self, state: AppState) -> None:
+        """Undo ``start``, before the jobs and the workers stop."""
+
     def method(self, req: R) -> str:
         """The metrics' and the access log's ``method`` label ("" where there is none)."""
         return ""
