@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-#: a resolved target as plain data (``service.wire.targets``): None, or a dict with a "kind"
+#: a resolved target as plain data (``service.wire.targets``): None, or a dict with a "form"
 WireTarget = dict[str, Any] | None
 #: a new work id (unique in the server process)
 new_id = itertools.count(1).__next__
@@ -49,7 +49,7 @@ def rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int)
 
 def cut_target(target: WireTarget, start: int, stop: int) -> WireTarget:
     """A resolved target cut to examples ``[start, stop)`` (one for all stays whole)."""
-    if target is not None and target["kind"] in ("per_example", "per_example_tuple"):
+    if target is not None and target["form"] in ("per_example", "per_example_tuple"):
         return {**target, "rows": target["rows"][start:stop]}
     return target
 

@@ -35,7 +35,7 @@ def _labels(settings: Settings, spec: ModelSpec, raw: Any, n: int, field: str) -
             wire = targets.resolve(raw, spec.output, n)
         except InvalidRequest as exc:  # said of "target": said of the field given
             raise InvalidRequest(exc.detail, loc=loc) from None
-        if wire is not None and wire["kind"] == "predicted":
+        if wire is not None and wire["form"] == "predicted":
             return None  # the worker labels each example with the model's predicted class
         rows = targets.rows(wire, n)
         if rows is None or any(not isinstance(r, int) for r in rows):

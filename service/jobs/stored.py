@@ -108,4 +108,7 @@ def loads(data: bytes) -> tuple[Work, str]:
     kind = WORK_TYPES[name]
     known = {f.name for f in dataclasses.fields(kind)}  # an older file's other fields go
     values = {k: _unpack(v, arrays) for k, v in fields.items() if k in known}
+    target = values.get("target")
+    if isinstance(target, dict) and "kind" in target:  # stored before targets had a "form"
+        values["target"] = {("form" if k == "kind" else k): v for k, v in target.items()}
     return kind(id=0, deadline=0.0, **values), model

@@ -100,8 +100,8 @@ def _baked_wire(target: Any) -> WireTarget:
     if target is None:
         return None
     if isinstance(target, (tuple, list)):
-        return {"kind": "index", "index": [int(t) for t in target]}
-    return {"kind": "index", "index": [int(target)]}
+        return {"form": "index", "index": [int(t) for t in target]}
+    return {"form": "index", "index": [int(target)]}
 
 
 def _step(spec: ModelSpec) -> ExportedStep:
@@ -129,7 +129,7 @@ def target(spec: ModelSpec, raw: Any, n: int) -> WireTarget:
                 loc=loc,
             )
         wire = per_example(resolve(raw, spec.output, n), n)
-        if wire is None or wire["kind"] != "per_example":
+        if wire is None or wire["form"] != "per_example":
             raise InvalidRequest(
                 "the file takes one class per example (an int, a label, or one per example), "
                 "not an index into a larger output",

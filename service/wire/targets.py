@@ -8,8 +8,8 @@ the model's output the worker attributes.
   the output at the target (``select``), and the per-example echo of the response (``rows``).
 
 The resolved form is plain data that crosses the process boundary:
-``None`` | ``{"kind": "index", "index": [...]}`` | ``{"kind": "per_example", "rows": [...]}`` |
-``{"kind": "per_example_tuple", "rows": [[...], ...]}`` | ``{"kind": "predicted"}``.
+``None`` | ``{"form": "index", "index": [...]}`` | ``{"form": "per_example", "rows": [...]}`` |
+``{"form": "per_example_tuple", "rows": [[...], ...]}`` | ``{"form": "predicted"}``.
 """
 
 from __future__ import annotations
@@ -96,11 +96,11 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
     if raw == "predicted":
         if len(out.shape) != 1:
             raise InvalidRequest('"predicted" needs a model with 1-D outputs (classes)', loc=LOC)
-        return {"kind": "predicted"}
+        return {"form": "predicted"}
     if _is_int(raw) or isinstance(raw, str):
-        return {"kind": "index", "index": [_class(raw, out, LOC)]}
+        return {"form": "index", "index": [_class(raw, out, LOC)]}
     if isinstance(raw, dict):
-        return {"kind": "index", "index": _index_obj(raw, out, LOC)}
+        return {"form": "index", "index": _index_obj(raw, out, LOC)}
     if isinstance(raw, list):
         if len(raw) != n:
             raise InvalidRequest(
@@ -109,15 +109,15 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
             )
         if len(out.shape) == 2 and out.labels and all(isinstance(t, list) for t in raw):
             # a label per position (token classifiers): [position, label] per example
-            return {"kind": "per_example_tuple",
+            return {"form": "per_example_tuple",
                     "rows": [_position(t, out, (*LOC, i)) for i, t in enumerate(raw)]}  # fmt: skip
         if all(isinstance(t, dict) for t in raw):
             rows = [_index_obj(t, out, (*LOC, i)) for i, t in enumerate(raw)]
             if len({len(r) for r in rows}) != 1:
                 raise InvalidRequest("per-example index targets must have the same length", loc=LOC)
-            return {"kind": "per_example_tuple", "rows": rows}
+            return {"form": "per_example_tuple", "rows": rows}
         classes = [_class(t, out, (*LOC, i)) for i, t in enumerate(raw)]
-        return {"kind": "per_example", "rows": classes}
+        return {"form": "per_example", "rows": classes}
     raise InvalidRequest(f"unsupported target {raw!r}", loc=LOC)
 
 
@@ -144,45 +144,45 @@ def to_engine(t: WireTarget) -> Any:
     """The engine's form of a resolved wire target ("predicted" must be resolved first)."""
     if t is None:
         return None
-    kind = t["kind"]
-    if kind == "index":
+    form = t["form"]
+    if form == "index":
         idx = t["index"]
         return idx[0] if len(idx) == 1 else tuple(idx)
-    if kind == "per_example":
+    if form == "per_example":
         return list(t["rows"])
-    if kind == "per_example_tuple":
+    if form == "per_example_tuple":
         return [tuple(r) for r in t["rows"]]
     raise ValueError(f"unresolved target {t}")
 
 
 def per_example(t: WireTarget, n: int) -> WireTarget:
     """The same target written one entry per example (what merged batches concatenate)."""
-    if t is None or t["kind"] in ("per_example", "per_example_tuple", "predicted"):
+    if t is None or t["form"] in ("per_example", "per_example_tuple", "predicted"):
         return t
     idx = t["index"]
     if len(idx) == 1:
-        return {"kind": "per_example", "rows": [idx[0]] * n}
-    return {"kind": "per_example_tuple", "rows": [list(idx)] * n}
+        return {"form": "per_example", "rows": [idx[0]] * n}
+    return {"form": "per_example_tuple", "rows": [list(idx)] * n}
 
 
 def predicted(t: WireTarget) -> bool:
     """Whether the target is each example's predicted class (known after a forward)."""
-    return t is not None and t["kind"] == "predicted"
+    return t is not None and t["form"] == "predicted"
 
 
 def of_predictions(out: torch.Tensor) -> WireTarget:
     """``"predicted"`` resolved: each example's argmax class."""
-    return {"kind": "per_example", "rows": out.argmax(dim=-1).tolist()}
+    return {"form": "per_example", "rows": out.argmax(dim=-1).tolist()}
 
 
 def concat(parts: list[tuple[WireTarget, int]]) -> WireTarget:
     """The targets of jobs merged into one (``(target, examples)`` each, same form)."""
     first = parts[0][0]
-    if first is None or first["kind"] == "predicted":
+    if first is None or first["form"] == "predicted":
         return first
     written = [per_example(t, n) for t, n in parts]
     rows = [r for w in written if w is not None for r in w["rows"]]
-    return {"kind": written[0]["kind"] if written[0] else "per_example", "rows": rows}
+    return {"form": written[0]["form"] if written[0] else "per_example", "rows": rows}
 
 
 def form(t: WireTarget) -> Any:
@@ -190,18 +190,18 @@ def form(t: WireTarget) -> Any:
     one length."""
     if t is None:
         return None
-    if t["kind"] in ("index", "per_example"):
-        return "class" if t["kind"] == "per_example" or len(t["index"]) == 1 else len(t["index"])
-    if t["kind"] == "per_example_tuple":
+    if t["form"] in ("index", "per_example"):
+        return "class" if t["form"] == "per_example" or len(t["index"]) == 1 else len(t["index"])
+    if t["form"] == "per_example_tuple":
         return len(t["rows"][0])
-    return t["kind"]
+    return t["form"]
 
 
 def rows(t: WireTarget, n: int) -> list[Any] | None:
     """The target of each of ``n`` examples, as the response echoes it."""
     if t is None:
         return None
-    if t["kind"] == "index":
+    if t["form"] == "index":
         idx = t["index"]
         return [idx[0] if len(idx) == 1 else list(idx)] * n
     return list(t["rows"])

@@ -118,11 +118,11 @@ def test_int_inputs_reject_floats_and_texts_need_tokenizer() -> None:
 
 def test_targets() -> None:
     out = TAB.output
-    assert resolve_target(1, out, 2) == {"kind": "index", "index": [1]}
-    assert resolve_target("c", out, 2) == {"kind": "index", "index": [2]}
-    assert resolve_target([0, "b"], out, 2) == {"kind": "per_example", "rows": [0, 1]}
-    assert resolve_target({"index": [2]}, out, 1) == {"kind": "index", "index": [2]}
-    assert resolve_target("predicted", out, 3) == {"kind": "predicted"}
+    assert resolve_target(1, out, 2) == {"form": "index", "index": [1]}
+    assert resolve_target("c", out, 2) == {"form": "index", "index": [2]}
+    assert resolve_target([0, "b"], out, 2) == {"form": "per_example", "rows": [0, 1]}
+    assert resolve_target({"index": [2]}, out, 1) == {"form": "index", "index": [2]}
+    assert resolve_target("predicted", out, 3) == {"form": "predicted"}
     for bad, match in [
         (3, "out of range"),
         ("z", "unknown label"),
