@@ -25,6 +25,7 @@ from service.pool.group import Group
 from service.pool.records import Pending, Worker
 from service.worker import preload
 from service.worker.channel import HEADER
+from service.worker.messages import Cancel, Replied
 
 
 class FakeWriter:
@@ -35,10 +36,11 @@ class FakeWriter:
         self.cancelled: list[int] = []
 
     def write(self, data: bytes) -> None:
-        kind, payload = pickle.loads(data[HEADER.size :])
-        (self.sent if kind == "batch" else self.cancelled).extend(
-            [payload] if kind == "batch" else payload
-        )
+        match pickle.loads(data[HEADER.size :]):
+            case Batch() as batch:
+                self.sent.append(batch)
+            case Cancel(job_ids):
+                self.cancelled.extend(job_ids)
 
     def is_closing(self) -> bool:
         return False
@@ -68,7 +70,7 @@ def pool(**settings: Any) -> tuple[Group, FakeWriter]:
 
 def done(p: Group, batch: Batch) -> None:
     replies = [Reply(job_id=j.id) for j in batch.jobs]
-    p._on_message(p.workers[0], 1, ("done", batch.id, replies))
+    p._on_message(p.workers[0], 1, Replied(batch.id, replies))
 
 
 async def _adaptive() -> None:
@@ -163,7 +165,7 @@ def answer(p: Group, batch: Batch, compute_ms: float = 1.0) -> None:
         Reply(job_id=j.id, attributions=[j.arrays[0] * 2], compute_ms=compute_ms)
         for j in batch.jobs
     ]
-    p._on_message(p.workers[0], 1, ("done", batch.id, replies))
+    p._on_message(p.workers[0], 1, Replied(batch.id, replies))
 
 
 async def _cheap_first() -> None:
@@ -297,7 +299,7 @@ async def _split_predictions() -> None:
     for _ in range(6):
         (piece,) = conn.sent[-1].jobs
         reply = Reply(job_id=piece.id, predictions=piece.arrays[0] + 1, compute_ms=100.0)
-        p._on_message(p.workers[0], 1, ("done", conn.sent[-1].id, [reply]))
+        p._on_message(p.workers[0], 1, Replied(conn.sent[-1].id, [reply]))
     await asyncio.sleep(0)
     predictions = whole.future.result().predictions
     assert predictions is not None
