@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pytest
@@ -52,3 +55,58 @@ def both_layouts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     else:
         monkeypatch.setattr(layout, "DEVICES", ())
     return str(request.param)
+
+
+# -- the ``processes`` marker (make test-fast: -m "not processes") -------------------------------
+# A test that starts a process (a server, worker processes, a tool, a browser), in its body or in
+# a fixture it is the first to use, is marked ``processes`` (those of a fixture that starts
+# processes are: tests/service/conftest.py). An unmarked test that starts one fails, naming
+# what it started: test-fast stays process-free.
+
+#: the unmarked test running now (None: a marked one, or none)
+_unmarked: str | None = None
+#: what each unmarked test started
+_started: dict[str, list[str]] = {}
+
+
+def _noting(what: str, start: Any) -> Any:
+    @functools.wraps(start)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if _unmarked is not None:
+            _started.setdefault(_unmarked, []).append(f"{what} {_argv(args, kwargs)}")
+        return start(*args, **kwargs)
+
+    return wrapped
+
+
+def _argv(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    argv = kwargs.get("args", args[1] if len(args) > 1 else args[0] if args else "")
+    return str(argv if isinstance(argv, str) else " ".join(map(str, argv)))[:120]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    subprocess.Popen.__init__ = _noting("subprocess", subprocess.Popen.__init__)  # type: ignore[method-assign]
+    BaseProcess.start = _noting("multiprocessing", BaseProcess.start)  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    global _unmarked
+    _unmarked = None if item.get_closest_marker("processes") else item.nodeid
+    try:
+        return (yield)
+    finally:
+        _unmarked = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    started = _started.pop(item.nodeid, None) if call.when == "teardown" else None
+    if started:
+        report.outcome = "failed"
+        report.longrepr = (
+            "started a process but is not marked processes (pytest.mark.processes):\n  "
+            + "\n  ".join(started)
+        )
+    return report

@@ -13,6 +13,8 @@ import torch
 
 from benchmarks import real
 
+pytestmark = pytest.mark.processes  # benchmarks.real in a fresh interpreter
+
 pytest.importorskip("transformers")
 pytest.importorskip("captum")
 

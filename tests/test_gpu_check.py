@@ -14,6 +14,8 @@ import torch
 from benchmarks import gpu_check
 from benchmarks.gpu_check import Row
 
+pytestmark = pytest.mark.processes  # benchmarks.gpu_check in a fresh interpreter
+
 REPO = Path(__file__).resolve().parents[1]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only without CUDA")
 

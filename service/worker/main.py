@@ -20,6 +20,7 @@ server's and left alone: logging, the visible GPUs, torch's thread counts (the b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -59,6 +60,9 @@ log = logging.getLogger("attrserve.worker")
 Run = Callable[[Any, Work], Reply]
 #: a running job's event to the parent: (job id, payload)
 Send = Callable[[int, Any], None]
+#: thread mode: one model loads at a time in the process (transformers builds a model with
+#: torch patched process-wide: on the meta device, parameters registered empty)
+LOADING = threading.Lock()
 
 
 class Control:
@@ -127,13 +131,14 @@ def worker_main(
     failed: dict[str, str] = {}
     for spec in specs:
         try:
-            lm = model_registry.load(spec)
-            info[spec.id] = {
-                "device": str(lm.device),
-                "tokenizer": lm.tokenizer is not None,
-                "torchscript": bool(lm.is_torchscript),
-                **kinds.of(spec).prepare(lm),
-            }
+            with LOADING if in_thread else contextlib.nullcontext():
+                lm = model_registry.load(spec)
+                info[spec.id] = {
+                    "device": str(lm.device),
+                    "tokenizer": lm.tokenizer is not None,
+                    "torchscript": bool(lm.is_torchscript),
+                    **kinds.of(spec).prepare(lm),
+                }
             models[spec.id] = lm
         except model_registry.RegistryError as exc:  # a configuration mistake: its message
             failed[spec.id] = load_problem(exc)  # names the field and the fix (the parent logs it)

@@ -22,6 +22,8 @@ import pytest
 
 from tests.service.conftest import Server, serve_in_thread, start_server, stop_server
 
+pytestmark = pytest.mark.processes  # real worker processes: stopped, killed, supervised; SIGTERM
+
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
 CHEAP = {"method": "saliency", "inputs": X, "target": 0}
 #: about 100 forward+backward passes of the 50 ms model: ~5 s of work, in chunks of one step
@@ -37,9 +39,13 @@ PROBLEM = "application/problem+json"
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One worker, batching off, a short heartbeat timeout."""
+    """One worker process (stopped and killed here), batching off, a short heartbeat timeout."""
     s = serve_in_thread(
-        tmp_path_factory.mktemp("core"), workers=1, batching="false", worker_timeout_s=2
+        tmp_path_factory.mktemp("core"),
+        workers=1,
+        batching="false",
+        worker_timeout_s=2,
+        worker_mode="process",
     )
     yield s
     stop_server(s)

@@ -35,6 +35,8 @@ from tests.snippets import (
     blocks,
 )
 
+pytestmark = pytest.mark.processes  # the docs' client snippets, each a process
+
 REPO = Path(__file__).resolve().parents[2]
 ALL = [b for page in [README, *DOCS] for b in blocks(page)]
 RUNNABLE = [b for page in DOCS for b in blocks(page) if b.lang in RUN]
