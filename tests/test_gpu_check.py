@@ -14,13 +14,12 @@ import torch
 from benchmarks import gpu_check
 from benchmarks.gpu_check import Row
 
-pytestmark = pytest.mark.processes  # benchmarks.gpu_check in a fresh interpreter
-
 REPO = Path(__file__).resolve().parents[1]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only without CUDA")
 
 
 @no_cuda
+@pytest.mark.processes  # a fresh interpreter
 def test_without_cuda_it_refuses_in_one_line_before_importing_torch() -> None:
     code = (
         "import sys; from benchmarks.gpu_check import main; rc = main([]); "
@@ -35,6 +34,7 @@ def test_without_cuda_it_refuses_in_one_line_before_importing_torch() -> None:
 
 
 @no_cuda
+@pytest.mark.processes  # a fresh interpreter
 def test_the_module_entry_refuses_too() -> None:
     p = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_check", "--skip-bench"],
@@ -47,6 +47,7 @@ def test_the_module_entry_refuses_too() -> None:
 
 
 @no_cuda
+@pytest.mark.processes  # a fresh interpreter
 def test_make_gpu_check_installs_nothing_without_a_driver(tmp_path: Path) -> None:
     """CONTRACT 8.1: without CUDA, ``make gpu-check`` prints "no CUDA device" and exits 0
     without running anything: not even the install a fresh clone would need."""

@@ -315,24 +315,6 @@ source = "builtin:tabular-noisy"
 """
 
 
-#: fixtures that start processes (worker processes, a server, a browser): their tests are
-#: marked ``processes``
-PROCESS_FIXTURES = frozenset(
-    {
-        "tight_server",  # here: a worker process to kill
-        "browser",  # explorer/test_explorer.py: Chromium
-        "traced",  # http/test_tracing.py: a server with the OTEL_* variables of its own
-        "hf_server",  # kinds/test_hf_classifiers.py: a server without HF_HUB_OFFLINE
-    }
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.processes)
-
-
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The main server: one worker, batching on with a window wide enough to merge reliably;
@@ -360,7 +342,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server with a tiny queue and no batching: for 429, 504 and a killed worker (a worker
-    process: its tests are marked ``processes``)."""
+    process: its tests are marked ``processes``, tests/conftest.py)."""
     keys = '[{"key": "k-tight", "models": ["tabular-mlp", "image-cnn", "slow"]}]'
     s = serve_in_thread(
         tmp_path_factory.mktemp("tight"),
