@@ -7,7 +7,7 @@ PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed-dev
 RUN    := $(VENV)/.installed
 
-.PHONY: test serve install install-dev lint bench gpu-check openapi docs clean
+.PHONY: test test-fast serve install install-dev lint bench gpu-check openapi docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ install-dev: $(STAMP)
 test: $(STAMP) $(RUN)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+# The edit-test loop: every test that starts no process (pytest -m "not processes": no server
+# subprocess, no worker process, no tool; their servers' workers are threads of the test
+# process, ATTRSERVE_WORKER_MODE=thread), in the two pytest-xdist workers of make test.
+test-fast: $(STAMP) $(RUN)
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not processes"
 
 lint: $(STAMP)
 	$(BIN)/ruff check methods service model_registry tests benchmarks

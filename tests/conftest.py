@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pytest
@@ -52,3 +55,76 @@ def both_layouts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     else:
         monkeypatch.setattr(layout, "DEVICES", ())
     return str(request.param)
+
+
+# -- the ``processes`` marker (make test-fast: -m "not processes") -------------------------------
+# A test that starts a process (a server, worker processes, a tool, a browser), in its body or in
+# a fixture it is the first to use, is marked ``processes`` (the tests of the fixtures in
+# PROCESS_FIXTURES are). An unmarked test that starts one fails, naming what it started:
+# test-fast stays process-free.
+
+#: fixtures that start processes: their tests are marked ``processes``
+PROCESS_FIXTURES = frozenset(
+    {
+        "tight_server",  # service/conftest.py: a worker process to kill
+        "browser",  # service/explorer/test_explorer.py: Chromium
+        "traced",  # service/http/test_tracing.py: a server with OTEL_* variables of its own
+        "hf_server",  # service/kinds/test_hf_classifiers.py: a server without HF_HUB_OFFLINE
+        "site",  # test_docs.py: mkdocs build
+        "compiled",  # service/kinds/test_prepare.py: torch.compile runs a C++ compiler
+    }
+)
+#: the unmarked test running now (None: a marked one, or none)
+_unmarked: str | None = None
+#: what each unmarked test started
+_started: dict[str, list[str]] = {}
+
+
+def _noting(what: str, start: Any, name: Any) -> Any:
+    @functools.wraps(start)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _unmarked is not None:
+            _started.setdefault(_unmarked, []).append(f"{what} {name(self, args, kwargs)}"[:160])
+        return start(self, *args, **kwargs)
+
+    return wrapped
+
+
+def _command(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    argv = kwargs.get("args", args[0] if args else "")
+    return str(argv) if isinstance(argv, str | bytes) else " ".join(map(str, argv))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    popen, start = subprocess.Popen.__init__, BaseProcess.start
+    subprocess.Popen.__init__ = _noting("subprocess", popen, _command)  # type: ignore[method-assign]
+    BaseProcess.start = _noting("process", start, lambda p, *_: p.name)  # type: ignore[method-assign]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    global _unmarked
+    _unmarked = None if item.get_closest_marker("processes") else item.nodeid
+    try:
+        return (yield)
+    finally:
+        _unmarked = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    started = _started.pop(item.nodeid, None) if call.when == "teardown" else None
+    if started:
+        report.outcome = "failed"
+        report.longrepr = (
+            "started a process but is not marked processes (pytest.mark.processes):\n  "
+            + "\n  ".join(started)
+        )
+    return report

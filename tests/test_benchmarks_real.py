@@ -110,6 +110,7 @@ def test_captum_out_of_memory_runs_both_sides_at_one_fixed_batch_size() -> None:
 
 
 @no_cuda
+@pytest.mark.processes  # a fresh interpreter
 def test_cuda_without_a_gpu_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert real.main(["--device", "cuda", "--quick"]) == 2
     captured = capsys.readouterr()

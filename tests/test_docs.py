@@ -88,6 +88,7 @@ def test_site_builds_strict_with_every_page(site: Path) -> None:
     assert (site / "heatmap.png").is_file() and (site / "tokens.png").is_file()
 
 
+@pytest.mark.processes  # mkdocs build
 def test_strict_build_fails_on_a_broken_link(tmp_path: Path) -> None:
     # the same config over a copy of docs/ with one dead link and one dead anchor
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")

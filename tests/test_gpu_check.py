@@ -19,6 +19,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only wit
 
 
 @no_cuda
+@pytest.mark.processes  # a fresh interpreter
 def test_without_cuda_it_refuses_in_one_line_before_importing_torch() -> None:
     code = (
         "import sys; from benchmarks.gpu_check import main; rc = main([]); "
@@ -33,6 +34,7 @@ def test_without_cuda_it_refuses_in_one_line_before_importing_torch() -> None:
 
 
 @no_cuda
+@pytest.mark.processes  # a fresh interpreter
 def test_the_module_entry_refuses_too() -> None:
     p = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_check", "--skip-bench"],
@@ -45,6 +47,7 @@ def test_the_module_entry_refuses_too() -> None:
 
 
 @no_cuda
+@pytest.mark.processes  # a fresh interpreter
 def test_make_gpu_check_installs_nothing_without_a_driver(tmp_path: Path) -> None:
     """CONTRACT 8.1: without CUDA, ``make gpu-check`` prints "no CUDA device" and exits 0
     without running anything: not even the install a fresh clone would need."""
@@ -167,6 +170,7 @@ def _fake_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> s
     return "fake_bench_gc"
 
 
+@pytest.mark.processes  # the benchmark's interpreter
 def test_the_benchmark_runs_with_its_table_and_status(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,6 +190,7 @@ def test_the_benchmark_runs_with_its_table_and_status(
     assert "| ig | 1.0 |" in out
 
 
+@pytest.mark.processes  # the benchmark's interpreter
 def test_a_failing_slow_or_missing_benchmark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

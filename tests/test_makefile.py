@@ -12,7 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed"),
+    pytest.mark.processes,  # make
+]
 
 
 def make(*args: str) -> str:

@@ -542,6 +542,7 @@ def test_ray_needs_its_extra(
     assert "--address needs --ray" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_the_console_script(tmp_path: Path) -> None:
     src = write_inputs(tmp_path / "x.npy")
     out = tmp_path / "a.parquet"

@@ -46,6 +46,7 @@ SESSION_TIMEOUT_S = 420
 READY_TIMEOUT_S = 240
 
 pytestmark = [
+    pytest.mark.processes,  # make serve and the README's blocks
     pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed"),
     pytest.mark.timeout(SESSION_TIMEOUT_S + READY_TIMEOUT_S + 60),
 ]

@@ -174,6 +174,12 @@ class Settings(BaseModel):
     access_log: bool = Field(
         default=True, description="one JSON access-log line per request (id, model, status, ms)"
     )
+    worker_mode: Literal["process", "thread"] = Field(
+        default="process",
+        description="process: each worker a process of its own (isolated, killable); thread: "
+        "a thread of the server (for tests and development: no isolation, a stuck worker "
+        "cannot be killed, torch's threads are the server's; service.pool.inthread)",
+    )
     worker_timeout_s: float = Field(
         default=10.0,
         gt=0,

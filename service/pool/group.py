@@ -47,6 +47,15 @@ from service.pool.predictors import Predictors
 from service.pool.processes import Processes
 from service.pool.records import DEPTH, PREEMPTED, Entry, Pending, Worker
 from service.worker import threads
+from service.worker.messages import (
+    Cancel,
+    Event,
+    FromWorker,
+    Heartbeat,
+    Ready,
+    Replied,
+    StartFailed,
+)
 
 log = logging.getLogger("attrserve.pool")
 __all__ = ["PREEMPTED", "Entry", "Group"]
@@ -287,7 +296,7 @@ class Group(Processes):
         else:
             if not pending.entries:
                 pending.abandoned_at = time.monotonic()
-            self._write(w, ("cancel", [entry.job.id]))
+            self._write(w, Cancel((entry.job.id,)))
         self.telemetry.queue_depth.set(self.queue_depth())
 
     def _close_window(self, pending: Pending) -> None:
@@ -343,7 +352,7 @@ class Group(Processes):
                 continue
             if queued or len(w.outstanding) > 1:  # a synchronous batch waits behind it
                 running.preempted = True
-                self._write(w, ("cancel", [e.job.id for e in running.entries]))
+                self._write(w, Cancel(tuple(e.job.id for e in running.entries)))
 
     def _dispatch(self) -> None:
         if self._jobs and self._owed():
@@ -382,7 +391,7 @@ class Group(Processes):
         if len(pending.entries) > 1:
             self.telemetry.merged.inc(len(pending.entries))
         jobs = [e.job for e in pending.entries]
-        self._write(w, ("batch", Batch(pending.id, jobs, pending.threads)))
+        self._write(w, Batch(pending.id, jobs, pending.threads))
 
     def _report_load_errors(self) -> None:
         """One log line per model that did not load, and again only if the reason changes
@@ -393,42 +402,41 @@ class Group(Processes):
         self._reported = dict(self.load_errors)
 
     # -- worker messages -------------------------------------------------------------------
-    def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:
+    def _on_message(self, w: Worker, generation: int, msg: FromWorker) -> None:
         if generation != w.generation:
             return
         w.last_heard = time.monotonic()
-        kind = msg[0]
-        if kind == "beat":
-            return
-        if kind == "ready":
-            w.state, w.pid, w.failures = "ready", msg[1]["pid"], 0
-            w.models = msg[1]["models"]
-            self.model_info = w.models
-            self.load_errors = dict(msg[1]["failed"])
-            self._report_load_errors()
-            self.crash = None
-            models = ", ".join(f"{m} ({i['device']})" for m, i in self.model_info.items())
-            log.info("attrserve: worker %d (pid %s) serves %s", w.index, w.pid, models)
-            self._fail_waiting()
-        elif kind == "failed":
-            w.state = "failed"
-            w.failures += 1
-            w.reason = "it failed to load the models"
-            failed, error = msg[1]["models"], msg[1]["error"]
-            self.load_errors = {s.id: failed.get(s.id, error) for s in self.specs}
-            self._report_load_errors()
-            self._fail_waiting()
-        elif kind == "event":  # a running job's event, to its waiter; nothing to dispatch
-            entry = w.sent(msg[1])
-            if entry is not None:
-                entry.event(msg[2])
-            return
-        elif kind == "done":
-            pending = w.outstanding.popleft() if w.outstanding else None
-            if not w.outstanding:
-                w.state = "ready"
-            if pending is not None:
-                self._done(pending, msg[2])
+        match msg:
+            case Heartbeat():
+                return
+            case Event(job_id, payload):  # to its waiter; nothing to dispatch
+                entry = w.sent(job_id)
+                if entry is not None:
+                    entry.event(payload)
+                return
+            case Ready():
+                w.state, w.pid, w.failures = "ready", msg.pid, 0
+                w.models = msg.models
+                self.model_info = w.models
+                self.load_errors = dict(msg.failed)
+                self._report_load_errors()
+                self.crash = None
+                models = ", ".join(f"{m} ({i['device']})" for m, i in self.model_info.items())
+                log.info("attrserve: worker %d (pid %s) serves %s", w.index, w.pid, models)
+                self._fail_waiting()
+            case StartFailed(error, failed):
+                w.state = "failed"
+                w.failures += 1
+                w.reason = "it failed to load the models"
+                self.load_errors = {s.id: failed.get(s.id, error) for s in self.specs}
+                self._report_load_errors()
+                self._fail_waiting()
+            case Replied(_, replies):
+                pending = w.outstanding.popleft() if w.outstanding else None
+                if not w.outstanding:
+                    w.state = "ready"
+                if pending is not None:
+                    self._done(pending, replies)
         self._dispatch()
 
     def _done(self, pending: Pending, replies: list[Reply]) -> None:

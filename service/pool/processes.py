@@ -5,8 +5,13 @@ Each worker is a process (forked from a forkserver that has imported what worker
 the event loop reads and writes through asyncio streams: the loop never blocks on a worker.
 Workers send heartbeats. One silent for ``worker_timeout_s`` (stopped, hung in C code, swapped
 out), or still busy ``worker_timeout_s`` after its whole batch was cancelled, is killed and
-restarted. What a worker says (``_on_message``) and what losing one means for the requests it
-held (``_on_dead``) belong to the group (``service.pool.group``).
+restarted. What a worker says (``_on_message``, the messages of ``service.worker.messages``)
+and what losing one means for the requests it held (``_on_dead``) belong to the group
+(``service.pool.group``).
+
+With ``worker_mode = "thread"`` each worker is a thread of this process instead
+(``service.pool.inthread``, which says what a thread cannot do), on the same channel: all of
+the above but the start is the same code.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from model_registry import sources
 from model_registry.spec import ModelSpec
 from service.core.settings import Settings
 from service.pool.cores import Cores
-from service.pool.records import STARTUP_GRACE_S, Worker
+from service.pool.inthread import WorkerThread
+from service.pool.records import STARTUP_GRACE_S, Handle, Worker
 from service.worker import preload
 from service.worker.channel import frame, read_message
 from service.worker.main import worker_main
+from service.worker.messages import FromWorker, Stop, ToWorker
 
 log = logging.getLogger("attrserve.pool")
 #: what every worker imports before it can load a model; the forkserver imports these once and
@@ -86,14 +93,15 @@ class Processes:
         self.specs = specs
         self.cores = cores
         self.workers = [Worker(i) for i in workers]
-        self._ctx = start_method(specs)
+        self._in_thread = settings.worker_mode == "thread"
+        self._ctx = None if self._in_thread else start_method(specs)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._gpus = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- what the group decides ------------------------------------------------------------
-    def _on_message(self, w: Worker, generation: int, msg: tuple[Any, ...]) -> None:
+    def _on_message(self, w: Worker, generation: int, msg: FromWorker) -> None:
         raise NotImplementedError
 
     def _on_dead(self, w: Worker, generation: int, reason: str, *, crashed: bool = False) -> None:
@@ -118,7 +126,7 @@ class Processes:
         for w in self.workers:
             if w.writer is not None:
                 with contextlib.suppress(Exception):
-                    w.writer.write(frame(None))
+                    w.writer.write(frame(Stop()))
         deadline = time.monotonic() + 5
         for w in self.workers:
             if w.process is not None:
@@ -149,12 +157,17 @@ class Processes:
             "heartbeat_s": self.settings.worker_timeout_s / 4,
             "log_level": self.settings.log_level,
         }
-        proc = self._ctx.Process(
-            target=worker_main,
-            args=(w.index, child, self.specs, options),
-            name=f"attrserve-worker-{w.index}-{self.name}",
-            daemon=True,
-        )
+        name = f"attrserve-worker-{w.index}-{self.name}"
+        proc: Handle
+        if self._ctx is None:  # thread mode: the thread owns the child's end
+            proc = WorkerThread(w.index, child, self.specs, options, name)
+        else:
+            proc = self._ctx.Process(
+                target=worker_main,
+                args=(w.index, child, self.specs, options),
+                name=name,
+                daemon=True,
+            )
         # the start itself is in the grace (the first one also starts the forkserver, which
         # imports PRELOAD: seconds), so the supervisor never takes a starting worker for dead
         w.state, w.last_heard = "starting", time.monotonic() + STARTUP_GRACE_S
@@ -170,7 +183,8 @@ class Processes:
             w.state, w.reason, w.failures = "failed", reason, w.failures + 1
             self._on_dead(w, w.generation, reason)
             return
-        child.close()  # so the channel reports EOF when the worker dies
+        if self._ctx is not None:
+            child.close()  # so the channel reports EOF when the worker dies
         reader, writer = await asyncio.open_unix_connection(sock=parent)
         w.generation += 1
         w.process, w.writer, w.state, w.pid = proc, writer, "starting", proc.pid
@@ -188,7 +202,7 @@ class Processes:
             how = "" if code is None else f" with code {code}"
             self._on_dead(w, generation, f"its process exited{how}", crashed=True)
 
-    def _write(self, w: Worker, message: Any) -> None:
+    def _write(self, w: Worker, message: ToWorker) -> None:
         """Queue a message for the worker (the transport buffers it; never blocks)."""
         try:
             if w.writer is None or w.writer.is_closing():

@@ -1,5 +1,5 @@
 """What the worker pool keeps track of: requests queued (``Entry``), the batches they form
-(``Pending``), and each worker process with the batches it holds (``Worker``)."""
+(``Pending``), and each worker process (or thread) with the batches it holds (``Worker``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Protocol
 
 from service.core.work import Reply, Work
 
@@ -65,10 +64,28 @@ class Entry:
             self.on_event(payload)
 
 
+class Handle(Protocol):
+    """A worker's process, or its thread (``service.pool.inthread``): what the pool asks."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def start(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+
 @dataclass(eq=False)
 class Worker:
     index: int
-    process: BaseProcess | None = None
+    process: Handle | None = None
     writer: asyncio.StreamWriter | None = None
     state: str = "starting"  # starting | ready | busy | dead | failed
     #: batches sent and not answered, oldest (computing) first

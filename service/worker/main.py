@@ -9,10 +9,18 @@ parent can tell a slow worker from a stopped one.
 Cancellation: the engine calls ``methods.engine`` checkpoints between chunks; the running
 batch's checkpoint says stop once every job in it is cancelled (by the parent: deadline passed
 or client gone) or past its deadline, or the parent has gone away.
+
+What crosses the channel: the dataclasses of ``service.worker.messages``.
+
+In thread mode (``ATTRSERVE_WORKER_MODE=thread``, ``service.pool.inthread``) the same loop runs
+in a thread of the server, over the same channel; what belongs to a process is then the
+server's and left alone: logging, the visible GPUs, torch's thread counts (the batch's
+``threads`` are not applied: the worker computes on the server process's threads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -38,11 +46,23 @@ from service.core.work import Batch, Reply, Work
 from service.wire.engine_errors import from_engine
 from service.worker.channel import BlockingChannel
 from service.worker.merge import merge, split
+from service.worker.messages import (
+    Cancel,
+    Event,
+    Heartbeat,
+    Ready,
+    Replied,
+    StartFailed,
+    Stop,
+)
 
 log = logging.getLogger("attrserve.worker")
 Run = Callable[[Any, Work], Reply]
 #: a running job's event to the parent: (job id, payload)
 Send = Callable[[int, Any], None]
+#: thread mode: one model loads at a time in the process (transformers builds a model with
+#: torch patched process-wide: on the meta device, parameters registered empty)
+LOADING = threading.Lock()
 
 
 class Control:
@@ -75,17 +95,20 @@ def load_problem(exc: Any) -> str:
 def worker_main(
     index: int, sock: socket.socket, specs: list[ModelSpec], options: dict[str, Any]
 ) -> None:
-    """Process entry point (spawned)."""
+    """Process entry point (spawned); with ``options["in_thread"]``, a thread's of the server
+    process (``service.pool.inthread``), which leaves the process's own state alone."""
     chan = BlockingChannel(sock)
-    level = logging.getLevelName(str(options.get("log_level", "info")).upper())
-    logging.basicConfig(
-        level=level if isinstance(level, int) else logging.INFO, format="%(message)s"
-    )
+    in_thread = bool(options.get("in_thread"))
+    if not in_thread:
+        level = logging.getLevelName(str(options.get("log_level", "info")).upper())
+        logging.basicConfig(
+            level=level if isinstance(level, int) else logging.INFO, format="%(message)s"
+        )
     beat = threading.Thread(
         target=_heartbeat, args=(chan, float(options["heartbeat_s"])), daemon=True
     )
     beat.start()
-    if options.get("cuda_device") is not None:
+    if options.get("cuda_device") is not None and not in_thread:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(options["cuda_device"])
     try:
         import methods
@@ -93,12 +116,13 @@ def worker_main(
         from service import kinds
         from service.worker import threads
 
-        threads.limit(int(options.get("torch_threads") or 1))
+        if not in_thread:
+            threads.limit(int(options.get("torch_threads") or 1))
         budget = options["memory_budget_bytes"]
         methods.set_memory_budget(None if budget is None else int(budget))
     except BaseException as exc:  # report why, then exit: the parent decides on restarts
         log.error("attrserve: worker %d cannot start\n%s", index, traceback.format_exc())
-        chan.send(("failed", {"error": f"{type(exc).__name__}: {exc}", "models": {}}))
+        chan.send(StartFailed(f"{type(exc).__name__}: {exc}", {}))
         return
     # each model alone: one that cannot load (or fails its kind's set-up: compile, warm up,
     # checks) is reported with the reason, and the others are served
@@ -107,13 +131,14 @@ def worker_main(
     failed: dict[str, str] = {}
     for spec in specs:
         try:
-            lm = model_registry.load(spec)
-            info[spec.id] = {
-                "device": str(lm.device),
-                "tokenizer": lm.tokenizer is not None,
-                "torchscript": bool(lm.is_torchscript),
-                **kinds.of(spec).prepare(lm),
-            }
+            with LOADING if in_thread else contextlib.nullcontext():
+                lm = model_registry.load(spec)
+                info[spec.id] = {
+                    "device": str(lm.device),
+                    "tokenizer": lm.tokenizer is not None,
+                    "torchscript": bool(lm.is_torchscript),
+                    **kinds.of(spec).prepare(lm),
+                }
             models[spec.id] = lm
         except model_registry.RegistryError as exc:  # a configuration mistake: its message
             failed[spec.id] = load_problem(exc)  # names the field and the fix (the parent logs it)
@@ -121,9 +146,9 @@ def worker_main(
             log.error("attrserve: model %r failed to load\n%s", spec.id, traceback.format_exc())
             failed[spec.id] = f"{type(exc).__name__}: {exc}"
     if not models:
-        chan.send(("failed", {"error": "no model could be loaded", "models": failed}))
+        chan.send(StartFailed("no model could be loaded", failed))
         return
-    chan.send(("ready", {"pid": os.getpid(), "models": info, "failed": failed}))
+    chan.send(Ready(os.getpid(), info, failed))
 
     control = Control()
     inbox: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
@@ -132,13 +157,14 @@ def worker_main(
         batch = inbox.get()
         if batch is None:
             return
-        threads.use(batch.threads)
+        if not in_thread:
+            threads.use(batch.threads)
         replies = run_batch(
-            models, batch.jobs, kinds.run, control, lambda jid, p: chan.send(("event", jid, p))
+            models, batch.jobs, kinds.run, control, lambda jid, p: chan.send(Event(jid, p))
         )
         control.forget(batch.jobs)
         try:
-            chan.send(("done", batch.id, replies))
+            chan.send(Replied(batch.id, replies))
         except OSError:  # the parent is gone
             return
 
@@ -147,26 +173,29 @@ def _heartbeat(chan: BlockingChannel, interval: float) -> None:
     while True:
         time.sleep(interval)
         try:
-            chan.send(("beat",))
+            chan.send(Heartbeat())
         except OSError:
             return
 
 
 def _receive(chan: BlockingChannel, inbox: queue.SimpleQueue[Batch | None], c: Control) -> None:
-    """Channel -> inbox until the parent says stop (None) or goes away; cancels at once."""
+    """Channel -> inbox until the parent says stop or goes away; cancels at once."""
     while True:
         try:
             msg = chan.recv()
         except (EOFError, OSError):
-            msg = None
-        if msg is None:
-            c.stopping = True  # the batch computing now stops at its next checkpoint
-            inbox.put(None)
-            return
-        if msg[0] == "cancel":
-            c.cancelled.update(msg[1])
-        else:
-            inbox.put(msg[1])
+            msg = Stop()
+        match msg:
+            case Batch():
+                inbox.put(msg)
+            case Cancel(job_ids):
+                c.cancelled.update(job_ids)
+            case Stop():
+                c.stopping = True  # the batch computing now stops at its next checkpoint
+                inbox.put(None)
+                return
+            case _:  # a bug of the parent's: said, and the worker goes on
+                log.error("attrserve: not a message to a worker: %r", msg)
 
 
 def _error(job: Work, err: ServiceError) -> Reply:
@@ -194,7 +223,7 @@ def _safe(
     send: Send | None = None,
 ) -> Reply:
     """``run(job)`` under a cancel scope, its events (``service.core.events``) sent as
-    ``("event", job id, payload)``; every failure as a reply (logged when unexpected)."""
+    ``Event`` messages; every failure as a reply (logged when unexpected)."""
     import methods
     from methods.errors import AttributionCancelled, AttributionError, ModelError
 

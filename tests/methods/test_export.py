@@ -193,6 +193,7 @@ _FRESH = textwrap.dedent(
 LOADABLE = [c for c in CASES if c.values[1] != "gradient_shap"]
 
 
+@pytest.mark.processes
 def test_saved_programs_run_with_only_torch(exported: dict[str, Any]) -> None:
     folder: Path = exported["dir"]
     for case in CASES:

@@ -1,4 +1,8 @@
-"""A real ``attrserve serve`` in a subprocess on a free port, with real worker processes."""
+"""Servers for the service's tests: the app served by uvicorn in a thread of this process, its
+workers threads too (``serve_in_thread``: the pool's code path, no process started), or with
+real worker processes (``worker_mode="process"``), or a real ``attrserve serve`` in a subprocess
+(``start_server``). Only what a process is for (isolation, crashes, kills, restarts, signals)
+starts one; such tests are marked ``processes`` (``make test-fast`` leaves them out)."""
 
 from __future__ import annotations
 
@@ -211,9 +215,12 @@ def start_server(
 def serve_in_thread(
     tmp: Path, *, toml: str = MODELS_TOML, every_model: bool = True, **settings: object
 ) -> Server:
-    """The app of ``start_server``, with the same settings and real worker processes, served by
-    uvicorn in a thread of this process: no interpreter to start, and the workers fork from
-    this process's forkserver, started once (what a subprocess pays for on every start).
+    """The app of ``start_server``, with the same settings, served by uvicorn in a thread of
+    this process: no interpreter to start. Its workers are threads of this process too
+    (``worker_mode="thread"``, ``service.pool.inthread``: the same pool, channel and worker
+    loop, no process), unless ``worker_mode="process"``: real worker processes, forked from
+    this process's forkserver, started once (for a test of what a process is for: a kill, a
+    crash, a hung worker, per-process threads; its test is marked ``processes``).
 
     For every test that does not signal, kill or restart the server's own process; its log
     file gets what ``attrserve serve`` prints (the access log included). As in a served
@@ -226,6 +233,7 @@ def serve_in_thread(
     port = free_port()
     settings.setdefault("data_dir", tmp / "data")
     settings.setdefault("torch_threads", 1)
+    settings.setdefault("worker_mode", "thread")
     environ = {f"ATTRSERVE_{k.upper()}": str(v) for k, v in settings.items() if v is not None}
     config = Settings.from_env(
         environ, host="127.0.0.1", port=port, models=str(models_dir(tmp, toml))
@@ -333,10 +341,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server with a tiny queue and no batching: for 429, 504 and a killed worker."""
+    """A server with a tiny queue and no batching: for 429, 504 and a killed worker (a worker
+    process: its tests are marked ``processes``, tests/conftest.py)."""
     keys = '[{"key": "k-tight", "models": ["tabular-mlp", "image-cnn", "slow"]}]'
     s = serve_in_thread(
-        tmp_path_factory.mktemp("tight"), workers=1, queue_size=1, batching="false", api_keys=keys
+        tmp_path_factory.mktemp("tight"),
+        workers=1,
+        queue_size=1,
+        batching="false",
+        api_keys=keys,
+        worker_mode="process",
     )
     yield s
     stop_server(s)

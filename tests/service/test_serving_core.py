@@ -1,6 +1,7 @@
-"""The serving core under real traffic, against a real server with real workers: cancellation
-that stops work, supervised workers, bad input as 4xx, limits after coercion, graceful shutdown,
-keys before parsing, request ids. Ceilings on time are generous: they catch hangs, not speed."""
+"""The serving core under real traffic, against a real server: cancellation that stops work and
+supervised workers (``core``: a worker process, stopped and killed), graceful shutdown (a server
+process), bad input as 4xx, limits after coercion, keys before parsing, request ids (the
+session's servers). Ceilings on time are generous: they catch hangs, not speed."""
 
 from __future__ import annotations
 
@@ -37,9 +38,13 @@ PROBLEM = "application/problem+json"
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One worker, batching off, a short heartbeat timeout."""
+    """One worker process (stopped and killed here), batching off, a short heartbeat timeout."""
     s = serve_in_thread(
-        tmp_path_factory.mktemp("core"), workers=1, batching="false", worker_timeout_s=2
+        tmp_path_factory.mktemp("core"),
+        workers=1,
+        batching="false",
+        worker_timeout_s=2,
+        worker_mode="process",
     )
     yield s
     stop_server(s)
@@ -64,6 +69,7 @@ def slow_worker(core: Server) -> dict[str, Any]:
     return worker
 
 
+@pytest.mark.processes
 def test_cheap_request_after_a_504_is_served_promptly(core: Server) -> None:
     with core.client() as c:
         t0 = time.monotonic()
@@ -77,6 +83,7 @@ def test_cheap_request_after_a_504_is_served_promptly(core: Server) -> None:
         cheap_is_prompt(c)
 
 
+@pytest.mark.processes
 def test_cheap_request_after_disconnects_is_served_promptly(core: Server) -> None:
     for _ in range(4):
         with pytest.raises(httpx.TimeoutException):
@@ -86,6 +93,7 @@ def test_cheap_request_after_disconnects_is_served_promptly(core: Server) -> Non
     assert '"status":499' in core.log.read_text()  # the access log saw the clients go
 
 
+@pytest.mark.processes
 def test_stopped_worker_does_not_stall_the_server_and_is_replaced(core: Server) -> None:
     before = slow_worker(core)
     answer: dict[str, httpx.Response] = {}
@@ -403,6 +411,7 @@ def test_large_bodies_do_not_stall_health(server: Server) -> None:
 
 
 @pytest.mark.lifecycle
+@pytest.mark.processes
 def test_sigterm_drains_then_answers_503(tmp_path: Path) -> None:
     s = start_server(tmp_path, workers=1, batching="false", shutdown_grace_s=1)
     pid = s.ready()["workers"][0]["pid"]  # type: ignore[index]
@@ -454,6 +463,7 @@ SAMPLING = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("method", sorted(SAMPLING))
 def test_a_cancelled_sampling_loop_leaves_its_worker_idle(core: Server, method: str) -> None:
     """Each perturbation family past its deadline: 504 at once, and the next request on the

@@ -94,6 +94,7 @@ def run_block(block: Block, server: Server, tmp: Path) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(cmd, proc.returncode, log.read_text(errors="replace"), "")
 
 
+@pytest.mark.processes  # each block a process
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.name for b in RUNNABLE])
 def test_block_runs(block: Block, server: Server, tmp_path: Path) -> None:
     if block.mark == "skip":

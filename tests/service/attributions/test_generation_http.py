@@ -294,7 +294,7 @@ def test_a_cancelled_generation_stops_and_leaves_its_worker_idle(lm_server: Serv
     """Sampling over a generative LM past its deadline: 504 at the deadline, and the worker
     (not restarted) answers the next request at once: the loop stopped between evaluations."""
     with lm_server.client() as c:
-        (before,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
+        (before,) = [(w["pid"], w["restarts"]) for w in c.get("/v1/health/ready").json()["workers"]
                      if w["group"] == "gpt2-dir"]  # fmt: skip
         words = ["alice", "the city", "bob", "a friend", "paris", "rome", "old", "new"] * 4
         expensive = {
@@ -315,7 +315,7 @@ def test_a_cancelled_generation_stops_and_leaves_its_worker_idle(lm_server: Serv
         # not behind the abandoned sampling (19,800 single-row forwards); generous
         # for a loaded CI machine, where one cheap request alone has taken 2 s
         assert time.monotonic() - t0 < 15.0
-        (after,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
+        (after,) = [(w["pid"], w["restarts"]) for w in c.get("/v1/health/ready").json()["workers"]
                     if w["group"] == "gpt2-dir"]  # fmt: skip
         assert after == before
 

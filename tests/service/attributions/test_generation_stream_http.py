@@ -79,7 +79,7 @@ def test_hanging_up_stops_the_work(server: Server) -> None:
             "target": "paris rome oslo lima paris rome", "internal_batch_size": 1,
             "params": {"n_steps": 1024}, "deadline_ms": 120000}  # fmt: skip
     with server.client() as c:
-        (before,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
+        (before,) = [(w["pid"], w["restarts"]) for w in c.get("/v1/health/ready").json()["workers"]
                      if w["group"] == "gpt2-dir"]  # fmt: skip
         t0 = time.monotonic()
         with c.stream("POST", URL, json=body, headers=SSE) as r:
@@ -94,7 +94,7 @@ def test_hanging_up_stops_the_work(server: Server) -> None:
         assert r.status_code == 200, r.text
         # the five tokens left would take ~5 x per_token; a stopped stream, one chunk
         assert time.monotonic() - t0 < max(2.0, 2 * per_token), per_token
-        (after,) = [w["pid"] for w in c.get("/v1/health/ready").json()["workers"]
+        (after,) = [(w["pid"], w["restarts"]) for w in c.get("/v1/health/ready").json()["workers"]
                     if w["group"] == "gpt2-dir"]  # fmt: skip
         assert after == before
 

@@ -14,6 +14,9 @@ import pytest
 
 from tests.service.conftest import Server, serve_in_thread, stop_server
 
+#: worker processes: the server's own thread counts, per worker process
+pytestmark = pytest.mark.processes
+
 ROWS = np.random.default_rng(3).normal(size=(6, 8)).round(3).tolist()
 BODY: dict[str, Any] = {
     "method": "integrated_gradients",
@@ -33,6 +36,7 @@ def own_threads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         toml=toml,
         workers=2,
         torch_threads=None,
+        worker_mode="process",
         job_chunk_cost=64,
     )
     yield s

@@ -57,6 +57,7 @@ def test_a_host_that_does_not_resolve_is_named(capsys: pytest.CaptureFixture[str
     assert "cannot listen on no-such-host.invalid:8000" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_the_command_exits_within_seconds_with_one_line(held: int, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTRSERVE_")}
     env["ATTRSERVE_DATA_DIR"] = str(tmp_path)  # were it to start, never in the working tree

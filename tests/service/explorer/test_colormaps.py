@@ -41,6 +41,7 @@ def test_the_page_loads_the_pictures_colormaps(served: str) -> None:
     assert 'from "./colormaps.js"' in (PAGE / "draw.js").read_text()
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
 def test_a_score_has_one_colour_on_the_page_and_in_a_picture(served: str, tmp_path: Path) -> None:
     """The page's palette at scores -1..1 (scaled by their largest) against the PNGs' table:

@@ -26,6 +26,8 @@ import pytest
 import methods
 from tests.service.conftest import Server
 
+pytestmark = pytest.mark.processes  # openapi-python-client and node
+
 TS_CLIENT = Path(__file__).resolve().parent / "ts_client"
 PACKAGE = "attrserve_generated_client"
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], [1.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0]]

@@ -113,6 +113,7 @@ def test_a_missing_exporter_is_a_warning_not_a_failure(caplog: pytest.LogCapture
     assert trace.trace_id == TRACE  # the trace is still continued
 
 
+@pytest.mark.processes
 def test_no_sdk_is_imported_unless_asked() -> None:
     """Neither the SDK nor an exporter nor our ``otel`` module (FastAPI itself imports the
     OpenTelemetry *API* when it is installed, and leaves it idle)."""

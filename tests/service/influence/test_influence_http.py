@@ -215,7 +215,9 @@ def test_an_index_that_cannot_be_followed_fails_alone(tmp_path: Path) -> None:
     root = tmp_path / "data" / "influence" / "tabular-noisy" / spec.influence.digest(spec.version)
     root.mkdir(parents=True)
     (root / "job.json").write_text("{not json")
-    settings = Settings(workers=1, data_dir=str(tmp_path / "data"), models=str(toml))
+    settings = Settings(
+        workers=1, data_dir=str(tmp_path / "data"), models=str(toml), worker_mode="thread"
+    )
     with TestClient(create_app(settings)) as c:
         state = c.get("/v1/models/tabular-noisy").json()["influence"]
         assert state["status"] == "failed" and "JSONDecodeError" in state["error"]

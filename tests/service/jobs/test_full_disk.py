@@ -63,6 +63,7 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClie
         data_dir=str(tmp_path / "data"),
         job_chunk_cost=64,
         models=str(tmp_path / "models.toml"),
+        worker_mode="thread",
     )
     with TestClient(create_app(settings)) as c:
         deadline = time.monotonic() + 120

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from model_registry.builtin.tabular import TabularMLP
-from tests.service.conftest import Server, start_server, stop_server
+from tests.service.conftest import Server, serve_in_thread, start_server, stop_server
 
 A = {"X-API-Key": "k-a"}
 B = {"Authorization": "Bearer k-b"}
@@ -250,6 +250,7 @@ def test_synchronous_requests_keep_priority_and_cancel_frees_the_worker(
                 c.delete(f"/v1/jobs/{job_id}", headers=A)
 
 
+@pytest.mark.processes
 @pytest.mark.lifecycle
 def test_a_killed_server_finishes_the_job_after_restart(tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -299,7 +300,7 @@ def test_a_killed_server_finishes_the_job_after_restart(tmp_path: Path) -> None:
 
 
 def test_limits(tmp_path: Path) -> None:
-    server = start_server(
+    server = serve_in_thread(
         tmp_path,
         workers=1,
         data_dir=tmp_path / "d",

@@ -21,7 +21,8 @@ import pytest
 from service.worker.threads import cpu_count
 from tests.service.conftest import REPO, Server, free_port, start_server, stop_server
 
-pytestmark = pytest.mark.timeout(300)
+#: a real server: crashes, stuck requests, killed workers
+pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 
 HEALTHY = """
 [[models]]

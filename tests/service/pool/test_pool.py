@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import pickle
 import time
 from pathlib import Path
@@ -22,9 +23,11 @@ from service.core.work import Attribution, Batch, Prediction, Reply
 from service.pool.cores import Cores
 from service.pool.costs import HEAVY_MS, RETRY
 from service.pool.group import Group
+from service.pool.inthread import WorkerThread
 from service.pool.records import Pending, Worker
 from service.worker import preload
 from service.worker.channel import HEADER
+from service.worker.messages import Cancel, Replied
 
 
 class FakeWriter:
@@ -35,10 +38,11 @@ class FakeWriter:
         self.cancelled: list[int] = []
 
     def write(self, data: bytes) -> None:
-        kind, payload = pickle.loads(data[HEADER.size :])
-        (self.sent if kind == "batch" else self.cancelled).extend(
-            [payload] if kind == "batch" else payload
-        )
+        match pickle.loads(data[HEADER.size :]):
+            case Batch() as batch:
+                self.sent.append(batch)
+            case Cancel(job_ids):
+                self.cancelled.extend(job_ids)
 
     def is_closing(self) -> bool:
         return False
@@ -68,7 +72,7 @@ def pool(**settings: Any) -> tuple[Group, FakeWriter]:
 
 def done(p: Group, batch: Batch) -> None:
     replies = [Reply(job_id=j.id) for j in batch.jobs]
-    p._on_message(p.workers[0], 1, ("done", batch.id, replies))
+    p._on_message(p.workers[0], 1, Replied(batch.id, replies))
 
 
 async def _adaptive() -> None:
@@ -163,7 +167,7 @@ def answer(p: Group, batch: Batch, compute_ms: float = 1.0) -> None:
         Reply(job_id=j.id, attributions=[j.arrays[0] * 2], compute_ms=compute_ms)
         for j in batch.jobs
     ]
-    p._on_message(p.workers[0], 1, ("done", batch.id, replies))
+    p._on_message(p.workers[0], 1, Replied(batch.id, replies))
 
 
 async def _cheap_first() -> None:
@@ -297,7 +301,7 @@ async def _split_predictions() -> None:
     for _ in range(6):
         (piece,) = conn.sent[-1].jobs
         reply = Reply(job_id=piece.id, predictions=piece.arrays[0] + 1, compute_ms=100.0)
-        p._on_message(p.workers[0], 1, ("done", conn.sent[-1].id, [reply]))
+        p._on_message(p.workers[0], 1, Replied(conn.sent[-1].id, [reply]))
     await asyncio.sleep(0)
     predictions = whole.future.result().predictions
     assert predictions is not None
@@ -417,3 +421,44 @@ def test_a_preload_module_that_fails_stops_nothing(
     (tmp_path / "broken_at_import.py").write_text("raise RuntimeError('built for torch 1.0')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert preload.preload(["broken_at_import", "json", "no_such_module"]) == ["json"]
+
+
+async def _thread_worker(tmp: Path) -> None:
+    (tmp / "models.toml").write_text('[[models]]\nid = "m"\nsource = "builtin:tabular-mlp"\n')
+    specs = model_registry.load_specs(str(tmp / "models.toml"))
+    settings = Settings(worker_mode="thread", worker_timeout_s=2, torch_threads=1)
+    g = Group("g", settings, specs, Telemetry(), range(1))
+    await g.start()
+    try:
+        w = g.workers[0]
+
+        async def served() -> Reply:
+            end = time.monotonic() + 60
+            while w.state != "ready" and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+            work = dataclasses.replace(
+                job(1),
+                arrays=(np.ones((2, 8), np.float32),),
+                target={"form": "index", "index": [0]},
+            )
+            return await asyncio.wait_for(g.submit(work).future, 60)
+
+        first = await served()
+        assert first.error is None and first.attributions[0].shape == (2, 8)
+        assert w.pid == os.getpid() and isinstance(w.process, WorkerThread)
+        thread = w.process
+        g._kill(w, "a test")  # a thread cannot be killed: its channel is shut, it ends
+        await asyncio.to_thread(thread.join, 10)
+        assert not thread.is_alive()
+        again = await served()  # a new thread, the model loaded again
+        assert w.restarts == 1 and w.process is not thread
+        assert again.error is None and np.array_equal(again.attributions[0], first.attributions[0])
+    finally:
+        await g.stop()
+    assert not w.process.is_alive()
+
+
+def test_a_worker_thread_serves_ends_when_killed_and_restarts(tmp_path: Path) -> None:
+    """worker_mode=thread (service.pool.inthread): the group's path with no process; kill
+    shuts the thread's channel, so it ends, and a new thread serves; stop ends it."""
+    asyncio.run(_thread_worker(tmp_path))

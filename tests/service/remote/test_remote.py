@@ -27,6 +27,8 @@ from model_registry.builtin.text import WordTokenizer
 from tests.service.conftest import REPO, Server, free_port, start_server, stop_server
 from tests.service.remote.predictor import cnn, forest, mlp, text
 
+pytestmark = pytest.mark.processes  # a KServe predictor and a server in subprocesses, killed
+
 pytest.importorskip("kserve", reason="kserve is a dev dependency")
 
 TOKEN = "s3cret-token-for-the-predictor"
