@@ -189,6 +189,12 @@ def worker_count(settings: Settings) -> int:
 def create_app(settings: Settings | None = None, *, start_workers: bool = True) -> AttrServe:
     """Build the app; the worker pool starts with the app's lifespan."""
     settings = settings or Settings.from_env()
+    sections = [op.section for op in OPERATIONS if op.section is not None]
+    for section in sections:  # an operation's invalid setting stops the start, naming it
+        settings.section(section)
+    unclaimed = settings.unclaimed(sections)
+    if unclaimed:
+        raise SystemExit(f"attrserve: no setting is named {', '.join(unclaimed)}")
     try:
         specs = model_registry.load_specs(settings.models)
     except model_registry.RegistryError as exc:

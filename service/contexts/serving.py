@@ -12,6 +12,7 @@ from methods.generation.context import check_template
 from model_registry.spec import ModelSpec
 from model_registry.tasks import task_of
 from service.contexts.protocol import ContextRequest, ContextResponse
+from service.contexts.settings import ContextSettings
 from service.contexts.work import WHERE, ContextQuery
 from service.core.errors import LimitExceeded, UnsupportedMethod
 from service.core.settings import Settings
@@ -24,6 +25,7 @@ def build(
     settings: Settings, spec: ModelSpec, req: ContextRequest, deadline: float, request_id: str
 ) -> ContextQuery:
     """Every check that needs no model: the request as work, or a 4xx ServiceError."""
+    own = settings.section(ContextSettings)
     kind = task_of(spec).family
     if not task_of(spec).supports(ContextAttributions.operation):
         raise UnsupportedMethod(
@@ -41,10 +43,10 @@ def build(
         check_template(req.prompt_template)
     except AttributionError as exc:
         raise from_engine(exc, request_id, WHERE) from None
-    if len(parts) > settings.max_context_units:
+    if len(parts) > own.max_context_units:
         raise LimitExceeded(
             f"the context has {len(parts)} units; this server attributes to at most "
-            f"{settings.max_context_units} (ATTRSERVE_MAX_CONTEXT_UNITS): use larger units",
+            f"{own.max_context_units} (ATTRSERVE_MAX_CONTEXT_UNITS): use larger units",
             loc=("body", "context"),
         )
     if req.n_ablations > settings.max_n_samples:
@@ -55,18 +57,18 @@ def build(
         )
     # words are a lower bound of tokens: refuse what is surely over, before any work
     words = len(parts.join().split()) + len(req.query.split())
-    if words > settings.max_context_tokens:
+    if words > own.max_context_tokens:
         raise LimitExceeded(
             f"the context and query have {words} words; this server takes prompts of at most "
-            f"{settings.max_context_tokens} tokens (ATTRSERVE_MAX_CONTEXT_TOKENS)",
+            f"{own.max_context_tokens} tokens (ATTRSERVE_MAX_CONTEXT_TOKENS)",
             loc=("body", "context"),
         )
     new_tokens = req.gen_args.max_new_tokens if req.gen_args is not None else 64
     answer = len(req.answer.split()) if req.answer is not None else new_tokens
-    if answer > settings.max_answer_tokens:
+    if answer > own.max_answer_tokens:
         raise LimitExceeded(
             f"the answer has {answer} {'words' if req.answer is not None else 'tokens'}; this "
-            f"server takes at most {settings.max_answer_tokens} tokens "
+            f"server takes at most {own.max_answer_tokens} tokens "
             "(ATTRSERVE_MAX_ANSWER_TOKENS)",
             loc=("body", "answer" if req.answer is not None else "gen_args"),
         )
@@ -89,8 +91,8 @@ def build(
         request_id=request_id,
         request=request,
         limits={
-            "prompt": settings.max_context_tokens,
-            "answer": settings.max_answer_tokens,
+            "prompt": own.max_context_tokens,
+            "answer": own.max_answer_tokens,
             "cost": settings.max_cost,
         },
     )
@@ -105,6 +107,7 @@ class ContextAttributions(Capability[ContextRequest]):
     request = ContextRequest
     response = ContextResponse
     job_operation_id = "submitContextAttributionJob"
+    section = ContextSettings
 
     def build(
         self,

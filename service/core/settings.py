@@ -2,6 +2,9 @@
 
 Every field can be set as ``ATTRSERVE_<FIELD>`` (upper case); list and dict fields take JSON.
 The object is frozen and passed down from ``create_app``; nothing else reads the environment.
+``Settings`` holds what the server as a whole uses (binding, workers, queue, deadlines, shared
+limits, keys, jobs); an operation's own settings are a ``Section`` in its folder, read from the
+same variables (``settings.section(ContextSettings)``) and checked when the app is built.
 """
 
 from __future__ import annotations
@@ -10,14 +13,24 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 PREFIX = "ATTRSERVE_"
 
 BatchSize = int | Literal["auto"] | None
+
+S = TypeVar("S", bound="Section")
+
+
+class Section(BaseModel):
+    """An operation's own settings (``Capability.settings``): its fields are read from
+    ``ATTRSERVE_<FIELD>`` like ``Settings``' own, so a section's variables are named as if the
+    settings were one object; no section repeats a name of ``Settings``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ApiKey(BaseModel):
@@ -199,18 +212,6 @@ class Settings(BaseModel):
     max_features: int = Field(
         default=64, ge=1, description="causal LMs: most prompt features (tokens or slots) (422)"
     )
-    max_context_tokens: int = Field(
-        default=4096,
-        ge=1,
-        description="context attributions: most tokens of the prompt built from the whole "
-        "context (422)",
-    )
-    max_context_units: int = Field(
-        default=512, ge=1, description="context attributions: most units of the context (422)"
-    )
-    max_answer_tokens: int = Field(
-        default=256, ge=1, description="context attributions: most tokens of the answer (422)"
-    )
     max_concurrency: int | None = Field(
         default=None,
         ge=1,
@@ -273,6 +274,11 @@ class Settings(BaseModel):
         "takes 4 ms for 48% of the size, level 9 29 ms for 43%)",
     )
 
+    #: the ``ATTRSERVE_*`` values and overrides that are not fields here: the sections' values
+    _rest: dict[str, Any] = PrivateAttr(default_factory=dict)
+    #: the names of the overrides among them
+    _overridden: frozenset[str] = PrivateAttr(default=frozenset())
+
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
@@ -295,23 +301,55 @@ class Settings(BaseModel):
         """How long SIGTERM lets in-flight work finish."""
         return self.deadline_ms / 1e3 if self.shutdown_grace_s is None else self.shutdown_grace_s
 
+    def section(self, kind: type[S]) -> S:
+        """An operation's settings, read from the variables and overrides this was read from
+        (``SystemExit`` naming the variable when one is invalid: ``create_app`` reads every
+        operation's section, so a bad value stops the start)."""
+        values = {name: self._rest[name] for name in kind.model_fields if name in self._rest}
+        return _validated(kind, values)
+
+    def unclaimed(self, sections: Iterable[type[Section]]) -> list[str]:
+        """The overrides no field of these sections takes (a typo, or a setting of an
+        operation that is not there): ``create_app`` refuses them."""
+        taken = {name for kind in sections for name in kind.model_fields}
+        return sorted(name for name in self._overridden if name not in taken)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read every ``ATTRSERVE_*`` variable (JSON for structured fields); overrides win."""
+        """Read every ``ATTRSERVE_*`` variable (JSON for structured fields); overrides win.
+        Variables and overrides that are not fields here are kept for the sections."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for name, field in cls.model_fields.items():
-            raw = env.get(PREFIX + name.upper())
-            if raw is None:
+        rest: dict[str, Any] = {}
+        for var, raw in env.items():
+            if not var.startswith(PREFIX):
                 continue
-            values[name] = _parse(raw, field.annotation)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            var = PREFIX + str(first["loc"][0]).upper() if first["loc"] else PREFIX
-            raise SystemExit(f"invalid setting {var}: {first['msg']}") from None
+            name = var[len(PREFIX) :].lower()
+            field = cls.model_fields.get(name)
+            if field is not None:
+                values[name] = _parse(raw, field.annotation)
+            else:
+                rest[name] = _parse(raw, None)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        values.update({k: v for k, v in given.items() if k in cls.model_fields})
+        extra = {k: v for k, v in given.items() if k not in cls.model_fields}
+        rest.update(extra)
+        settings = _validated(cls, values)
+        settings._rest = rest
+        settings._overridden = frozenset(extra)
+        return settings
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(kind: type[M], values: dict[str, Any]) -> M:
+    try:
+        return kind.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        var = PREFIX + str(first["loc"][0]).upper() if first["loc"] else PREFIX
+        raise SystemExit(f"invalid setting {var}: {first['msg']}") from None
 
 
 def _parse(raw: str, annotation: Any) -> Any:

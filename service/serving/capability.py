@@ -38,7 +38,7 @@ from service.core.errors import (
     ServiceError,
 )
 from service.core.offload import offload_if
-from service.core.settings import Settings
+from service.core.settings import Section, Settings
 from service.core.tracing import record_work
 from service.core.work import Reply, Work
 from service.http.observed import Observed
@@ -103,6 +103,9 @@ class Capability(Generic[R]):
     #: a job's result is answered from its chunks' replies joined (False: from its work
     #: alone, e.g. an influence index build, whose chunks are the index itself)
     chunked_result: ClassVar[bool] = True
+    #: the operation's own settings, read from ``ATTRSERVE_*`` (``settings.section(...)``);
+    #: None: it uses the server's alone
+    section: ClassVar[type[Section] | None] = None
 
     # -- hooks: what an operation supplies ----------------------------------------------------
     async def start(self, state: AppState) -> None:

@@ -298,6 +298,30 @@ def test_settings_from_env() -> None:
         Settings.from_env({"ATTRSERVE_WORKERS": "many"})
 
 
+def test_an_operations_settings_are_its_section_read_from_the_same_variables() -> None:
+    """Context attributions own their limits (service/contexts/settings.py): read from
+    ATTRSERVE_* like the server's, an override wins, a bad value or a setting nobody takes
+    stops the start naming it; no section repeats a name of the server's settings."""
+    from service.app import OPERATIONS
+    from service.contexts.settings import ContextSettings
+
+    env = {"ATTRSERVE_MAX_CONTEXT_UNITS": "9", "ATTRSERVE_WORKERS": "1"}
+    s = Settings.from_env(env, max_answer_tokens=7)
+    own = s.section(ContextSettings)
+    assert (own.max_context_units, own.max_answer_tokens, own.max_context_tokens) == (9, 7, 4096)
+    assert s.workers == 1 and "max_context_units" not in Settings.model_fields
+    with pytest.raises(SystemExit, match="ATTRSERVE_MAX_CONTEXT_UNITS"):
+        Settings.from_env({"ATTRSERVE_MAX_CONTEXT_UNITS": "0"}).section(ContextSettings)
+    with pytest.raises(SystemExit, match="ATTRSERVE_MAX_ANSWER_TOKENS"):
+        create_app(Settings.from_env({}, max_answer_tokens="many"), start_workers=False)
+    with pytest.raises(SystemExit, match=r"no setting is named max_answer_token$"):
+        create_app(Settings.from_env({}, max_answer_token=3), start_workers=False)
+    sections = [op.section for op in OPERATIONS if op.section is not None]
+    assert ContextSettings in sections
+    for section in sections:
+        assert not set(section.model_fields) & set(Settings.model_fields), section
+
+
 def test_large_responses_are_gzipped_at_the_set_level() -> None:
     """Responses over ATTRSERVE_GZIP_MIN_BYTES are gzipped for clients that accept it, at
     ATTRSERVE_GZIP_LEVEL (1 by default: a few ms of CPU rather than level 9's tens)."""
