@@ -226,7 +226,7 @@ def slice_rows(call: Call, target: Target, s: int, e: int, total: int) -> tuple[
     rows = None if target.rows is None else target.rows[s:e]
     return (
         call.replace(forward=type(call.forward)(call.forward.fn, args)),
-        Target(target.kind, target.index, rows),
+        Target(target.form, target.index, rows),
     )
 
 

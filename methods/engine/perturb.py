@@ -288,7 +288,7 @@ def _shape_key(call: Call, inputs: Tensors) -> tuple[object, ...]:
     sig = tuple((tuple(x.shape), x.dtype, x.device) for x in inputs)
     # id() alone could be reused by a new model after the old one is freed; the weakref stored
     # with the entry is checked on lookup (see start), so a stale id never matches.
-    return (id(call.model), sig, call.target.kind, call.target.index)
+    return (id(call.model), sig, call.target.form, call.target.index)
 
 
 def _plain(call: Call, inputs: Tensors) -> Tensor:

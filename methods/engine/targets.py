@@ -10,7 +10,7 @@ from torch import Tensor
 
 from methods.errors import TargetError
 
-TargetKind = Literal["none", "index", "per_example", "per_example_tuple"]
+TargetForm = Literal["none", "index", "per_example", "per_example_tuple"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,7 @@ class Target:
     - ``per_example_tuple``: one index tuple per row, a LongTensor of shape (rows, k).
     """
 
-    kind: TargetKind
+    form: TargetForm
     index: tuple[Any, ...] = ()
     rows: Tensor | None = None
 
@@ -35,16 +35,16 @@ class Target:
             if interleave
             else self.rows.repeat((n,) + (1,) * (self.rows.dim() - 1))
         )
-        return Target(self.kind, self.index, rows)
+        return Target(self.form, self.index, rows)
 
     def to(self, device: torch.device) -> Target:
         if self.rows is None or self.rows.device == device:
             return self
-        return Target(self.kind, self.index, self.rows.to(device))
+        return Target(self.form, self.index, self.rows.to(device))
 
     def select_rows(self, out: Tensor) -> Tensor:
         """The targeted part of ``out``: (rows, ...) with the target's dims removed."""
-        if self.kind == "none":
+        if self.form == "none":
             return out
         if out.dim() == 0:
             raise TargetError(
@@ -52,7 +52,7 @@ class Target:
                 "indexes the examples",
                 argument="target",
             )
-        if self.kind == "index":
+        if self.form == "index":
             if len(self.index) > out.dim() - 1:
                 raise TargetError(
                     f"target {self.index} has {len(self.index)} indices but each example's "
@@ -106,7 +106,7 @@ class Target:
 
     def select(self, out: Tensor) -> Tensor:
         """One scalar per row, shape (rows,): what gradient methods differentiate."""
-        if self.kind == "index" and len(self.index) == 1 and out.dim() == 2:
+        if self.form == "index" and len(self.index) == 1 and out.dim() == 2:
             i = self.index[0]  # the common case (one class of an (N, C) output), checked here
             if isinstance(i, int) and -out.shape[1] <= i < out.shape[1]:
                 return out.select(1, i)
@@ -122,7 +122,7 @@ class Target:
         if sel.numel() != sel.shape[0]:
             hint = (
                 "pass a target (an int, one per example, or an index tuple)"
-                if self.kind == "none"
+                if self.form == "none"
                 else "the target must select exactly one element per example"
             )
             raise TargetError(
@@ -133,15 +133,15 @@ class Target:
         return sel.reshape(sel.shape[0])
 
     def describe(self) -> Any:
-        if self.kind == "none":
+        if self.form == "none":
             return None
-        if self.kind == "index":
+        if self.form == "index":
             return self.index[0] if len(self.index) == 1 else list(self.index)
         return self._rows().tolist()
 
     def _rows(self) -> Tensor:
         if self.rows is None:
-            raise TypeError(f"a {self.kind!r} target carries no rows")
+            raise TypeError(f"a {self.form!r} target carries no rows")
         return self.rows
 
 

@@ -156,7 +156,7 @@ def curve(
         )
         row_tgt = tgt
         if tgt.rows is not None:
-            row_tgt = Target(tgt.kind, tgt.index, tgt.rows[ex.to(tgt.rows.device)])
+            row_tgt = Target(tgt.form, tgt.index, tgt.rows[ex.to(tgt.rows.device)])
         return row_tgt.select(dataclasses.replace(forward, args=args)(tuple(batch)))
 
     total = n * (steps + 1)

@@ -178,7 +178,7 @@ def _margin(out: Tensor, target: Target) -> Tensor:
     """Per example, the largest other output minus the target's: the other classes are the
     target's neighbours along dim 1 (as the cross-entropy's softmax runs)."""
     n = out.shape[0]
-    if target.kind == "none" or out.dim() < 2 or out.shape[1] < 2:
+    if target.form == "none" or out.dim() < 2 or out.shape[1] < 2:
         raise InvalidArgumentError(
             "margin compares the target's output with the other classes': it takes an output "
             "of shape (N, C, ...) with C >= 2 and a target class",

@@ -340,7 +340,7 @@ def min_perturbation(
     xs, as_tuple = format_inputs(inputs)
     n = int(xs[0].shape[0])
     tgt = make_target(target, n)
-    if tgt.kind not in ("index", "per_example") or len(tgt.index) > 1:
+    if tgt.form not in ("index", "per_example") or len(tgt.index) > 1:
         raise InvalidArgumentError(
             "target must be a class index, or one per example", argument="target"
         )

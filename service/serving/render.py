@@ -101,11 +101,11 @@ class Colormap:
 
 
 @dataclass(frozen=True, slots=True)
-class _Style:
+class _Look:
     """One drawing's resolved options."""
 
     format: str
-    kind: str
+    style: str  # the picture's style: heatmap or overlay (the request's render.kind)
     sign: str
     cmap: Colormap
     lo: float  # the score at the colormap's first entry: -1 (sign "all" or diverging) or 0
@@ -194,7 +194,7 @@ def draw(
     width = getattr(options, "width", None)
     if title and attr.ndim == 3 and attr.shape[0] > 1 and tokens is None:
         title = f"{title} · {attr.shape[0]} channels summed"  # what the map shows
-    style = _Style(options.format, options.kind, sign, cmap, lo, title, width)
+    look = _Look(options.format, options.kind, sign, cmap, lo, title, width)
     if options.kind == "overlay" and (tokens is not None or attr.ndim not in (2, 3)):
         raise RenderError("kind 'overlay' needs an image attribution ([C, H, W] or [H, W])")
     if tokens is not None:
@@ -203,19 +203,19 @@ def draw(
                 f"{len(tokens)} tokens need per-token scores of shape [{len(tokens)}]; "
                 f"got {list(attr.shape)}"
             )
-        return _text(attr, tokens, style)
+        return _text(attr, tokens, look)
     if attr.ndim == 1:
         names = feature_names or [f"f{i}" for i in range(attr.shape[0])]
         if len(names) != attr.shape[0]:
             raise RenderError(f"{len(names)} feature names for {attr.shape[0]} features")
-        return _tabular(attr, names, style)
+        return _tabular(attr, names, look)
     if attr.ndim not in (2, 3):
         raise RenderError(
             f"cannot draw an attribution of shape {attr.shape}: expected [F] (tabular), "
             "[H, W] or [C, H, W] (image), or [L] with tokens (text)"
         )
-    png = _encode(_image(attr, inputs, style), style.width)
-    if style.format == "png":
+    png = _encode(_image(attr, inputs, look), look.width)
+    if look.format == "png":
         return Rendered("image/png", png)
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return _document(title, f'<img alt="attribution heat map" src="{src}">')
@@ -224,19 +224,19 @@ def draw(
 # --- images -------------------------------------------------------------------------------
 
 
-def _image(attr: Floats, inputs: NDArray[np.floating] | None, style: _Style) -> Image.Image:
+def _image(attr: Floats, inputs: NDArray[np.floating] | None, look: _Look) -> Image.Image:
     heat = attr.sum(axis=0) if attr.ndim == 3 else attr  # Captum sums channels for heat maps
     h, w = heat.shape
     factor = max(1, -(-MIN_SIDE // max(h, w)))
-    _check_size(w * factor + 2 * PAD, h * factor + _frame_height(style.title))
-    norm, scale = _scaled(heat, style.sign)
-    rgb = style.colours(norm).astype(np.float64)
-    if style.kind == "overlay":
+    _check_size(w * factor + 2 * PAD, h * factor + _frame_height(look.title))
+    norm, scale = _scaled(heat, look.sign)
+    rgb = look.colours(norm).astype(np.float64)
+    if look.style == "overlay":
         alpha = OVERLAY_ALPHA * np.abs(norm)[..., None]
         rgb = _as_rgb(inputs, (h, w)) * (1.0 - alpha) + rgb * alpha
     picture = Image.fromarray(np.rint(rgb).astype(np.uint8))
     picture = picture.resize((w * factor, h * factor), Image.Resampling.NEAREST)
-    return _framed(picture, style, scale)
+    return _framed(picture, look, scale)
 
 
 def image(
@@ -253,8 +253,8 @@ def image(
     _check_size(w * factor + 2 * PAD, h * factor + _frame_height(title))
     picture = Image.fromarray(np.rint(_as_rgb(arr, (h, w))).astype(np.uint8))
     picture = picture.resize((w * factor, h * factor), Image.Resampling.NEAREST)
-    style = _Style("png", "heatmap", "all", colormap(DEFAULT_COLORMAP["all"]), -1.0, title, width)
-    return Rendered("image/png", _encode(_framed(picture, style, None), width))
+    look = _Look("png", "heatmap", "all", colormap(DEFAULT_COLORMAP["all"]), -1.0, title, width)
+    return Rendered("image/png", _encode(_framed(picture, look, None), width))
 
 
 def _as_rgb(inputs: NDArray[np.floating] | None, hw: tuple[int, int]) -> Floats:
@@ -280,17 +280,17 @@ def _as_rgb(inputs: NDArray[np.floating] | None, hw: tuple[int, int]) -> Floats:
 # --- tokens -------------------------------------------------------------------------------
 
 
-def _text(attr: Floats, tokens: list[str], style: _Style) -> Rendered:
-    norm, scale = _scaled(attr, style.sign)
-    colours = [_rgb(row) for row in style.colours(norm)]
-    if style.format == "html":
+def _text(attr: Floats, tokens: list[str], look: _Look) -> Rendered:
+    norm, scale = _scaled(attr, look.sign)
+    colours = [_rgb(row) for row in look.colours(norm)]
+    if look.format == "html":
         spans = " ".join(
             f'<span style="background:{_css(rgb)};color:{_css(_ink(rgb))}" '
             f'title="{score:.3g}">{html.escape(token, quote=True)}</span>'
             for token, score, rgb in zip(tokens, attr.tolist(), colours, strict=True)
         )
         note = f"full colour at |score| ≥ {scale:.3g} (Captum's outlier scale)"
-        return _document(style.title, f"<p class=tokens>{spans}</p>", note)
+        return _document(look.title, f"<p class=tokens>{spans}</p>", note)
     font, boxes, x, y = _font(), [], 0, 0
     for token in tokens:
         text = _drawable(token, font)
@@ -302,27 +302,27 @@ def _text(attr: Floats, tokens: list[str], style: _Style) -> Rendered:
         boxes.append((x, y, width, text))
         x += width + GAP
     width = max(MIN_SIDE, *(bx + bw for bx, _, bw, _ in boxes))  # at least a readable colour bar
-    _check_size(width + 2 * PAD, y + LINE_H + _frame_height(style.title))
+    _check_size(width + 2 * PAD, y + LINE_H + _frame_height(look.title))
     body = Image.new("RGB", (width, y + LINE_H), "white")
     pen = ImageDraw.Draw(body)
     for (bx, by, bw, text), rgb in zip(boxes, colours, strict=True):
         pen.rectangle((bx, by, bx + bw - 1, by + LINE_H - 1), fill=rgb)
         _write(pen, (bx + GAP, by + 1), text, _ink(rgb), font)
-    return Rendered("image/png", _encode(_framed(body, style, scale), style.width))
+    return Rendered("image/png", _encode(_framed(body, look, scale), look.width))
 
 
 # --- tabular ------------------------------------------------------------------------------
 
 
-def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
+def _tabular(attr: Floats, names: list[str], look: _Look) -> Rendered:
     """Bars of the raw scores after the sign filter (lengths are exact, not outlier-clipped);
     "negative" keeps negative scores on the left of the zero axis. Each bar is labelled with its
     feature's score, sign and all, whichever scores the filter draws."""
-    values = np.minimum(attr, 0.0) if style.sign == "negative" else _signed(attr, style.sign)
-    ends = (1.0, -1.0 if style.lo < 0 else 1.0)  # sequential 0..1 maps: one colour for both
-    pos, neg = (_rgb(style.colours(np.array([v]))[0]) for v in ends)
+    values = np.minimum(attr, 0.0) if look.sign == "negative" else _signed(attr, look.sign)
+    ends = (1.0, -1.0 if look.lo < 0 else 1.0)  # sequential 0..1 maps: one colour for both
+    pos, neg = (_rgb(look.colours(np.array([v]))[0]) for v in ends)
     peak = float(np.abs(values).max()) or 1.0
-    if style.format == "html":
+    if look.format == "html":
         rows = "".join(
             f"<tr><td>{html.escape(name, quote=True)}</td><td class=num>{number(score)}</td>"
             f'<td class=neg><div style="width:{max(-v, 0) / peak * 100:.1f}%;'
@@ -330,7 +330,7 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
             f'{max(v, 0) / peak * 100:.1f}%;background:{_css(pos)}"></div></td></tr>'
             for name, score, v in zip(names, attr.tolist(), values.tolist(), strict=True)
         )
-        return _document(style.title, f"<table>{rows}</table>")
+        return _document(look.title, f"<table>{rows}</table>")
     font = _font()
     labels = [_drawable(name, font) for name in names]
     texts = [number(score) for score in attr.tolist()]
@@ -338,7 +338,7 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
     value_w = int(max(_length(s, font) for s in texts)) + GAP
     row = LINE_H + GAP
     size = (name_w + CHART_W + value_w + 2 * GAP, len(names) * row)
-    _check_size(size[0] + 2 * PAD, size[1] + 2 * PAD + (LINE_H + GAP if style.title else 0))
+    _check_size(size[0] + 2 * PAD, size[1] + 2 * PAD + (LINE_H + GAP if look.title else 0))
     body = Image.new("RGB", size, "white")
     pen = ImageDraw.Draw(body)
     low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
@@ -354,7 +354,7 @@ def _tabular(attr: Floats, names: list[str], style: _Style) -> Rendered:
             )
         _write(pen, (name_w + CHART_W + 2 * GAP, top + 1), text, "black", font)
     pen.line((axis, 0, axis, size[1] - 1), fill="black")
-    return Rendered("image/png", _encode(_framed(body, style, None), style.width))
+    return Rendered("image/png", _encode(_framed(body, look, None), look.width))
 
 
 # --- shared -------------------------------------------------------------------------------
@@ -429,11 +429,11 @@ def _check_size(width: int, height: int) -> None:
         )
 
 
-def _framed(body: Image.Image, style: _Style, scale: float | None) -> Image.Image:
+def _framed(body: Image.Image, look: _Look, scale: float | None) -> Image.Image:
     """``body`` on a white canvas with a margin, the title above and, given the ``scale`` (score
     of a full colour), a colour bar below labelled with the scores at its ends."""
-    font, top = _font(), PAD + (LINE_H + GAP if style.title else 0)
-    text = _drawable(style.title or "", font)
+    font, top = _font(), PAD + (LINE_H + GAP if look.title else 0)
+    text = _drawable(look.title or "", font)
     width = min(MAX_SIDE, max(body.width, int(np.ceil(_length(text, font)))) + 2 * PAD)
     height = top + body.height + PAD + (0 if scale is None else GAP + BAR_H + LINE_H)
     canvas = Image.new("RGB", (width, height), "white")
@@ -442,10 +442,10 @@ def _framed(body: Image.Image, style: _Style, scale: float | None) -> Image.Imag
     _write(pen, (PAD, PAD), text, "black", font)
     if scale is not None:
         y = top + body.height + GAP
-        ramp = style.colours(np.linspace(style.lo, 1.0, body.width))
+        ramp = look.colours(np.linspace(look.lo, 1.0, body.width))
         canvas.paste(Image.fromarray(np.repeat(ramp[None], BAR_H, axis=0)), (PAD, y))
         right = number(scale)
-        _write(pen, (PAD, y + BAR_H), number(style.lo * scale), "black", font)
+        _write(pen, (PAD, y + BAR_H), number(look.lo * scale), "black", font)
         _write(pen, (PAD + body.width - _length(right, font), y + BAR_H), right, "black", font)
     return canvas
 
