@@ -15,13 +15,13 @@ import torch
 
 import methods
 import model_registry
-from service.attributions.serving import build_job
+from service.attributions.serving import build_work
 from service.cli import main as cli
 from service.cli import offline
 from service.cli.offline import command  # where the command looks up attribute_batch
 from service.core.errors import ServiceError
 from service.core.settings import Settings
-from service.kinds import run as run_job
+from service.kinds import run as run_work
 from service.wire.attributions import AttributionRequest
 
 pa = pytest.importorskip("pyarrow")
@@ -48,8 +48,8 @@ def models() -> dict[str, model_registry.LoadedModel]:
 
 def serve(lm: model_registry.LoadedModel, **body: Any) -> Any:
     """What the HTTP route computes for one request holding every example."""
-    job = build_job(Settings(), lm.spec, AttributionRequest(**body), math.inf)
-    return run_job(lm, job)
+    work = build_work(Settings(), lm.spec, AttributionRequest(**body), math.inf)
+    return run_work(lm, work)
 
 
 def attribute(tmp: Path, *args: str, model: str = "tabular-mlp") -> int:
@@ -409,7 +409,7 @@ def test_changed_options_or_input_start_over(
 def http_detail(**body: Any) -> str:
     """The detail the HTTP API answers for this request (all of the file's examples)."""
     with pytest.raises(ServiceError) as info:
-        build_job(Settings(), SPECS["tabular-mlp"], AttributionRequest(**body), math.inf)
+        build_work(Settings(), SPECS["tabular-mlp"], AttributionRequest(**body), math.inf)
     return info.value.detail
 
 

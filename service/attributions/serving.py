@@ -20,7 +20,7 @@ from service.serving.capability import Capability, Done
 from service.wire.attributions import AttributionRequest, AttributionResponse
 
 
-def build_job(
+def build_work(
     settings: Settings,
     spec: ModelSpec,
     req: AttributionRequest,
@@ -40,10 +40,10 @@ def build_job(
             "with metrics (they need a tensor model's forward)",
             loc=("body", "metrics"),
         )
-    job = kind.build_job(settings, spec, req, deadline, request_id)
+    work = kind.build_work(settings, spec, req, deadline, request_id)
     if req.render is not None:  # before the work: examples in range, a known colormap
-        pictures.examples(req.render, job.n, kind.catalogue(spec).pictures)
-    return job
+        pictures.examples(req.render, work.n, kind.catalogue(spec).pictures)
+    return work
 
 
 class Attributions(Capability[AttributionRequest]):
@@ -70,7 +70,7 @@ class Attributions(Capability[AttributionRequest]):
         request_id: str,
         prepared: Any,
     ) -> Work:
-        return build_job(settings, spec, req, deadline, request_id)
+        return build_work(settings, spec, req, deadline, request_id)
 
     def offloaded(self, spec: ModelSpec, req: AttributionRequest) -> bool:
         # large bodies (the route says), and images: decoded and resized, milliseconds each

@@ -19,7 +19,7 @@ from starlette.responses import StreamingResponse
 
 from model_registry.spec import ModelSpec
 from model_registry.tasks import task_of
-from service.attributions.serving import ATTRIBUTIONS, build_job
+from service.attributions.serving import ATTRIBUTIONS, build_work
 from service.core.errors import InvalidRequest
 from service.core.work import Generation, Reply
 from service.http.state import AppState
@@ -79,7 +79,7 @@ async def stream(
         settings = state.settings
         budget = budget_ms(settings, deadline_ms, req.deadline_ms)
         deadline = time.time() + budget / 1e3
-        work = build_job(settings, spec, req, deadline, request_id)
+        work = build_work(settings, spec, req, deadline, request_id)
         if not isinstance(work, Generation):
             raise TypeError("a generative model's work is a Generation")
         work.generation["stream"] = True

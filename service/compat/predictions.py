@@ -31,7 +31,7 @@ async def predict(
     """The model's outputs for ``inputs`` (any form the attributions route takes)."""
     budget = budget_ms(settings, deadline_ms)
     deadline = time.time() + budget / 1e3
-    build = partial(kinds.of(spec).predict_job, settings, spec, inputs, deadline, request_id)
-    job = await offload_if(offload or spec.images is not None, build)  # as attributions
-    reply, _ = await execute(pool, job, budget, started, disconnected)
+    build = partial(kinds.of(spec).predict_work, settings, spec, inputs, deadline, request_id)
+    work = await offload_if(offload or spec.images is not None, build)  # as attributions
+    reply, _ = await execute(pool, work, budget, started, disconnected)
     return reply

@@ -108,7 +108,7 @@ def _nbytes(value: Any) -> int:
     return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
 
 
-def _examples(lm: LoadedModel, job: Work, path: str, digest: str) -> Any:
+def _examples(lm: LoadedModel, work: Work, path: str, digest: str) -> Any:
     """A concept set's inputs as tensors for the model, from its file (the contents the
     query named: a set replaced meanwhile is a 409, never cached under the old digest)."""
     meta, arrays, texts = read_set(path)
@@ -117,7 +117,7 @@ def _examples(lm: LoadedModel, job: Work, path: str, digest: str) -> Any:
             f"concept set {meta['name']!r} was replaced while the query ran; send it again",
             loc=("body", "concepts"),
         )
-    xs, _ = tensors.inputs(lm, replace(job, arrays=arrays, texts=texts, n=meta["n"]))
+    xs, _ = tensors.inputs(lm, replace(work, arrays=arrays, texts=texts, n=meta["n"]))
     return xs if len(xs) > 1 else xs[0]
 
 
@@ -140,25 +140,25 @@ class ConceptQuery(Work):
 
 
 @runs(ConceptQuery)
-def run(lm: LoadedModel, job: ConceptQuery) -> Reply:
+def run(lm: LoadedModel, work: ConceptQuery) -> Reply:
     try:
-        return _run(lm, job)
+        return _run(lm, work)
     except AttributionError as exc:
-        raise from_engine(exc, job.request_id, WHERE) from None
+        raise from_engine(exc, work.request_id, WHERE) from None
 
 
-def _run(lm: LoadedModel, job: ConceptQuery) -> Reply:
+def _run(lm: LoadedModel, work: ConceptQuery) -> Reply:
     t0 = time.perf_counter()
-    s = job.study or {}
+    s = work.study or {}
     model = lm.model
     layers = engine.check_layers(model, s["layers"])
-    xs, _ = tensors.inputs(lm, job)
-    wire = job.target
+    xs, _ = tensors.inputs(lm, work)
+    wire = work.target
     if targets.predicted(wire):
         wire = targets.of_predictions(tensors.forward(lm, xs))
     target = targets.to_engine(wire)
     grads = engine.layer_gradients(model, xs if len(xs) > 1 else xs[0], layers, target)
-    seed = 0 if job.seed is None else int(job.seed)
+    seed = 0 if work.seed is None else int(work.seed)
     classifier = s["classifier"]
     cache = Cache(lm, Path(s["cache"]) / f"{quote(s['version'], safe='')}-{weights_digest(lm)}")
     sets = {**s["concepts"], **s["random_concepts"]}
@@ -171,7 +171,7 @@ def _run(lm: LoadedModel, job: ConceptQuery) -> Reply:
             return {"acts": t.cpu()}
 
         def make() -> torch.Tensor:
-            examples = _examples(lm, job, sets[name]["path"], digest)
+            examples = _examples(lm, work, sets[name]["path"], digest)
             found = engine.layer_activations(model, examples, layers)
             for other, values in found.items():  # every layer from the one forward
                 if other != layer:
@@ -211,7 +211,7 @@ def _run(lm: LoadedModel, job: ConceptQuery) -> Reply:
     null = {p: [fit(a, b, p) for a in randoms for b in randoms if a != b] for p in layers}
     rows = engine.score_rows(grads, cavs, null, float(s["alpha"]))
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         study={"scores": rows, "computed": cache.computed},
         compute_ms=(time.perf_counter() - t0) * 1e3,
     )

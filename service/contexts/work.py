@@ -41,18 +41,18 @@ class ContextQuery(Work):
 
 
 @runs(ContextQuery)
-def run(lm: LoadedModel, job: ContextQuery) -> Reply:
+def run(lm: LoadedModel, work: ContextQuery) -> Reply:
     t0 = time.perf_counter()
-    r = job.request
+    r = work.request
     try:
-        _check_tokens(lm, job)
+        _check_tokens(lm, work)
         res = methods.attribute_context(lm.model, lm.text_tokenizer, **r)
     except (ModelError, AttributionCancelled):
         raise
     except AttributionError as exc:
-        raise from_engine(exc, job.request_id, WHERE) from None
+        raise from_engine(exc, work.request_id, WHERE) from None
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         compute_ms=(time.perf_counter() - t0) * 1e3,
         study={
             "units": res.units,
@@ -70,9 +70,9 @@ def run(lm: LoadedModel, job: ContextQuery) -> Reply:
     )
 
 
-def _check_tokens(lm: LoadedModel, job: ContextQuery) -> None:
+def _check_tokens(lm: LoadedModel, work: ContextQuery) -> None:
     """The prompt built from the whole context, the given answer, and the cost, in tokens."""
-    r, lim = job.request, job.limits
+    r, lim = work.request, work.limits
     tokenizer = lm.text_tokenizer
     parts = units_.split(r["context"], r.get("units", "sentences"), r.get("unit_pattern"))
     template = check_template(r.get("prompt_template"))

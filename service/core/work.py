@@ -239,7 +239,7 @@ class Generation(Work):
 @dataclass
 class Batch:
     id: int
-    jobs: list[Work]
+    works: list[Work]
     #: torch intra-op threads to compute on (``service.pool.cores``)
     threads: int = 1
 
@@ -361,7 +361,7 @@ class Reply:
     A new kind of answer adds a field with its rule, or puts plain data in ``study`` and names
     its per-example members in ``study_rows``."""
 
-    job_id: int = field(metadata=_rows(NONE))
+    work_id: int = field(metadata=_rows(NONE))
     attributions: list[np.ndarray] = field(default_factory=list, metadata=_rows(EACH, True))
     as_tuple: bool = field(default=False, metadata=_rows(SAME))
     #: a list of layers was attributed: how many of ``attributions`` each layer has, in order
@@ -395,7 +395,7 @@ class Reply:
     #: of ``compute_ms``, the metrics' part
     metrics_ms: float = field(default=0.0, metadata=_rows(NONE))
 
-    def cut(self, job_id: int, start: int, n: int, total: int) -> Reply:
+    def cut(self, work_id: int, start: int, n: int, total: int) -> Reply:
         """Examples ``[start, start + n)`` of this reply of ``total`` examples (a merged
         call's answer, split back per request); per-token values cut to the part's own width."""
         tokens = None if self.tokens is None else self.tokens[start : start + n]
@@ -420,7 +420,7 @@ class Reply:
             elif rule == NONE:
                 continue
             out[f.name] = value
-        return Reply(job_id=job_id, **out)
+        return Reply(work_id=work_id, **out)
 
     def _study_cut(self, start: int, n: int) -> dict[str, Any] | None:
         if self.study is None or not self.study_rows:
@@ -432,7 +432,7 @@ class Reply:
         return out
 
     @classmethod
-    def join(cls, job_id: int, parts: list[Reply]) -> Reply:
+    def join(cls, work_id: int, parts: list[Reply]) -> Reply:
         """Parts' replies (in example order, none failed) as one: a split request's pieces,
         a job's chunks."""
         first = parts[0]
@@ -454,7 +454,7 @@ class Reply:
             elif rule == STUDY:
                 out[f.name] = _joined_study(first, values)
         out["merged"] = max(p.merged for p in parts)
-        return cls(job_id=job_id, **out)
+        return cls(work_id=work_id, **out)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The reply as a ``.npz``'s arrays: its arrays by name (``attributions_<i>``), the
@@ -468,7 +468,7 @@ class Reply:
             elif f.metadata["rows"] == EXAMPLES:
                 if value is not None:
                     arrays[f.name] = value
-            elif f.name not in ("job_id", "error"):
+            elif f.name not in ("work_id", "error"):
                 meta[f.name] = value
         arrays["meta"] = np.array(json.dumps(meta, default=_jsonable))
         return arrays
@@ -493,8 +493,8 @@ class Reply:
                 out[f.name] = meta[f.name]
         if "study_rows" not in meta and meta.get("per_example") is not None:
             out["study_rows"] = meta["per_example"]
-        out.pop("job_id", None)
-        return cls(job_id=0, **out)
+        out.pop("work_id", None)
+        return cls(work_id=0, **out)
 
 
 def _joined_study(first: Reply, studies: list[dict[str, Any] | None]) -> dict[str, Any] | None:

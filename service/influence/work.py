@@ -45,17 +45,17 @@ def _checkpoints(lm: LoadedModel, s: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _data(
-    lm: LoadedModel, job: InfluenceQuery | InfluenceIndexPart
+    lm: LoadedModel, work: InfluenceQuery | InfluenceIndexPart
 ) -> tuple[Any, torch.Tensor | None]:
     """The job's inputs as the model takes them, and its labels (the last array) in the dtype
     the loss takes; None without labels."""
-    s = job.study or {}
+    s = work.study or {}
     has_labels = bool(s.get("labels"))
-    arrays = job.arrays[:-1] if has_labels else job.arrays
-    xs, _ = tensors.inputs(lm, replace(job, arrays=arrays))
+    arrays = work.arrays[:-1] if has_labels else work.arrays
+    xs, _ = tensors.inputs(lm, replace(work, arrays=arrays))
     labels = None
     if has_labels:
-        y = tensors.tensor(job.arrays[-1], lm.device)
+        y = tensors.tensor(work.arrays[-1], lm.device)
         if s["loss"] in CLASS_LOSSES:
             labels = y.long()
         else:
@@ -84,25 +84,25 @@ class InfluenceIndexPart(Work):
 
 
 @runs(InfluenceIndexPart)
-def run_part(lm: LoadedModel, job: InfluenceIndexPart) -> Reply:
+def run_part(lm: LoadedModel, work: InfluenceIndexPart) -> Reply:
     try:
-        return _part(lm, job)
+        return _part(lm, work)
     except AttributionError as exc:
-        raise from_engine(exc, job.request_id, WHERE) from None
+        raise from_engine(exc, work.request_id, WHERE) from None
 
 
 @runs(InfluenceQuery)
-def run_query(lm: LoadedModel, job: InfluenceQuery) -> Reply:
+def run_query(lm: LoadedModel, work: InfluenceQuery) -> Reply:
     try:
-        return _query(lm, job)
+        return _query(lm, work)
     except AttributionError as exc:
-        raise from_engine(exc, job.request_id, WHERE) from None
+        raise from_engine(exc, work.request_id, WHERE) from None
 
 
-def _part(lm: LoadedModel, job: InfluenceIndexPart) -> Reply:
+def _part(lm: LoadedModel, work: InfluenceIndexPart) -> Reply:
     t0 = time.perf_counter()
-    s = job.study or {}
-    xs, labels = _data(lm, job)
+    s = work.study or {}
+    xs, labels = _data(lm, work)
     index = build_index(
         lm.model,
         xs,
@@ -120,7 +120,7 @@ def _part(lm: LoadedModel, job: InfluenceIndexPart) -> Reply:
     per = [k for k in d["tensors"] if k.split(".")[0] in PER_EXAMPLE]
     shared = [k for k in d["tensors"] if k not in per]
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         attributions=[tensors.numpy(d["tensors"][k]) for k in (*per, *shared)],
         study={
             "per_example": per,
@@ -145,11 +145,11 @@ def _index(lm: LoadedModel, path: str) -> InfluenceIndex:
     return found
 
 
-def _query(lm: LoadedModel, job: InfluenceQuery) -> Reply:
+def _query(lm: LoadedModel, work: InfluenceQuery) -> Reply:
     t0 = time.perf_counter()
-    s = job.study or {}
+    s = work.study or {}
     index = _index(lm, s["index"])
-    xs, labels = _data(lm, job)
+    xs, labels = _data(lm, work)
     if labels is None and index.method != "similarity":  # the model's own predictions
         out = tensors.forward(lm, tuple(xs) if isinstance(xs, tuple) else (xs,))
         labels = out.argmax(dim=-1)
@@ -173,7 +173,7 @@ def _query(lm: LoadedModel, job: InfluenceQuery) -> Reply:
         }
     rows = [f"{side}.{k}" for side in found for k in ("indices", "scores")]  # per example
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         study=found,
         study_rows=rows,
         compute_ms=(time.perf_counter() - t0) * 1e3,

@@ -26,5 +26,5 @@ def merged(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 def joined_reply(chunks: list[dict[str, np.ndarray]]) -> Reply:
     """The chunks read back (in example order) as one reply; none: an empty reply."""
     if not chunks:
-        return Reply(job_id=0)
+        return Reply(work_id=0)
     return Reply.join(0, [Reply.from_arrays(c) for c in chunks])

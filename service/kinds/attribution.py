@@ -126,7 +126,7 @@ def build_attribution(
     est = rows * inputs.n
     checks.check_cost(est, inputs.n, rows, settings, ms, p)
     ibs, ppe = rules.batch_sizes(settings, spec, req)
-    job = rules.work(
+    work = rules.work(
         id=new_id(),
         model_id=spec.id,
         method=ms.name,
@@ -156,8 +156,8 @@ def build_attribution(
         shared_baselines=ms.baseline_distribution,
     )
     # the metrics' noise is drawn for the request's batch: never merged, never split
-    job.key = None if chosen else merging.key(job, ms, p, spec.texts_batch)
-    return job
+    work.key = None if chosen else merging.key(work, ms, p, spec.texts_batch)
+    return work
 
 
 class AttributionKind(ModelKind):
@@ -174,7 +174,7 @@ class AttributionKind(ModelKind):
             checks.validate_params(ms, checks.decode_params(ms, planned.params, settings))
         return planned
 
-    def build_job(
+    def build_work(
         self,
         settings: Settings,
         spec: ModelSpec,

@@ -83,7 +83,7 @@ class ModelKind(ABC):
 
     # -- server side: request -> work ---------------------------------------------------------
     @abstractmethod
-    def build_job(
+    def build_work(
         self,
         settings: Settings,
         spec: ModelSpec,
@@ -94,7 +94,7 @@ class ModelKind(ABC):
         """Every check that needs no model: the request as work (an ``Attribution``, or the
         kind's own), or a 4xx ServiceError."""
 
-    def predict_job(
+    def predict_work(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
         """The model's outputs for ``inputs`` as a job (KServe ``:predict``, OIP infer)."""
@@ -113,16 +113,16 @@ class ModelKind(ABC):
     def response(
         self,
         spec: ModelSpec,
-        job: Work,
+        work: Work,
         reply: Reply,
         timing: dict[str, float],
         encoding: str = "json",
         requested: str | None = None,
     ) -> dict[str, Any]:
         """The attributions response body; ``requested``: the method the request named."""
-        if not isinstance(job, Attribution):
-            raise TypeError(f"{self.name} answers attributions, not {type(job).__name__}")
-        return envelope((spec.id, spec.version), Ran.of(job), reply, encoding, timing)
+        if not isinstance(work, Attribution):
+            raise TypeError(f"{self.name} answers attributions, not {type(work).__name__}")
+        return envelope((spec.id, spec.version), Ran.of(work), reply, encoding, timing)
 
     def drawn(self, reply: Reply) -> Reply:
         """What the pictures draw of a reply (its attributions, tokens and target)."""
@@ -172,8 +172,8 @@ class Ran:
     attributed_layer: str | None = None
 
     @classmethod
-    def of(cls, job: Attribution) -> Ran:
-        return cls(job.method, job.requested, job.attributed_layer)
+    def of(cls, work: Attribution) -> Ran:
+        return cls(work.method, work.requested, work.attributed_layer)
 
     def members(self) -> dict[str, Any]:
         """``method``, and ``requested_method`` and ``attributed_layer`` where they tell

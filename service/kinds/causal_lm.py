@@ -114,7 +114,7 @@ def _method(spec: ModelSpec, name: str) -> MethodSpec:
     return ms
 
 
-def _build_job(
+def _build_work(
     settings: Settings, spec: ModelSpec, req: AttributionRequest, deadline: float, request_id: str
 ) -> Generation:
     """Every check that needs no model: the request as a job, or a 4xx ServiceError."""
@@ -267,7 +267,7 @@ def _drawn(reply: Reply) -> Reply:
     the answer as the target."""
     g = reply.generation or {}
     return Reply(
-        job_id=reply.job_id,
+        work_id=reply.work_id,
         attributions=[np.asarray([g.get("seq_attr", [])], dtype=np.float64)],
         tokens=[list(g.get("input_tokens") or [])],
         target=[repr(g.get("target_text", ""))],
@@ -296,42 +296,42 @@ _LOC: dict[str, Loc] = {
 
 
 @runs(Generation)
-def _run(lm: LoadedModel, job: Generation) -> Reply:
+def _run(lm: LoadedModel, work: Generation) -> Reply:
     t0 = time.perf_counter()
-    g = job.generation or {}
+    g = work.generation or {}
     tokenizer = lm.text_tokenizer
     try:
-        _check_tokens(lm, job)
-        args = (lm.model, tokenizer, g["prompt"], job.method)
+        _check_tokens(lm, work)
+        args = (lm.model, tokenizer, g["prompt"], work.method)
         kw: dict[str, Any] = {
             "target": g["target"],
             "features": g["features"],
             "baselines": g["baselines"],
             "gen_args": g["gen_args"],
             "skip_tokens": g["skip_tokens"],
-            "seed": job.seed,
-            "perturbations_per_eval": job.perturbations_per_eval,
-            "internal_batch_size": job.internal_batch_size,
+            "seed": work.seed,
+            "perturbations_per_eval": work.perturbations_per_eval,
+            "internal_batch_size": work.internal_batch_size,
             "target_fn": g.get("target_fn", "log_prob"),
             "contrast_target": g.get("contrast_target"),
             "contrast_fn": g.get("contrast_fn", "log_prob"),
             "step_scores": g.get("step_scores"),
-            "precision": job.precision,
-            **job.params,
+            "precision": work.precision,
+            **work.params,
         }
         if g.get("stream"):
             res = _streamed(methods.stream_generation(*args, **kw))
         else:
-            kw.update(verify=job.verify, fidelity_tolerance=job.fidelity_tolerance)
+            kw.update(verify=work.verify, fidelity_tolerance=work.fidelity_tolerance)
             res = methods.attribute_generation(*args, **kw)
     except (ModelError, AttributionCancelled):
         raise
     except AttributionError as exc:
-        raise from_engine(exc, job.request_id, _LOC) from None
+        raise from_engine(exc, work.request_id, _LOC) from None
     scores = res.output_scores if res.output_scores is not None else res.output_log_probs
     total = scores.sum().reshape(1)
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         attributions=[res.seq_attr.float().numpy()[None]],
         outputs=total.double().numpy().astype(np.float64),
         params={**res.params, "method": res.method},
@@ -375,9 +375,9 @@ def _streamed(stream: Any) -> methods.GenerationResult:
     raise RuntimeError("the stream ended without its result")
 
 
-def _check_tokens(lm: LoadedModel, job: Generation) -> None:
+def _check_tokens(lm: LoadedModel, work: Generation) -> None:
     """The exact limits, on tokens: prompt, features, target, cost."""
-    g = job.generation or {}
+    g = work.generation or {}
     tokenizer = lm.text_tokenizer
     prompt, features = g["prompt"], g["features"]
     if chat.is_chat(prompt):
@@ -388,11 +388,11 @@ def _check_tokens(lm: LoadedModel, job: Generation) -> None:
         target = len(encode(tokenizer, g["target"], add_special_tokens=False))
     else:
         target = (g["gen_args"] or {}).get("max_new_tokens", DEFAULT_NEW_TOKENS)
-    p = _validated(registry.get(job.method), job.params)
+    p = _validated(registry.get(work.method), work.params)
     check_counts(
-        job.method, p, feats.n, prompt, max(1, target),
+        work.method, p, feats.n, prompt, max(1, target),
         max_features=g["max_features"],
-        max_prompt=job.max_tokens or prompt,
+        max_prompt=work.max_tokens or prompt,
         max_target=g["max_target_tokens"],
         max_cost=g["max_cost"],
     )  # fmt: skip
@@ -433,7 +433,7 @@ class CausalLMKind(ModelKind):
         _params(method, params)
         return Plan(ms, dict(params))
 
-    def build_job(
+    def build_work(
         self,
         settings: Settings,
         spec: ModelSpec,
@@ -441,22 +441,22 @@ class CausalLMKind(ModelKind):
         deadline: float,
         request_id: str = "",
     ) -> Generation:
-        return _build_job(settings, spec, req, deadline, request_id)
+        return _build_work(settings, spec, req, deadline, request_id)
 
     def response(
         self,
         spec: ModelSpec,
-        job: Work,
+        work: Work,
         reply: Reply,
         timing: dict[str, float],
         encoding: str = "json",
         requested: str | None = None,
     ) -> dict[str, Any]:
         g = reply.generation or {}
-        requested = requested or str(getattr(job, "method", ""))
+        requested = requested or str(getattr(work, "method", ""))
         method = reply.params.get("method", requested)
         shown = Reply(
-            job_id=reply.job_id,
+            work_id=reply.work_id,
             attributions=[np.asarray([g.get("seq_attr", [])], dtype=np.float64)],
             target=[g.get("target_text")],
             outputs=reply.outputs,

@@ -228,15 +228,15 @@ class ExportedKind(AttributionKind):
 
 
 @runs(ExportedAttribution)
-def run(lm: LoadedModel, job: ExportedAttribution) -> Reply:
+def run(lm: LoadedModel, work: ExportedAttribution) -> Reply:
     """The program's forward is the attribution."""
     t0 = time.perf_counter()
     step = _step(lm.spec)
-    xs, _ = tensors.inputs(lm, job)
+    xs, _ = tensors.inputs(lm, work)
     n = int(xs[0].shape[0])
     args = xs
-    if step.per_example_target and job.target is not None:
-        classes = torch.tensor(job.target["rows"], dtype=torch.int64, device=lm.device)
+    if step.per_example_target and work.target is not None:
+        classes = torch.tensor(work.target["rows"], dtype=torch.int64, device=lm.device)
         args = (*xs, classes)
     checkpoint()
     try:
@@ -250,10 +250,10 @@ def run(lm: LoadedModel, job: ExportedAttribution) -> Reply:
         ) from exc
     parts = tensors.flat(attrs)
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         attributions=[tensors.numpy(a) for a in parts],
         as_tuple=isinstance(attrs, (tuple, list)),
-        target=rows(job.target, n),
+        target=rows(work.target, n),
         params=dict(step.params or {}),
         compute_ms=(time.perf_counter() - t0) * 1e3,
         # the program's own dtype; it returns no delta and is never re-run in float32

@@ -48,50 +48,50 @@ def _has_array(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and any(_has_array(v) for v in value)
 
 
-def predict_key(job: Prediction) -> tuple[Any, ...] | None:
+def predict_key(work: Prediction) -> tuple[Any, ...] | None:
     """Predictions merge whenever their tensors stack (texts: each tokenized on its own)."""
-    if job.texts:
+    if work.texts:
         return None
-    return (job.model_id, Prediction.label, tuple((a.dtype.str, a.shape[1:]) for a in job.arrays))
+    return (work.model_id, Prediction.label, tuple((a.dtype.str, a.shape[1:]) for a in work.arrays))
 
 
 def key(
-    job: Attribution, ms: MethodSpec, p: MethodParams, texts_batch: bool = False
+    work: Attribution, ms: MethodSpec, p: MethodParams, texts_batch: bool = False
 ) -> tuple[Any, ...] | None:
     """Jobs with equal keys give the same numbers merged as one by one; None: never merge.
     Texts merge only where the model batches them unchanged (``ModelSpec.texts_batch``)."""
-    if job.verify or ms.coupled(p):  # verify: figures of the job's own rows
+    if work.verify or ms.coupled(p):  # verify: figures of the job's own rows
         return None
     # texts: where the model batches them unchanged, and the answer is per token (dim 1 the
     # tokens, cut back to each job's own width)
-    per_token = job.attributed_layer is not None or ms.family == "perturbation"
-    if job.texts and not (texts_batch and per_token):
+    per_token = work.attributed_layer is not None or ms.family == "perturbation"
+    if work.texts and not (texts_batch and per_token):
         return None
-    if (ms.stochastic or job.noise_tunnel is not None) and job.seed is not None:
+    if (ms.stochastic or work.noise_tunnel is not None) and work.seed is not None:
         return None
     # params only broadcast: a per-example tensor (e.g. a feature mask per row) never merges
-    if not _broadcasts(job.params, False):
+    if not _broadcasts(work.params, False):
         return None
-    if not _broadcasts(job.baselines, ms.baseline_distribution):
+    if not _broadcasts(work.baselines, ms.baseline_distribution):
         return None
     params = orjson.dumps(
-        {k: v for k, v in job.params.items() if not _has_array(v)},
+        {k: v for k, v in work.params.items() if not _has_array(v)},
         option=orjson.OPT_SORT_KEYS,
     )
     return (
-        job.model_id,
-        job.method,
+        work.model_id,
+        work.method,
         params,
-        _digest(job.params),
-        _digest(job.baselines),
-        targets.form(job.target),
-        tuple((a.dtype.str, a.shape[1:]) for a in job.arrays),
-        job.internal_batch_size,
-        job.perturbations_per_eval,
-        _digest(job.noise_tunnel),
-        job.return_delta,
-        job.attributed_layer,
-        job.post_abs,
-        bool(job.texts),
-        job.precision,
+        _digest(work.params),
+        _digest(work.baselines),
+        targets.form(work.target),
+        tuple((a.dtype.str, a.shape[1:]) for a in work.arrays),
+        work.internal_batch_size,
+        work.perturbations_per_eval,
+        _digest(work.noise_tunnel),
+        work.return_delta,
+        work.attributed_layer,
+        work.post_abs,
+        bool(work.texts),
+        work.precision,
     )

@@ -102,20 +102,20 @@ def compute(
     model: Any,
     xs: tuple[torch.Tensor, ...],
     attributions: Any,
-    job: Attribution,
+    work: Attribution,
     kwargs: dict[str, Any],
     token_layer: bool,
 ) -> tuple[dict[str, Any], float]:
     """The job's metrics of ``attributions`` (the engine's, or per token on token models), as
     numpy; and the time they took (ms). ``kwargs``: the attribution call's own."""
     t0 = time.perf_counter()
-    rows = job.internal_batch_size if isinstance(job.internal_batch_size, int) else None
+    rows = work.internal_batch_size if isinstance(work.internal_batch_size, int) else None
     metrics = {  # memory bounded as the method's own forwards are
         name: {**p, "max_examples_per_batch": p["max_examples_per_batch"] or rows}
-        for name, p in (job.metrics or {}).items()
+        for name, p in (work.metrics or {}).items()
     }
     n = int(xs[0].shape[0])
-    seed = job.seed if job.seed is not None else DEFAULT_SEED
+    seed = work.seed if work.seed is not None else DEFAULT_SEED
     params = {k: v for k, v in kwargs.items() if k not in ("target", "return_convergence_delta")}
     if token_layer:  # the token ids alone; the other inputs (attention masks) ride along
         inputs: Any = xs[0]
@@ -132,7 +132,7 @@ def compute(
         baselines=curve_baselines(params.get("baselines"), n),
         feature_mask=params.get("feature_mask"),
         seed=seed,
-        method=job.method if "sensitivity_max" in metrics else None,
+        method=work.method if "sensitivity_max" in metrics else None,
         method_params=params,
         additional_forward_args=extra,
     )

@@ -44,13 +44,13 @@ class TensorKind(AttributionKind):
         )
 
     # -- request -> work ----------------------------------------------------------------------
-    def predict_job(
+    def predict_work(
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
         decoded = codec.decode_within(inputs, spec, settings)
         if decoded.texts:
             checks.check_texts(decoded.texts, settings)
-        job = Prediction(
+        work = Prediction(
             id=new_id(),
             model_id=spec.id,
             n=decoded.n,
@@ -61,8 +61,8 @@ class TensorKind(AttributionKind):
             max_tokens=settings.max_text_tokens,
             request_id=request_id,
         )
-        job.key = merging.predict_key(job)
-        return job
+        work.key = merging.predict_key(work)
+        return work
 
     # -- worker side --------------------------------------------------------------------------
     def prepare(self, lm: LoadedModel) -> dict[str, Any]:
@@ -82,14 +82,14 @@ def _explanation(spec: ModelSpec) -> ExplainSpec:
 
 
 @runs(Prediction)
-def predict(lm: LoadedModel, job: Prediction) -> Reply:
+def predict(lm: LoadedModel, work: Prediction) -> Reply:
     """The model's outputs for the job's inputs (one forward, no gradients)."""
     t0 = time.perf_counter()
-    xs, tokens = tensors.inputs(lm, job)
+    xs, tokens = tensors.inputs(lm, work)
     checkpoint()
     out = tensors.forward(lm, xs)
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         predictions=tensors.numpy(out),
         tokens=tokens,
         compute_ms=(time.perf_counter() - t0) * 1e3,
@@ -97,20 +97,20 @@ def predict(lm: LoadedModel, job: Prediction) -> Reply:
 
 
 def _attribute(
-    lm: LoadedModel, model: Any, inputs: Any, job: Attribution, kwargs: dict[str, Any]
+    lm: LoadedModel, model: Any, inputs: Any, work: Attribution, kwargs: dict[str, Any]
 ) -> Any:
     """``methods.attribute`` (``methods.verify`` against the float64 CPU copy when the job
     asks): the result and the figures (None without verify). In a low precision the engine
     verifies against float32 itself (the result's fidelity)."""
-    if job.precision is not None:
-        kwargs = {**kwargs, "precision": job.precision, "verify": job.verify,
-                  "fidelity_tolerance": job.fidelity_tolerance}  # fmt: skip
-        if job.attributed_layer is not None:  # compared as answered: one score per token
-            kwargs["fidelity_view"] = functools.partial(per_token, post_abs=job.post_abs)
-        return methods.attribute(model, inputs, job.method, **kwargs), None
-    if job.verify:
-        return verify(model, inputs, job.method, reference=reference(lm), **kwargs)
-    return methods.attribute(model, inputs, job.method, **kwargs), None
+    if work.precision is not None:
+        kwargs = {**kwargs, "precision": work.precision, "verify": work.verify,
+                  "fidelity_tolerance": work.fidelity_tolerance}  # fmt: skip
+        if work.attributed_layer is not None:  # compared as answered: one score per token
+            kwargs["fidelity_view"] = functools.partial(per_token, post_abs=work.post_abs)
+        return methods.attribute(model, inputs, work.method, **kwargs), None
+    if work.verify:
+        return verify(model, inputs, work.method, reference=reference(lm), **kwargs)
+    return methods.attribute(model, inputs, work.method, **kwargs), None
 
 
 def per_token(attributions: torch.Tensor, post_abs: bool) -> torch.Tensor:
@@ -120,46 +120,46 @@ def per_token(attributions: torch.Tensor, post_abs: bool) -> torch.Tensor:
 
 
 @runs(Attribution)
-def attribute(lm: LoadedModel, job: Attribution) -> Reply:
+def attribute(lm: LoadedModel, work: Attribution) -> Reply:
     t0 = time.perf_counter()
     device = lm.device
-    xs, tokens = tensors.inputs(lm, job)
+    xs, tokens = tensors.inputs(lm, work)
     n = int(xs[0].shape[0])
     out: torch.Tensor | None = None
-    wire = job.target
-    if job.predictions or targets.predicted(wire):
+    wire = work.target
+    if work.predictions or targets.predicted(wire):
         out = tensors.forward(lm, xs)
     if targets.predicted(wire) and out is not None:
         wire = targets.of_predictions(out)
     target = targets.to_engine(wire)
-    params = {k: tensors.convert(v, device) for k, v in job.params.items()}
-    if job.attributed_layer is not None:
-        params["layer"] = job.attributed_layer
-    baselines = tensors.convert(job.baselines, device)
+    params = {k: tensors.convert(v, device) for k, v in work.params.items()}
+    if work.attributed_layer is not None:
+        params["layer"] = work.attributed_layer
+    baselines = tensors.convert(work.baselines, device)
     # token models whose tokenizer says how: special tokens and padding kept, the pad token
     # elsewhere (not for a distribution of baselines, which mixes the examples' rows)
     default = getattr(lm.tokenizer, "baseline", None)
-    if baselines is None and default is not None and not job.shared_baselines:
+    if baselines is None and default is not None and not work.shared_baselines:
         baselines = default(xs[0])
     kwargs: dict[str, Any] = {
         "target": target,
         "baselines": baselines,
-        "internal_batch_size": job.internal_batch_size,
-        "perturbations_per_eval": job.perturbations_per_eval,
-        "noise_tunnel": job.noise_tunnel,
-        "seed": job.seed,
-        "return_convergence_delta": job.return_delta,
+        "internal_batch_size": work.internal_batch_size,
+        "perturbations_per_eval": work.perturbations_per_eval,
+        "noise_tunnel": work.noise_tunnel,
+        "seed": work.seed,
+        "return_convergence_delta": work.return_delta,
         **params,
     }
     inputs = xs if len(xs) > 1 else xs[0]
     # a low precision casts a copy of the eager module (a compiled one is not copied)
-    model = lm.model if job.precision is not None else serving_model(lm, registry.get(job.method))
+    model = lm.model if work.precision is not None else serving_model(lm, registry.get(work.method))
     try:
-        res, verification = _attribute(lm, model, inputs, job, kwargs)
+        res, verification = _attribute(lm, model, inputs, work, kwargs)
     except Exception as exc:  # a compiled graph that fails on new shapes: eager from now on
         if model is lm.model or not worth_eager_retry(exc):
             raise
-        res, verification = _attribute(lm, lm.model, inputs, job, kwargs)
+        res, verification = _attribute(lm, lm.model, inputs, work, kwargs)
         disable_compiled(lm, exc, "on a request")  # eager succeeded: the compiled graph failed
     attrs = res.attributions
     parts = tensors.flat(attrs)  # a nested layer output (an LSTM's out, (h, c)): depth first
@@ -167,19 +167,19 @@ def attribute(lm: LoadedModel, job: Attribution) -> Reply:
     delta = res.convergence_delta
     if isinstance(delta, list):  # one per layer: (N, layers)
         delta = torch.stack(delta, dim=1)
-    if job.attributed_layer is not None:  # one score per token: sum over the embedding dim
-        parts = [per_token(p, job.post_abs) for p in parts]
+    if work.attributed_layer is not None:  # one score per token: sum over the embedding dim
+        parts = [per_token(p, work.post_abs) for p in parts]
     scores, metrics_ms = None, 0.0
-    if job.metrics:  # the token models' scores are per token, as the inputs' ids
-        scored = parts[0] if job.attributed_layer is not None else attrs
-        token_layer = job.attributed_layer is not None
-        scores, metrics_ms = metrics.compute(model, xs, scored, job, kwargs, token_layer)
+    if work.metrics:  # the token models' scores are per token, as the inputs' ids
+        scored = parts[0] if work.attributed_layer is not None else attrs
+        token_layer = work.attributed_layer is not None
+        scores, metrics_ms = metrics.compute(model, xs, scored, work, kwargs, token_layer)
     if res.outputs is not None and res.outputs.numel() == n:
         selected = res.outputs.reshape(n)
     else:
         selected = targets.select(out if out is not None else tensors.forward(lm, xs), target, n)
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         attributions=[tensors.numpy(p) for p in parts],
         as_tuple=isinstance(attrs, tuple),
         layers=per_layer,
@@ -188,7 +188,7 @@ def attribute(lm: LoadedModel, job: Attribution) -> Reply:
         target=targets.rows(wire, n),
         tokens=tokens,
         params=res.params,
-        predictions=None if not job.predictions or out is None else tensors.numpy(out),
+        predictions=None if not work.predictions or out is None else tensors.numpy(out),
         compute_ms=(time.perf_counter() - t0) * 1e3,
         verification=None if verification is None else verification.as_dict(),
         fidelity=None if res.fidelity is None else res.fidelity.as_dict(),

@@ -83,26 +83,28 @@ def check_ids(lm: LoadedModel, arrays: tuple[np.ndarray, ...]) -> None:
             )
 
 
-def inputs(lm: LoadedModel, job: Work) -> tuple[tuple[torch.Tensor, ...], list[list[str]] | None]:
+def inputs(lm: LoadedModel, work: Work) -> tuple[tuple[torch.Tensor, ...], list[list[str]] | None]:
     """The job's inputs as tensors on the model's device (texts through the tokenizer), token
     ids checked against the vocabulary."""
-    if not job.texts:  # to the declared dtypes (bfloat16 travels as float32)
-        check_ids(lm, job.arrays)
+    if not work.texts:  # to the declared dtypes (bfloat16 travels as float32)
+        check_ids(lm, work.arrays)
         specs = lm.spec.inputs
         return tuple(
-            tensor(a, lm.device).to(i.torch_dtype) for a, i in zip(job.arrays, specs, strict=True)
+            tensor(a, lm.device).to(i.torch_dtype) for a, i in zip(work.arrays, specs, strict=True)
         ), None
     if lm.tokenizer is None:
         raise InvalidRequest(
-            f"model {job.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
+            f"model {work.model_id!r} has no tokenizer; send token ids", loc=("body", "inputs")
         )
-    if not getattr(lm.tokenizer, "pairs", False) and not all(isinstance(t, str) for t in job.texts):
+    if not getattr(lm.tokenizer, "pairs", False) and not all(
+        isinstance(t, str) for t in work.texts
+    ):
         raise InvalidRequest(
-            f"model {job.model_id!r} takes single texts; its tokenizer encodes no text pairs",
+            f"model {work.model_id!r} takes single texts; its tokenizer encodes no text pairs",
             loc=("body", "inputs"),
         )
     try:
-        ids, tokens = lm.tokenizer(list(job.texts))
+        ids, tokens = lm.tokenizer(list(work.texts))
     except ValueError as exc:  # a text the model cannot take (longer than its positions)
         raise InvalidRequest(str(exc), loc=("body", "inputs")) from None
     for i, toks in enumerate(tokens):
@@ -113,9 +115,9 @@ def inputs(lm: LoadedModel, job: Work) -> tuple[tuple[torch.Tensor, ...], list[l
                 loc=("body", "inputs", i),
             )
     longest = max(len(t) for t in tokens) if tokens else 0
-    if job.max_tokens is not None and longest > job.max_tokens:
+    if work.max_tokens is not None and longest > work.max_tokens:
         raise LimitExceeded(
-            f"a text has {longest} tokens; this server takes at most {job.max_tokens}",
+            f"a text has {longest} tokens; this server takes at most {work.max_tokens}",
             loc=("body", "inputs"),
         )
     return (ids.to(lm.device),), tokens

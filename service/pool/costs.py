@@ -46,19 +46,19 @@ class Costs:
         self.by_threads: dict[tuple[str, str], dict[bool, deque[float]]] = {}
         self._big: dict[tuple[str, str], int] = {}
 
-    def rate(self, job: Work) -> float | None:
-        return self.rates.get((job.model_id, job.name))
+    def rate(self, work: Work) -> float | None:
+        return self.rates.get((work.model_id, work.name))
 
     def learn(self, pending: Pending, replies: list[Reply]) -> None:
         """The batch's model and method's compute per unit of cost, a moving average."""
         done = [r for r in replies if r.error is None and r.compute_ms > 0]
         if not done or pending.cost <= 0 or not pending.entries:
             return
-        job = pending.entries[0].job
+        work = pending.entries[0].work
         rate = max(r.compute_ms for r in done) / pending.cost  # merged: one shared call
-        self.rates[job.model_id, job.name] = _average(self.rate(job), rate)
+        self.rates[work.model_id, work.name] = _average(self.rate(work), rate)
         if pending.timed:
-            sides = self.by_threads.setdefault((job.model_id, job.name), {})
+            sides = self.by_threads.setdefault((work.model_id, work.name), {})
             sides.setdefault(pending.threads > 1, deque(maxlen=SAMPLES)).append(rate)
 
     def parallel(self, pending: Pending) -> bool:
@@ -71,8 +71,8 @@ class Costs:
             return False
         if self.estimate(pending) >= HEAVY_MS:
             return True
-        job = pending.entries[0].job
-        key = (job.model_id, job.name)
+        work = pending.entries[0].work
+        key = (work.model_id, work.name)
         sides = self.by_threads.get(key, {})
         if True not in sides or False not in sides:
             return True not in sides
@@ -90,32 +90,32 @@ class Costs:
         """A batch's compute in ms, as its model's recent rate says (0: not known yet)."""
         if not pending.entries:
             return 0.0
-        return pending.cost * (self.rate(pending.entries[0].job) or 0.0)
+        return pending.cost * (self.rate(pending.entries[0].work) or 0.0)
 
     def beyond_piece(self, pending: Pending) -> bool:
         """More than a piece of work: it goes to an idle worker only."""
         limit = self.settings.split_ms
         return pending.piece or (limit > 0 and self.estimate(pending) > limit)
 
-    def fits(self, cost: int, job: Work) -> bool:
+    def fits(self, cost: int, work: Work) -> bool:
         """Whether a merged batch of ``cost`` (like ``job``) is within bounds: the cost cap, and
         about one piece of compute (``split_ms``), so merging does not undo the split."""
         if cost > self.settings.batch_max_cost:
             return False
-        rate, limit = self.rate(job), self.settings.split_ms
+        rate, limit = self.rate(work), self.settings.split_ms
         return not limit or rate is None or cost * rate <= limit
 
-    def piece_rows(self, job: Work) -> int | None:
+    def piece_rows(self, work: Work) -> int | None:
         """Examples per piece when ``job`` is worth splitting (about ``split_ms`` each, once
         its compute rate is known); None: it goes whole."""
-        rate, limit = self.rate(job), self.settings.split_ms
+        rate, limit = self.rate(work), self.settings.split_ms
         # only work with a merge key is split: its examples are computed each alone (verified
         # attributions and generation have none)
-        if not limit or rate is None or job.key is None or job.n < 2:
+        if not limit or rate is None or work.key is None or work.n < 2:
             return None
-        per_example = rate * job.cost / job.n
+        per_example = rate * work.cost / work.n
         rows = max(1, int(limit / max(per_example, 1e-9)))
-        return rows if rows < job.n else None
+        return rows if rows < work.n else None
 
     def next(self, waiting: Iterable[Pending]) -> Pending | None:
         """The batch to send next: the cheapest (its estimated compute, less ``AGING`` times

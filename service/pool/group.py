@@ -194,7 +194,7 @@ class Group(Processes):
         total = sum(self.costs.estimate(p) for p in self._queued())
         return total / max(1, len(self.live))
 
-    def _admit(self, job: Work) -> None:
+    def _admit(self, work: Work) -> None:
         """Admission bounds the requests waiting (``queue_size``), and for a request costing
         more than one piece the compute queued before it (``max_backlog_s``, or its own
         deadline where that is longer; an idle server admits any). 429's Retry-After: when
@@ -206,10 +206,10 @@ class Group(Processes):
                 f"{self.settings.queue_size} requests are already waiting; retry shortly",
                 headers=self._retry(backlog),
             )
-        limit, rate = self.settings.max_backlog_s * 1e3, self.costs.rate(job)
-        own = job.cost * rate if rate is not None else 0.0
-        if limit and job.deadline:
-            limit = max(limit, (job.deadline - time.time()) * 1e3 - own)
+        limit, rate = self.settings.max_backlog_s * 1e3, self.costs.rate(work)
+        own = work.cost * rate if rate is not None else 0.0
+        if limit and work.deadline:
+            limit = max(limit, (work.deadline - time.time()) * 1e3 - own)
         beyond_piece = own > self.settings.split_ms > 0
         if limit and beyond_piece and backlog > limit:
             self.telemetry.rejected.inc()
@@ -217,7 +217,7 @@ class Group(Processes):
                 f"this request (about {own / 1e3:.1f} s of compute) would wait behind "
                 f"{backlog / 1e3:.1f} s of queued work, over this server's backlog limit of "
                 f"{limit / 1e3:.3g} s; retry later, or submit it as a job (POST "
-                f"/v1/models/{job.model_id}/attribution-jobs)",
+                f"/v1/models/{work.model_id}/attribution-jobs)",
                 headers=self._retry(backlog - limit),
             )
 
@@ -229,25 +229,25 @@ class Group(Processes):
         ]
 
     # -- submission ------------------------------------------------------------------------
-    def submit(self, job: Work) -> Entry:
+    def submit(self, work: Work) -> Entry:
         if not self.workers:
             raise NotReady("this server runs no workers")
         if self._draining:
             raise NotReady("the server is shutting down", headers=self._retry())
-        state, reason = self.model_state(job.model_id)
+        state, reason = self.model_state(work.model_id)
         if state == FAILED:
-            raise ModelUnavailable.of(job.model_id, reason, headers=self._retry())
-        if job.background:
-            entry = Entry(job, self._running_loop().create_future())
-            entry.pending = Pending(next(self._ids), [entry], job.cost, None, background=True)
+            raise ModelUnavailable.of(work.model_id, reason, headers=self._retry())
+        if work.background:
+            entry = Entry(work, self._running_loop().create_future())
+            entry.pending = Pending(next(self._ids), [entry], work.cost, None, background=True)
             self._jobs.append(entry.pending)
             self._dispatch()
             return entry
-        self._admit(job)
-        rows = self.costs.piece_rows(job)
+        self._admit(work)
+        rows = self.costs.piece_rows(work)
         if rows is not None:
-            return split.split_entry(job, rows, self._running_loop(), self._piece, self.cancel)
-        self._dispatch_one(entry := Entry(job, self._running_loop().create_future()))
+            return split.split_entry(work, rows, self._running_loop(), self._piece, self.cancel)
+        self._dispatch_one(entry := Entry(work, self._running_loop().create_future()))
         return entry
 
     def _piece(self, part: Entry) -> None:
@@ -256,14 +256,14 @@ class Group(Processes):
         self._dispatch_one(part, piece=True)
 
     def _dispatch_one(self, entry: Entry, *, piece: bool = False) -> None:
-        job = entry.job
-        key = job.key if self.settings.batching and not piece else None
+        work = entry.work
+        key = work.key if self.settings.batching and not piece else None
         pending = self._by_key.get(key) if key is not None else None
-        if pending is not None and self.costs.fits(pending.cost + job.cost, job):
+        if pending is not None and self.costs.fits(pending.cost + work.cost, work):
             pending.entries.append(entry)
-            pending.cost += job.cost
+            pending.cost += work.cost
         else:
-            pending = Pending(next(self._ids), [entry], job.cost, key, closed=True, piece=piece)
+            pending = Pending(next(self._ids), [entry], work.cost, key, closed=True, piece=piece)
             self._waiting.append(pending)
             if key is not None:
                 self._by_key[key] = pending
@@ -272,7 +272,7 @@ class Group(Processes):
                     pending.closed = False
                     self._running_loop().call_later(window, self._close_window, pending)
         entry.pending = pending
-        if pending.key is not None and not self.costs.fits(pending.cost + 1, job):
+        if pending.key is not None and not self.costs.fits(pending.cost + 1, work):
             self._by_key.pop(pending.key, None)
             pending.closed = True
         self._dispatch()
@@ -288,7 +288,7 @@ class Group(Processes):
         if pending is None or entry not in pending.entries:
             return
         pending.entries.remove(entry)
-        pending.cost -= entry.job.cost
+        pending.cost -= entry.work.cost
         w = pending.worker
         if w is None:  # still queued here
             if not pending.entries:
@@ -296,7 +296,7 @@ class Group(Processes):
         else:
             if not pending.entries:
                 pending.abandoned_at = time.monotonic()
-            self._write(w, Cancel((entry.job.id,)))
+            self._write(w, Cancel((entry.work.id,)))
         self.telemetry.queue_depth.set(self.queue_depth())
 
     def _close_window(self, pending: Pending) -> None:
@@ -352,7 +352,7 @@ class Group(Processes):
                 continue
             if queued or len(w.outstanding) > 1:  # a synchronous batch waits behind it
                 running.preempted = True
-                self._write(w, Cancel(tuple(e.job.id for e in running.entries)))
+                self._write(w, Cancel(tuple(e.work.id for e in running.entries)))
 
     def _dispatch(self) -> None:
         if self._jobs and self._owed():
@@ -390,8 +390,8 @@ class Group(Processes):
         self.telemetry.batch_size.observe(len(pending.entries))
         if len(pending.entries) > 1:
             self.telemetry.merged.inc(len(pending.entries))
-        jobs = [e.job for e in pending.entries]
-        self._write(w, Batch(pending.id, jobs, pending.threads))
+        works = [e.work for e in pending.entries]
+        self._write(w, Batch(pending.id, works, pending.threads))
 
     def _report_load_errors(self) -> None:
         """One log line per model that did not load, and again only if the reason changes
@@ -409,8 +409,8 @@ class Group(Processes):
         match msg:
             case Heartbeat():
                 return
-            case Event(job_id, payload):  # to its waiter; nothing to dispatch
-                entry = w.sent(job_id)
+            case Event(work_id, payload):  # to its waiter; nothing to dispatch
+                entry = w.sent(work_id)
                 if entry is not None:
                     entry.event(payload)
                 return
@@ -443,29 +443,29 @@ class Group(Processes):
         started = min((e.dispatched for e in pending.entries), default=time.perf_counter())
         self._account(pending.background, time.perf_counter() - started)
         self.costs.learn(pending, replies)
-        by_id = {e.job.id: e for e in pending.entries}
+        by_id = {e.work.id: e for e in pending.entries}
         for reply in replies:
-            entry = by_id.get(reply.job_id)
+            entry = by_id.get(reply.work_id)
             if entry is None or entry.future.done():
                 continue
             cancelled = reply.error is not None and reply.error.get("code") == "cancelled"
             if pending.preempted and cancelled:  # stopped for synchronous work: the job's
-                reply = Reply(job_id=reply.job_id, error=PREEMPTED)  # runner tries a smaller one
-            self.predictors.note(entry.job.model_id, reply)
+                reply = Reply(work_id=reply.work_id, error=PREEMPTED)  # runner tries a smaller one
+            self.predictors.note(entry.work.model_id, reply)
             entry.future.set_result(reply)
 
     def _fail_waiting(self) -> None:
         """Answer the queued requests of models now "failed" at once (503 naming the model)."""
         for pending in list(self._waiting):
             for e in list(pending.entries):
-                state, reason = self.model_state(e.job.model_id)
+                state, reason = self.model_state(e.work.model_id)
                 if state == FAILED:
                     if not e.future.done():
                         e.future.set_exception(
-                            ModelUnavailable.of(e.job.model_id, reason, headers=self._retry())
+                            ModelUnavailable.of(e.work.model_id, reason, headers=self._retry())
                         )
                     pending.entries.remove(e)
-                    pending.cost -= e.job.cost
+                    pending.cost -= e.work.cost
             if not pending.entries:
                 self._forget(pending)
 
@@ -486,7 +486,7 @@ class Group(Processes):
                 if not e.future.done():
                     e.future.set_exception(
                         WorkerLost(
-                            f"the worker serving model {e.job.model_id!r} was lost ({reason}); "
+                            f"the worker serving model {e.work.model_id!r} was lost ({reason}); "
                             "it is being restarted",
                             headers=self._retry(),
                         )

@@ -194,7 +194,7 @@ class WorkerPool:
         return [row for g in self.groups for row in g.status()]
 
     # -- requests --------------------------------------------------------------------------
-    def submit(self, job: Work) -> Entry:
+    def submit(self, work: Work) -> Entry:
         if not self.per_group:
             raise NotReady("this server runs no workers")
         if self._draining:
@@ -202,14 +202,14 @@ class WorkerPool:
                 "the server is shutting down",
                 headers={"Retry-After": str(self.settings.retry_after_s)},
             )
-        group = self.routes.get(job.model_id)
+        group = self.routes.get(work.model_id)
         if group is None:
             raise UnknownModel(
-                f"model {job.model_id!r} is unloaded; load it again with "
-                f"POST /v2/repository/models/{job.model_id}/load",
+                f"model {work.model_id!r} is unloaded; load it again with "
+                f"POST /v2/repository/models/{work.model_id}/load",
                 loc=("path", "model_id"),
             )
-        entry = group.submit(job)
+        entry = group.submit(work)
         entry.group = group
         return entry
 
@@ -217,11 +217,11 @@ class WorkerPool:
         if entry.group is not None:
             entry.group.cancel(entry)
 
-    def rate(self, job: Work) -> float | None:
+    def rate(self, work: Work) -> float | None:
         """Measured compute per unit of cost (ms per forward row) of the job's model and
         method, from its recent batches; None before any."""
-        group = self.routes.get(job.model_id)
-        return None if group is None else group.costs.rate(job)
+        group = self.routes.get(work.model_id)
+        return None if group is None else group.costs.rate(work)
 
     # -- the model repository --------------------------------------------------------------
     async def load(self, spec: ModelSpec) -> None:

@@ -45,7 +45,7 @@ class Pending:
 
 @dataclass(eq=False)
 class Entry:
-    job: Work
+    work: Work
     future: asyncio.Future[Reply]
     dispatched: float = 0.0
     pending: Pending | None = None
@@ -99,6 +99,6 @@ class Worker:
     #: what the worker reported of each model when it became ready
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def sent(self, job_id: int) -> Entry | None:
+    def sent(self, work_id: int) -> Entry | None:
         """The entry of a job sent to this worker and not answered yet."""
-        return next((e for p in self.outstanding for e in p.entries if e.job.id == job_id), None)
+        return next((e for p in self.outstanding for e in p.entries if e.work.id == work_id), None)

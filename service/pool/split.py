@@ -21,13 +21,13 @@ from service.pool.records import Entry
 W = TypeVar("W", bound=Work)
 
 
-def chunk(job: W, start: int, stop: int) -> W:
+def chunk(work: W, start: int, stop: int) -> W:
     """The work's examples ``[start, stop)`` as work of their own (its type cuts its own
     per-example fields: ``Work.cut``)."""
-    return job.cut(start, stop)
+    return work.cut(start, stop)
 
 
-def pieces(job: W, rows: int) -> list[W]:
+def pieces(work: W, rows: int) -> list[W]:
     """``job`` in as few pieces of at most ``rows`` examples as it takes, of sizes within one
     of each other (17 in pieces of 8: 5, 6, 6, not 8, 8, 1), each its own id. A piece of one
     or two examples is what changed a cut request's numbers: MKL computes a product of one or
@@ -35,21 +35,21 @@ def pieces(job: W, rows: int) -> list[W]:
     saliency's or a DeepLift delta's last bits moved with the cut (CONTRACT 9.1). Even pieces
     of at most ``rows`` have at least half of it: one-example pieces are left to requests
     whose one example is a piece of compute of its own, whose products have many rows."""
-    count = -(-job.n // rows)
-    bounds = [job.n * i // count for i in range(count + 1)]
+    count = -(-work.n // rows)
+    bounds = [work.n * i // count for i in range(count + 1)]
     return [
-        dataclasses.replace(chunk(job, start, stop), id=new_id())
+        dataclasses.replace(chunk(work, start, stop), id=new_id())
         for start, stop in itertools.pairwise(bounds)
     ]
 
 
-def join(job: Work, replies: list[Reply]) -> Reply:
+def join(work: Work, replies: list[Reply]) -> Reply:
     """The pieces' replies (in order, none failed) as ``job``'s one reply (``Reply.join``)."""
-    return Reply.join(job.id, replies)
+    return Reply.join(work.id, replies)
 
 
 def split_entry(
-    job: Work,
+    work: Work,
     rows: int,
     loop: asyncio.AbstractEventLoop,
     queue: Callable[[Entry], None],
@@ -58,8 +58,8 @@ def split_entry(
     """One entry for the request; its pieces, each an entry of its own, go to ``queue``, and
     their replies are joined into the request's when all are in (the first failure, or a
     cancellation, ends it and ``cancel``s the other pieces)."""
-    whole = Entry(job, loop.create_future())
-    whole.parts = [Entry(piece, loop.create_future(), whole=whole) for piece in pieces(job, rows)]
+    whole = Entry(work, loop.create_future())
+    whole.parts = [Entry(piece, loop.create_future(), whole=whole) for piece in pieces(work, rows)]
     for part in whole.parts:
         queue(part)
         part.future.add_done_callback(lambda _: _settle(whole, cancel))
@@ -82,12 +82,12 @@ def _settle(whole: Entry, cancel: Callable[[Entry], None]) -> None:
                 whole.future.set_exception(exc)
             else:
                 error = part.future.result().error
-                whole.future.set_result(Reply(job_id=whole.job.id, error=error))
+                whole.future.set_result(Reply(work_id=whole.work.id, error=error))
             return
     if all(p.future.done() for p in whole.parts):
         whole.dispatched = min(p.dispatched for p in whole.parts)
         try:
-            joined = join(whole.job, [p.future.result() for p in whole.parts])
+            joined = join(whole.work, [p.future.result() for p in whole.parts])
         except Exception as exc:  # the request fails now, never waits out its deadline
             whole.future.set_exception(exc)
         else:

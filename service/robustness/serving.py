@@ -102,7 +102,7 @@ def _rows(req: Request, p: dict[str, Any], n_features: int) -> int:
     return values * per_value + once
 
 
-def build_job(settings: Settings, spec: ModelSpec, req: Request, deadline: float) -> Perturbation:
+def build_work(settings: Settings, spec: ModelSpec, req: Request, deadline: float) -> Perturbation:
     """Every check that needs no model: the request as a job for the worker."""
     _check_model(spec)
     inputs = codec.decode_within(req.inputs, spec, settings)
@@ -151,7 +151,7 @@ def build_job(settings: Settings, spec: ModelSpec, req: Request, deadline: float
     if req.render is not None:
         _pictured(req.render, spec, inputs.arrays, inputs.n)
     kind = Attack if isinstance(req, AttackRequest) else Counterfactual
-    job = kind(
+    work = kind(
         id=new_id(),
         model_id=spec.id,
         n=inputs.n,
@@ -161,13 +161,13 @@ def build_job(settings: Settings, spec: ModelSpec, req: Request, deadline: float
         target=targets.resolve(req.target, spec.output, inputs.n),
         study={"name": _name(req), "params": p, "loss": loss},
     )
-    if job.target is None:
+    if work.target is None:
         raise InvalidRequest(
             "a target class is needed (the class to move away from, or to reach with "
             'targeted): an index, a label, or "predicted"',
             loc=("body", "target"),
         )
-    return job
+    return work
 
 
 def _pictured(spec: PerturbationRender, model: ModelSpec, arrays: Any, n: int) -> None:
@@ -210,14 +210,14 @@ class _Difference:
 
 
 def draw(
-    spec: PerturbationRender, model: ModelSpec, job: Perturbation, reply: Reply, title: str
+    spec: PerturbationRender, model: ModelSpec, work: Perturbation, reply: Reply, title: str
 ) -> list[dict[str, Any]]:
     """Per chosen example and input: the perturbed image (image inputs), the difference."""
     out: list[dict[str, Any]] = []
     names = [i.name for i in model.inputs]
     style = _Difference(spec.colormap, spec.format, spec.kind, spec.sign, spec.width)
-    for i in spec.examples if spec.examples is not None else range(job.n):
-        for k, (x, moved) in enumerate(zip(job.arrays, reply.attributions, strict=True)):
+    for i in spec.examples if spec.examples is not None else range(work.n):
+        for k, (x, moved) in enumerate(zip(work.arrays, reply.attributions, strict=True)):
             after = np.asarray(moved[i], dtype=np.float64)
             before = np.asarray(x[i], dtype=np.float64)
             diff = after - before
@@ -241,7 +241,7 @@ def draw(
                 raise InvalidRequest(f"render: {exc}", loc=LOC) from None
             for which, pic in drawn:
                 entry: dict[str, Any] = {"example": i, "picture": which}
-                if len(job.arrays) > 1:
+                if len(work.arrays) > 1:
                     entry["input"] = names[k] if k < len(names) else str(k)
                 entry["media_type"] = pic.media_type
                 entry["b64"] = base64.b64encode(pic.data).decode("ascii")
@@ -280,7 +280,7 @@ def envelope(
 
 
 class _Perturbations(Capability[R]):
-    """What attacks and counterfactuals share: the work (``build_job``), the answer
+    """What attacks and counterfactuals share: the work (``build_work``), the answer
     (``envelope``), pictures of the perturbation."""
 
     def build(
@@ -292,7 +292,7 @@ class _Perturbations(Capability[R]):
         request_id: str,
         prepared: Any,
     ) -> Work:
-        return build_job(settings, spec, req, deadline)
+        return build_work(settings, spec, req, deadline)
 
     def options(self, req: R, work: Work) -> dict[str, Any]:
         return {"encoding": req.output_encoding}

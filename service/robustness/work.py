@@ -42,18 +42,18 @@ class Counterfactual(Perturbation):
     label: ClassVar[str] = "counterfactual"
 
 
-def run(lm: LoadedModel, job: Perturbation) -> Reply:
+def run(lm: LoadedModel, work: Perturbation) -> Reply:
     t0 = time.perf_counter()
-    study = job.study or {}
-    xs, _ = tensors.inputs(lm, job)
+    study = work.study or {}
+    xs, _ = tensors.inputs(lm, work)
     n = int(xs[0].shape[0])
-    wire = job.target
+    wire = work.target
     if targets.predicted(wire):
         wire = targets.of_predictions(tensors.forward(lm, xs))
     target = targets.to_engine(wire)
     params = {k: tensors.convert(v, lm.device) for k, v in study["params"].items()}
     inputs = xs if len(xs) > 1 else xs[0]
-    if isinstance(job, Attack):
+    if isinstance(work, Attack):
         res = methods.attack(
             lm.model, inputs, study["name"], target=target, loss=study["loss"], **params
         )
@@ -66,10 +66,10 @@ def run(lm: LoadedModel, job: Perturbation) -> Reply:
         res, found = cf, {"min_param": cf.min_param}  # type: ignore[assignment]
     perturbed = tensors.flat(res.perturbed)
     shown = shown_params(study["params"])
-    if isinstance(job, Attack):
+    if isinstance(work, Attack):
         shown["loss"] = study["loss"]
     return Reply(
-        job_id=job.id,
+        work_id=work.id,
         attributions=[tensors.numpy(p) for p in perturbed],
         as_tuple=isinstance(res.perturbed, tuple),
         predictions=tensors.numpy(res.predictions),

@@ -76,12 +76,12 @@ def examples(spec: RenderSpec, n: int, inputs: int = 1) -> list[int]:
 
 
 def draw(
-    spec: RenderSpec, model: ModelSpec, job: Work, reply: Reply, title: str
+    spec: RenderSpec, model: ModelSpec, work: Work, reply: Reply, title: str
 ) -> list[dict[str, Any]]:
     """One picture per chosen example (and per input, on multi-input models)."""
     out: list[dict[str, Any]] = []
     names = [i.name for i in model.inputs]
-    for i in examples(spec, job.n, len(model.inputs)):
+    for i in examples(spec, work.n, len(model.inputs)):
         for k, attrs in enumerate(reply.attributions):
             attr = np.asarray(attrs[i], dtype=np.float64)
             tokens = None
@@ -89,10 +89,10 @@ def draw(
             if reply.tokens is not None:
                 tokens = reply.tokens[i]
                 attr = attr[: len(tokens)]
-            elif job.images and (placed := on_original(model, job.images[i], attr)) is not None:
+            elif work.images and (placed := on_original(model, work.images[i], attr)) is not None:
                 attr, image = placed
-            elif (src := 0 if reply.layers is not None else k) < len(job.arrays):
-                x = job.arrays[src][i]  # a list of layers maps onto the first input each
+            elif (src := 0 if reply.layers is not None else k) < len(work.arrays):
+                x = work.arrays[src][i]  # a list of layers maps onto the first input each
                 # the input under the map: only where the map has its (spatial) shape
                 if x.shape[-attr.ndim :] == attr.shape or x.shape[-2:] == attr.shape[-2:]:
                     image = x.astype(np.float64)

@@ -72,17 +72,17 @@ class Control:
         self.cancelled: set[int] = set()
         self.stopping = False
 
-    def should_stop(self, jobs: list[Work]) -> Callable[[], bool]:
-        ids = [j.id for j in jobs]
-        deadline = max(j.deadline for j in jobs)
+    def should_stop(self, works: list[Work]) -> Callable[[], bool]:
+        ids = [j.id for j in works]
+        deadline = max(j.deadline for j in works)
 
         def check() -> bool:
             return self.stopping or time.time() > deadline or all(i in self.cancelled for i in ids)
 
         return check
 
-    def forget(self, jobs: list[Work]) -> None:
-        for j in jobs:
+    def forget(self, works: list[Work]) -> None:
+        for j in works:
             self.cancelled.discard(j.id)
 
 
@@ -160,9 +160,9 @@ def worker_main(
         if not in_thread:
             threads.use(batch.threads)
         replies = run_batch(
-            models, batch.jobs, kinds.run, control, lambda jid, p: chan.send(Event(jid, p))
+            models, batch.works, kinds.run, control, lambda jid, p: chan.send(Event(jid, p))
         )
-        control.forget(batch.jobs)
+        control.forget(batch.works)
         try:
             chan.send(Replied(batch.id, replies))
         except OSError:  # the parent is gone
@@ -188,8 +188,8 @@ def _receive(chan: BlockingChannel, inbox: queue.SimpleQueue[Batch | None], c: C
         match msg:
             case Batch():
                 inbox.put(msg)
-            case Cancel(job_ids):
-                c.cancelled.update(job_ids)
+            case Cancel(work_ids):
+                c.cancelled.update(work_ids)
             case Stop():
                 c.stopping = True  # the batch computing now stops at its next checkpoint
                 inbox.put(None)
@@ -198,27 +198,27 @@ def _receive(chan: BlockingChannel, inbox: queue.SimpleQueue[Batch | None], c: C
                 log.error("attrserve: not a message to a worker: %r", msg)
 
 
-def _error(job: Work, err: ServiceError) -> Reply:
-    return Reply(job_id=job.id, error=err.to_data())
+def _error(work: Work, err: ServiceError) -> Reply:
+    return Reply(work_id=work.id, error=err.to_data())
 
 
-def _ids(jobs: list[Work]) -> str:
-    return ",".join(j.request_id for j in jobs)
+def _ids(works: list[Work]) -> str:
+    return ",".join(j.request_id for j in works)
 
 
-def upstream(job: Work, exc: RemoteFailure) -> ServiceError:
+def upstream(work: Work, exc: RemoteFailure) -> ServiceError:
     """A remote predictor's failure as the service answers it: 504 when it timed out, else
     502, naming the model (the message names the predictor and its status)."""
-    log.warning("request %s: model %s: %s", job.request_id, job.model_id, exc)
+    log.warning("request %s: model %s: %s", work.request_id, work.model_id, exc)
     cls = UpstreamTimeout if exc.status == 504 else UpstreamFailed
-    return cls(f"model {job.model_id!r}: {exc}", members={"upstream_status": exc.upstream})
+    return cls(f"model {work.model_id!r}: {exc}", members={"upstream_status": exc.upstream})
 
 
 def _safe(
     run: Run,
     models: dict[str, Any],
-    job: Work,
-    jobs: list[Work],
+    work: Work,
+    works: list[Work],
     c: Control,
     send: Send | None = None,
 ) -> Reply:
@@ -227,53 +227,53 @@ def _safe(
     import methods
     from methods.errors import AttributionCancelled, AttributionError, ModelError
 
-    emit = None if send is None else partial(send, job.id)
+    emit = None if send is None else partial(send, work.id)
     try:
-        with methods.cancel_scope(c.should_stop(jobs)), events.sink(emit):
-            reply: Reply = run(models[job.model_id], job)
+        with methods.cancel_scope(c.should_stop(works)), events.sink(emit):
+            reply: Reply = run(models[work.model_id], work)
         return reply
     except ServiceError as err:
-        return _error(job, err)
+        return _error(work, err)
     except AttributionCancelled:
         if c.stopping:
-            return _error(job, RequestCancelled("the server stopped the work"))
-        if time.time() > job.deadline:
-            return _error(job, DeadlineExceeded("the deadline passed; the work was stopped"))
-        return _error(job, RequestCancelled("the request was cancelled; the work was stopped"))
+            return _error(work, RequestCancelled("the server stopped the work"))
+        if time.time() > work.deadline:
+            return _error(work, DeadlineExceeded("the deadline passed; the work was stopped"))
+        return _error(work, RequestCancelled("the request was cancelled; the work was stopped"))
     except RemoteFailure as exc:  # a prediction route calls the predictor directly
-        return _error(job, upstream(job, exc))
+        return _error(work, upstream(work, exc))
     except ModelError as exc:
         if isinstance(exc.__cause__, RemoteFailure):  # the predictor's fault, not the model's
-            return _error(job, upstream(job, exc.__cause__))
+            return _error(work, upstream(work, exc.__cause__))
         # the model's own exception text may hold internals (allocator, paths): log it only
         log.error(
             "request %s: %s on %s failed in the model\n%s",
-            _ids(jobs),
-            job.name,
-            job.model_id,
+            _ids(works),
+            work.name,
+            work.model_id,
             traceback.format_exc(),
         )
-        return _error(job, from_engine(exc, job.request_id))
+        return _error(work, from_engine(exc, work.request_id))
     except AttributionError as exc:
-        return _error(job, from_engine(exc, job.request_id))
+        return _error(work, from_engine(exc, work.request_id))
     except Exception:
         log.error(
             "request %s: %s on %s failed\n%s",
-            _ids(jobs),
-            job.name,
-            job.model_id,
+            _ids(works),
+            work.name,
+            work.model_id,
             traceback.format_exc(),
         )
-        return _error(job, ServiceError(f"internal error (request id {job.request_id})"))
+        return _error(work, ServiceError(f"internal error (request id {work.request_id})"))
 
 
 def run_batch(
-    models: dict[str, Any], jobs: list[Work], run: Run, c: Control, send: Send | None = None
+    models: dict[str, Any], works: list[Work], run: Run, c: Control, send: Send | None = None
 ) -> list[Reply]:
     now = time.time()
     replies: list[Reply] = []
     live: list[Work] = []
-    for j in jobs:
+    for j in works:
         if j.id in c.cancelled:
             replies.append(_error(j, RequestCancelled("cancelled before the work started")))
         elif j.deadline <= now:
@@ -287,7 +287,7 @@ def run_batch(
         if merged.error is None:
             return replies + split(merged, live)
         if merged.error["code"] in (RequestCancelled.code, DeadlineExceeded.code):
-            return replies + [Reply(job_id=j.id, error=merged.error) for j in live]
+            return replies + [Reply(work_id=j.id, error=merged.error) for j in live]
         # one bad request must not fail its companions: run them one by one
     for j in live:
         replies.append(_safe(run, models, j, [j], c, send))

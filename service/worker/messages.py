@@ -19,7 +19,7 @@ class Cancel:
     """Stop these jobs: dropped if not started, the engine stopped at its next checkpoint
     once every job of the running batch is cancelled."""
 
-    job_ids: tuple[int, ...]
+    work_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Heartbeat:
 class Event:
     """A running job's event (``service.core.events``) for its waiter, before its reply."""
 
-    job_id: int
+    work_id: int
     payload: Any
 
 

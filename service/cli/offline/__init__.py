@@ -1,7 +1,7 @@
 """``attrserve attribute``: the engine over a file of examples, in this process, resumable.
 
-Each chunk of examples goes through the HTTP route's own checks (``build_job``, with the
-server's limits) and its own engine call (``run_job``), so a file gives the numbers, errors and
+Each chunk of examples goes through the HTTP route's own checks (``build_work``, with the
+server's limits) and its own engine call (``run_work``), so a file gives the numbers, errors and
 limits a request would. The pieces, kept stable for other runners (Ray Data calls them too):
 
     examples = read_examples("x.parquet", spec)          # .npy .npz .pt .parquet .jsonl

@@ -1,4 +1,4 @@
-"""One chunk of examples: the HTTP route's checks (``build_job``) and engine call (``run_job``),
+"""One chunk of examples: the HTTP route's checks (``build_work``) and engine call (``run_work``),
 and the columns to write."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 from model_registry.spec import LoadedModel, ModelSpec
 from service.cli.offline.engine import (
     AttributionRequest,
-    build_job,
+    build_work,
     from_engine,
     kind_of,
-    run_job,
+    run_work,
     validated,
 )
 from service.cli.offline.inputs import Examples
@@ -69,7 +69,7 @@ def check_batch(
 ) -> Any:
     """The chunk as the HTTP route's ``Attribution`` work: every check ``attribute_batch``
     makes, without the model (a ServiceError for what the route would refuse)."""
-    return build_job(settings, spec, _request(request, examples, predicted), math.inf)
+    return build_work(settings, spec, _request(request, examples, predicted), math.inf)
 
 
 def _predicted(
@@ -81,19 +81,19 @@ def _predicted(
         return None
     if all(t is None for t in own) or all(t is not None for t in own):
         return None
-    job = kind_of(spec).predict_job(s, spec, _inputs(examples), math.inf, "")
-    reply = _run(lm, job)
+    work = kind_of(spec).predict_work(s, spec, _inputs(examples), math.inf, "")
+    reply = _run(lm, work)
     if reply.predictions is None:  # pragma: no cover - a predict job always has them
         return None
     return [int(c) for c in reply.predictions.reshape(examples.n, -1).argmax(-1)]
 
 
-def _run(lm: LoadedModel, job: Any) -> Any:
-    """``run_job``, its failures as the worker reports them."""
+def _run(lm: LoadedModel, work: Any) -> Any:
+    """``run_work``, its failures as the worker reports them."""
     from methods.errors import AttributionError, ModelError
 
     try:
-        return run_job(lm, job)
+        return run_work(lm, work)
     except ModelError as exc:
         # a person runs this: the model's own message helps more than a log reference
         raise AttributionFailed(str(exc), loc=("body", "inputs")) from None
@@ -122,8 +122,8 @@ def attribute_batch(
     import methods.registry
 
     predicted = _predicted(lm, spec, request, examples, settings)
-    job = check_batch(settings, spec, request, examples, predicted)
-    reply = _run(lm, job)
+    work = check_batch(settings, spec, request, examples, predicted)
+    reply = _run(lm, work)
     parts: list[np.ndarray] = reply.attributions
     if reply.as_tuple:
         names = [i.name for i in spec.inputs]
@@ -133,8 +133,8 @@ def attribute_batch(
     cols: dict[str, np.ndarray | list[Any]] = {}
     if reply.tokens is not None:
         tokens = reply.tokens
-        per_token = job.attributed_layer is not None or (
-            methods.registry.get(job.method).family == "perturbation"
+        per_token = work.attributed_layer is not None or (
+            methods.registry.get(work.method).family == "perturbation"
         )
         for key, part in zip(keys, parts, strict=True):
             rows = [part[i, : len(t)] if per_token else part[i] for i, t in enumerate(tokens)]

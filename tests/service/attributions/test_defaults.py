@@ -14,7 +14,7 @@ import model_registry
 from model_registry import RegistryError
 from service import kinds
 from service.app import create_app
-from service.attributions.serving import build_job
+from service.attributions.serving import build_work
 from service.core.settings import Settings
 from service.wire.attributions import AttributionRequest
 from tests.service.conftest import Restartable, Server
@@ -76,13 +76,13 @@ def test_a_request_s_own_params_win_over_the_defaults(tmp_path: Path) -> None:
         req = AttributionRequest(
             method="integrated_gradients", inputs=ROW, target=0, params=dict(given)
         )
-        job = build_job(settings, spec, req, math.inf)
-        return dict(job.params)  # type: ignore[attr-defined]
+        work = build_work(settings, spec, req, math.inf)
+        return dict(work.params)  # type: ignore[attr-defined]
 
     assert params()["n_steps"] == "auto" and params()["delta_tolerance"] == 0.001
     assert params(n_steps=16)["n_steps"] == 16
     other = AttributionRequest(method="saliency", inputs=ROW, target=0)
-    assert "n_steps" not in dict(build_job(settings, spec, other, math.inf).params)  # type: ignore[attr-defined]
+    assert "n_steps" not in dict(build_work(settings, spec, other, math.inf).params)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")

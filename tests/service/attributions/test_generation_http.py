@@ -437,10 +437,10 @@ def test_a_share_of_low_precision_answers_is_checked_unasked() -> None:
     (spec,) = [s for s in model_registry.builtin_specs() if s.id == "tiny-lm"]
     spec = dataclasses.replace(spec, precision="bfloat16", fidelity_sample=1.0)
     body = {"method": "feature_ablation", "inputs": {"prompt": "alice lives in"}, "target": "rome"}
-    job = CausalLMKind().build_job(Settings(), spec, AttributionRequest(**body), time.time() + 60)
+    job = CausalLMKind().build_work(Settings(), spec, AttributionRequest(**body), time.time() + 60)
     assert (job.precision, job.verify) == ("bfloat16", True)
     own = AttributionRequest(**body, precision="float32")
-    job = CausalLMKind().build_job(Settings(), spec, own, time.time() + 60)
+    job = CausalLMKind().build_work(Settings(), spec, own, time.time() + 60)
     assert (job.precision, job.verify) == (None, False)
 
 

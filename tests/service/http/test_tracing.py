@@ -154,7 +154,7 @@ async def fake_route(scope: Scope, receive: Receive, send: Send) -> None:
     submitted = time.perf_counter()
     await asyncio.sleep(0.012)
     tracing.record_work(
-        submitted, submitted + QUEUED_S, Reply(job_id=1, compute_ms=COMPUTE_MS, merged=MERGED)
+        submitted, submitted + QUEUED_S, Reply(work_id=1, compute_ms=COMPUTE_MS, merged=MERGED)
     )
     status = int(scope["path"].rsplit("/", 1)[-1]) if scope["path"][-1].isdigit() else 200
     await send({"type": "http.response.start", "status": status, "headers": []})

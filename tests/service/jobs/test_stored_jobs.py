@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import model_registry
-from service.attributions.serving import build_job
+from service.attributions.serving import build_work
 from service.core.settings import Settings
 from service.core.work import Attribution
 from service.jobs.stored import dumps, loads
@@ -95,7 +95,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def _job(model: str, body: dict[str, Any]) -> Attribution:
     req = AttributionRequest.model_validate(body)
-    return build_job(Settings(), SPECS[model], req, math.inf)
+    return build_work(Settings(), SPECS[model], req, math.inf)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -119,11 +119,11 @@ FIELDS = ("arrays", "texts", "target", "baselines", "params", "noise_tunnel", "s
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_stored_job_comes_back_as_it_went_in(case: str) -> None:
-    job = _job(*CASES[case])
-    back, model = loads(dumps(job, "the model's fingerprint"))
+    work = _job(*CASES[case])
+    back, model = loads(dumps(work, "the model's fingerprint"))
     assert model == "the model's fingerprint"
     for name in FIELDS:
-        assert _same(getattr(back, name), getattr(job, name)), name
+        assert _same(getattr(back, name), getattr(work, name)), name
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

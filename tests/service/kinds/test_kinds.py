@@ -67,11 +67,11 @@ def test_predictions_only_where_the_kind_gives_them(name: str) -> None:
     spec, kind = EXAMPLES[name], kinds.KINDS[name]
     x = np.zeros((1, 8), np.float32).tolist()
     if kind.catalogue(spec).predicts:
-        job = kind.predict_job(Settings(), spec, x, time.time() + 1, "r")
-        assert job.predictions and job.n == 1
+        work = kind.predict_work(Settings(), spec, x, time.time() + 1, "r")
+        assert work.predictions and work.n == 1
     else:
         with pytest.raises(UnsupportedMethod) as e:
-            kind.predict_job(Settings(), spec, x, time.time() + 1, "r")
+            kind.predict_work(Settings(), spec, x, time.time() + 1, "r")
         assert e.value.errors[0]["loc"] == ["path", "model_id"]
 
 
@@ -108,7 +108,7 @@ class Doubling(ModelKind):
             raise UnsupportedMethod("doubling only", loc=("body", "method"))
         return Plan(registry.get(method), dict(params))
 
-    def build_job(
+    def build_work(
         self,
         settings: Settings,
         spec: ModelSpec,
@@ -138,18 +138,18 @@ class Doubling(ModelKind):
             cost=len(arr),
         )
 
-    def run(self, lm: LoadedModel, job: Attribution) -> Reply:
-        return Reply(job_id=job.id, attributions=[job.arrays[0] * 2], target=[None] * job.n)
+    def run(self, lm: LoadedModel, work: Attribution) -> Reply:
+        return Reply(work_id=work.id, attributions=[work.arrays[0] * 2], target=[None] * work.n)
 
 
 class OnePool:
     """The pool's interface as the serving path uses it: the job runs here, in-process."""
 
-    def submit(self, job: Attribution) -> Any:
+    def submit(self, work: Attribution) -> Any:
         import asyncio
 
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        fut.set_result(Doubling().run(None, job))  # type: ignore[arg-type]
+        fut.set_result(Doubling().run(None, work))  # type: ignore[arg-type]
         return type("Entry", (), {"future": fut, "dispatched": time.perf_counter()})()
 
     def cancel(self, entry: Any) -> None:
@@ -185,7 +185,7 @@ def test_a_new_kind_is_one_module_one_entry_and_one_task(monkeypatch: pytest.Mon
 
 
 def test_the_response_envelope_is_shared() -> None:
-    reply = Reply(job_id=1, attributions=[np.ones((2, 3))], target=[0, 1], params={"a": 1})
+    reply = Reply(work_id=1, attributions=[np.ones((2, 3))], target=[0, 1], params={"a": 1})
     body = envelope(
         ("m", "7"), Ran("saliency"), reply, "json", timing(1.0, 2.0, time.perf_counter())
     )
@@ -211,13 +211,13 @@ def test_causal_lm_prompts_take_plain_slots_only(prompt: str, features: Any) -> 
     body = {"method": "feature_ablation", "inputs": {"prompt": prompt, "features": features}}
     req = AttributionRequest.model_validate(body)
     with pytest.raises(InvalidRequest) as e:
-        attributions.build_job(Settings(), spec, req, time.time() + 60)
+        attributions.build_work(Settings(), spec, req, time.time() + 60)
     assert e.value.errors[0]["loc"] == ["body", "inputs", "prompt"]
     for fine, values in (("{} lives in {}", ["Dave", "Palm Coast"]), ("{who} lives", {"who": "D"})):
         ok = AttributionRequest.model_validate(
             {**body, "inputs": {"prompt": fine, "features": values}}
         )
-        assert attributions.build_job(Settings(), spec, ok, time.time() + 60).n == 1
+        assert attributions.build_work(Settings(), spec, ok, time.time() + 60).n == 1
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_before_the_model() -> None:
@@ -228,14 +228,14 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_the_model() -> None
         req = AttributionRequest.model_validate(
             {"method": "feature_ablation", "inputs": [[1, 2, bad]], "target": 0}
         )
-        job = attributions.build_job(Settings(), spec, req, time.time() + 60)
+        work = attributions.build_work(Settings(), spec, req, time.time() + 60)
         with pytest.raises(InvalidRequest) as e:
-            kinds.run(lm, job)
+            kinds.run(lm, work)
         assert e.value.errors[0]["loc"] == ["body", "inputs"]
         assert f"token id {bad}" in e.value.detail and f"0..{size - 1}" in e.value.detail
     ok = AttributionRequest.model_validate(
         {"method": "feature_ablation", "inputs": [[1, 2, size - 1]], "target": 0}
     )
     assert (
-        kinds.run(lm, attributions.build_job(Settings(), spec, ok, time.time() + 60)).error is None
+        kinds.run(lm, attributions.build_work(Settings(), spec, ok, time.time() + 60)).error is None
     )

@@ -17,7 +17,7 @@ import model_registry
 from methods import registry
 from model_registry.spec import LoadedModel, ModelSpec
 from service import kinds
-from service.attributions.serving import build_job
+from service.attributions.serving import build_work
 from service.core.settings import Settings
 from service.kinds import prepare, runtime
 from service.wire.attributions import AttributionRequest
@@ -34,8 +34,8 @@ def tabular(**changes: Any) -> ModelSpec:
 
 def answer(lm: LoadedModel, **body: Any) -> Any:
     req = AttributionRequest.model_validate({"inputs": X.tolist(), "target": 2, **body})
-    job = build_job(Settings(), lm.spec, req, time.time() + 60)
-    reply = kinds.run(lm, job)
+    work = build_work(Settings(), lm.spec, req, time.time() + 60)
+    reply = kinds.run(lm, work)
     return reply
 
 

@@ -41,8 +41,8 @@ class FakeWriter:
         match pickle.loads(data[HEADER.size :]):
             case Batch() as batch:
                 self.sent.append(batch)
-            case Cancel(job_ids):
-                self.cancelled.extend(job_ids)
+            case Cancel(work_ids):
+                self.cancelled.extend(work_ids)
 
     def is_closing(self) -> bool:
         return False
@@ -71,35 +71,35 @@ def pool(**settings: Any) -> tuple[Group, FakeWriter]:
 
 
 def done(p: Group, batch: Batch) -> None:
-    replies = [Reply(job_id=j.id) for j in batch.jobs]
+    replies = [Reply(work_id=j.id) for j in batch.works]
     p._on_message(p.workers[0], 1, Replied(batch.id, replies))
 
 
 async def _adaptive() -> None:
     p, conn = pool()
     f1 = p.submit(job(1)).future
-    assert [len(b.jobs) for b in conn.sent] == [1]  # idle worker: sent at once, no window
+    assert [len(b.works) for b in conn.sent] == [1]  # idle worker: sent at once, no window
     p.submit(job(2))
     p.submit(job(3))
     p.submit(job(4))
     assert len(conn.sent) == 1 and p.queue_depth() == 3  # may still grow: waits, merging
     p.submit(job(5, key=None))
-    assert [len(b.jobs) for b in conn.sent] == [1]  # behind the older batch (FIFO)
+    assert [len(b.works) for b in conn.sent] == [1]  # behind the older batch (FIFO)
     done(p, conn.sent[0])
-    assert f1.done() and f1.result().job_id == 1
+    assert f1.done() and f1.result().work_id == 1
     # the waiting three went as one batch, and the sealed one to the ready slot behind it
-    assert [len(b.jobs) for b in conn.sent] == [1, 3, 1]
+    assert [len(b.works) for b in conn.sent] == [1, 3, 1]
 
 
 async def _ready_slot() -> None:
     p, conn = pool(batch_max_cost=2)
     p.submit(job(1))
     p.submit(job(2, key=None))  # never merged: sealed, so it waits in the ready slot
-    assert [len(b.jobs) for b in conn.sent] == [1, 1]
+    assert [len(b.works) for b in conn.sent] == [1, 1]
     done(p, conn.sent[0])
     p.submit(job(3))
     p.submit(job(4))  # the batch is full (cost 2): sealed, to the ready slot
-    assert [len(b.jobs) for b in conn.sent] == [1, 1, 2]
+    assert [len(b.works) for b in conn.sent] == [1, 1, 2]
 
 
 async def _queue_full() -> None:
@@ -132,7 +132,7 @@ async def _cancel() -> None:
     assert conn.cancelled == [1]
     assert p.workers[0].outstanding[0].abandoned_at is not None
     done(p, conn.sent[0])  # the worker answers (cancelled): the batch behind goes out
-    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [3, 5]]
+    assert [[j.id for j in b.works] for b in conn.sent] == [[1], [3, 5]]
 
 
 def test_cancel_frees_the_slot_and_tells_the_worker() -> None:
@@ -164,8 +164,8 @@ def rows_job(i: int, n: int, cost_each: int, key: tuple[Any, ...] | None = ("k",
 def answer(p: Group, batch: Batch, compute_ms: float = 1.0) -> None:
     """The worker's reply: each job's input as its attributions."""
     replies = [
-        Reply(job_id=j.id, attributions=[j.arrays[0] * 2], compute_ms=compute_ms)
-        for j in batch.jobs
+        Reply(work_id=j.id, attributions=[j.arrays[0] * 2], compute_ms=compute_ms)
+        for j in batch.works
     ]
     p._on_message(p.workers[0], 1, Replied(batch.id, replies))
 
@@ -176,11 +176,11 @@ async def _cheap_first() -> None:
     p.submit(job(1, key=None))  # computing
     expensive = p.submit(rows_job(2, 1, 500, key=None))  # 500 ms: an idle worker only
     cheap = p.submit(job(3, key=None))  # 1 ms: may wait in the ready slot
-    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [3]]
+    assert [[j.id for j in b.works] for b in conn.sent] == [[1], [3]]
     answer(p, conn.sent[0])
     answer(p, conn.sent[1])
     assert cheap.future.done() and not expensive.future.done()
-    assert [j.id for j in conn.sent[2].jobs] == [2]
+    assert [j.id for j in conn.sent[2].works] == [2]
 
 
 def test_cheap_work_goes_first_and_only_small_work_waits_in_the_ready_slot() -> None:
@@ -193,9 +193,9 @@ async def _split() -> None:
     answer(p, conn.sent[0], compute_ms=200.0)  # 200 ms for 200 rows: 1 ms per row
     assert whole.future.result().attributions[0].shape == (10, 1)
     big = p.submit(rows_job(2, 40, 12))  # 12 ms per example: pieces of 8 examples (96 ms)
-    assert len(big.parts) == 5 and [len(b.jobs[0].arrays[0]) for b in conn.sent[1:]] == [8]
+    assert len(big.parts) == 5 and [len(b.works[0].arrays[0]) for b in conn.sent[1:]] == [8]
     cheap = p.submit(job(3, key=None))  # waits behind one piece, not the whole request
-    assert [j.id for j in conn.sent[2].jobs] == [3]
+    assert [j.id for j in conn.sent[2].works] == [3]
     answer(p, conn.sent[1])
     answer(p, conn.sent[2])
     assert cheap.future.done() and not big.future.done()
@@ -205,7 +205,7 @@ async def _split() -> None:
     await asyncio.sleep(0)  # the pieces' done callbacks run
     got = big.future.result()
     np.testing.assert_array_equal(got.attributions[0][:, 0], np.arange(40) * 2)
-    assert got.job_id == 2
+    assert got.work_id == 2
 
 
 def test_an_expensive_request_is_split_and_joined_in_order() -> None:
@@ -229,7 +229,7 @@ async def _split_cancel() -> None:
     assert len(big.parts) == 5 and len(conn.sent) == 1
     p.cancel(big)
     assert big.future.cancelled() and p.queue_depth() == 0
-    assert conn.cancelled == [big.parts[0].job.id]  # the piece computing is told to stop
+    assert conn.cancelled == [big.parts[0].work.id]  # the piece computing is told to stop
 
 
 def test_cancelling_a_split_request_cancels_every_piece() -> None:
@@ -276,7 +276,7 @@ async def _backlog() -> None:
     assert not patient.future.done() and p.backlog_ms() == 1200.0
     cheap = p.submit(job(5, key=None))  # cheap work is never refused by the backlog
     answer(p, conn.sent[-1])
-    assert [j.id for j in conn.sent[-1].jobs] == [5] and not cheap.future.done()
+    assert [j.id for j in conn.sent[-1].works] == [5] and not cheap.future.done()
     answer(p, conn.sent[-1])
     assert cheap.future.done()
     unlimited, _ = pool(max_backlog_s=0)
@@ -299,8 +299,8 @@ async def _split_predictions() -> None:
     whole = p.submit(predict)  # 100 ms each
     assert len(whole.parts) == 6
     for _ in range(6):
-        (piece,) = conn.sent[-1].jobs
-        reply = Reply(job_id=piece.id, predictions=piece.arrays[0] + 1, compute_ms=100.0)
+        (piece,) = conn.sent[-1].works
+        reply = Reply(work_id=piece.id, predictions=piece.arrays[0] + 1, compute_ms=100.0)
         p._on_message(p.workers[0], 1, Replied(conn.sent[-1].id, [reply]))
     await asyncio.sleep(0)
     predictions = whole.future.result().predictions
@@ -320,11 +320,11 @@ async def _merge_cap() -> None:
         p.submit(rows_job(i, 1, 60))  # mergeable, 60 ms each
     # merging stops at about one piece of compute (two would be 120 ms); [2], sealed so, waits
     # in the ready slot
-    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [2]]
-    assert [[e.job.id for e in pending.entries] for pending in p._waiting] == [[3], [4]]
+    assert [[j.id for j in b.works] for b in conn.sent] == [[1], [2]]
+    assert [[e.work.id for e in pending.entries] for pending in p._waiting] == [[3], [4]]
     for i in (5, 6):
         p.submit(rows_job(i, 1, 30))  # 30 ms each: 5 joins 4 (90 ms), 6 would pass the piece
-    assert [[e.job.id for e in pending.entries] for pending in p._waiting] == [[3], [4, 5], [6]]
+    assert [[e.work.id for e in pending.entries] for pending in p._waiting] == [[3], [4, 5], [6]]
 
 
 def test_merging_stops_at_one_piece_of_compute() -> None:
@@ -334,9 +334,9 @@ def test_merging_stops_at_one_piece_of_compute() -> None:
 async def _preempt_behind() -> None:
     p, conn = pool()
     chunk = p.submit(dataclasses.replace(job(1, key=None), background=True))  # a job's chunk
-    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1]] and conn.cancelled == []
+    assert [[j.id for j in b.works] for b in conn.sent] == [[1]] and conn.cancelled == []
     p.submit(job(2, key=None))  # sealed: waits in the ready slot, not in the queue
-    assert [[j.id for j in b.jobs] for b in conn.sent] == [[1], [2]]
+    assert [[j.id for j in b.works] for b in conn.sent] == [[1], [2]]
     assert conn.cancelled == [1]  # the chunk is stopped for it all the same
     assert chunk.pending is not None and chunk.pending.preempted
 

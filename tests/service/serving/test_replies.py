@@ -16,7 +16,7 @@ from service.core.work import Reply
 def _reply(n: int, seed: int, width: int = 4) -> Reply:
     rng = np.random.default_rng(seed)
     return Reply(
-        job_id=seed,
+        work_id=seed,
         attributions=[rng.random((n, width)), rng.random((n, 2))],
         as_tuple=True,
         delta=rng.random(n),
@@ -63,14 +63,14 @@ def test_a_reply_cut_and_joined_is_the_reply(cuts: list[int]) -> None:
         assert part.study["flipped"] == whole.study["flipped"][a:b]  # type: ignore[index]
         assert part.study["side"]["indices"] == [[i] for i in range(a, b)]
         assert part.compute_ms == whole.compute_ms  # a merged call's time is shared
-    joined = Reply.join(whole.job_id, parts)
+    joined = Reply.join(whole.work_id, parts)
     _same(joined, dataclasses.replace(whole, compute_ms=2.0 * len(parts)))
 
 
 def test_a_reply_stored_as_arrays_comes_back() -> None:
     reply = _reply(3, 2)
     back = Reply.from_arrays(reply.to_arrays())
-    _same(back, dataclasses.replace(reply, job_id=0))
+    _same(back, dataclasses.replace(reply, work_id=0))
 
 
 def test_joined_token_scores_pad_and_cut_back_to_each_text() -> None:
@@ -94,4 +94,4 @@ def test_chunk_files_of_earlier_versions_are_read() -> None:
     meta = json.loads(str(arrays["meta"]))
     meta["per_example"] = meta.pop("study_rows")
     arrays["meta"] = np.array(json.dumps(meta))
-    _same(Reply.from_arrays(arrays), dataclasses.replace(reply, job_id=0))
+    _same(Reply.from_arrays(arrays), dataclasses.replace(reply, work_id=0))
