@@ -55,7 +55,7 @@ EXTENSIONS = ["binary_tensor_data", "explain", "model_repository"]
 
 def _spec(state: AppState, params: dict[str, str], *, computing: bool = True) -> Any:
     """The model's spec; ``computing``: 503 for a model that failed (``AppState.serving``)."""
-    spec = (state.serving if computing else state.spec)(params["model_id"])
+    spec = (state.healthy if computing else state.spec)(params["model_id"])
     version = params.get("version")
     if version is not None and version != spec.version:
         raise UnknownModel(

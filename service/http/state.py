@@ -41,7 +41,7 @@ class AppState:
             )
         return spec
 
-    def serving(self, model_id: str) -> ModelSpec:
+    def healthy(self, model_id: str) -> ModelSpec:
         """The spec of a model to compute with: 404 as ``spec``, 503 for a model that failed
         (to load, its checks, or its worker crashed), before anything else is checked."""
         spec = self.spec(model_id)

@@ -121,7 +121,7 @@ class Capability(Generic[R]):
 
     def spec(self, state: AppState, model_id: str) -> ModelSpec:
         """The model it computes with: 404 unknown or unloaded, 503 failed."""
-        return state.serving(model_id)
+        return state.healthy(model_id)
 
     async def prepare(self, state: AppState, spec: ModelSpec, req: R) -> Any:
         """What ``build`` needs of the server beyond the settings (an influence index): asked
