@@ -18,15 +18,12 @@ import methods
 import model_registry
 from service import kinds
 from service.attributions import router as attributions
-from service.attributions.serving import ATTRIBUTIONS
 from service.catalog import health
 from service.catalog import router as catalog
 from service.compat import kserve
 from service.compat import router as compat
 from service.concepts import router as concepts
-from service.concepts.serving import TCAV_OPERATION
 from service.contexts import router as contexts
-from service.contexts.serving import CONTEXT_ATTRIBUTIONS
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
@@ -38,18 +35,16 @@ from service.http.responses import OrjsonResponse
 from service.http.routing import RouteTable, found
 from service.http.state import AppState
 from service.influence import router as influence
-from service.influence.indexes import INDEX_BUILD
-from service.influence.serving import INFLUENCE
 from service.jobs import router as jobs
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
 from service.repository import router as repository
 from service.robustness import router as robustness
-from service.robustness.serving import ATTACKS, COUNTERFACTUALS
+from service.serving.capability import Capability
 
 log = logging.getLogger("attrserve")
-#: each capability's routes, mounted in this order (the order requests are matched and the
-#: API document lists them): a new capability is its folder and one entry here
+#: each capability folder's router module, mounted in this order (the order requests are
+#: matched and the API document lists them): a new capability is its folder and one entry here
 CAPABILITIES = (
     health,
     catalog,
@@ -64,15 +59,10 @@ CAPABILITIES = (
     explorer,
 )
 #: the operations (``service.serving.capability.Capability``), each served at ``POST
-#: /v1/models/{id}/{operation}`` and ``{stem}-jobs``: a job answers as its operation's route
-OPERATIONS = (
-    ATTRIBUTIONS,
-    CONTEXT_ATTRIBUTIONS,
-    ATTACKS,
-    COUNTERFACTUALS,
-    TCAV_OPERATION,
-    INFLUENCE,
-    INDEX_BUILD,
+#: /v1/models/{id}/{operation}`` and ``{stem}-jobs``: what the folders above declare in their
+#: router module's ``OPERATIONS`` (a job answers as its operation's route)
+OPERATIONS: tuple[Capability[Any], ...] = tuple(
+    op for folder in CAPABILITIES for op in getattr(folder, "OPERATIONS", ())
 )
 DESCRIPTION = (
     "Attributions for PyTorch models over HTTP: Captum's catalogue, exact and fast. "

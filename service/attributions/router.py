@@ -26,6 +26,8 @@ from service.wire.attributions import (
 )
 
 router = APIRouter(tags=["attributions"], route_class=OrjsonRoute)
+#: the operations this folder serves (``service.app`` starts and lists them)
+OPERATIONS = (ATTRIBUTIONS,)
 State = Annotated[AppState, Depends(get_state)]
 #: the picture's media types, as the render operation declares them
 PICTURE: dict[str, Any] = {

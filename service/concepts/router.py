@@ -24,6 +24,8 @@ from service.jobs import routes
 from service.wire.catalog import Problem
 
 router = APIRouter(tags=["concepts"], route_class=OrjsonRoute)
+#: the operations this folder serves (``service.app`` starts and lists them)
+OPERATIONS = (TCAV_OPERATION,)
 State = Annotated[AppState, Depends(get_state)]
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": why}

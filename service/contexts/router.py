@@ -14,6 +14,8 @@ from service.http.routing import OrjsonRoute
 from service.jobs import routes
 
 router = APIRouter(tags=["generation"], route_class=OrjsonRoute)
+#: the operations this folder serves (``service.app`` starts and lists them)
+OPERATIONS = (CONTEXT_ATTRIBUTIONS,)
 EXAMPLES: dict[str, dict[str, Any]] = {
     "rag": {
         "summary": "Which retrieved sentence supports the answer?",

@@ -12,13 +12,15 @@ from service.http.responses import OrjsonResponse
 from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
 from service.influence import serving
-from service.influence.indexes import InfluenceIndexes
+from service.influence.indexes import INDEX_BUILD, InfluenceIndexes
 from service.influence.protocol import SelfInfluence
 from service.influence.serving import INFLUENCE
 from service.jobs import routes
 from service.wire.catalog import Problem
 
 router = APIRouter(tags=["influence"], route_class=OrjsonRoute)
+#: the operations this folder serves (``service.app`` starts and lists them)
+OPERATIONS = (INFLUENCE, INDEX_BUILD)
 State = Annotated[AppState, Depends(get_state)]
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": why}

@@ -12,6 +12,8 @@ from service.robustness.protocol import ATTACK_EXAMPLES, COUNTERFACTUAL_EXAMPLES
 from service.robustness.serving import ATTACKS, COUNTERFACTUALS
 
 router = APIRouter(tags=["robustness"], route_class=OrjsonRoute)
+#: the operations this folder serves (``service.app`` starts and lists them)
+OPERATIONS = (ATTACKS, COUNTERFACTUALS)
 
 routes.operation(
     router,
