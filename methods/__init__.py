@@ -9,8 +9,10 @@ from methods.api import attribute, available
 from methods.cancel import cancel_scope
 from methods.concepts import TCAVResult, tcav
 from methods.data_influence import InfluenceResult, influence, self_influence
+from methods.engine.background import Background
 from methods.engine.batching import memory_budget, set_memory_budget
 from methods.engine.call import Result
+from methods.engine.kmeans import kmeans
 from methods.errors import (
     AttributionCancelled,
     AttributionError,
@@ -35,6 +37,7 @@ __all__ = [
     "AttackResult",
     "AttributionCancelled",
     "AttributionError",
+    "Background",
     "BaselineError",
     "ContextResult",
     "GenerationResult",
@@ -62,6 +65,7 @@ __all__ = [
     "export",
     "infidelity",
     "influence",
+    "kmeans",
     "memory_budget",
     "min_perturbation",
     "self_influence",

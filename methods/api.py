@@ -11,14 +11,23 @@ from typing import Any, cast
 import torch
 
 from methods import registry
-from methods.engine import layers, layout
+from methods.engine import background, layers, layout
 from methods.engine import precision as precision_
+from methods.engine.background import Background, background_of
+from methods.engine.baselines import format_baselines
 from methods.engine.batching import check_batch_size
 from methods.engine.call import Call, Output, Result
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
-from methods.engine.targets import make_target
-from methods.errors import InvalidArgumentError, InvalidTypeError, UnsupportedModelError
+from methods.engine.outputs import check_scale
+from methods.engine.targets import Target, make_target
+from methods.errors import (
+    BaselineError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    TargetError,
+    UnsupportedModelError,
+)
 from methods.layer import multi
 from methods.layer._common import LayerParams, upsampler
 from methods.params import parse_params
@@ -54,6 +63,7 @@ def attribute(
     verify: bool = False,
     fidelity_tolerance: float | None = None,
     fidelity_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    output: str | None = None,
     **params: Any,
 ) -> Result:
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
@@ -73,6 +83,15 @@ def attribute(
     ``fidelity_view`` maps each attribution tensor to what the check compares (default: the
     attributions as returned); the service passes a sum over the embedding dim on token
     models, whose answers are one score per token.
+
+    ``baselines`` may be a background set (``Background(rows, weights)`` or ``{"background":
+    rows}``): the answer is then the (weighted) mean of the answers with each row as the
+    baseline, computed in one call (``methods.engine.background``); the SHAP family's
+    distribution methods take the rows as their distribution. ``target={"top_k": K}``
+    attributes each example's K highest-scoring classes, best first: the attributions get a
+    dim of K after the examples' and ``result.target`` holds the classes. ``output``
+    (``"raw"``, ``"probability"``, ``"log_probability"``, ``"log_odds"``) is the scale
+    attributed (``methods.engine.outputs``). Shapley-family methods report ``base_values``.
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)
@@ -91,6 +110,24 @@ def attribute(
         )
     xs, as_tuple = format_inputs(inputs, sparse=spec.sparse_inputs)
     sparse = any(x.shape[0] != xs[0].shape[0] for x in xs)
+    scale = check_scale(output)
+    bg = background_of(baselines)
+    if bg is not None and sparse:
+        raise BaselineError(
+            "a background set tiles every input per row, but some inputs are not per example "
+            "(their dim 0 differs from inputs[0]'s); pass one baseline",
+            argument="baselines",
+        )
+    if bg is not None and spec.baseline_distribution:
+        if bg.weights is not None:
+            raise BaselineError(
+                f"{method} draws its baselines from the rows uniformly; pass the background "
+                "without weights",
+                argument="baselines",
+            )
+        baselines = bg.rows  # the rows are its distribution
+    elif bg is not None:
+        baselines = bg  # resolved per call: tiled once per row (_attribute)
     if sparse and noise_tunnel is not None:
         raise InvalidArgumentError(
             "noise_tunnel draws noisy copies of every example, but some inputs are not per "
@@ -125,7 +162,7 @@ def attribute(
     call = Call(
         method=method,
         model=model,
-        forward=Forward(model, args),
+        forward=Forward(model, args, output=scale),
         inputs=xs,
         target=make_target(target, xs[0].shape[0]),
         baselines=baselines,
@@ -137,7 +174,7 @@ def attribute(
     given = {**params, **{k: v for k, v in {
         "baselines": baselines, "internal_batch_size": internal_batch_size,
         "perturbations_per_eval": perturbations_per_eval, "noise_tunnel": noise_tunnel,
-        "seed": seed}.items() if v is not None}}  # fmt: skip
+        "seed": seed, "output": output}.items() if v is not None}}  # fmt: skip
     own = precision_.model_dtype(model)
     if prec is None or (prec != "auto" and precision_.DTYPES[prec] == own and not verify):
         # with its delta where the method has one (two forwards): the fidelity reports it
@@ -165,7 +202,7 @@ def attribute(
         fn = m if dtype == own else precision_.Cast(m, dtype)
         in_call = call.replace(
             model=m,
-            forward=Forward(fn, args),
+            forward=Forward(fn, args, output=scale),
             generator=_generator(seed, xs[0].device),
             return_delta=spec.returns_delta,
         )
@@ -233,10 +270,11 @@ def _delta_ratio(result: Any) -> list[float] | None:
     if isinstance(delta, list):  # several layers: the first one's
         delta, attrs = delta[0], attrs[0]
     tensors = precision_.flat(attrs)
-    n = delta.shape[0]
-    if not tensors or any(t.dim() == 0 or t.shape[0] != n for t in tensors):
+    lead = tuple(delta.shape)  # (N,), or (N, K) for a top_k target
+    if not tensors or any(tuple(t.shape[: len(lead)]) != lead for t in tensors):
         return None  # a delta per sample (gradient_shap, noise tunnels): no gap to read back
-    total = sum(t.detach().double().reshape(n, -1).sum(1) for t in tensors)
+    rows, delta = delta.numel(), delta.reshape(-1)
+    total = sum(t.detach().double().reshape(rows, -1).sum(1) for t in tensors)
     return precision_.delta_ratio(delta, total - delta.detach().double())
 
 
@@ -250,9 +288,128 @@ def _attribute(
     seed: int | None,
     laid_out: bool = False,
 ) -> Result:
+    """The method on ``call``: a ``top_k`` target resolved to the K best classes and a
+    background set to its rows (each by tiling the call and folding the answer back), then
+    ``_attributed``; with the base values of a Shapley-family method."""
+    if call.target.form == "top_k":
+        return _top_k(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+    if isinstance(call.baselines, Background):
+        rows, weights = background.formatted(call.baselines, call.inputs)
+        n, b = call.n, rows[0].shape[0]
+        inputs, bases = background.tiled(call.inputs, rows)
+        tiled = call.expanded(b).replace(inputs=inputs, baselines=bases)
+        r = _attribute(spec, tiled, p, noise_tunnel, as_tuple, upsample, seed)
+        return dataclasses.replace(
+            r,
+            attributions=background.fold(r.attributions, n, weights),
+            convergence_delta=background.fold(r.convergence_delta, n, weights),
+            outputs=background.first(r.outputs, n),
+            base_values=background.fold(r.base_values, n, weights),
+            params={**r.params, "background_rows": b},
+        )
+    result = _attributed(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+    if spec.base_values and result.base_values is None:  # the method did not report them
+        result = dataclasses.replace(result, base_values=_base_values(call))
+    return result
+
+
+def _top_k(
+    spec: registry.MethodSpec,
+    call: Call,
+    p: Any,
+    noise_tunnel: dict[str, Any] | None,
+    as_tuple: bool,
+    upsample: Any,
+    seed: int | None,
+) -> Result:
+    """Each example's K highest-scoring classes (on the attributed scale), best first, in
+    one call: the batch tiled K times, copy k targeting each example's k-th class."""
+    (k,) = call.target.index
+    with torch.no_grad(), model_guard(call.model):
+        out = call.forward(call.inputs)
+    if out.dim() != 2:
+        raise TargetError(
+            f"a top_k target ranks the classes of an output of shape (N, classes); the model "
+            f"returned {tuple(out.shape)}",
+            argument="target",
+        )
+    if k > out.shape[1]:
+        raise TargetError(
+            f"top_k is {k} but the model has {out.shape[1]} classes", argument="target"
+        )
+    classes = out.topk(k, dim=1).indices  # (N, K), best first
+    n = call.n
+    tiled = call.expanded(k).replace(
+        inputs=tuple(x.repeat((k,) + (1,) * (x.dim() - 1)) for x in call.inputs),
+        baselines=_tiled_baselines(spec, call.baselines, n, k),
+        target=Target("per_example", rows=classes.T.reshape(-1)),
+    )
+    r = _attribute(spec, tiled, p, noise_tunnel, as_tuple, upsample, seed)
+    return dataclasses.replace(
+        r,
+        attributions=_per_class(r.attributions, n, k),
+        convergence_delta=_per_class(r.convergence_delta, n, k),
+        outputs=_per_class(r.outputs, n, k),
+        base_values=_per_class(r.base_values, n, k),
+        target=classes,
+    )
+
+
+def _tiled_baselines(spec: registry.MethodSpec, baselines: Any, n: int, k: int) -> Any:
+    """Per-example baselines tiled with the batch; numbers, single rows, a distribution's
+    rows and a background set (tiled in its own step) stay as they are."""
+    if spec.baseline_distribution or isinstance(baselines, Background) or n == 1:
+        return baselines
+
+    def tile(b: Any) -> Any:
+        if isinstance(b, torch.Tensor) and b.dim() > 0 and b.shape[0] == n:
+            return b.repeat((k,) + (1,) * (b.dim() - 1))
+        return b
+
+    if isinstance(baselines, (tuple, list)):
+        return type(baselines)(tile(b) for b in baselines)
+    return tile(baselines)
+
+
+def _per_class(value: Any, n: int, k: int) -> Any:
+    """A K-times tiled answer (dim 0: K * n, copy k stacked k-th) as (n, K, ...)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] != k * n:
+            raise TargetError(
+                f"this method's answer has shape {tuple(value.shape)}, not one row per "
+                "example, so it cannot be split per class; pass one target",
+                argument="target",
+            )
+        return value.reshape(k, n, *value.shape[1:]).transpose(0, 1)
+    if isinstance(value, tuple):
+        return tuple(_per_class(v, n, k) for v in value)
+    if isinstance(value, list):
+        return [_per_class(v, n, k) for v in value]
+    return value
+
+
+def _base_values(call: Call) -> torch.Tensor:
+    """The targeted output at each example's baselines (what a Shapley-family answer's
+    attributions complete to the output)."""
+    with torch.no_grad(), model_guard(call.model):
+        out = call.forward(format_baselines(call.baselines, call.inputs))
+    return call.target.select_rows(out).detach()  # the targeted output's shape per example
+
+
+def _attributed(
+    spec: registry.MethodSpec,
+    call: Call,
+    p: Any,
+    noise_tunnel: dict[str, Any] | None,
+    as_tuple: bool,
+    upsample: Any,
+    seed: int | None,
+    laid_out: bool = False,
+) -> Result:
     """The method on ``call``: once, or for a list of layers once per layer or in one pass;
     image batches fed channels-last where ``layout`` says it pays (``laid_out``: decided)."""
     gradients = not spec.forward_only
+
     if (
         not laid_out
         and not EXPORTING.get()
@@ -261,7 +418,7 @@ def _attribute(
         return layout.tried(
             call,
             spec.name,
-            lambda c: _attribute(spec, c, p, noise_tunnel, as_tuple, upsample, seed, True),
+            lambda c: _attributed(spec, c, p, noise_tunnel, as_tuple, upsample, seed, True),
             again=lambda: call.replace(generator=_generator(seed, call.inputs[0].device)),
             gradients=gradients,
         )
@@ -365,4 +522,5 @@ def _result(
         outputs=None if out.outputs is None else out.outputs.contiguous(),
         params=echo,
         method=spec.name,
+        base_values=None if out.base is None else out.base.detach().contiguous(),
     )

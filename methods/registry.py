@@ -114,6 +114,10 @@ class MethodSpec:
     #: runs the model forward only (no gradient of it): layout choices cannot move its
     #: answer past rounding (``methods.engine.layout``)
     forward_only: bool = False
+    #: a Shapley-family answer: it reports each example's ``base_values`` (the targeted output
+    #: at the baselines, their mean over a background set), which its attributions complete to
+    #: the output (``sum + base_value == output`` where the method is exact)
+    base_values: bool = False
 
     def info(self) -> MethodInfo:
         return MethodInfo(
@@ -184,6 +188,7 @@ def register(
     exportable: bool = False,
     sparse_inputs: bool = False,
     forward_only: bool = False,
+    base_values: bool = False,
 ) -> Callable[[MethodFn], MethodFn]:
     """Register ``fn`` as the method ``name`` (the module's name, its wire name too).
 
@@ -223,6 +228,7 @@ def register(
             exportable=exportable,
             sparse_inputs=sparse_inputs,
             forward_only=forward_only,
+            base_values=base_values,
         )
         return fn
 

@@ -91,6 +91,9 @@ class Output:
     echo: dict[str, Any] = field(default_factory=dict)
     #: for layer methods: whether the layer produced a tuple; None mirrors the inputs' form
     as_tuple: bool | None = None
+    #: Shapley-family methods: the targeted output at the baselines, from the method's own
+    #: empty coalition (``Result.base_values``)
+    base: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,13 @@ class Result:
     #: the method's arguments as the caller gave them (its params, baselines, batch sizes,
     #: noise tunnel, seed), to run it again the same way (``methods.evaluate``)
     given: dict[str, Any] = field(default_factory=dict)
+    #: Shapley-family methods: each example's targeted output at its baselines (their mean
+    #: over a background set), on the attributed scale: ``sum(attributions) + base_values ==
+    #: outputs`` where the method is exact (over features: a feature mask's group counts once)
+    base_values: Tensor | None = None
+    #: the targets the engine chose (``{"top_k": K}``: the classes per example, (N, K), best
+    #: first); None where the caller's target stands
+    target: Tensor | None = None
 
     @property
     def steps(self) -> dict[str, Any] | None:

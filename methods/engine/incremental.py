@@ -421,7 +421,14 @@ def evaluate_boxes(
         return None
     if not plan.cut:
         return None
-    tail = call.replace(forward=Forward(graph.tail(plan.cut), call.forward.args))
+    tail = call.replace(
+        forward=Forward(
+            graph.tail(plan.cut),
+            call.forward.args,
+            output=call.forward.output,
+            independent=call.forward.independent,
+        )
+    )
     # A clone of a leaf, so that a tail starting in place (Flatten, ReLU(inplace=True)) runs.
     leaf = plan.at_cut.detach().requires_grad_(True)
     with torch.enable_grad():

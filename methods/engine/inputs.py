@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from methods.engine.batching import model_call, model_returned
+from methods.engine.outputs import scaled
 from methods.errors import AttributionError, InvalidArgumentError, InvalidTypeError, ModelError
 
 Tensors = tuple[Tensor, ...]
@@ -113,6 +114,10 @@ class Forward:
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     channels_last: bool = False
+    #: the scale attributed: the raw output or its probabilities, log-probabilities or
+    #: log-odds (``methods.engine.outputs``); ``independent``: per-label sigmoids
+    output: str = "raw"
+    independent: bool = False
 
     def laid_out(self, inputs: Tensors) -> Tensors:
         """``inputs`` as the model gets them: image batches channels-last where set."""
@@ -133,7 +138,10 @@ class Forward:
             ) from exc
         finally:
             model_returned(token)
-        return as_output_tensor(out, like=inputs[0])
+        tensor = as_output_tensor(out, like=inputs[0])
+        if self.output == "raw":
+            return tensor
+        return scaled(tensor, self.output, self.independent)  # type: ignore[arg-type]
 
     def expanded(self, n: int, *, interleave: bool = False) -> Forward:
         if n == 1 or not self.args:

@@ -45,16 +45,17 @@ class Surrogate:
         values, extra = coalitions.evaluate(self.ev, self.masks, keep, xs, self.baselines, per_row)
         return values.reshape(keep.shape[0], self.rows).t().to(self.dtype), extra
 
-    def finish(self, coef: Tensor, return_input_shape: bool) -> Output:
-        """Coefficients (B, F) onto the inputs' elements, or as Captum's (B, F) table."""
+    def finish(self, coef: Tensor, return_input_shape: bool, base: Tensor | None = None) -> Output:
+        """Coefficients (B, F) onto the inputs' elements, or as Captum's (B, F) table;
+        ``base``: the output at the baselines, per row (Kernel SHAP's base values)."""
         if return_input_shape:
             attrs = spread(coef.t().contiguous(), self.masks, self.call.inputs, self.call.method)
-            return Output(attrs, echo=echo(self.ev))
+            return Output(attrs, echo=echo(self.ev), base=base)
         ids = self.masks.ids
         # Captum numbers interpretable features from the smallest id; gaps get coefficient 0.
         table = coef.new_zeros(coef.shape[0], int(ids.max() - ids.min()) + 1)
         table[:, (ids - ids.min()).to(coef.device)] = coef
-        return Output((table,), echo=echo(self.ev), as_tuple=False)
+        return Output((table,), echo=echo(self.ev), as_tuple=False, base=base)
 
 
 def prepare(call: Call, feature_mask: object) -> Surrogate:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -10,7 +11,7 @@ from torch import Tensor
 
 from methods.errors import TargetError
 
-TargetForm = Literal["none", "index", "per_example", "per_example_tuple"]
+TargetForm = Literal["none", "index", "per_example", "per_example_tuple", "top_k"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,8 @@ class Target:
     - ``index``: the same index tuple for every example (``out[:, *index]``).
     - ``per_example``: one class index per row (2-D outputs), a LongTensor of shape (rows,).
     - ``per_example_tuple``: one index tuple per row, a LongTensor of shape (rows, k).
+    - ``top_k``: each example's ``index[0]`` highest-scoring classes, best first (resolved to
+      ``per_example`` targets by ``methods.attribute`` before any method sees it).
     """
 
     form: TargetForm
@@ -46,6 +49,12 @@ class Target:
         """The targeted part of ``out``: (rows, ...) with the target's dims removed."""
         if self.form == "none":
             return out
+        if self.form == "top_k":
+            raise TargetError(
+                "a top_k target is resolved to classes by methods.attribute; here give the "
+                "classes (one per example)",
+                argument="target",
+            )
         if out.dim() == 0:
             raise TargetError(
                 "the model returned a 0-d output; a target needs an output whose dim 0 "
@@ -167,6 +176,16 @@ def make_target(target: object, n_examples: int) -> Target:
     last class); only the HTTP API refuses one (CONTRACT 9.1, ``service.wire.targets``)."""
     if target is None:
         return NONE
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, Mapping):
+        k = target.get("top_k")
+        if set(target) != {"top_k"} or isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise TargetError(
+                f"a dict target is {{'top_k': K}} with K a positive int, got {target!r}",
+                argument="target",
+            )
+        return Target("top_k", (k,))
     if isinstance(target, Tensor):
         if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
             raise TargetError(

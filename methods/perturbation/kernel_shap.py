@@ -47,6 +47,7 @@ _RANK_ROWS = 256
     stochastic=True,
     couples_examples=lambda p: True,  # one surrogate sampled for the call
     forward_only=True,
+    base_values=True,
 )
 def kernel_shap(call: Call, p: KernelShapParams) -> Output:
     """Kernel SHAP values of the interpretable features (default baselines: zeros)."""
@@ -57,7 +58,7 @@ def kernel_shap(call: Call, p: KernelShapParams) -> Output:
     total = s.full - v_empty
     n_random = p.n_samples - 2
     if m == 1:
-        return s.finish(total.unsqueeze(1), p.return_input_shape)
+        return s.finish(total.unsqueeze(1), p.return_input_shape, v_empty)
     if p.n_samples >= 2**m:
         keep = all_coalitions(m, dev)[1:-1].unsqueeze(1)  # (2**M - 2, 1, M)
         k = keep.sum(2).squeeze(1)
@@ -69,7 +70,7 @@ def kernel_shap(call: Call, p: KernelShapParams) -> Output:
         weights = kernel[k].unsqueeze(0).expand(b, -1)
     elif n_random <= 0:
         # Only the two fixed coalitions: the minimum-norm answer splits the total evenly.
-        return s.finish((total / m).unsqueeze(1).expand(b, m), p.return_input_shape)
+        return s.finish((total / m).unsqueeze(1).expand(b, m), p.return_input_shape, v_empty)
     else:
         # on the generator's device: a CUDA generator draws on CUDA only
         sizes = torch.arange(1, m, dtype=s.dtype, device=dev)
@@ -93,4 +94,4 @@ def kernel_shap(call: Call, p: KernelShapParams) -> Output:
     y = s.evaluate(keep)[0]
     z = keep.expand(-1, b, -1).permute(1, 0, 2).to(s.dtype)  # (B, P, M)
     coef = constrained_least_squares(z, y - v_empty.unsqueeze(1), weights, total)
-    return s.finish(coef, p.return_input_shape)
+    return s.finish(coef, p.return_input_shape, v_empty)

@@ -36,6 +36,7 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
     stochastic=True,
     cost=lambda p, shape: p.n_samples * (n_features(p.feature_mask, shape) + 1),
     forward_only=True,
+    base_values=True,
 )
 def shapley_value_sampling(call: Call, p: ShapleyValueSamplingParams) -> Output:
     """Shapley values estimated from n_samples random permutations of the features.
@@ -53,4 +54,5 @@ def shapley_value_sampling(call: Call, p: ShapleyValueSamplingParams) -> Output:
     values, _ = evaluate(ev, masks, prefixes.reshape(-1, 1, f), xs, bs)
     values = values.to(working_dtype(initial)).reshape(p.n_samples, f + 1, *ev.out_shape)
     phi = credit_permutations(perms, values)
-    return Output(spread(phi, masks, xs, call.method), echo=echo(ev))
+    base = values[0, 0]  # every permutation's first prefix: the output at the baselines
+    return Output(spread(phi, masks, xs, call.method), echo=echo(ev), base=base)

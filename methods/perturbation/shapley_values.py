@@ -44,6 +44,7 @@ def working_dtype(out: torch.Tensor) -> torch.dtype:
     differentiates_inputs=False,
     cost=lambda p, shape: 2 ** min(n_features(p.feature_mask, shape), 62),
     forward_only=True,
+    base_values=True,
 )
 def shapley_values(call: Call, p: ShapleyValuesParams) -> Output:
     """Exact Shapley values of feature groups; refuses more than 16 features (2**F forwards).
@@ -70,4 +71,5 @@ def shapley_values(call: Call, p: ShapleyValuesParams) -> Output:
     # Rows of A sum to zero, so subtracting v(empty) changes nothing but the rounding: a
     # feature-independent output then gets exactly zero.
     phi = (a @ (v - v[0])).reshape(f, *ev.out_shape)
-    return Output(spread(phi, masks, xs, call.method), echo=echo(ev))
+    base = v[0].reshape(ev.out_shape)  # the empty coalition: the output at the baselines
+    return Output(spread(phi, masks, xs, call.method), echo=echo(ev), base=base)

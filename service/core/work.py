@@ -195,6 +195,8 @@ class Attribution(Work):
     #: baselines drawn from as a distribution (the method's ``merge`` is "shared_baselines"):
     #: never cut with the examples
     shared_baselines: bool = False
+    #: the scale attributed (``methods.engine.outputs``): raw, probability, ...
+    output: str = "raw"
 
     @property
     def name(self) -> str:
@@ -369,6 +371,8 @@ class Reply:
     layers: list[int] | None = field(default=None, metadata=_rows(SAME))
     delta: np.ndarray | None = field(default=None, metadata=_rows(EXAMPLES))
     outputs: np.ndarray | None = field(default=None, metadata=_rows(EXAMPLES))
+    #: Shapley-family methods: the output at the baselines per example
+    base_values: np.ndarray | None = field(default=None, metadata=_rows(EXAMPLES))
     target: list[Any] | None = field(default=None, metadata=_rows(LIST))
     tokens: list[list[str]] | None = field(default=None, metadata=_rows(LIST))
     params: dict[str, Any] = field(default_factory=dict, metadata=_rows(SAME))

@@ -108,11 +108,24 @@ def build_attribution(
     else:
         shapes = tuple(tuple(int(d) for d in a.shape[1:]) for a in inputs.arrays)
     target = rules.target(spec, ms, req.target, inputs.n)
-    baselines = codec.decode_baselines(req.baselines, spec, inputs, settings.max_tensor_elements)
-    n_base = 1
+    baselines = codec.decode_baselines(
+        req.baselines, spec, inputs, settings.max_tensor_elements, background=True
+    )
+    n_base, per_row = 1, 1  # a distribution's rows; a background set's, each a whole answer
     if isinstance(baselines, tuple) and baselines and isinstance(baselines[0], np.ndarray):
         n_base = int(baselines[0].shape[0])
-    rows = ms.cost(p, CostShape(shapes, n_base, req.return_convergence_delta))
+    if isinstance(baselines, dict):
+        b = int(baselines["background"][0].shape[0])
+        if ms.baseline_distribution and baselines["weights"] is not None:
+            raise InvalidRequest(
+                f"{ms.name} draws its baselines from the rows uniformly; send the background "
+                "without weights",
+                loc=("body", "baselines", "weights"),
+            )
+        n_base, per_row = (b, 1) if ms.baseline_distribution else (1, b)
+    rows = ms.cost(p, CostShape(shapes, n_base, req.return_convergence_delta)) * per_row
+    if target is not None and target["form"] == "top_k":
+        rows *= int(target["k"])  # one answer per class
     if nt is not None:
         rows *= int(nt.get("nt_samples", 5))
     chosen, metric_rows = metrics.plan(
@@ -153,7 +166,8 @@ def build_attribution(
         fidelity_tolerance=spec.fidelity_tolerance,
         images=inputs.images,
         metrics=chosen,
-        shared_baselines=ms.baseline_distribution,
+        shared_baselines=ms.baseline_distribution or isinstance(baselines, dict),
+        output=req.output,
     )
     # the metrics' noise is drawn for the request's batch: never merged, never split
     work.key = None if chosen else merging.key(work, ms, p, spec.texts_batch)

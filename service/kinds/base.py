@@ -230,6 +230,8 @@ def envelope(
         "timing_ms": timing_ms,
         **ran.members(),
     }
+    if reply.base_values is not None:
+        body["base_values"] = codec.encode_tensor(reply.base_values, encoding)
     if reply.tokens is not None:
         body["tokens"] = reply.tokens
     if reply.verification is not None:

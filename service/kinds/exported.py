@@ -94,6 +94,16 @@ def check_fields(req: AttributionRequest) -> None:
         value = getattr(req, name)
         if value is not None and value is not False:
             raise InvalidRequest(f"{name}: {why}; omit it", loc=("body", name))
+    if req.output != "raw":
+        raise InvalidRequest(
+            "output: the file's program attributes the output it was exported with; omit it",
+            loc=("body", "output"),
+        )
+    if isinstance(req.target, dict) and "top_k" in req.target:
+        raise InvalidRequest(
+            "target: the file's program attributes the classes it is given; send them",
+            loc=("body", "target", "top_k"),
+        )
 
 
 def _baked_wire(target: Any) -> WireTarget:

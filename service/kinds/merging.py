@@ -94,4 +94,5 @@ def key(
         work.post_abs,
         bool(work.texts),
         work.precision,
+        work.output,
     )

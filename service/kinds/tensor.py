@@ -19,6 +19,7 @@ import torch
 import methods
 from methods import registry
 from methods.cancel import checkpoint
+from methods.engine.outputs import scaled
 from methods.verify import verify
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.settings import Settings
@@ -135,7 +136,15 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
     params = {k: tensors.convert(v, device) for k, v in work.params.items()}
     if work.attributed_layer is not None:
         params["layer"] = work.attributed_layer
-    baselines = tensors.convert(work.baselines, device)
+    baselines: Any = work.baselines
+    if isinstance(baselines, dict):  # a background set: the answer averaged over its rows
+        weights = baselines["weights"]
+        baselines = methods.Background(
+            tensors.convert(baselines["background"], device),
+            None if weights is None else torch.as_tensor(weights),
+        )
+    else:
+        baselines = tensors.convert(baselines, device)
     # token models whose tokenizer says how: special tokens and padding kept, the pad token
     # elsewhere (not for a distribution of baselines, which mixes the examples' rows)
     default = getattr(lm.tokenizer, "baseline", None)
@@ -149,6 +158,7 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         "noise_tunnel": work.noise_tunnel,
         "seed": work.seed,
         "return_convergence_delta": work.return_delta,
+        "output": work.output,
         **params,
     }
     inputs = xs if len(xs) > 1 else xs[0]
@@ -174,10 +184,17 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         scored = parts[0] if work.attributed_layer is not None else attrs
         token_layer = work.attributed_layer is not None
         scores, metrics_ms = metrics.compute(model, xs, scored, work, kwargs, token_layer)
-    if res.outputs is not None and res.outputs.numel() == n:
+    if res.target is not None:  # top_k: (N, K), each example's classes best first
+        if res.outputs is not None and res.outputs.shape == res.target.shape:
+            selected = res.outputs
+        else:
+            whole = out if out is not None else tensors.forward(lm, xs)
+            selected = scaled(whole, work.output).gather(1, res.target.to(whole.device))  # type: ignore[arg-type]
+    elif res.outputs is not None and res.outputs.numel() == n:
         selected = res.outputs.reshape(n)
     else:
-        selected = targets.select(out if out is not None else tensors.forward(lm, xs), target, n)
+        whole = out if out is not None else tensors.forward(lm, xs)
+        selected = targets.select(scaled(whole, work.output), target, n)  # type: ignore[arg-type]
     return Reply(
         work_id=work.id,
         attributions=[tensors.numpy(p) for p in parts],
@@ -185,7 +202,8 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         layers=per_layer,
         delta=None if delta is None else tensors.numpy(delta),
         outputs=tensors.numpy(selected),
-        target=targets.rows(wire, n),
+        base_values=None if res.base_values is None else tensors.numpy(res.base_values),
+        target=targets.rows(wire, n) if res.target is None else res.target.tolist(),
         tokens=tokens,
         params=res.params,
         predictions=None if not work.predictions or out is None else tensors.numpy(out),

@@ -64,7 +64,8 @@ BY_NAME: dict[str, Any] = {
     # open-ended values: typescript-fetch cannot compile a map of unions. (It also sends any
     # object of a oneOf that is not a model as {}: its users give inputs as a list.)
     "additionalProperties": {"description": "a tensor: nested lists, or {dtype, shape, b64}"},
-    "not": {"required": ["b64"]},  # then it is one TensorB64
+    # an object with b64 is one TensorB64; with background, a background set
+    "not": {"anyOf": [{"required": ["b64"]}, {"required": ["background"]}]},
 }
 TEXTS: dict[str, Any] = {
     "title": "Texts",
@@ -97,6 +98,16 @@ IMAGES: dict[str, Any] = {
         "additionalProperties": False,
     },
 }
+TOP_K_TARGET: dict[str, Any] = {
+    "title": "TopKTarget",
+    "description": "Each example's K highest-scoring classes on the attributed scale, best "
+    "first: the response's target is [[c1, ..., cK], ...] per example and attributions[i][k] "
+    "is for target[i][k].",
+    "type": "object",
+    "properties": {"top_k": {"type": "integer", "minimum": 1}},
+    "required": ["top_k"],
+    "additionalProperties": False,
+}
 INDEX_TARGET: dict[str, Any] = {
     "title": "IndexTarget",
     "description": "An index into the output of one example (outputs of more than one dim).",
@@ -127,11 +138,13 @@ TARGET: dict[str, Any] = {
     "description": "A class index for all examples (3), one per example ([3, 1, 0]), an index "
     'into outputs of more than one dim ({"index": [2, 3]}) or one per example, a label name '
     'or one per example, "predicted" (each example\'s argmax), or null (models with one '
-    "output per example); causal language models: the answer's text, or null to generate it.",
+    'output per example), {"top_k": K} (each example\'s K best classes); causal language '
+    "models: the answer's text, or null to generate it.",
     "oneOf": [
         {"type": "integer"},
         {"type": "string"},
         INDEX_TARGET,
+        TOP_K_TARGET,
         {
             "type": "array",
             "items": {"anyOf": [INDEX_TARGET, {"type": "integer"}, {"type": "string"}]},
@@ -141,12 +154,29 @@ TARGET: dict[str, Any] = {
         {"type": "null"},
     ],
 }
+BACKGROUND: dict[str, Any] = {
+    "title": "Background",
+    "description": "A background set: reference rows (each in one example's form; a tensor "
+    "of rows, or one per model input as a list in order or an object keyed by input name). "
+    "The answer is the mean of the method's answers with each row as the baseline "
+    "(interventional Shapley values, as shap's Independent masker), weighted by weights "
+    "(one per row, e.g. a K-means summary's cluster sizes) when given.",
+    "type": "object",
+    "properties": {
+        "background": {"anyOf": [TENSOR_LIST, NESTED_NUMBERS, TENSOR_B64, BY_NAME]},
+        "weights": {"type": "array", "items": {"type": "number", "minimum": 0}, "minItems": 1},
+    },
+    "required": ["background"],
+    "additionalProperties": False,
+}
 BASELINES: dict[str, Any] = {
     "title": "Baselines",
-    "description": "null (zeros), a number, a tensor, or one per model input (a list in order, "
-    "or an object keyed by input name; each a number or a tensor). A tensor's dim 0 may be 1 "
-    "to broadcast.",
+    "description": "null (zeros, or the model's background set for the Shapley family), a "
+    "number, a tensor, or one per model input (a list in order, or an object keyed by input "
+    "name; each a number or a tensor), or a background set. A tensor's dim 0 may be 1 to "
+    "broadcast.",
     "oneOf": [
+        BACKGROUND,
         {"type": "number"},
         TENSOR_LIST,
         NESTED_NUMBERS,
@@ -164,6 +194,8 @@ WIRE_SCHEMAS = (
     BY_NAME,
     TEXTS,
     INDEX_TARGET,
+    TOP_K_TARGET,
+    BACKGROUND,
     RESULT_NUMBERS,
     INPUTS,
     TARGET,
@@ -375,6 +407,12 @@ class AttributionRequest(BaseModel):
     metrics: MetricsRequest | None = Field(
         default=None, description="also score the attributions (the response gains metrics)"
     )
+    output: Literal["raw", "probability", "log_probability", "log_odds"] = Field(
+        default="raw",
+        description="the scale attributed, and of outputs: the model's raw output, or its "
+        "probabilities (softmax over classes; a sigmoid for a single logit), log-probabilities "
+        "or log-odds (shap's link, Clarify's UseLogit)",
+    )
 
 
 #: the request's fields other than the method and its params: where a Captum user's engine
@@ -448,6 +486,15 @@ class AttributionResponse(BaseModel):
     outputs: Annotated[
         Any, _result("the model's output at the target, per example", *RESULT_OR_NULL)
     ]
+    base_values: Annotated[
+        Any,
+        _result(
+            "Shapley-family methods: the output at the baselines (their mean over a "
+            "background set), per example: attributions + base value = output where the method "
+            "is exact",
+            *RESULT_OR_NULL,
+        ),
+    ] = None
     tokens: list[list[str]] | None = Field(default=None, description="raw-text inputs: the tokens")
     input_tokens: list[str] | None = Field(
         default=None,

@@ -372,23 +372,94 @@ def _number(value: int | float, inputs: DecodedInputs, loc: Loc) -> int | float:
     return float(value)
 
 
+#: the most rows a background set may have (``methods.engine.background.MAX_ROWS``)
+MAX_BACKGROUND_ROWS = 4096
+
+
+def decode_background(
+    raw: dict[str, Any],
+    spec: ModelSpec,
+    inputs: DecodedInputs,
+    max_elements: int,
+    loc: Loc = ("body", "baselines"),
+) -> dict[str, Any]:
+    """A background set, ``{"background": rows, "weights": [...]}``: per input an array of
+    rows (a number is one row of it), and the rows' weights (None: equal)."""
+    unknown = sorted(set(raw) - {"background", "weights"})
+    if unknown:
+        raise InvalidRequest(
+            f"a background set is {{background, weights}}; unknown members {unknown}", loc=loc
+        )
+    if inputs.texts:
+        raise InvalidRequest(
+            "a background set holds rows of tensor inputs; this model takes texts", loc=loc
+        )
+    where = (*loc, "background")
+    rows = decode_baselines(raw["background"], spec, inputs, max_elements, where)
+    if rows is None:
+        raise InvalidRequest("background must give at least one row", loc=where)
+    parts = rows if isinstance(rows, tuple) else (rows,) * len(inputs.arrays)
+    arrays = [
+        p if isinstance(p, np.ndarray) else np.full((1, *x.shape[1:]), p, dtype=x.dtype)
+        for p, x in zip(parts, inputs.arrays, strict=True)
+    ]
+    counts = {int(a.shape[0]) for a in arrays}
+    if len(counts) != 1:
+        raise InvalidRequest(
+            f"every input's background must have the same number of rows, got {sorted(counts)}",
+            loc=where,
+        )
+    (b,) = counts
+    if b > MAX_BACKGROUND_ROWS:
+        raise InvalidRequest(
+            f"the background has {b} rows; at most {MAX_BACKGROUND_ROWS} are taken: send a "
+            "summary (K-means centres with their weights)",
+            loc=where,
+        )
+    weights = raw.get("weights")
+    if weights is not None:
+        wl = (*loc, "weights")
+        if (
+            not isinstance(weights, list)
+            or len(weights) != b
+            or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)
+        ):
+            raise InvalidRequest(f"weights must be {b} numbers, one per background row", loc=wl)
+        w = np.asarray(weights, dtype=np.float64)
+        if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise InvalidRequest("weights must be finite, >= 0 and not all zero", loc=wl)
+        weights = w
+    return {"background": tuple(arrays), "weights": weights}
+
+
 def decode_baselines(
     raw: Any,
     spec: ModelSpec,
     inputs: DecodedInputs,
     max_elements: int,
     loc: Loc = ("body", "baselines"),
-) -> int | float | tuple[np.ndarray | int | float, ...] | None:
+    *,
+    background: bool = False,
+) -> int | float | tuple[np.ndarray | int | float, ...] | dict[str, Any] | None:
     """``baselines`` (or another tensor per input, at ``loc``: an attack's mask): null, a
-    number, one tensor, or one number/tensor per input (or by name)."""
+    number, one tensor, or one number/tensor per input (or by name); with ``background``,
+    also a background set (``decode_background``)."""
     field = str(loc[-1])
     if raw is None:
         return None
+    names = [i.name for i in spec.inputs]
+    if (
+        background
+        and isinstance(raw, dict)
+        and "background" in raw
+        and not is_tensor_object(raw)
+        and "background" not in names
+    ):
+        return decode_background(raw, spec, inputs, max_elements, loc)
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         if not np.isfinite(raw):
             raise InvalidRequest(f"{field} must be finite", loc=loc)
         return _number(raw, inputs, loc)
-    names = [i.name for i in spec.inputs]
     if isinstance(raw, dict) and not is_tensor_object(raw):
         if set(raw) != set(names):
             raise InvalidRequest(f"{field} by name must give exactly {names}", loc=loc)

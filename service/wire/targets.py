@@ -99,6 +99,8 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
         return {"form": "predicted"}
     if _is_int(raw) or isinstance(raw, str):
         return {"form": "index", "index": [_class(raw, out, LOC)]}
+    if isinstance(raw, dict) and "top_k" in raw:
+        return _top_k(raw, out)
     if isinstance(raw, dict):
         return {"form": "index", "index": _index_obj(raw, out, LOC)}
     if isinstance(raw, list):
@@ -132,6 +134,25 @@ def _position(raw: list[Any], out: OutputSpec, loc: Loc) -> list[int]:
     return [int(raw[0]), label]
 
 
+def _top_k(raw: dict[str, Any], out: OutputSpec) -> WireTarget:
+    """``{"top_k": K}``: each example's K best classes, chosen in the worker."""
+    k: Any = raw.get("top_k")
+    if set(raw) != {"top_k"} or not _is_int(k) or k < 1:
+        raise InvalidRequest('a top_k target is {"top_k": K} with K >= 1', loc=(*LOC, "top_k"))
+    if len(out.shape) != 1:
+        raise InvalidRequest(
+            f"top_k ranks classes: it needs a model with one score per class (1-D outputs); "
+            f"this model gives {list(out.shape)} per example",
+            loc=(*LOC, "top_k"),
+        )
+    classes = out.shape[0]
+    if classes is not None and k > classes:
+        raise InvalidRequest(
+            f"top_k is {k} but the model has {classes} classes", loc=(*LOC, "top_k")
+        )
+    return {"form": "top_k", "k": int(k)}
+
+
 def _index_obj(raw: dict[str, Any], out: OutputSpec, loc: Loc) -> list[int]:
     index = raw.get("index")
     if set(raw) != {"index"} or not isinstance(index, list):
@@ -152,12 +173,14 @@ def to_engine(t: WireTarget) -> Any:
         return list(t["rows"])
     if form == "per_example_tuple":
         return [tuple(r) for r in t["rows"]]
+    if form == "top_k":
+        return {"top_k": t["k"]}
     raise ValueError(f"unresolved target {t}")
 
 
 def per_example(t: WireTarget, n: int) -> WireTarget:
     """The same target written one entry per example (what merged batches concatenate)."""
-    if t is None or t["form"] in ("per_example", "per_example_tuple", "predicted"):
+    if t is None or t["form"] in ("per_example", "per_example_tuple", "predicted", "top_k"):
         return t
     idx = t["index"]
     if len(idx) == 1:
@@ -178,7 +201,7 @@ def of_predictions(out: torch.Tensor) -> WireTarget:
 def concat(parts: list[tuple[WireTarget, int]]) -> WireTarget:
     """The targets of jobs merged into one (``(target, examples)`` each, same form)."""
     first = parts[0][0]
-    if first is None or first["form"] == "predicted":
+    if first is None or first["form"] in ("predicted", "top_k"):  # the same for every example
         return first
     written = [per_example(t, n) for t, n in parts]
     rows = [r for w in written if w is not None for r in w["rows"]]
@@ -194,6 +217,8 @@ def form(t: WireTarget) -> Any:
         return "class" if t["form"] == "per_example" or len(t["index"]) == 1 else len(t["index"])
     if t["form"] == "per_example_tuple":
         return len(t["rows"][0])
+    if t["form"] == "top_k":
+        return ("top_k", t["k"])
     return t["form"]
 
 
