@@ -63,6 +63,8 @@ MODEL_KEYS = (
     "group",
     "workers",
     "influence",
+    "background",
+    "background_kmeans",
 )
 
 

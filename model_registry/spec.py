@@ -138,6 +138,11 @@ class ModelSpec:
     #: models.toml ``fidelity_tolerance``: the largest relative L2 error from float32 a checked
     #: low-precision answer may have before the float32 answer replaces it
     fidelity_tolerance: float = 0.05
+    #: models.toml ``background``: a file of reference rows (``model_registry.background``),
+    #: the Shapley-family methods' baselines when a request names none; ``background_kmeans``:
+    #: summarised into that many weighted rows
+    background: str | None = None
+    background_kmeans: int | None = None
     #: ``remote:`` sources: where and how the predictor is called
     #: (``model_registry.sources.remote.RemoteSpec``)
     remote: Any = None

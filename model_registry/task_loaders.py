@@ -20,6 +20,7 @@ from torch import nn
 
 from methods.engine.precision import PRECISIONS
 from methods.generation.features import encode
+from model_registry.background import BackgroundError, check_rows, read_rows
 from model_registry.checks import check_dtype, check_forward, check_layers
 from model_registry.errors import RegistryError
 from model_registry.spec import (
@@ -30,6 +31,7 @@ from model_registry.spec import (
     LoadedModel,
     ModelSpec,
     OutputSpec,
+    resolve_path,
 )
 from model_registry.table import Table, describe_value
 
@@ -78,10 +80,13 @@ def read_tensor(table: Table, base: ModelSpec | None) -> ModelSpec:
             f"with {len(labels)} labels the output must be [{len(labels)}] per example (or end "
             f"in {len(labels)}: a label per position), got {list(shape)}",
         )
+    background, background_kmeans = _background(table, inputs)
     return ModelSpec(
         **table.common(description=base.description if base else ""),
         dtype=dtype,
         inputs=inputs,
+        background=background,
+        background_kmeans=background_kmeans,
         output=OutputSpec(shape=shape, labels=labels),
         layers=table.layers(base),
         embedding_layer=table.embedding_layer(base),
@@ -94,6 +99,23 @@ def read_tensor(table: Table, base: ModelSpec | None) -> ModelSpec:
         task=base.task if base is not None else "tensor",
         **runtime(table),
     )
+
+
+def _background(table: Table, inputs: tuple[InputSpec, ...]) -> tuple[str | None, int | None]:
+    """``background`` (a file of rows of the model's input, read and checked now) and
+    ``background_kmeans`` (how many weighted rows summarise it)."""
+    path = table.string("background")
+    k = table.count("background_kmeans")
+    if k is not None and path is None:
+        table.fail("background_kmeans", "summarises the background file: add background")
+    if path is not None:
+        table.inside(path, "background")
+        table.existing(path, "background")
+        try:
+            check_rows(read_rows(resolve_path(path, table.base_dir)), inputs)
+        except BackgroundError as exc:
+            table.fail("background", str(exc))
+    return path, k
 
 
 def explain(table: Table) -> ExplainSpec | None:
@@ -191,6 +213,8 @@ NOT_FOR_LM: Mapping[str, str] = MappingProxyType(
             "compile",
             "compile_mode",
             "verify_device",
+            "background",
+            "background_kmeans",
         )
     }
 )

@@ -12,6 +12,7 @@ import numpy as np
 
 from methods.params import MethodParams
 from methods.registry import CostShape, MethodSpec
+from model_registry import background as model_background
 from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
@@ -111,6 +112,10 @@ def build_attribution(
     baselines = codec.decode_baselines(
         req.baselines, spec, inputs, settings.max_tensor_elements, background=True
     )
+    if baselines is None and ms.base_values and not inputs.texts:
+        default = model_background.of(spec)  # models.toml background: the Shapley default
+        if default is not None:
+            baselines = {"background": (default[0],), "weights": default[1]}
     n_base, per_row = 1, 1  # a distribution's rows; a background set's, each a whole answer
     if isinstance(baselines, tuple) and baselines and isinstance(baselines[0], np.ndarray):
         n_base = int(baselines[0].shape[0])

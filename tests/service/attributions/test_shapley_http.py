@@ -6,15 +6,17 @@ engine against shap 0.51.0), as a job too, and every bad value a 422 naming its 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import torch
 
 import methods
 import model_registry
-from tests.service.conftest import Server
+from tests.service.conftest import Server, serve_in_thread, stop_server
 
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], [0.8, 0.1, 0.6, 0.3, 0.0, 0.9, 0.2, 0.4]]
 BACKGROUND = [[0.0] * 8, [0.5] * 8, [1.0, 0.0] * 4]
@@ -106,3 +108,44 @@ def test_bad_values_are_422_naming_the_field(server: Server) -> None:
             errors = r.json().get("errors") or [r.json()]
             locs = [e.get("loc") for e in errors]
             assert loc in locs or any(loc == (x or [])[: len(loc)] for x in locs), (change, locs)
+
+
+def test_a_models_background_is_the_shapley_default_and_bad_files_are_refused(
+    tmp_path: Path,
+) -> None:
+    """models.toml background (a .npy of rows) summarised by background_kmeans: the Shapley
+    methods' baselines when a request names none (the engine's answer over methods.kmeans of
+    the same rows), other methods' defaults unchanged; a file that does not fit is refused
+    when the models file is read, naming the field."""
+    rows = np.random.default_rng(0).normal(size=(30, 8)).astype(np.float32)
+    np.save(tmp_path / "bg.npy", rows)
+    np.save(tmp_path / "wrong.npy", rows[:, :7])
+    toml = (
+        '[[models]]\nid = "tabular-mlp"\nsource = "builtin:tabular-mlp"\n'
+        'background = "bg.npy"\nbackground_kmeans = 4\n'
+    )
+    server = serve_in_thread(tmp_path, toml=toml, every_model=False)
+    try:
+        with server.client() as c:
+            shapley = post(c, {"method": "shapley_values", "inputs": X, "target": 1}).json()
+            ig = post(c, {"method": "integrated_gradients", "inputs": X, "target": 1}).json()
+    finally:
+        stop_server(server)
+    summary = methods.kmeans(torch.from_numpy(rows).double(), 4)
+    bg = methods.Background(summary.rows.float(), summary.weights)  # type: ignore[union-attr]
+    ours = methods.attribute(model(), torch.tensor(X), "shapley_values", target=1, baselines=bg)
+    np.testing.assert_allclose(shapley["attributions"], ours.attributions.numpy(), atol=1e-5)
+    np.testing.assert_allclose(shapley["base_values"], ours.base_values.numpy(), atol=1e-5)
+    plain = methods.attribute(model(), torch.tensor(X), "integrated_gradients", target=1)
+    np.testing.assert_allclose(ig["attributions"], plain.attributions.numpy(), atol=1e-5)
+    for extra, words in [
+        ('background = "wrong.npy"', "do not fit"),
+        ('background = "none.npy"', "not found"),
+        ("background_kmeans = 3", "add background"),
+        ('background = "bg.npy"\nbackground_kmeans = 0', "positive integer"),
+    ]:
+        (tmp_path / "bad.toml").write_text(
+            f'[[models]]\nid = "t"\nsource = "builtin:tabular-mlp"\n{extra}\n'
+        )
+        with pytest.raises(model_registry.RegistryError, match=words):
+            model_registry.load_specs(str(tmp_path / "bad.toml"))
