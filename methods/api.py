@@ -305,6 +305,7 @@ def _attribute(
             convergence_delta=background.fold(r.convergence_delta, n, weights),
             outputs=background.first(r.outputs, n),
             base_values=background.fold(r.base_values, n, weights),
+            standard_error=background.fold(r.standard_error, n, weights),
             params={**r.params, "background_rows": b},
         )
     result = _attributed(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
@@ -351,6 +352,7 @@ def _top_k(
         convergence_delta=_per_class(r.convergence_delta, n, k),
         outputs=_per_class(r.outputs, n, k),
         base_values=_per_class(r.base_values, n, k),
+        standard_error=_per_class(r.standard_error, n, k),
         target=classes,
     )
 
@@ -523,4 +525,9 @@ def _result(
         params=echo,
         method=spec.name,
         base_values=None if out.base is None else out.base.detach().contiguous(),
+        standard_error=(
+            None
+            if out.standard_error is None
+            else restore_form(tuple(e.contiguous() for e in out.standard_error), form)
+        ),
     )

@@ -94,6 +94,8 @@ class Output:
     #: Shapley-family methods: the targeted output at the baselines, from the method's own
     #: empty coalition (``Result.base_values``)
     base: Tensor | None = None
+    #: sampled Shapley methods: the attributions' standard error (one tensor per input)
+    standard_error: Tensors | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,10 @@ class Result:
     #: over a background set), on the attributed scale: ``sum(attributions) + base_values ==
     #: outputs`` where the method is exact (over features: a feature mask's group counts once)
     base_values: Tensor | None = None
+    #: sampled Shapley methods: each attribution's standard error over the method's samples,
+    #: shaped as the attributions (over a background set: the rows' weighted sum of theirs,
+    #: an upper bound, the rows sharing their samples)
+    standard_error: Any = None
     #: the targets the engine chose (``{"top_k": K}``: the classes per example, (N, K), best
     #: first); None where the caller's target stands
     target: Tensor | None = None

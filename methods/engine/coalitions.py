@@ -114,6 +114,16 @@ def permutation_prefixes(perms: Tensor) -> Tensor:
     return rank.unsqueeze(1) < steps
 
 
+def contributions(perms: Tensor, values: Tensor) -> Tensor:
+    """Each permutation's marginal contribution of each feature: values (S, F + 1, *out)
+    along each permutation (S, F); returns (S, F, *out) (every feature once per permutation)."""
+    s, f = perms.shape
+    diffs = values[:, 1:] - values[:, :-1]
+    out = torch.zeros((s, f, *values.shape[2:]), dtype=values.dtype, device=values.device)
+    index = perms.reshape(s, f, *(1,) * (values.dim() - 2)).expand_as(diffs)
+    return out.scatter_(1, index, diffs)
+
+
 def credit_permutations(perms: Tensor, values: Tensor) -> Tensor:
     """Mean marginal contribution per feature: values (S, F + 1, *out) along each permutation
     (S, F); returns (F, *out). Sums telescope, so efficiency holds to rounding."""

@@ -14,7 +14,12 @@ from pydantic import Field
 from methods.cost import n_features
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
-from methods.engine.coalitions import credit_permutations, evaluate, permutation_prefixes
+from methods.engine.coalitions import (
+    contributions,
+    credit_permutations,
+    evaluate,
+    permutation_prefixes,
+)
 from methods.engine.masks import format_feature_mask, spread
 from methods.engine.perturb import echo, start
 from methods.perturbation.shapley_values import ShapleyValuesParams, working_dtype
@@ -55,4 +60,9 @@ def shapley_value_sampling(call: Call, p: ShapleyValueSamplingParams) -> Output:
     values = values.to(working_dtype(initial)).reshape(p.n_samples, f + 1, *ev.out_shape)
     phi = credit_permutations(perms, values)
     base = values[0, 0]  # every permutation's first prefix: the output at the baselines
-    return Output(spread(phi, masks, xs, call.method), echo=echo(ev), base=base)
+    # the mean's standard error over the permutations (0 from a single one: unknown)
+    spread_ = contributions(perms, values).std(0) if p.n_samples > 1 else torch.zeros_like(phi)
+    error = spread(spread_ / p.n_samples**0.5, masks, xs, call.method)
+    return Output(
+        spread(phi, masks, xs, call.method), echo=echo(ev), base=base, standard_error=error
+    )

@@ -297,7 +297,7 @@ def own_fidelity(fidelity: dict[str, Any] | None, start: int, n: int) -> dict[st
 
 #: how a reply's member follows its examples (``Reply``'s fields' ``rows`` metadata)
 EXAMPLES = "examples"  # an array, one row (or k rows) per example: cut, stacked
-EACH = "each"  # a list of such arrays (one per input or layer)
+EACH = "each"  # a list of such arrays (one per input or layer), or None
 LIST = "list"  # a plain list with one entry per example
 SAME = "same"  # the same for every example: the first part's
 TIME = "time"  # a duration: shared when cut (a merged call's), summed when joined
@@ -373,6 +373,8 @@ class Reply:
     outputs: np.ndarray | None = field(default=None, metadata=_rows(EXAMPLES))
     #: Shapley-family methods: the output at the baselines per example
     base_values: np.ndarray | None = field(default=None, metadata=_rows(EXAMPLES))
+    #: sampled Shapley methods: the attributions' standard errors, shaped as they are
+    standard_error: list[np.ndarray] | None = field(default=None, metadata=_rows(EACH, True))
     target: list[Any] | None = field(default=None, metadata=_rows(LIST))
     tokens: list[list[str]] | None = field(default=None, metadata=_rows(LIST))
     params: dict[str, Any] = field(default_factory=dict, metadata=_rows(SAME))
@@ -407,7 +409,7 @@ class Reply:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             rule, wide, value = f.metadata["rows"], f.metadata["wide"], getattr(self, f.name)
-            if rule == EACH:
+            if rule == EACH and value is not None:
                 value = [_cut_rows(a, total, start, n) for a in value]
                 if wide:
                     value = [_own_width(a, tokens, width) for a in value]
@@ -444,7 +446,11 @@ class Reply:
         for f in dataclasses.fields(cls):
             rule, values = f.metadata["rows"], [getattr(p, f.name) for p in parts]
             if rule == EACH:
-                out[f.name] = [_stacked([v[i] for v in values]) for i in range(len(values[0]))]
+                out[f.name] = (
+                    None
+                    if values[0] is None
+                    else [_stacked([v[i] for v in values]) for i in range(len(values[0]))]
+                )
             elif rule == EXAMPLES:
                 out[f.name] = _stacked(values)
             elif rule == LIST:
@@ -468,7 +474,7 @@ class Reply:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.metadata["rows"] == EACH:
-                arrays.update({f"{f.name}_{i}": a for i, a in enumerate(value)})
+                arrays.update({f"{f.name}_{i}": a for i, a in enumerate(value or [])})
             elif f.metadata["rows"] == EXAMPLES:
                 if value is not None:
                     arrays[f.name] = value
@@ -487,7 +493,8 @@ class Reply:
             rule = f.metadata["rows"]
             if rule == EACH:
                 count = sum(1 for k in arrays if k.startswith(f"{f.name}_"))
-                out[f.name] = [arrays[f"{f.name}_{i}"] for i in range(count)]
+                each = [arrays[f"{f.name}_{i}"] for i in range(count)]
+                out[f.name] = None if not each and f.default is None else each
             elif rule == EXAMPLES:
                 found = arrays.get(f.name)
                 if found is None and f.name == "delta":

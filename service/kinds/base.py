@@ -232,6 +232,10 @@ def envelope(
     }
     if reply.base_values is not None:
         body["base_values"] = codec.encode_tensor(reply.base_values, encoding)
+    if reply.standard_error is not None:
+        body["standard_error"] = grouped(
+            [codec.encode_tensor(e, encoding) for e in reply.standard_error], reply
+        )
     if reply.tokens is not None:
         body["tokens"] = reply.tokens
     if reply.verification is not None:

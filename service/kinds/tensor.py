@@ -203,6 +203,11 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         delta=None if delta is None else tensors.numpy(delta),
         outputs=tensors.numpy(selected),
         base_values=None if res.base_values is None else tensors.numpy(res.base_values),
+        standard_error=(
+            None
+            if res.standard_error is None
+            else [tensors.numpy(e) for e in tensors.flat(res.standard_error)]
+        ),
         target=targets.rows(wire, n) if res.target is None else res.target.tolist(),
         tokens=tokens,
         params=res.params,

@@ -495,6 +495,17 @@ class AttributionResponse(BaseModel):
             *RESULT_OR_NULL,
         ),
     ] = None
+    standard_error: Annotated[
+        Any,
+        _result(
+            "shapley_value_sampling: the attributions' standard error over the permutations, "
+            "shaped as attributions (over a background set an upper bound)",
+            TENSOR_LIST,
+            RESULT_NUMBERS,
+            TENSOR_B64,
+            {"type": "null"},
+        ),
+    ] = None
     tokens: list[list[str]] | None = Field(default=None, description="raw-text inputs: the tokens")
     input_tokens: list[str] | None = Field(
         default=None,

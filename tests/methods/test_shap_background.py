@@ -205,3 +205,27 @@ def test_bad_backgrounds_and_targets_are_refused_naming_them() -> None:
         methods.attribute(
             model, x, "gradient_shap", target=0, baselines=methods.kmeans(data(9, 2), 2)
         )
+
+
+def test_the_standard_error_covers_the_exact_values_as_often_as_it_says() -> None:
+    """shapley_value_sampling's standard_error (the permutations' spread over their count):
+    +-1.96 SE covers the exact Shapley value about 95% of the time; over a background it is
+    an upper bound (the rows share their permutations), so it covers more often."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)
+    ).double()
+    x = torch.randn(8, 6, dtype=torch.float64)
+    background = {"background": torch.randn(5, 6, dtype=torch.float64)}
+    for base, low, high in [(None, 0.92, 0.97), (background, 0.95, 1.0)]:
+        exact = methods.attribute(model, x, "shapley_values", target=0, baselines=base)
+        hits = total = 0
+        for seed in range(40):
+            r = methods.attribute(
+                model, x, "shapley_value_sampling", target=0, n_samples=30, seed=seed,
+                baselines=base,
+            )  # fmt: skip
+            assert r.standard_error.shape == r.attributions.shape
+            inside = (r.attributions - exact.attributions).abs() <= 1.96 * r.standard_error
+            hits, total = hits + int(inside.sum()), total + inside.numel()
+        assert low <= hits / total <= high, (base is None, hits / total)
