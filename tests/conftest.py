@@ -11,12 +11,6 @@ import torch
 
 # no test downloads (this machine has no network): Hugging Face's hub reads this once, at import
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# the tests' servers run their workers as threads of this process (worker_mode=thread), so
-# this process computes what a worker process computes in MKL's strict reproducible mode
-# (service.pool.processes.REPRODUCIBLE_MKL): MKL reads it at its first call, which comes after
-# this, so a job and its route give the same bits here as in a served worker (a TCAV job's
-# p-value moved from its route's with a directional derivative a rounding from zero)
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 
 @pytest.fixture(autouse=True)
