@@ -11,21 +11,19 @@ from typing import Any, cast
 import torch
 
 from methods import registry
-from methods.engine import background, layers, layout
+from methods.engine import layers, layout, tiling
 from methods.engine import precision as precision_
 from methods.engine.background import Background, background_of
-from methods.engine.baselines import format_baselines
 from methods.engine.batching import check_batch_size
 from methods.engine.call import Call, Output, Result
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.outputs import check_scale
-from methods.engine.targets import Target, make_target
+from methods.engine.targets import make_target
 from methods.errors import (
     BaselineError,
     InvalidArgumentError,
     InvalidTypeError,
-    TargetError,
     UnsupportedModelError,
 )
 from methods.layer import multi
@@ -286,116 +284,22 @@ def _attribute(
     as_tuple: bool,
     upsample: Any,
     seed: int | None,
-    laid_out: bool = False,
 ) -> Result:
     """The method on ``call``: a ``top_k`` target resolved to the K best classes and a
-    background set to its rows (each by tiling the call and folding the answer back), then
-    ``_attributed``; with the base values of a Shapley-family method."""
+    background set to its rows (``methods.engine.tiling``), then ``_attributed``; with the
+    base values of a Shapley-family method that did not report them."""
+
+    def again(tiled: Call) -> Result:
+        return _attribute(spec, tiled, p, noise_tunnel, as_tuple, upsample, seed)
+
     if call.target.form == "top_k":
-        return _top_k(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
+        return tiling.top_k(call, again, distribution=spec.baseline_distribution)
     if isinstance(call.baselines, Background):
-        rows, weights = background.formatted(call.baselines, call.inputs)
-        n, b = call.n, rows[0].shape[0]
-        inputs, bases = background.tiled(call.inputs, rows)
-        tiled = call.expanded(b).replace(inputs=inputs, baselines=bases)
-        r = _attribute(spec, tiled, p, noise_tunnel, as_tuple, upsample, seed)
-        return dataclasses.replace(
-            r,
-            attributions=background.fold(r.attributions, n, weights),
-            convergence_delta=background.fold(r.convergence_delta, n, weights),
-            outputs=background.first(r.outputs, n),
-            base_values=background.fold(r.base_values, n, weights),
-            standard_error=background.fold(r.standard_error, n, weights),
-            params={**r.params, "background_rows": b},
-        )
+        return tiling.over_background(call, again)
     result = _attributed(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
-    if spec.base_values and result.base_values is None:  # the method did not report them
-        result = dataclasses.replace(result, base_values=_base_values(call))
+    if spec.base_values and result.base_values is None:
+        result = dataclasses.replace(result, base_values=tiling.base_values(call))
     return result
-
-
-def _top_k(
-    spec: registry.MethodSpec,
-    call: Call,
-    p: Any,
-    noise_tunnel: dict[str, Any] | None,
-    as_tuple: bool,
-    upsample: Any,
-    seed: int | None,
-) -> Result:
-    """Each example's K highest-scoring classes (on the attributed scale), best first, in
-    one call: the batch tiled K times, copy k targeting each example's k-th class."""
-    (k,) = call.target.index
-    with torch.no_grad(), model_guard(call.model):
-        out = call.forward(call.inputs)
-    if out.dim() != 2:
-        raise TargetError(
-            f"a top_k target ranks the classes of an output of shape (N, classes); the model "
-            f"returned {tuple(out.shape)}",
-            argument="target",
-        )
-    if k > out.shape[1]:
-        raise TargetError(
-            f"top_k is {k} but the model has {out.shape[1]} classes", argument="target"
-        )
-    classes = out.topk(k, dim=1).indices  # (N, K), best first
-    n = call.n
-    tiled = call.expanded(k).replace(
-        inputs=tuple(x.repeat((k,) + (1,) * (x.dim() - 1)) for x in call.inputs),
-        baselines=_tiled_baselines(spec, call.baselines, n, k),
-        target=Target("per_example", rows=classes.T.reshape(-1)),
-    )
-    r = _attribute(spec, tiled, p, noise_tunnel, as_tuple, upsample, seed)
-    return dataclasses.replace(
-        r,
-        attributions=_per_class(r.attributions, n, k),
-        convergence_delta=_per_class(r.convergence_delta, n, k),
-        outputs=_per_class(r.outputs, n, k),
-        base_values=_per_class(r.base_values, n, k),
-        standard_error=_per_class(r.standard_error, n, k),
-        target=classes,
-    )
-
-
-def _tiled_baselines(spec: registry.MethodSpec, baselines: Any, n: int, k: int) -> Any:
-    """Per-example baselines tiled with the batch; numbers, single rows, a distribution's
-    rows and a background set (tiled in its own step) stay as they are."""
-    if spec.baseline_distribution or isinstance(baselines, Background) or n == 1:
-        return baselines
-
-    def tile(b: Any) -> Any:
-        if isinstance(b, torch.Tensor) and b.dim() > 0 and b.shape[0] == n:
-            return b.repeat((k,) + (1,) * (b.dim() - 1))
-        return b
-
-    if isinstance(baselines, (tuple, list)):
-        return type(baselines)(tile(b) for b in baselines)
-    return tile(baselines)
-
-
-def _per_class(value: Any, n: int, k: int) -> Any:
-    """A K-times tiled answer (dim 0: K * n, copy k stacked k-th) as (n, K, ...)."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0 or value.shape[0] != k * n:
-            raise TargetError(
-                f"this method's answer has shape {tuple(value.shape)}, not one row per "
-                "example, so it cannot be split per class; pass one target",
-                argument="target",
-            )
-        return value.reshape(k, n, *value.shape[1:]).transpose(0, 1)
-    if isinstance(value, tuple):
-        return tuple(_per_class(v, n, k) for v in value)
-    if isinstance(value, list):
-        return [_per_class(v, n, k) for v in value]
-    return value
-
-
-def _base_values(call: Call) -> torch.Tensor:
-    """The targeted output at each example's baselines (what a Shapley-family answer's
-    attributions complete to the output)."""
-    with torch.no_grad(), model_guard(call.model):
-        out = call.forward(format_baselines(call.baselines, call.inputs))
-    return call.target.select_rows(out).detach()  # the targeted output's shape per example
 
 
 def _attributed(

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from methods.engine.baselines import reference_rows
 from methods.engine.inputs import Tensors
 from methods.errors import BaselineError, InvalidTypeError
 
@@ -68,20 +69,8 @@ def formatted(bg: Background, xs: Tensors) -> tuple[Tensors, Tensor]:
             argument="baselines",
         )
     out = []
-    for i, (r, x) in enumerate(zip(rows, xs, strict=True)):
-        if not isinstance(r, Tensor):
-            raise InvalidTypeError(
-                f"background[{i}] must be a Tensor of rows, got {type(r).__name__}",
-                argument="baselines",
-            )
-        if r.dim() == x.dim() - 1:
-            r = r.unsqueeze(0)
-        if r.dim() != x.dim() or tuple(r.shape[1:]) != tuple(x.shape[1:]) or r.shape[0] < 1:
-            raise BaselineError(
-                f"background[{i}] has shape {tuple(r.shape)}; expected rows of shape "
-                f"(B, *{tuple(x.shape[1:])}) with B >= 1, each example's shape",
-                argument="baselines",
-            )
+    for i, (given, x) in enumerate(zip(rows, xs, strict=True)):
+        r = reference_rows(given, x, f"background[{i}]", "a background set")
         if r.is_complex() and not x.is_complex():
             raise InvalidTypeError(
                 f"background[{i}] is complex but inputs[{i}] is not", argument="baselines"

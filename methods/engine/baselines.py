@@ -94,21 +94,7 @@ def format_baseline_distribution(baselines: object, xs: Tensors, method: str) ->
     for i, (b, x) in enumerate(zip(_per_input(baselines, xs), xs, strict=True)):
         if isinstance(b, (int, float)) and not isinstance(b, bool):
             b = torch.full((1, *x.shape[1:]), float(b), dtype=x.dtype, device=x.device)
-        if not isinstance(b, Tensor):
-            raise InvalidTypeError(
-                f"baselines[{i}] for {method} must be a Tensor of reference rows, got "
-                f"{type(b).__name__}",
-                argument="baselines",
-            )
-        if b.dim() == x.dim() - 1:
-            b = b.unsqueeze(0)
-        if b.dim() != x.dim() or tuple(b.shape[1:]) != tuple(x.shape[1:]) or b.shape[0] < 1:
-            raise BaselineError(
-                f"baselines[{i}] has shape {tuple(b.shape)}; {method} expects reference rows of "
-                f"shape (B, *{tuple(x.shape[1:])}) with B >= 1",
-                argument="baselines",
-            )
-        out.append(b.to(device=x.device, dtype=x.dtype))
+        out.append(reference_rows(b, x, f"baselines[{i}]", method).to(x.device, x.dtype))
     rows = {b.shape[0] for b in out}
     if len(rows) == 2 and 1 in rows:
         # a number (or a single row) is the same reference whichever row is drawn
@@ -121,6 +107,25 @@ def format_baseline_distribution(baselines: object, xs: Tensors, method: str) ->
             argument="baselines",
         )
     return tuple(out)
+
+
+def reference_rows(b: object, x: Tensor, where: str, who: str) -> Tensor:
+    """``b`` as reference rows of the input ``x``, ``(B, *x.shape[1:])`` with B >= 1 (one
+    example without its batch dim is one row); ``where`` and ``who`` name them in errors."""
+    if not isinstance(b, Tensor):
+        raise InvalidTypeError(
+            f"{where} for {who} must be a Tensor of reference rows, got {type(b).__name__}",
+            argument="baselines",
+        )
+    if b.dim() == x.dim() - 1:
+        b = b.unsqueeze(0)
+    if b.dim() != x.dim() or tuple(b.shape[1:]) != tuple(x.shape[1:]) or b.shape[0] < 1:
+        raise BaselineError(
+            f"{where} has shape {tuple(b.shape)}; {who} expects reference rows of shape "
+            f"(B, *{tuple(x.shape[1:])}) with B >= 1",
+            argument="baselines",
+        )
+    return b
 
 
 def _call_baseline_fn(fn: Callable[..., Any], xs: Tensors) -> Any:

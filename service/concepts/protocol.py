@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.wire.attributions import Inputs, Target
+from service.wire.schemas import Inputs, Target
 
 #: a concept's name: a file name on every system, never a path
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

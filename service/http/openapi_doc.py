@@ -2,7 +2,7 @@
 
 - every error a route returns declared as ``application/problem+json`` with the one ``Problem``
   schema, and the API-key schemes;
-- the wire's schemas (``service.wire.attributions.WIRE_SCHEMAS``: tensors, inputs, targets)
+- the wire's schemas (``service.wire.schemas.WIRE_SCHEMAS``: tensors, inputs, targets)
   named once under ``components/schemas``, by their titles, where pydantic writes them inline;
 - the attribution request as a union discriminated by ``method``: one request schema per
   registered method, its ``params`` typed by the method's params model (the schema
@@ -24,8 +24,8 @@ from typing import Any
 from methods import registry
 from methods.params import TENSOR_SCHEMA as PARAM_TENSOR
 from service.http.routing import DEFAULT, Policy
-from service.wire.attributions import TENSOR, WIRE_SCHEMAS
 from service.wire.catalog import method_list
+from service.wire.schemas import TENSOR, WIRE_SCHEMAS
 
 REF = "#/components/schemas/"
 PROBLEM_REF = {"$ref": REF + "Problem"}

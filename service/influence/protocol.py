@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.wire.attributions import Inputs, Target
+from service.wire.schemas import Inputs, Target
 
 
 class InfluenceRequest(BaseModel):

@@ -46,6 +46,7 @@ from service.pool.costs import Costs
 from service.pool.predictors import Predictors
 from service.pool.processes import Processes
 from service.pool.records import DEPTH, PREEMPTED, Entry, Pending, Worker
+from service.pool.share import WorkerTime
 from service.worker import threads
 from service.worker.messages import (
     Cancel,
@@ -94,8 +95,7 @@ class Group(Processes):
         self._draining = False
         #: job chunks waiting (``Work.background``), and recent worker time by kind (decaying)
         self._jobs: deque[Pending] = deque()
-        self._busy = {False: 0.0, True: 0.0}
-        self._busy_at = time.monotonic()
+        self.worker_time = WorkerTime(settings.job_share)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -311,24 +311,9 @@ class Group(Processes):
         return pending.key is not None and self._by_key.get(pending.key) is pending
 
     # -- jobs beside synchronous requests ---------------------------------------------------
-    def _account(self, background: bool, seconds: float) -> None:
-        """Worker time by kind, decaying with a 10 s half-life."""
-        now = time.monotonic()
-        decay = 0.5 ** ((now - self._busy_at) / 10.0)
-        self._busy_at = now
-        for kind in self._busy:
-            self._busy[kind] *= decay
-        self._busy[background] += seconds
-
-    def _owed(self) -> bool:
-        """Whether jobs got less than their share of recent worker time."""
-        share = self.settings.job_share
-        total = self._busy[True] + self._busy[False]
-        return share > 0 and (total == 0 or self._busy[True] < share * total)
-
     def _dispatch_jobs(self, waiting_sync: bool) -> None:
         """Work chunks to idle workers: when no synchronous request waits, or when owed."""
-        while self._jobs and (not waiting_sync or self._owed()):
+        while self._jobs and (not waiting_sync or self.worker_time.owed()):
             idle = [w for w in self.workers if w.state == "ready" and not w.outstanding]
             if not idle:
                 return
@@ -343,7 +328,7 @@ class Group(Processes):
         the job chunks running (unless jobs are owed their share); their runner gets
         ``PREEMPTED`` and tries again with a smaller chunk, which fits the idle moments
         better."""
-        if self._owed():
+        if self.worker_time.owed():
             return
         queued = self._next() is not None
         for w in self.workers:
@@ -355,7 +340,7 @@ class Group(Processes):
                 self._write(w, Cancel(tuple(e.work.id for e in running.entries)))
 
     def _dispatch(self) -> None:
-        if self._jobs and self._owed():
+        if self._jobs and self.worker_time.owed():
             self._dispatch_jobs(waiting_sync=True)
         while self._waiting:
             pending = self._next()
@@ -441,7 +426,7 @@ class Group(Processes):
 
     def _done(self, pending: Pending, replies: list[Reply]) -> None:
         started = min((e.dispatched for e in pending.entries), default=time.perf_counter())
-        self._account(pending.background, time.perf_counter() - started)
+        self.worker_time.account(pending.background, time.perf_counter() - started)
         self.costs.learn(pending, replies)
         by_id = {e.work.id: e for e in pending.entries}
         for reply in replies:

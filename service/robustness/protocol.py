@@ -11,15 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from methods.robustness.attack import BOUNDS, PARAMS
 from methods.robustness.minimal import OWN_PARAMS, SEARCH
-from service.wire.attributions import (
-    RESULT_NUMBERS,
-    TENSOR_B64,
-    TENSOR_LIST,
-    Inputs,
-    Target,
-    TimingMs,
-    _result,
-)
+from service.wire.attributions import TimingMs
+from service.wire.schemas import RESULT_NUMBERS, TENSOR_B64, TENSOR_LIST, Inputs, Target
+from service.wire.schemas import result_schema as _result
 
 ATTACK_EXAMPLES: dict[str, dict[str, Any]] = {
     "tabular_fgsm": {
