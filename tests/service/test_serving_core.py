@@ -481,6 +481,7 @@ def test_a_cancelled_sampling_loop_leaves_its_worker_idle(core: Server, method: 
         t0 = time.monotonic()
         r = attribute(c, "image-cnn", {"method": "saliency", "inputs": IMAGES[:1], "target": 0})
         assert r.status_code == 200, r.text
-        assert time.monotonic() - t0 < 2.0
+        # uncancelled, the loop runs tens of seconds; 2 s was missed by 0.24 s under CI load
+        assert time.monotonic() - t0 < 4.0
         (after,) = [w["pid"] for w in core.ready()["workers"] if w["group"] == "image-cnn"]  # type: ignore[attr-defined]
         assert after == before
