@@ -294,7 +294,7 @@ def _attribute(
 
     if call.target.form == "top_k":
         return tiling.top_k(call, again, distribution=spec.baseline_distribution)
-    if isinstance(call.baselines, Background):
+    if isinstance(call.baselines, Background) and not spec.own_background:
         return tiling.over_background(call, again)
     result = _attributed(spec, call, p, noise_tunnel, as_tuple, upsample, seed)
     if spec.base_values and result.base_values is None:

@@ -118,6 +118,10 @@ class MethodSpec:
     #: at the baselines, their mean over a background set), which its attributions complete to
     #: the output (``sum + base_value == output`` where the method is exact)
     base_values: bool = False
+    #: takes a background set itself (``Background`` baselines), averaging each coalition's
+    #: value over the rows before crediting, as shap's maskers do; other methods are run
+    #: once per row and their answers averaged (``methods.engine.tiling``)
+    own_background: bool = False
 
     def info(self) -> MethodInfo:
         return MethodInfo(
@@ -189,6 +193,7 @@ def register(
     sparse_inputs: bool = False,
     forward_only: bool = False,
     base_values: bool = False,
+    own_background: bool = False,
 ) -> Callable[[MethodFn], MethodFn]:
     """Register ``fn`` as the method ``name`` (the module's name, its wire name too).
 
@@ -229,6 +234,7 @@ def register(
             sparse_inputs=sparse_inputs,
             forward_only=forward_only,
             base_values=base_values,
+            own_background=own_background,
         )
         return fn
 

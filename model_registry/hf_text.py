@@ -19,8 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
+
+from methods.engine.hierarchy import text_tree
 
 #: the id at positions a batch pads (never a token id)
 PADDED = -1
@@ -110,3 +113,43 @@ def real_tokenizer(tokenizer: Any, vocab_size: int) -> str | None:
             "they are not one model's"
         )
     return None
+
+
+def text_hierarchy(tokenizer: Any, text: str | Sequence[str]) -> np.ndarray:
+    """The token tree shap's ``Text`` masker builds for ``text`` (or a pair) from ``tokenizer``
+    (``partition``'s default hierarchy for text models): one leaf per token id the tokenizer
+    gives, special tokens included, from each token's segment of the text."""
+    sep = getattr(tokenizer, "sep_token", None)
+    return text_tree(_segments(tokenizer, text), [sep] if isinstance(sep, str) else [])
+
+
+def _segments(tokenizer: Any, text: str | Sequence[str]) -> list[str]:
+    """Each token's text up to the next token's (shap's ``Text.token_segments``): from the
+    offsets of a fast tokenizer for a single text; else from the tokens, special ones blank,
+    word pieces glued and words spaced."""
+    if isinstance(text, str):
+        try:
+            data = tokenizer(text, return_offsets_mapping=True, truncation=False)
+            offsets = [(0, 0) if o is None else o for o in data["offset_mapping"]]
+        except (NotImplementedError, TypeError, ValueError, KeyError):
+            offsets = None
+        if offsets:
+            parts = [
+                text[offsets[i][0] : max(offsets[i][1], offsets[i + 1][0])]
+                for i in range(len(offsets) - 1)
+            ]
+            return [*parts, text[offsets[-1][0] : offsets[-1][1]]]
+    pair = (text, None) if isinstance(text, str) else (text[0], text[1])
+    ids = tokenizer(*pair, truncation=False)["input_ids"]
+    tokens = list(tokenizer.convert_ids_to_tokens(ids))
+    keep = {getattr(tokenizer, "sep_token", None), getattr(tokenizer, "mask_token", None)}
+    special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    for i, v in enumerate(special):
+        if v == 1 and (tokens[i] not in keep or i + 1 == len(special)):
+            tokens[i] = ""
+    for i, v in enumerate(tokens):
+        if v.startswith("##"):
+            tokens[i] = v[2:]
+        elif v != "" and i != 0:
+            tokens[i] = " " + v
+    return tokens

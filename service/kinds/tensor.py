@@ -21,6 +21,7 @@ from methods import registry
 from methods.cancel import checkpoint
 from methods.engine.outputs import scaled
 from methods.verify import verify
+from model_registry.hf_text import text_hierarchy
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, new_id, runs
@@ -114,6 +115,21 @@ def _attribute(
     return methods.attribute(model, inputs, work.method, **kwargs), None
 
 
+def _text_hierarchies(lm: LoadedModel, work: Attribution) -> dict[str, Any]:
+    """A hierarchical method's default over texts (``partition``): each text's token tree as
+    shap's ``Text`` masker builds it from the model's tokenizer, expanded 5 coalitions a
+    round as that masker's batch size (none where the tokenizer cannot say its tokens'
+    text)."""
+    if "clustering" not in registry.get(work.method).params.model_fields:
+        return {}
+    tokenizer = getattr(lm.tokenizer, "tokenizer", None) or lm.text_tokenizer
+    try:
+        trees = [text_hierarchy(tokenizer, t).tolist() for t in work.texts]
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return {}
+    return {"clustering": trees, **({} if "batch_size" in work.params else {"batch_size": 5})}
+
+
 def per_token(attributions: torch.Tensor, post_abs: bool) -> torch.Tensor:
     """A token model's answer: the embedding layer's attributions summed over its last dim
     (of their absolute values where the method's answer is one)."""
@@ -136,6 +152,8 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
     params = {k: tensors.convert(v, device) for k, v in work.params.items()}
     if work.attributed_layer is not None:
         params["layer"] = work.attributed_layer
+    if work.texts and "clustering" not in params:
+        params.update(_text_hierarchies(lm, work))
     baselines: Any = work.baselines
     if isinstance(baselines, dict):  # a background set: the answer averaged over its rows
         weights = baselines["weights"]
