@@ -90,6 +90,40 @@ def test_top_k_answers_each_examples_best_classes_as_a_job_too(server: Server) -
     assert "standard_error" not in got  # kernel_shap reports none
 
 
+def test_partition_over_a_background_is_the_engines_answer_as_a_job_too(server: Server) -> None:
+    body = {
+        "method": "partition",
+        "inputs": X,
+        "target": 2,
+        "baselines": {"background": BACKGROUND},
+        "params": {"max_evals": 30},
+        "output": "log_odds",
+    }
+    with server.client() as c:
+        r = post(c, body)
+        assert r.status_code == 200, r.text
+        job = c.post("/v1/models/tabular-mlp/attribution-jobs", json=body)
+        assert job.status_code == 202, job.text
+        jid = job.json()["id"]
+        for _ in range(600):
+            info = c.get(f"/v1/jobs/{jid}").json()
+            if info["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.05)
+        assert info["status"] == "succeeded", info.get("error")
+        done = c.get(f"/v1/jobs/{jid}/result").json()
+    got = r.json()
+    ours = methods.attribute(
+        model(), torch.tensor(X), "partition", target=2, max_evals=30, output="log_odds",
+        baselines=methods.Background(torch.tensor(BACKGROUND)),
+    )  # fmt: skip
+    np.testing.assert_allclose(got["attributions"], ours.attributions.numpy(), atol=1e-6)
+    np.testing.assert_allclose(got["base_values"], ours.base_values.numpy(), atol=1e-6)
+    np.testing.assert_allclose(done["attributions"], got["attributions"], atol=1e-6)
+    total = np.asarray(got["attributions"]).sum(1) + np.asarray(got["base_values"])
+    np.testing.assert_allclose(total, got["outputs"], atol=1e-5)
+
+
 def test_bad_values_are_422_naming_the_field(server: Server) -> None:
     base = {"method": "shapley_values", "inputs": X, "target": 0}
     weights = ["body", "baselines", "weights"]
@@ -104,6 +138,13 @@ def test_bad_values_are_422_naming_the_field(server: Server) -> None:
         ({"baselines": {"background": BACKGROUND, "other": 1}}, ["body", "baselines"]),
         ({"method": "gradient_shap", "baselines": {"background": BACKGROUND, "weights": [1, 1, 1]}},
          weights),
+        ({"method": "partition", "params": {"clustering": [[0, 1, 1.0, 2]]}},
+         ["body", "params", "clustering"]),
+        ({"method": "partition", "params": {"clustering": "correlation"}},
+         ["body", "params", "clustering"]),
+        ({"method": "partition", "params": {"image_masker": "blur(3,3)"}},
+         ["body", "params", "image_masker"]),
+        ({"method": "partition", "params": {"max_evals": 2}}, ["body", "params", "max_evals"]),
     ]  # fmt: skip
     with server.client() as c:
         for change, loc in cases:

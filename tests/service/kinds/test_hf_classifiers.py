@@ -338,3 +338,33 @@ def test_an_expensive_request_of_texts_is_split_and_joined(hf_server: tuple[Serv
         np.testing.assert_allclose(got["attributions"][i][:width], alone["attributions"][0],
                                    rtol=1e-6, atol=1e-9)  # fmt: skip
         assert not np.any(got["attributions"][i][width:])
+
+
+def test_partition_over_texts_equals_shaps_text_masker(hf_server: tuple[Server, Path]) -> None:
+    """``partition`` on a text model: the token tree shap's ``Text`` masker builds from the
+    model's tokenizer, 5 coalitions a round as that masker; masked tokens take the service's
+    default baseline (the pad token, the tokenizer's own tokens kept), which is shap's masker
+    with ``mask_token="[PAD]"``."""
+    import shap
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    server, path = hf_server
+    texts = ["the film was great, not dull.", "a very good plot (the acting was bad) but story"]
+    r = post(server, {"method": "partition", "inputs": texts, "target": 2,
+                      "params": {"max_evals": 40}})  # fmt: skip
+    assert r.status_code == 200, r.text
+    got = r.json()
+    tok = AutoTokenizer.from_pretrained(path)
+    bert = AutoModelForSequenceClassification.from_pretrained(path).eval().double()
+
+    def f(a: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return bert(input_ids=torch.as_tensor(np.asarray(a), dtype=torch.long)).logits.numpy()
+
+    for i, text in enumerate(texts):
+        masker = shap.maskers.Text(tok, mask_token="[PAD]", output_type="token_ids")
+        theirs = shap.PartitionExplainer(f, masker)([text], max_evals=40, outputs=[2], silent=True)
+        n = len(theirs.values[0])
+        np.testing.assert_allclose(got["attributions"][i][:n], theirs.values[0][:, 0], atol=1e-9)
+        assert all(v == 0 for v in got["attributions"][i][n:])  # the batch's padding
+        np.testing.assert_allclose(got["base_values"][i], theirs.base_values[0][0], atol=1e-9)
