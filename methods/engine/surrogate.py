@@ -45,17 +45,39 @@ class Surrogate:
         values, extra = coalitions.evaluate(self.ev, self.masks, keep, xs, self.baselines, per_row)
         return values.reshape(keep.shape[0], self.rows).t().to(self.dtype), extra
 
-    def finish(self, coef: Tensor, return_input_shape: bool, base: Tensor | None = None) -> Output:
+    def finish(
+        self,
+        coef: Tensor,
+        return_input_shape: bool,
+        base: Tensor | None = None,
+        *,
+        error: Tensor | None = None,
+        exact: bool | None = None,
+    ) -> Output:
         """Coefficients (B, F) onto the inputs' elements, or as Captum's (B, F) table;
-        ``base``: the output at the baselines, per row (Kernel SHAP's base values)."""
+        ``base``: the output at the baselines, per row (Kernel SHAP's base values);
+        ``error``: the coefficients' standard errors (B, F), laid out the same way (zeros
+        where ``exact``)."""
+        if error is None and exact:
+            error = torch.zeros_like(coef)
         if return_input_shape:
-            attrs = spread(coef.t().contiguous(), self.masks, self.call.inputs, self.call.method)
-            return Output(attrs, echo=echo(self.ev), base=base)
+            attrs = self._spread(coef)
+            se = None if error is None else self._spread(error)
+            return Output(attrs, echo=echo(self.ev), base=base, standard_error=se)
+        se = None if error is None else (self._table(error),)
+        return Output(
+            (self._table(coef),), echo=echo(self.ev), as_tuple=False, base=base, standard_error=se
+        )
+
+    def _spread(self, coef: Tensor) -> Tensors:
+        return spread(coef.t().contiguous(), self.masks, self.call.inputs, self.call.method)
+
+    def _table(self, coef: Tensor) -> Tensor:
         ids = self.masks.ids
         # Captum numbers interpretable features from the smallest id; gaps get coefficient 0.
         table = coef.new_zeros(coef.shape[0], int(ids.max() - ids.min()) + 1)
         table[:, (ids - ids.min()).to(coef.device)] = coef
-        return Output((table,), echo=echo(self.ev), as_tuple=False, base=base)
+        return table
 
 
 def prepare(call: Call, feature_mask: object) -> Surrogate:

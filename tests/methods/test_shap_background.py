@@ -229,3 +229,27 @@ def test_the_standard_error_covers_the_exact_values_as_often_as_it_says() -> Non
             inside = (r.attributions - exact.attributions).abs() <= 1.96 * r.standard_error
             hits, total = hits + int(inside.sum()), total + inside.numel()
         assert low <= hits / total <= high, (base is None, hits / total)
+
+
+@pytest.mark.parametrize("n_samples", [20, 45])
+def test_kernel_shaps_standard_error_covers_the_exact_values_as_often_as_it_says(
+    n_samples: int,
+) -> None:
+    """kernel_shap's standard_error (the fit's spread over bootstrap resamples of its
+    coalitions): +-1.96 SE covers the exact Shapley value about 95% of the time; 0 where every
+    coalition is enumerated."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)
+    ).double()
+    x = torch.randn(6, 6, dtype=torch.float64)
+    exact = methods.attribute(model, x, "shapley_values", target=0)
+    hits = total = 0
+    for seed in range(30):
+        r = methods.attribute(model, x, "kernel_shap", target=0, n_samples=n_samples, seed=seed)
+        assert r.standard_error.shape == r.attributions.shape
+        inside = (r.attributions - exact.attributions).abs() <= 1.96 * r.standard_error
+        hits, total = hits + int(inside.sum()), total + inside.numel()
+    assert 0.88 <= hits / total <= 0.99, hits / total
+    enumerated = methods.attribute(model, x, "kernel_shap", target=0, n_samples=64)
+    assert torch.all(enumerated.standard_error == 0)

@@ -87,7 +87,11 @@ def test_top_k_answers_each_examples_best_classes_as_a_job_too(server: Server) -
     with server.client() as c:
         sampled = post(c, {**body, "method": "shapley_value_sampling", "params": {}}).json()
     assert np.asarray(sampled["standard_error"]).shape == (2, 2, 8)
-    assert "standard_error" not in got  # kernel_shap reports none
+    assert np.asarray(got["standard_error"]).shape == (2, 2, 8)  # kernel_shap's: bootstrap
+    assert np.all(np.asarray(got["standard_error"]) >= 0)
+    with server.client() as c:  # an exact answer (every coalition enumerated) has none
+        exact = post(c, {**body, "method": "partition", "params": {}}).json()
+    assert "standard_error" not in exact
 
 
 def test_partition_over_a_background_is_the_engines_answer_as_a_job_too(server: Server) -> None:
