@@ -13,7 +13,7 @@ from model_registry import hf_image
 from model_registry.spec import ModelSpec
 from service.core.errors import InvalidRequest
 from service.core.work import Reply, Work
-from service.serving import render
+from service.serving import render, waterfall
 from service.wire.attributions import RenderSpec
 
 #: the most pictures one response carries
@@ -104,6 +104,10 @@ def draw(
                     loc=(*LOC, "kind"),
                 )
             target = "" if reply.target is None else f" · {_named(model, reply.target[i])}"
+            if spec.kind == "waterfall":
+                pic = _waterfall(spec, model, reply, i, k, attr, tokens, title + target)
+                out.append(_entry(reply, names, i, k, pic))
+                continue
             try:
                 columns = model.inputs[k].features if k < len(model.inputs) else None
                 pic = render.draw(
@@ -116,17 +120,59 @@ def draw(
                 )
             except render.RenderError as exc:
                 raise InvalidRequest(f"render: {exc}", loc=LOC) from None
-            entry: dict[str, Any] = {
-                "example": i,
-                "media_type": pic.media_type,
-                "b64": base64.b64encode(pic.data).decode("ascii"),
-            }
-            if reply.layers is not None:  # a list of layers: one picture per layer
-                entry["layer"] = _layer_of(reply, k)
-            elif len(reply.attributions) > 1:
-                entry["input"] = names[k] if k < len(names) else str(k)
-            out.append(entry)
+            out.append(_entry(reply, names, i, k, pic))
     return out
+
+
+def _entry(reply: Reply, names: list[str], i: int, k: int, pic: render.Rendered) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "example": i,
+        "media_type": pic.media_type,
+        "b64": base64.b64encode(pic.data).decode("ascii"),
+    }
+    if reply.layers is not None:  # a list of layers: one picture per layer
+        entry["layer"] = _layer_of(reply, k)
+    elif len(reply.attributions) > 1:
+        entry["input"] = names[k] if k < len(names) else str(k)
+    return entry
+
+
+def _waterfall(
+    spec: RenderSpec,
+    model: ModelSpec,
+    reply: Reply,
+    i: int,
+    k: int,
+    attr: np.ndarray,
+    tokens: list[str] | None,
+    title: str,
+) -> render.Rendered:
+    """Example ``i``'s waterfall from its base value to its output (shap's): tokens, or
+    the features of a tabular input."""
+    loc = (*LOC, "kind")
+    if reply.base_values is None or reply.outputs is None:
+        raise InvalidRequest(
+            "render.kind waterfall builds from the base value to the output: it needs a "
+            "Shapley-family method (shapley_values, shapley_value_sampling, kernel_shap, "
+            "partition), whose answers carry base_values",
+            loc=loc,
+        )
+    base = np.asarray(reply.base_values[i], dtype=np.float64).reshape(-1)
+    output = np.asarray(reply.outputs[i], dtype=np.float64).reshape(-1)
+    if base.size != 1 or output.size != 1 or (tokens is None and attr.ndim != 1):
+        raise InvalidRequest(
+            "render.kind waterfall draws one target's attributions over tabular features or "
+            f"tokens; these have shape {list(attr.shape)} per example (a top_k target, or an "
+            "image: use heatmap or overlay)",
+            loc=loc,
+        )
+    columns = model.inputs[k].features if k < len(model.inputs) else None
+    names = tokens if tokens is not None else list(columns or [f"f{j}" for j in range(attr.size)])
+    try:
+        return waterfall.draw(spec, attr, list(names), float(base[0]), float(output[0]), title,
+                              spec.width)  # fmt: skip
+    except render.RenderError as exc:
+        raise InvalidRequest(f"render: {exc}", loc=LOC) from None
 
 
 def on_original(

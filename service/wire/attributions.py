@@ -136,8 +136,11 @@ class RenderSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["png", "html"] = Field(default="png", description="image/png or text/html")
-    kind: Literal["heatmap", "overlay"] = Field(
-        default="heatmap", description="images: the map alone, or blended over the input image"
+    kind: Literal["heatmap", "overlay", "waterfall"] = Field(
+        default="heatmap",
+        description="images: the map alone, or blended over the input image; waterfall (a "
+        "Shapley-family answer over tabular features or tokens): from the base value to the "
+        "output feature by feature, as shap draws it",
     )
     sign: Literal["absolute", "positive", "negative", "all"] = Field(
         default="all",

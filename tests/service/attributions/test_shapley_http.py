@@ -198,3 +198,34 @@ def test_a_models_background_is_the_shapley_default_and_bad_files_are_refused(
         )
         with pytest.raises(model_registry.RegistryError, match=words):
             model_registry.load_specs(str(tmp_path / "bad.toml"))
+
+
+def test_a_waterfall_goes_from_the_base_value_to_the_output(server: Server) -> None:
+    import base64
+
+    body = {
+        "method": "shapley_values",
+        "inputs": X,
+        "target": 1,
+        "baselines": {"background": BACKGROUND},
+        "render": {"kind": "waterfall", "format": "html"},
+    }
+    with server.client() as c:
+        r = post(c, body)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        (first, _) = got["renders"]
+        page = base64.b64decode(first["b64"]).decode()
+        assert "E[f(X)]" in page and page.count("<tr>") == 8  # one row per feature
+        values = np.asarray(got["attributions"][0])
+        biggest = int(np.argmax(np.abs(values)))
+        first_value = page.split("<td class=num>")[1].split("</td>")[0]
+        assert float(first_value) == pytest.approx(values[biggest], rel=1e-2)  # largest on top
+        png = post(c, {**body, "render": {"kind": "waterfall"}})
+        assert png.status_code == 200, png.text
+        assert base64.b64decode(png.json()["renders"][0]["b64"]).startswith(b"\x89PNG")
+        # no base value to start from, or no features to stack: a 422 naming render.kind
+        for bad in ({"method": "saliency"}, {"target": {"top_k": 2}}):
+            r = post(c, {**body, **bad, "baselines": None} if "method" in bad else {**body, **bad})
+            assert r.status_code == 422, r.text
+            assert ["body", "render", "kind"] in [e.get("loc") for e in r.json()["errors"]]
