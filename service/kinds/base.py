@@ -245,6 +245,8 @@ def envelope(
     steps = steps_of(reply.params)
     if steps is not None:
         body["steps"] = steps
+    if isinstance(reply.params.get("samples"), dict):  # n_samples "auto": what it took
+        body["samples"] = reply.params["samples"]
     if reply.metrics is not None:
         body["metrics"] = reply.metrics
         timing_ms["metrics"] = round(reply.metrics_ms, 3)

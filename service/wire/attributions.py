@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from service.wire.checked import FidelityOut, StepsOut, VerificationOut
+from service.wire.checked import FidelityOut, SamplesOut, StepsOut, VerificationOut
 from service.wire.schemas import (
     RESULT_NUMBERS,
     RESULT_OR_NULL,
@@ -305,8 +305,9 @@ class AttributionResponse(BaseModel):
     standard_error: Annotated[
         Any,
         _result(
-            "shapley_value_sampling: the attributions' standard error over the permutations, "
-            "shaped as attributions (over a background set an upper bound)",
+            "shapley_value_sampling (over the permutations) and kernel_shap (over bootstrap "
+            "resamples): the attributions' standard error, shaped as attributions (over a "
+            "background set an upper bound)",
             TENSOR_LIST,
             RESULT_NUMBERS,
             TENSOR_B64,
@@ -349,6 +350,10 @@ class AttributionResponse(BaseModel):
     )
     steps: StepsOut | None = Field(
         default=None, description='n_steps "auto": what it took (absent for a fixed n_steps)'
+    )
+    samples: SamplesOut | None = Field(
+        default=None,
+        description='n_samples "auto": what it took (absent for a fixed n_samples)',
     )
     merged_requests: int = Field(default=1, description="requests merged into the engine call")
     timing_ms: TimingMs

@@ -58,6 +58,13 @@ class FidelityOut(BaseModel):
     )
 
 
+class SamplesOut(BaseModel):
+    """What ``n_samples: "auto"`` took."""
+
+    n_samples: int = Field(description="the samples drawn (permutations, coalitions) in all")
+    evaluations: int = Field(description="coalitions evaluated per example, every round counted")
+
+
 class StepsOut(BaseModel):
     """What ``n_steps: "auto"`` took."""
 

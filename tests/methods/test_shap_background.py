@@ -253,3 +253,36 @@ def test_kernel_shaps_standard_error_covers_the_exact_values_as_often_as_it_says
     assert 0.88 <= hits / total <= 0.99, hits / total
     enumerated = methods.attribute(model, x, "kernel_shap", target=0, n_samples=64)
     assert torch.all(enumerated.standard_error == 0)
+
+
+@pytest.mark.parametrize("method", ["shapley_value_sampling", "kernel_shap"])
+@pytest.mark.parametrize("tolerance", [0.2, 0.02])
+def test_auto_samples_until_each_examples_error_is_within_tolerance(
+    method: str, tolerance: float
+) -> None:
+    """n_samples="auto": each example's largest standard error ends at most tolerance x its
+    largest |attribution| (or every coalition is enumerated: exact, error 0), the answer
+    says how many samples and evaluations it took, and a tighter tolerance takes more."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+    ).double()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    exact = methods.attribute(model, x, "shapley_values", target=1).attributions
+    r = methods.attribute(model, x, method, target=1, n_samples="auto", tolerance=tolerance, seed=0)
+    worst = r.standard_error.abs().amax(1) / r.attributions.abs().amax(1)
+    assert bool((worst <= tolerance).all()), worst
+    samples = r.params["samples"]
+    assert samples["n_samples"] >= 16 and samples["evaluations"] >= samples["n_samples"]
+    # the answer is as close to the exact values as its error says
+    assert bool(((r.attributions - exact).abs() <= 4 * r.standard_error + 1e-12).all())
+    loose = methods.attribute(model, x, method, target=1, n_samples="auto", tolerance=0.5, seed=0)
+    assert loose.params["samples"]["evaluations"] <= samples["evaluations"]
+
+
+@pytest.mark.parametrize("bad", [{"tolerance": 0}, {"tolerance": 1.5}, {"n_samples": "most"}])
+def test_bad_auto_sampling_params_are_refused(bad: dict[str, Any]) -> None:
+    model = mlp()
+    with pytest.raises((InvalidArgumentError, methods.errors.InvalidTypeError)) as info:
+        methods.attribute(model, data(2, 0), "kernel_shap", target=0, **bad)
+    assert info.value.argument in bad

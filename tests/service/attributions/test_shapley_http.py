@@ -149,6 +149,10 @@ def test_bad_values_are_422_naming_the_field(server: Server) -> None:
         ({"method": "partition", "params": {"image_masker": "blur(3,3)"}},
          ["body", "params", "image_masker"]),
         ({"method": "partition", "params": {"max_evals": 2}}, ["body", "params", "max_evals"]),
+        ({"method": "kernel_shap", "params": {"n_samples": "auto", "tolerance": 0}},
+         ["body", "params", "tolerance"]),
+        ({"method": "shapley_value_sampling", "params": {"n_samples": "many"}},
+         ["body", "params", "n_samples"]),
     ]  # fmt: skip
     with server.client() as c:
         for change, loc in cases:
@@ -229,3 +233,23 @@ def test_a_waterfall_goes_from_the_base_value_to_the_output(server: Server) -> N
             r = post(c, {**body, **bad, "baselines": None} if "method" in bad else {**body, **bad})
             assert r.status_code == 422, r.text
             assert ["body", "render", "kind"] in [e.get("loc") for e in r.json()["errors"]]
+
+
+def test_auto_samples_answer_what_they_took(server: Server) -> None:
+    body = {
+        "method": "shapley_value_sampling",
+        "inputs": X,
+        "target": 1,
+        "params": {"n_samples": "auto", "tolerance": 0.1},
+        "seed": 3,
+    }
+    with server.client() as c:
+        r = post(c, body)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        fixed = post(c, {**body, "params": {"n_samples": 25}}).json()
+    samples = got["samples"]
+    assert samples["n_samples"] >= 16 and samples["evaluations"] == samples["n_samples"] * 9
+    se, attr = np.asarray(got["standard_error"]), np.asarray(got["attributions"])
+    assert np.all(se.max(1) <= 0.1 * np.abs(attr).max(1) + 1e-9)
+    assert "samples" not in fixed

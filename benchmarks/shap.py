@@ -1,0 +1,233 @@
+"""attrserve's Shapley family side by side with shap 0.51.0, in one process, at equal values:
+``python -m benchmarks.shap`` (``--quick``: smaller cases, one timing round each).
+
+Each row runs the same model (float32, one torch thread unless ``--threads``) through shap
+(its explainer on a numpy function, as shap users call a torch model) and through
+``methods.attribute``, checks the answers agree, and gives the times and their ratio:
+
+- Exact: ``shapley_values`` over a background set against ``ExactExplainer`` with an
+  ``Independent`` masker;
+- Kernel: ``kernel_shap`` enumerating every coalition against ``KernelExplainer`` given as many
+  samples (both then exact, so the values are comparable);
+- Partition: tabular (``"correlation"`` over the background), text (a random BERT built from a
+  config, 64 tokens, shap's ``Text`` masker) and image (a CNN, 64 px, ``blur(16,16)``).
+
+The forward floor: the same number of model rows as the engine evaluates, in one batch each
+round; "x floor" is the engine's time over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+import methods
+from benchmarks.timing import table
+
+
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    out, best = None, float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3, out
+
+
+def _numpy(model: torch.nn.Module, shape: tuple[int, ...] | None = None, ids: bool = False) -> Any:
+    def f(a: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(np.asarray(a), dtype=torch.long if ids else torch.float32)
+        if shape is not None:
+            t = t.reshape(-1, *shape).permute(0, 3, 1, 2)
+        with torch.no_grad():
+            return model(t).numpy()
+
+    return f
+
+
+def _mlp(f: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(f, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 3),
+    ).eval()  # fmt: skip
+
+
+def _floor(model: torch.nn.Module, x: torch.Tensor, rows: int, repeat: int) -> float:
+    batch = x[:1].expand(rows, *x.shape[1:]).contiguous()
+
+    def run() -> Any:
+        with torch.no_grad():
+            return model(batch)
+
+    return _timed(run, repeat)[0]
+
+
+def exact(quick: bool, repeat: int) -> list[Any]:
+    import shap
+
+    f, n, b = (8, 4, 20) if quick else (10, 10, 50)
+    model, g = _mlp(f), torch.Generator().manual_seed(1)
+    x, bg = torch.randn(n, f, generator=g), torch.randn(b, f, generator=g)
+    explainer = shap.ExactExplainer(_numpy(model), shap.maskers.Independent(bg.numpy(), b))
+    t_shap, theirs = _timed(lambda: explainer(x.numpy()).values[..., 0], repeat)
+    t_ours, ours = _timed(
+        lambda: methods.attribute(model, x, "shapley_values", target=0,
+                                  baselines=methods.Background(bg)).attributions,
+        repeat,
+    )  # fmt: skip
+    diff = float(np.abs(ours.numpy() - theirs).max())
+    floor = _floor(model, x, n * b * 2**f, repeat)
+    return [f"Exact (MLP, {f} features, {b} background rows, {n} rows)", t_shap, t_ours,
+            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+
+
+def kernel(quick: bool, repeat: int) -> list[Any]:
+    import shap
+
+    f, n, b = (8, 4, 10) if quick else (10, 10, 20)
+    model, g = _mlp(f), torch.Generator().manual_seed(2)
+    x, bg = torch.randn(n, f, generator=g), torch.randn(b, f, generator=g)
+    explainer = shap.KernelExplainer(lambda a: _numpy(model)(a)[:, 0], bg.numpy())
+    t_shap, theirs = _timed(
+        lambda: explainer.shap_values(x.numpy(), nsamples=2**f, silent=True), repeat
+    )
+    t_ours, ours = _timed(
+        lambda: methods.attribute(model, x, "kernel_shap", target=0, n_samples=2**f,
+                                  baselines=methods.Background(bg)).attributions,
+        repeat,
+    )  # fmt: skip
+    diff = float(np.abs(ours.numpy() - np.asarray(theirs)).max())
+    floor = _floor(model, x, n * b * 2**f, repeat)
+    return [f"Kernel (MLP, {f} features, every coalition, {b} rows)", t_shap, t_ours,
+            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+
+
+def partition_tabular(quick: bool, repeat: int) -> list[Any]:
+    import shap
+
+    f, n, b = (16, 4, 20) if quick else (32, 10, 50)
+    model, g = _mlp(f), torch.Generator().manual_seed(3)
+    x, bg = torch.randn(n, f, generator=g), torch.randn(b, f, generator=g)
+    masker = shap.maskers.Partition(bg.numpy(), clustering="correlation")
+    explainer = shap.PartitionExplainer(_numpy(model), masker)
+    t_shap, theirs = _timed(
+        lambda: explainer(x.numpy(), max_evals=500, outputs=[0], silent=True).values[..., 0],
+        repeat,
+    )
+    t_ours, ours = _timed(
+        lambda: methods.attribute(model, x, "partition", target=0,
+                                  baselines=methods.Background(bg)).attributions,
+        repeat,
+    )  # fmt: skip
+    diff = float(np.abs(ours.numpy() - theirs).max())
+    floor = _floor(model, x, n * b * 500, repeat)
+    return [f"Partition tabular (MLP, {f} features, {b} rows, max_evals 500)", t_shap, t_ours,
+            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+
+
+def partition_text(quick: bool, repeat: int) -> list[Any]:
+    import shap
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from model_registry.hf_text import text_hierarchy
+
+    vocab = "the a film was great dull plot , . and but not very"
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *vocab.split(" ")]
+    tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(words)})
+    torch.manual_seed(0)
+    layers, hidden = (2, 128) if quick else (12, 768)  # BERT-base unless quick
+    cfg = BertConfig(vocab_size=len(words), hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
+                     max_position_embeddings=128, num_labels=2)  # fmt: skip
+    bert = BertForSequenceClassification(cfg).eval()
+
+    class Ids(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=ids).logits
+
+    model = Ids()
+    rng = np.random.default_rng(0)
+    n = 2 if quick else 4
+    texts = [" ".join(rng.choice(words[5:], 62)) for _ in range(n)]  # 64 tokens each
+    ids = torch.tensor([tok(t)["input_ids"] for t in texts])
+    special = (ids == tok.cls_token_id) | (ids == tok.sep_token_id)
+    base = torch.where(special, ids, torch.full_like(ids, tok.mask_token_id))
+    evals = 100 if quick else 500
+    masker = shap.maskers.Text(tok, output_type="token_ids")
+    explainer = shap.PartitionExplainer(_numpy(model, ids=True), masker)
+    t_shap, theirs = _timed(
+        lambda: np.stack(
+            [v[:, 0] for v in explainer(texts, max_evals=evals, outputs=[1], silent=True).values]
+        ),
+        repeat,
+    )
+    z = [text_hierarchy(tok, t).tolist() for t in texts]
+    t_ours, ours = _timed(
+        lambda: methods.attribute(model, ids, "partition", target=1, baselines=base,
+                                  clustering=z, batch_size=5, max_evals=evals).attributions,
+        repeat,
+    )  # fmt: skip
+    diff = float(np.abs(ours.numpy() - theirs).max())
+    floor = _floor(model, ids, n * evals, repeat)
+    name = "BERT-base" if not quick else "BERT 2x128"
+    return [f"Partition text ({name}, {n} texts of 64 tokens, max_evals {evals})", t_shap, t_ours,
+            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+
+
+def partition_image(quick: bool, repeat: int) -> list[Any]:
+    import shap
+
+    side, n = (32, 2) if quick else (64, 4)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
+        torch.nn.Flatten(), torch.nn.Linear(512, 10),
+    ).eval()  # fmt: skip
+    x = torch.rand(n, 3, side, side, generator=torch.Generator().manual_seed(4))
+    shape = (side, side, 3)
+    masker = shap.maskers.Image("blur(16,16)", shape)
+    explainer = shap.PartitionExplainer(_numpy(model, shape), masker)
+    xl = x.permute(0, 2, 3, 1).numpy()
+    t_shap, theirs = _timed(
+        lambda: explainer(xl, max_evals=500, outputs=[3], silent=True).values[..., 0], repeat
+    )
+    t_ours, ours = _timed(
+        lambda: methods.attribute(model, x, "partition", target=3).attributions, repeat
+    )
+    diff = float(np.abs(ours.permute(0, 2, 3, 1).numpy() - theirs).max())
+    floor = _floor(model, x, n * 500, repeat)
+    name = f"Partition image (CNN, {n} images of {side} px, blur(16,16), max_evals 500)"
+    return [name, t_shap, t_ours, t_shap / t_ours, t_ours / floor, diff]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller cases, one round each")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    repeat = 1 if args.quick else 2
+    rows = [
+        case(args.quick, repeat)
+        for case in (exact, kernel, partition_tabular, partition_text, partition_image)
+    ]
+    headers = ["case", "shap 0.51.0 ms", "attrserve ms", "speed-up", "x forward floor",
+               "max |diff|"]  # fmt: skip
+    print(table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
