@@ -10,10 +10,12 @@ Each row runs the same model (float32, one torch thread unless ``--threads``) th
 - Kernel: ``kernel_shap`` enumerating every coalition against ``KernelExplainer`` given as many
   samples (both then exact, so the values are comparable);
 - Partition: tabular (``"correlation"`` over the background), text (a random BERT built from a
-  config, 64 tokens, shap's ``Text`` masker) and image (a CNN, 64 px, ``blur(16,16)``).
+  config, texts of 64 tokens, shap's ``Text`` masker) and image (a CNN, 64 px, ``blur(16,16)``);
+  ``--real``: BERT-base at 64 tokens and ResNet-50 at 224 px (random weights from their
+  configs), ``max_evals`` 100.
 
-The forward floor: the same number of model rows as the engine evaluates, in one batch each
-round; "x floor" is the engine's time over it.
+The forward floor: the model rows the answer needs (coalitions x background rows x
+examples) forwarded as one batch; "x forward floor" is the engine's time over it.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def partition_tabular(quick: bool, repeat: int) -> list[Any]:
             t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
 
 
-def partition_text(quick: bool, repeat: int) -> list[Any]:
+def partition_text(quick: bool, repeat: int, real: bool = False) -> list[Any]:
     import shap
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
@@ -142,7 +144,7 @@ def partition_text(quick: bool, repeat: int) -> list[Any]:
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *vocab.split(" ")]
     tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(words)})
     torch.manual_seed(0)
-    layers, hidden = (2, 128) if quick else (12, 768)  # BERT-base unless quick
+    layers, hidden = (12, 768) if real else (2, 128)  # BERT-base, or a small BERT
     cfg = BertConfig(vocab_size=len(words), hidden_size=hidden, num_hidden_layers=layers,
                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
                      max_position_embeddings=128, num_labels=2)  # fmt: skip
@@ -158,12 +160,12 @@ def partition_text(quick: bool, repeat: int) -> list[Any]:
 
     model = Ids()
     rng = np.random.default_rng(0)
-    n = 2 if quick else 4
+    n = 1 if real else 2 if quick else 8
     texts = [" ".join(rng.choice(words[5:], 62)) for _ in range(n)]  # 64 tokens each
     ids = torch.tensor([tok(t)["input_ids"] for t in texts])
     special = (ids == tok.cls_token_id) | (ids == tok.sep_token_id)
     base = torch.where(special, ids, torch.full_like(ids, tok.mask_token_id))
-    evals = 100 if quick else 500
+    evals = 100 if quick or real else 500
     masker = shap.maskers.Text(tok, output_type="token_ids")
     explainer = shap.PartitionExplainer(_numpy(model, ids=True), masker)
     t_shap, theirs = _timed(
@@ -180,35 +182,52 @@ def partition_text(quick: bool, repeat: int) -> list[Any]:
     )  # fmt: skip
     diff = float(np.abs(ours.numpy() - theirs).max())
     floor = _floor(model, ids, n * evals, repeat)
-    name = "BERT-base" if not quick else "BERT 2x128"
+    name = "BERT-base" if real else "BERT 2 layers x 128"
     return [f"Partition text ({name}, {n} texts of 64 tokens, max_evals {evals})", t_shap, t_ours,
             t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
 
 
-def partition_image(quick: bool, repeat: int) -> list[Any]:
+def partition_image(quick: bool, repeat: int, real: bool = False) -> list[Any]:
     import shap
 
-    side, n = (32, 2) if quick else (64, 4)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
-        torch.nn.Flatten(), torch.nn.Linear(512, 10),
-    ).eval()  # fmt: skip
+    if real:
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        side, n, evals, label = 224, 1, 100, "ResNet-50"
+        resnet = ResNetForImageClassification(ResNetConfig()).eval()
+
+        class Logits(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.resnet = resnet
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.resnet(pixel_values=x).logits
+
+        model: torch.nn.Module = Logits()
+    else:
+        side, n, evals, label = (32, 2, 500, "CNN") if quick else (64, 4, 500, "CNN")
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(512, 10),
+        ).eval()  # fmt: skip
     x = torch.rand(n, 3, side, side, generator=torch.Generator().manual_seed(4))
     shape = (side, side, 3)
     masker = shap.maskers.Image("blur(16,16)", shape)
     explainer = shap.PartitionExplainer(_numpy(model, shape), masker)
     xl = x.permute(0, 2, 3, 1).numpy()
     t_shap, theirs = _timed(
-        lambda: explainer(xl, max_evals=500, outputs=[3], silent=True).values[..., 0], repeat
+        lambda: explainer(xl, max_evals=evals, outputs=[3], silent=True).values[..., 0], repeat
     )
     t_ours, ours = _timed(
-        lambda: methods.attribute(model, x, "partition", target=3).attributions, repeat
+        lambda: methods.attribute(model, x, "partition", target=3, max_evals=evals).attributions,
+        repeat,
     )
     diff = float(np.abs(ours.permute(0, 2, 3, 1).numpy() - theirs).max())
-    floor = _floor(model, x, n * 500, repeat)
-    name = f"Partition image (CNN, {n} images of {side} px, blur(16,16), max_evals 500)"
+    floor = _floor(model, x, n * evals, repeat)
+    name = f"Partition image ({label}, {n} images of {side} px, blur(16,16), max_evals {evals})"
     return [name, t_shap, t_ours, t_shap / t_ours, t_ours / floor, diff]
 
 
@@ -216,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller cases, one round each")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument(
+        "--real", action="store_true",
+        help="also BERT-base (64 tokens) and ResNet-50 (224 px), random weights from their "
+        "configs, max_evals 100, one run each",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -224,6 +248,11 @@ def main(argv: list[str] | None = None) -> None:
         case(args.quick, repeat)
         for case in (exact, kernel, partition_tabular, partition_text, partition_image)
     ]
+    if args.real:
+        rows += [
+            partition_text(args.quick, 1, real=True),
+            partition_image(args.quick, 1, real=True),
+        ]
     headers = ["case", "shap 0.51.0 ms", "attrserve ms", "speed-up", "x forward floor",
                "max |diff|"]  # fmt: skip
     print(table(headers, rows))

@@ -627,6 +627,10 @@ function drawResult(region, name, res, d) {
   if (res.target) add(`target ${res.token_attr ? JSON.stringify(res.target[0]) : labelOf(res.target[i])}`);
   if (res.outputs !== null && res.outputs !== undefined) add(`output ${fmt(flat(res.outputs)[res.token_attr ? 0 : i])}`);
   if (res.convergence_delta) add(`delta ${fmt(flat(res.convergence_delta)[i])}`);
+  // Shapley-family answers: where the attributions start from (base + sum = output)
+  if (res.base_values !== null && res.base_values !== undefined) add(`base value ${fmt(flat(res.base_values)[i])}`);
+  if (res.standard_error) add(`largest standard error ${fmt(Math.max(...flat(res.standard_error[i] ?? res.standard_error).map(Math.abs)))}`);
+  if (res.samples) add(`${res.samples.n_samples} samples, ${res.samples.evaluations} evaluations`);
   add(`${fmt(res.timing_ms.compute)} ms compute, ${fmt(res.timing_ms.total)} ms total`);
   region.append(facts);
   region.dataset.example = String(i + 1);
@@ -799,6 +803,8 @@ async function explain(event) {
   const jobs = asked.map(async (d) => {
     const body = { method: d.name, inputs, target, params: given[d.name] || {} };
     if (state.methods.get(d.name)?.returns_delta && !isLM(m)) body.return_convergence_delta = true;
+    const scale = $("output").value; // what is attributed: the raw output or a probability scale
+    if (scale !== "raw" && !isLM(m)) body.output = scale;
     const metrics = asJob ? [] : chosenMetricsFor(d.name);
     if (metrics.length) body.metrics = Object.fromEntries(metrics.map((x) => [x, {}]));
     // a metric this method cannot take is not asked of it (the region says why)

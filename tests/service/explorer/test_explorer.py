@@ -813,3 +813,20 @@ def test_every_method_is_in_sight_in_groups_with_their_counts(page: Page) -> Non
     assert set(counts) == {"gradient", "perturbation", "layer", "neuron"}
     assert sum(counts.values()) == len(listed)
     assert f"({len(listed)})" in page.page.locator("#methods legend").inner_text()
+
+
+def test_partition_on_the_probability_scale_says_its_base_value(page: Page) -> None:
+    """A Shapley-family method in the explorer: the scale chosen is what is attributed, and
+    the answer's base value (where the attributions start) is among its facts."""
+    page.open()
+    page.choose("tabular-mlp", ["partition"])
+    page.page.get_by_label("Explain the", exact=True).select_option("probability")
+    page.explain()
+    (sent,) = page.requests("partition")
+    assert sent["output"] == "probability"
+    want = api(page.server, "tabular-mlp", sent)
+    np.testing.assert_allclose(page.scores("partition"), want["attributions"][0], rtol=1e-6)
+    facts = page.page.get_by_role("region", name="partition", exact=True).inner_text()
+    assert "base value" in facts
+    total = sum(want["attributions"][0]) + want["base_values"][0]
+    assert total == pytest.approx(want["outputs"][0], abs=1e-5)
