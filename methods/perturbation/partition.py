@@ -246,6 +246,13 @@ class _Game:
         self.on, self.off, self.tiled_masks = on, off, masks
         self.ev: Evaluator
         self.ev, initial = start(sub, on)
+        if not self.ev.per_example:
+            raise InvalidArgumentError(
+                f"partition credits each example's own output, but the model's targeted output "
+                f"has shape {tuple(initial.shape)} for {sub.n} rows (not one row per example); "
+                "pass a target selecting a value per example",
+                argument="target",
+            )
         self.initial = initial
         self.out_shape = (n, *self.ev.out_shape[1:])
         self.full = self._fold(initial.unsqueeze(0))[0]  # the all-present coalition

@@ -176,11 +176,18 @@ def test_merging(spec: MethodSpec) -> None:
     p = _defaults(spec)
     never = {"feature_permutation", "kernel_shap", "lime"}
     assert spec.coupled(p) == (spec.name in never)
-    # the integrated gradients with n_steps="auto" couple the examples only then
+    # the integrated gradients with n_steps="auto", and shapley_value_sampling with
+    # n_samples="auto", couple the examples only then (they stop when every example is done)
     by_steps = {"integrated_gradients", "layer_integrated_gradients", "neuron_integrated_gradients"}
-    assert (spec.couples_examples is not None and spec.name not in by_steps) == (spec.name in never)
+    by_samples = {"shapley_value_sampling"}
+    only_auto = by_steps | by_samples
+    assert (spec.couples_examples is not None and spec.name not in only_auto) == (
+        spec.name in never
+    )
     if spec.name in by_steps:
         assert spec.coupled(_defaults(spec, n_steps="auto"))
+    if spec.name in by_samples:
+        assert spec.coupled(_defaults(spec, n_samples="auto"))
 
 
 @pytest.mark.parametrize(
