@@ -202,6 +202,17 @@ class FeatureMaskParams(MethodParams):
     )
 
 
+def auto_tolerance() -> Any:
+    """The ``tolerance`` of ``n_samples="auto"`` (the sampled Shapley methods)."""
+    return Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="n_samples='auto' only: the largest standard error accepted, as a fraction "
+        "of the example's largest |attribution|",
+    )
+
+
 class SurrogateParams(FeatureMaskParams):
     """Methods that fit a linear model on sampled coalitions (kernel_shap, lime)."""
 

@@ -26,7 +26,7 @@ from methods.engine.call import Call, Output
 from methods.engine.coalitions import all_coalitions
 from methods.engine.linear_models import constrained_least_squares
 from methods.engine.surrogate import Surrogate, prepare
-from methods.params import PositiveInt, SurrogateParams
+from methods.params import PositiveInt, SurrogateParams, auto_tolerance
 from methods.perturbation.shapley_value_sampling import within_tolerance
 from methods.registry import register
 
@@ -42,13 +42,7 @@ class KernelShapParams(SurrogateParams):
         "of coalitions until each example's largest standard error is at most tolerance x "
         f"its largest |attribution| (at most {AUTO_MAX_SAMPLES}, or every coalition)",
     )
-    tolerance: float = Field(
-        0.05,
-        gt=0,
-        lt=1,
-        description="n_samples='auto' only: the largest standard error accepted, as a fraction "
-        "of the example's largest |attribution|",
-    )
+    tolerance: float = auto_tolerance()
 
 
 def _cost(p: KernelShapParams, shape: Any) -> int:

@@ -31,7 +31,7 @@ from methods.engine.coalitions import (
 from methods.engine.inputs import Tensors
 from methods.engine.masks import FeatureMasks, format_feature_mask, spread
 from methods.engine.perturb import Evaluator, echo, start
-from methods.params import PositiveInt
+from methods.params import PositiveInt, auto_tolerance
 from methods.perturbation.shapley_values import ShapleyValuesParams, working_dtype
 from methods.registry import register
 
@@ -47,13 +47,7 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
         "each example's largest standard error is at most tolerance x its largest "
         f"|attribution| (at most {AUTO_MAX_SAMPLES})",
     )
-    tolerance: float = Field(
-        0.05,
-        gt=0,
-        lt=1,
-        description="n_samples='auto' only: the largest standard error accepted, as a fraction "
-        "of the example's largest |attribution|",
-    )
+    tolerance: float = auto_tolerance()
 
 
 def _samples_cost(p: ShapleyValueSamplingParams, shape: object) -> int:

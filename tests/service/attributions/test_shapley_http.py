@@ -31,6 +31,20 @@ def post(c: httpx.Client, body: dict[str, Any]) -> httpx.Response:
     return c.post("/v1/models/tabular-mlp/attributions", json=body)
 
 
+def job_result(c: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as an attribution job on tabular-mlp, waited for: its result."""
+    job = c.post("/v1/models/tabular-mlp/attribution-jobs", json=body)
+    assert job.status_code == 202, job.text
+    jid = job.json()["id"]
+    for _ in range(600):
+        info = c.get(f"/v1/jobs/{jid}").json()
+        if info["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.05)
+    assert info["status"] == "succeeded", info.get("error")
+    return dict(c.get(f"/v1/jobs/{jid}/result").json())
+
+
 def test_a_background_set_is_the_engines_answer_with_base_values(server: Server) -> None:
     body = {
         "method": "shapley_values",
@@ -69,16 +83,7 @@ def test_top_k_answers_each_examples_best_classes_as_a_job_too(server: Server) -
         r = post(c, body)
         assert r.status_code == 200, r.text
         got = r.json()
-        job = c.post("/v1/models/tabular-mlp/attribution-jobs", json=body)
-        assert job.status_code == 202, job.text
-        jid = job.json()["id"]
-        for _ in range(600):
-            info = c.get(f"/v1/jobs/{jid}").json()
-            if info["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(0.05)
-        assert info["status"] == "succeeded", info.get("error")
-        result = c.get(f"/v1/jobs/{jid}/result").json()
+        result = job_result(c, body)
     best = model()(torch.tensor(X)).argsort(1, descending=True)[:, :2].tolist()
     assert got["target"] == best == result["target"]
     assert np.asarray(got["attributions"]).shape == (2, 2, 8)
@@ -106,16 +111,7 @@ def test_partition_over_a_background_is_the_engines_answer_as_a_job_too(server: 
     with server.client() as c:
         r = post(c, body)
         assert r.status_code == 200, r.text
-        job = c.post("/v1/models/tabular-mlp/attribution-jobs", json=body)
-        assert job.status_code == 202, job.text
-        jid = job.json()["id"]
-        for _ in range(600):
-            info = c.get(f"/v1/jobs/{jid}").json()
-            if info["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(0.05)
-        assert info["status"] == "succeeded", info.get("error")
-        done = c.get(f"/v1/jobs/{jid}/result").json()
+        done = job_result(c, body)
     got = r.json()
     ours = methods.attribute(
         model(), torch.tensor(X), "partition", target=2, max_evals=30, output="log_odds",
