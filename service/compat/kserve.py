@@ -163,6 +163,12 @@ def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
         }
         if reply.delta is not None:
             entry["convergence_delta"] = _rows(reply.delta, n, i, enc)
+        if reply.base_values is not None:  # Shapley-family: base value + attributions = output
+            entry["base_value"] = _rows(reply.base_values, n, i, enc)
+        if reply.standard_error is not None:
+            entry["standard_error"] = grouped(
+                [_rows(e, n, i, enc) for e in reply.standard_error], reply
+            )
         if reply.tokens is not None:
             entry["tokens"] = reply.tokens[i]
         if reply.metrics is not None:  # this example's scores

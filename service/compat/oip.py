@@ -198,6 +198,10 @@ def explain_outputs(spec: ModelSpec, reply: Reply) -> dict[str, Any]:
         out["outputs"] = reply.outputs
     if reply.delta is not None:
         out["convergence_delta"] = reply.delta
+    if reply.base_values is not None:
+        out["base_values"] = reply.base_values
+    for name, part in zip(names, reply.standard_error or [], strict=False):
+        out[f"standard_error.{name}"] = part
     if reply.tokens is not None:
         out["tokens"] = reply.tokens
     for name, value in (reply.metrics or {}).items():  # metrics.infidelity, metrics.deletion.auc

@@ -117,6 +117,14 @@ class Explanation(BaseModel):
     target: Any = None
     output: float | None = Field(default=None, description="the model's output at the target")
     convergence_delta: Any = None
+    base_value: Any = Field(
+        default=None,
+        description="Shapley-family methods: the output at the baselines (attributions + "
+        "base value = output where the method is exact)",
+    )
+    standard_error: Any = Field(
+        default=None, description="sampled Shapley methods: the attributions' standard error"
+    )
     tokens: list[str] | None = None
 
 

@@ -130,6 +130,31 @@ def test_v1_explain_equals_the_attributions_route(server: Server) -> None:
     )
 
 
+def test_v1_explain_partition_over_a_background_with_base_values(server: Server) -> None:
+    """shap users through KServe: Owen values over a background set, each explanation with
+    its base value; OIP's explain carries them as an output too."""
+    background = [[0.0] * 8, [0.5] * 8, [1.0, 0.0] * 4]
+    params = {"method": "partition", "target": 2, "baselines": {"background": background},
+              "params": {"max_evals": 40}}  # fmt: skip
+    got = kserve_explain(server, "tabular-mlp", {"instances": TAB.tolist(), "parameters": params})
+    want = attributions(server, "tabular-mlp", {**params, "inputs": TAB.tolist()})
+    for i, e in enumerate(got["explanations"]):
+        np.testing.assert_allclose(e["attributions"], want["attributions"][i], rtol=1e-6)
+        assert e["base_value"] == pytest.approx(want["base_values"][i], rel=1e-6)
+        assert sum(e["attributions"]) + e["base_value"] == pytest.approx(e["output"], abs=1e-5)
+    # OIP takes baselines as inputs (baselines.<input>): one baseline row here
+    oip_params = {k: v for k, v in params.items() if k != "baselines"}
+    base = np.full((1, 8), 0.2, dtype=np.float32)
+    body, headers = oip_body([("x", TAB), ("baselines.x", base)], oip_params)
+    res = oip_result(
+        httpx.post(f"{server.url}/v2/models/tabular-mlp/explain", content=body, headers=headers)
+    )
+    one = attributions(
+        server, "tabular-mlp", {**oip_params, "inputs": TAB.tolist(), "baselines": base.tolist()}
+    )
+    np.testing.assert_allclose(res.as_numpy("base_values"), one["base_values"], rtol=1e-6)
+
+
 def test_v1_explain_defaults(server: Server) -> None:
     """No parameters: the model's default explanation at each example's predicted class."""
     r = httpx.post(f"{server.url}/v1/models/tabular-mlp:explain", json={"instances": TAB.tolist()})
