@@ -381,11 +381,17 @@ def _keep_row(t: Tree, nodes: tuple[int, ...], f: int) -> np.ndarray:
 
 
 def _lower_credit(t: Tree, dvalues: np.ndarray) -> np.ndarray:
-    """Each internal node's credit shared among its children by size, down to the leaves."""
-    values = dvalues.copy()
-    for node in range(t.root, t.leaves - 1, -1):  # parents before their children
-        left, right = t.children(node)
-        share = values[node] / t.size(node)
-        values[left] += share * t.size(left)
-        values[right] += share * t.size(right)
-    return values[: t.leaves]
+    """Each internal node's credit shared among its leaves by size (shap's ``lower_credit``:
+    down the tree, each child taking its share of its parent's total by size). A leaf's
+    share works out to the sum over its ancestors of credit / size, added here over each
+    node's range of the leaf order at once."""
+    m = t.leaves
+    out = dvalues[:m].copy()
+    if m == 1:
+        return out
+    density = dvalues[m:] / (t.end[m:] - t.start[m:])[:, None]
+    diff = np.zeros((m + 1, dvalues.shape[1]))
+    np.add.at(diff, t.start[m:], density)
+    np.add.at(diff, t.end[m:], -density)
+    out[t.order] += np.cumsum(diff[:m], axis=0)
+    return out
