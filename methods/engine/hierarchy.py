@@ -106,6 +106,13 @@ def tree(linkage: np.ndarray | Sequence[Sequence[float]], leaves: int, what: str
     return Tree(full, m, order, start, end)
 
 
+@lru_cache(maxsize=16)
+def axis_tree(shape: tuple[int, int, int]) -> Tree:
+    """``axis_splits(shape)`` as a checked ``Tree``, cached per shape (an image of 224 px has
+    150528 leaves: building and checking its tree takes a second). Never modify it."""
+    return tree(_axis_splits(tuple(int(s) for s in shape)), math.prod(shape), "the axis splits")
+
+
 def axis_splits(shape: tuple[int, int, int]) -> np.ndarray:
     """The linkage splitting an ``(X, Y, Z)`` array in halves along x while it is the widest
     (at least as wide as y), else along y, and along z once x and y are single, the larger

@@ -32,7 +32,7 @@ from methods.engine import background, image_maskers
 from methods.engine.background import Background
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
-from methods.engine.hierarchy import Tree, axis_splits, correlation_tree, tree
+from methods.engine.hierarchy import Tree, axis_tree, correlation_tree, tree
 from methods.engine.inputs import Tensors
 from methods.engine.masks import FeatureMasks, coalition_inputs, format_feature_mask, spread
 from methods.engine.perturb import Evaluator, echo, start
@@ -161,13 +161,11 @@ def _trees(
     given = p.clustering
     if image:
         _, c, h, w = xs[0].shape
-        one = tree(axis_splits((h, w, c)), f, "the image's partition")
-        return [one] * n
+        return [axis_tree((h, w, c))] * n
     if given is None:
         given = "correlation" if rows is not None else None
     if given is None:
-        one = tree(axis_splits((f, 1, 1)), f, "the features' halves")
-        return [one] * n
+        return [axis_tree((f, 1, 1))] * n
     if given == "correlation":
         if rows is None:
             raise InvalidArgumentError(
@@ -295,8 +293,8 @@ def _owen(
 ) -> tuple[np.ndarray, np.ndarray]:
     """shap's ``PartitionExplainer.owen`` for each example, the examples' rounds evaluated
     together. Returns phi (F, N, R) and the base values (N, R)."""
-    empty = [_keep_row(t, (), f) for t in trees]
-    f00 = game.value(torch.from_numpy(np.stack(empty)).unsqueeze(0))[0]  # (N, R)
+    empty = np.stack([_empty_row(t, f) for t in trees])  # (N, F)
+    f00 = game.value(torch.from_numpy(empty).unsqueeze(0))[0]  # (N, R)
     f11 = game.full
     order = itertools.count()  # ties go first found, first expanded
     queues: list[list[tuple[float, int, _Item]]] = []
@@ -306,34 +304,21 @@ def _owen(
         queues.append([(0.0, next(order), ((), f00[i], f11[i], t.root, 1.0))])
         dvalues.append(np.zeros((2 * t.leaves - 1, f00.shape[1])))
     while any(queues):
-        batches: list[list[tuple[_Item, int, int]]] = []
-        rows: list[list[np.ndarray]] = []
-        for i, t in enumerate(trees):
-            batch, keeps = _round(t, queues[i], dvalues[i], counts[i], max_evals, batch_size, f)
-            batches.append(batch)
-            rows.append(keeps)
-        k = max(len(r) for r in rows)
+        batches = [
+            _round(t, queues[i], dvalues[i], counts[i], max_evals, batch_size)
+            for i, t in enumerate(trees)
+        ]
+        k = 2 * max(len(b) for b in batches)
         if k == 0:
             continue
         keep = np.ones((k, n, f), dtype=bool)  # examples with fewer: padded, all present
-        for i, r in enumerate(rows):
-            for j, row in enumerate(r):
-                keep[j, i] = row
+        for i, batch in enumerate(batches):
+            _fill(keep, i, trees[i], empty[i], batch)
         out = game.value(torch.from_numpy(keep).to(game.on[0].device))  # (k, N, R)
-        for i in range(n):
-            counts[i] += len(rows[i])
-            for j, (item, left, right) in enumerate(batches[i]):
-                nodes, g00, g11, _, weight = item
-                g10, g01 = out[2 * j, i], out[2 * j + 1, i]
-                w = weight / 2
-                for child, ctx, lo, hi in (
-                    (left, nodes, g00, g10),
-                    (right, nodes, g00, g01),
-                    (left, (*nodes, right), g01, g11),
-                    (right, (*nodes, left), g10, g11),
-                ):
-                    priority = -float(np.max(np.abs(hi - lo))) * w
-                    heapq.heappush(queues[i], (priority, next(order), (ctx, lo, hi, child, w)))
+        for i, batch in enumerate(batches):
+            if batch:
+                counts[i] += 2 * len(batch)
+                _push(queues[i], batch, out[0 : 2 * len(batch), i], order)
     phi = np.zeros((f, n, f00.shape[1]))
     for i, t in enumerate(trees):
         phi[: t.leaves, i] = _lower_credit(t, dvalues[i])
@@ -347,36 +332,70 @@ def _round(
     count: int,
     max_evals: int,
     batch_size: int,
-    f: int,
-) -> tuple[list[tuple[_Item, int, int]], list[np.ndarray]]:
-    """One round of shap's loop for one example: the nodes to expand now and their two
-    coalitions each; past ``max_evals`` every queued node keeps its credit."""
+) -> list[tuple[_Item, int, int]]:
+    """One round of shap's loop for one example: the nodes to expand now (two coalitions
+    each); past ``max_evals`` every queued node keeps its credit."""
     if count >= max_evals:
         while queue:
             _, _, (_, g00, g11, node, weight) = heapq.heappop(queue)
             dvalues[node] += (g11 - g00) * weight
-        return [], []
+        return []
     batch: list[tuple[_Item, int, int]] = []
-    keeps: list[np.ndarray] = []
-    while queue and len(keeps) < batch_size and count + len(keeps) < max_evals:
+    while queue and 2 * len(batch) < batch_size and count + 2 * len(batch) < max_evals:
         _, _, item = heapq.heappop(queue)
-        nodes, g00, g11, node, weight = item
+        _, g00, g11, node, weight = item
         if node < t.leaves or t.linkage[node - t.leaves, 2] < 0:  # a leaf, or not to split
             dvalues[node] += (g11 - g00) * weight
             continue
         left, right = t.children(node)
         batch.append((item, left, right))
-        keeps.append(_keep_row(t, (*nodes, left), f))
-        keeps.append(_keep_row(t, (*nodes, right), f))
-    return batch, keeps
+    return batch
 
 
-def _keep_row(t: Tree, nodes: tuple[int, ...], f: int) -> np.ndarray:
-    """The coalition holding ``nodes``' leaves (features outside the tree always present)."""
+def _fill(
+    keep: np.ndarray, i: int, t: Tree, empty: np.ndarray, batch: list[tuple[_Item, int, int]]
+) -> None:
+    """Example ``i``'s coalitions of a round into ``keep`` (k, N, F): each expanded node's
+    context plus its left child, then plus its right."""
+    for j, ((nodes, *_), left, right) in enumerate(batch):
+        pair = keep[2 * j : 2 * j + 2, i]
+        pair[:] = empty
+        for node in nodes:
+            pair[:, t.order[t.start[node] : t.end[node]]] = True
+        pair[0, t.order[t.start[left] : t.end[left]]] = True
+        pair[1, t.order[t.start[right] : t.end[right]]] = True
+
+
+def _push(
+    queue: list[tuple[float, int, _Item]],
+    batch: list[tuple[_Item, int, int]],
+    out: np.ndarray,
+    order: itertools.count[int],
+) -> None:
+    """Each expanded node's four children queued (each child with its sibling absent, then
+    present), by their largest output change times their weight, as shap orders them."""
+    g00 = np.stack([item[1] for item, _, _ in batch])
+    g11 = np.stack([item[2] for item, _, _ in batch])
+    g10, g01 = out[0::2], out[1::2]
+    w = np.array([item[4] for item, _, _ in batch]) / 2
+    changes = np.stack([g10 - g00, g01 - g00, g11 - g01, g11 - g10])  # (4, J, R)
+    priority = -np.abs(changes).max(axis=2) * w  # (4, J)
+    for j, ((nodes, *_), left, right) in enumerate(batch):
+        wj = float(w[j])
+        children = (
+            (left, nodes, g00[j], g10[j]),
+            (right, nodes, g00[j], g01[j]),
+            (left, (*nodes, right), g01[j], g11[j]),
+            (right, (*nodes, left), g10[j], g11[j]),
+        )
+        for c, (child, ctx, lo, hi) in enumerate(children):
+            heapq.heappush(queue, (float(priority[c, j]), next(order), (ctx, lo, hi, child, wj)))
+
+
+def _empty_row(t: Tree, f: int) -> np.ndarray:
+    """The empty coalition of ``t``'s features (features outside the tree always present)."""
     row = np.ones(f, dtype=bool)
     row[t.order] = False
-    for node in nodes:
-        row[t.order[t.start[node] : t.end[node]]] = True
     return row
 
 
