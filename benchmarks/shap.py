@@ -1,5 +1,6 @@
 """attrserve's Shapley family side by side with shap 0.51.0, in one process, at equal values:
-``python -m benchmarks.shap`` (``--quick``: smaller cases, one timing round each).
+``python -m benchmarks.shap`` (``--quick``: smaller cases, one run each, first calls
+included: shap's numba code compiles on its first call).
 
 Each row runs the same model (float32, one torch thread unless ``--threads``) through shap
 (its explainer on a numpy function, as shap users call a torch model) and through
@@ -95,8 +96,8 @@ def exact(quick: bool, repeat: int) -> list[Any]:
     )  # fmt: skip
     diff = float(np.abs(ours.numpy() - theirs).max())
     floor = _floor(model, x, n * b * 2**f, repeat)
-    return [f"Exact (MLP, {f} features, {b} background rows, {n} rows)", t_shap, t_ours,
-            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+    name = f"Exact (MLP, {f} features, {n} examples, {b} background rows)"
+    return [name, t_shap, t_ours, t_shap / t_ours, t_ours / floor, diff]
 
 
 def kernel(quick: bool, repeat: int) -> list[Any]:
@@ -116,8 +117,8 @@ def kernel(quick: bool, repeat: int) -> list[Any]:
     )  # fmt: skip
     diff = float(np.abs(ours.numpy() - np.asarray(theirs)).max())
     floor = _floor(model, x, n * b * 2**f, repeat)
-    return [f"Kernel (MLP, {f} features, every coalition, {b} rows)", t_shap, t_ours,
-            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+    name = f"Kernel (MLP, {f} features, {n} examples, {b} background rows, every coalition)"
+    return [name, t_shap, t_ours, t_shap / t_ours, t_ours / floor, diff]
 
 
 def partition_tabular(quick: bool, repeat: int, many: bool = False) -> list[Any]:
@@ -141,8 +142,10 @@ def partition_tabular(quick: bool, repeat: int, many: bool = False) -> list[Any]
     )  # fmt: skip
     diff = float(np.abs(ours.numpy() - theirs).max())
     floor = _floor(model, x, n * b * 500, repeat)
-    return [f"Partition tabular (MLP, {f} features, {b} rows, max_evals 500)", t_shap, t_ours,
-            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+    name = (
+        f"Partition tabular (MLP, {f} features, {n} examples, {b} background rows, max_evals 500)"
+    )
+    return [name, t_shap, t_ours, t_shap / t_ours, t_ours / floor, diff]
 
 
 def partition_text(quick: bool, repeat: int, real: bool = False) -> list[Any]:
@@ -194,8 +197,8 @@ def partition_text(quick: bool, repeat: int, real: bool = False) -> list[Any]:
     diff = float(np.abs(ours.numpy() - theirs).max())
     floor = _floor(model, ids, n * evals, repeat)
     name = "BERT-base" if real else "BERT 2 layers x 128"
-    return [f"Partition text ({name}, {n} texts of 64 tokens, max_evals {evals})", t_shap, t_ours,
-            t_shap / t_ours, t_ours / floor, diff]  # fmt: skip
+    name = f"Partition text ({name}, {n} texts of 64 tokens, max_evals {evals})"
+    return [name, t_shap, t_ours, t_shap / t_ours, t_ours / floor, diff]
 
 
 def partition_image(quick: bool, repeat: int, real: bool = False) -> list[Any]:
