@@ -88,13 +88,20 @@ class Tokenize:
             batch[r, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
         return batch, [list(self.tokenizer.convert_ids_to_tokens(r)) for r in rows]
 
-    def baseline(self, ids: torch.Tensor) -> torch.Tensor:
-        """The tokens the tokenizer adds and the batch's padding kept, the pad token
-        elsewhere."""
+    def baseline(self, ids: torch.Tensor, fill: int | None = None) -> torch.Tensor:
+        """The tokens the tokenizer adds and the batch's padding kept, ``fill`` (default:
+        the pad token) elsewhere."""
         keep = ids == PADDED
         for s in self.special:
             keep |= ids == s
-        return torch.where(keep, ids, torch.full_like(ids, self.pad_id))
+        token = self.pad_id if fill is None else fill
+        return torch.where(keep, ids, torch.full_like(ids, token))
+
+    def masked(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """``baseline`` with the tokenizer's mask token (``[MASK]``) where it has one: what
+        shap's ``Text`` masker puts in place of hidden tokens (None: no mask token)."""
+        mask = getattr(self.tokenizer, "mask_token_id", None)
+        return None if mask is None else self.baseline(ids, int(mask))
 
 
 def real_tokenizer(tokenizer: Any, vocab_size: int) -> str | None:

@@ -166,8 +166,13 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
     # token models whose tokenizer says how: special tokens and padding kept, the pad token
     # elsewhere (not for a distribution of baselines, which mixes the examples' rows)
     default = getattr(lm.tokenizer, "baseline", None)
+    masked = getattr(lm.tokenizer, "masked", None)
     if baselines is None and default is not None and not work.shared_baselines:
-        baselines = default(xs[0])
+        # partition hides tokens as shap's Text masker does: with the tokenizer's mask token
+        hierarchical = "clustering" in registry.get(work.method).params.model_fields
+        baselines = masked(xs[0]) if hierarchical and masked is not None else None
+        if baselines is None:  # the pad token (a tokenizer without a mask token too)
+            baselines = default(xs[0])
     kwargs: dict[str, Any] = {
         "target": target,
         "baselines": baselines,

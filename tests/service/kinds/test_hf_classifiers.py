@@ -341,10 +341,10 @@ def test_an_expensive_request_of_texts_is_split_and_joined(hf_server: tuple[Serv
 
 
 def test_partition_over_texts_equals_shaps_text_masker(hf_server: tuple[Server, Path]) -> None:
-    """``partition`` on a text model: the token tree shap's ``Text`` masker builds from the
-    model's tokenizer, 5 coalitions a round as that masker; masked tokens take the service's
-    default baseline (the pad token, the tokenizer's own tokens kept), which is shap's masker
-    with ``mask_token="[PAD]"``."""
+    """``partition`` on a text model is shap's default for texts: ``PartitionExplainer`` with
+    ``shap.maskers.Text(tokenizer)`` on a function of strings (a pipeline): the token tree
+    shap builds from the tokenizer, 5 coalitions a round, hidden tokens as the tokenizer's
+    mask token, the tokens it adds kept."""
     import shap
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -357,13 +357,17 @@ def test_partition_over_texts_equals_shaps_text_masker(hf_server: tuple[Server, 
     tok = AutoTokenizer.from_pretrained(path)
     bert = AutoModelForSequenceClassification.from_pretrained(path).eval().double()
 
-    def f(a: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return bert(input_ids=torch.as_tensor(np.asarray(a), dtype=torch.long)).logits.numpy()
+    def f(strings: np.ndarray) -> np.ndarray:  # as a text pipeline: strings in, logits out
+        out = []
+        for s in strings:
+            ids = torch.tensor([tok(str(s))["input_ids"]])
+            with torch.no_grad():
+                out.append(bert(input_ids=ids).logits[0].numpy())
+        return np.stack(out)
 
+    explainer = shap.PartitionExplainer(f, shap.maskers.Text(tok))
     for i, text in enumerate(texts):
-        masker = shap.maskers.Text(tok, mask_token="[PAD]", output_type="token_ids")
-        theirs = shap.PartitionExplainer(f, masker)([text], max_evals=40, outputs=[2], silent=True)
+        theirs = explainer([text], max_evals=40, outputs=[2], silent=True)
         n = len(theirs.values[0])
         np.testing.assert_allclose(got["attributions"][i][:n], theirs.values[0][:, 0], atol=1e-9)
         assert all(v == 0 for v in got["attributions"][i][n:])  # the batch's padding
