@@ -107,7 +107,8 @@ def partition(call: Call, p: PartitionParams) -> Output:
             "feature_mask or clustering",
             argument="image_masker",
         )
-    masker = image_maskers.parse(p.image_masker or "blur(16,16)") if image else None
+    given = p.image_masker if p.image_masker is not None else "blur(16,16)"
+    masker = image_maskers.parse(given) if image else None
     bg = call.baselines if isinstance(call.baselines, Background) else None
     if masker is not None and (p.image_masker is not None or call.baselines is None):
         bg = None  # the image masker fills the hidden regions

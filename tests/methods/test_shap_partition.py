@@ -137,14 +137,15 @@ def cnn(seed: int = 0) -> torch.nn.Module:
     ).double().eval()  # fmt: skip
 
 
-@pytest.mark.parametrize("masker", [None, "blur(3,5)", 0.5, "inpaint_telea", "inpaint_ns"])
+@pytest.mark.parametrize("masker", [None, "blur(3,5)", 0.5, 0, "inpaint_telea", "inpaint_ns"])
 @pytest.mark.parametrize("max_evals", [100, 600])
 def test_images_equal_shaps_image_masker(masker: Any, max_evals: int) -> None:
     model = cnn()
     g = torch.Generator().manual_seed(3)
     x = torch.randint(0, 256, (2, C, H, W), generator=g).to(torch.float64)  # 0..255 (inpaint)
+    fill = "blur(16,16)" if masker is None else masker
     theirs = shap.PartitionExplainer(
-        numpy_model(model, (H, W, C)), shap.maskers.Image(masker or "blur(16,16)", (H, W, C))
+        numpy_model(model, (H, W, C)), shap.maskers.Image(fill, (H, W, C))
     )(x.permute(0, 2, 3, 1).numpy(), max_evals=max_evals, outputs=[2], silent=True)
     ours = methods.attribute(
         model, x, "partition", target=2, max_evals=max_evals, image_masker=masker
