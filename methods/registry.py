@@ -103,6 +103,8 @@ class MethodSpec:
     needs_target: bool = True
     #: the most steps ``n_steps="auto"`` may take with these params (methods that have it)
     auto_steps: Callable[[Any], int] | None = None
+    #: the most samples ``n_samples="auto"`` may draw (methods that have it)
+    auto_samples: int | None = None
     #: how attribute_generation runs it on a generated answer (None: it does not)
     generation: Generation | None = None
     #: whether its whole computation is a fixed graph of tensor ops over the batch, so
@@ -188,6 +190,7 @@ def register(
     token_counterpart: TokenCounterpart | Literal["unstated"] | None = "unstated",
     needs_target: bool = True,
     auto_steps: Callable[[Any], int] | None = None,
+    auto_samples: int | None = None,
     generation: Generation | None = None,
     exportable: bool = False,
     sparse_inputs: bool = False,
@@ -229,6 +232,7 @@ def register(
             token_counterpart=token_counterpart,
             needs_target=needs_target,
             auto_steps=auto_steps,
+            auto_samples=auto_samples,
             generation=generation,
             exportable=exportable,
             sparse_inputs=sparse_inputs,

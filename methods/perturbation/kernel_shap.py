@@ -31,7 +31,7 @@ from methods.perturbation.shapley_value_sampling import within_tolerance
 from methods.registry import register
 
 #: n_samples="auto": the most coalitions it draws
-AUTO_MAX_SAMPLES = 4096
+AUTO_MAX_SAMPLES = 1024
 
 
 class KernelShapParams(SurrogateParams):
@@ -66,6 +66,7 @@ _RANK_ROWS = 256
     stochastic=True,
     couples_examples=lambda p: True,  # one surrogate sampled for the call
     cost=_cost,
+    auto_samples=AUTO_MAX_SAMPLES,
     forward_only=True,
     base_values=True,
 )

@@ -65,6 +65,7 @@ def _samples_cost(p: ShapleyValueSamplingParams, shape: object) -> int:
     differentiates_inputs=False,
     stochastic=True,
     cost=_samples_cost,
+    auto_samples=AUTO_MAX_SAMPLES,
     forward_only=True,
     # "auto" stops once every example in the call is within its tolerance
     couples_examples=lambda p: p.n_samples == "auto",

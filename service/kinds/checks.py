@@ -113,6 +113,8 @@ def limit_value(ms: MethodSpec, p: MethodParams, name: str) -> int | None:
     value = getattr(p, name, None)
     if name == "n_steps" and value == "auto" and ms.auto_steps is not None:
         return int(ms.auto_steps(p))
+    if name == "n_samples" and value == "auto" and ms.auto_samples is not None:
+        return ms.auto_samples
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return None
@@ -125,7 +127,8 @@ def check_limits(ms: MethodSpec, p: MethodParams, settings: Settings) -> None:
         value = limit_value(ms, p, name)
         if value is not None and value > caps[kind]:
             given = getattr(p, name)
-            shown = f"{given!r} (up to {value} steps)" if given != value else str(value)
+            unit = "steps" if kind == "steps" else "samples"
+            shown = f"{given!r} (up to {value} {unit})" if given != value else str(value)
             raise LimitExceeded(
                 f"{name} {shown} is over this server's limit of {caps[kind]}",
                 loc=("body", "params", name),

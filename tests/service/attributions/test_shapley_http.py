@@ -249,3 +249,17 @@ def test_auto_samples_answer_what_they_took(server: Server) -> None:
     se, attr = np.asarray(got["standard_error"]), np.asarray(got["attributions"])
     assert np.all(se.max(1) <= 0.1 * np.abs(attr).max(1) + 1e-9)
     assert "samples" not in fixed
+
+
+def test_auto_samples_count_against_the_servers_sample_limit(tmp_path: Path) -> None:
+    srv = serve_in_thread(tmp_path, max_n_samples=100)
+    try:
+        with srv.client() as c:
+            body = {"method": "kernel_shap", "inputs": X, "target": 0,
+                    "params": {"n_samples": "auto"}}  # fmt: skip
+            r = post(c, body)
+    finally:
+        stop_server(srv)
+    assert r.status_code == 422, r.text
+    assert "up to 1024 samples" in r.text
+    assert ["body", "params", "n_samples"] in [e.get("loc") for e in r.json()["errors"]]
