@@ -159,6 +159,12 @@ def _waterfall(
         )
     base = np.asarray(reply.base_values[i], dtype=np.float64).reshape(-1)
     output = np.asarray(reply.outputs[i], dtype=np.float64).reshape(-1)
+    if len(reply.attributions) > 1:
+        raise InvalidRequest(
+            "render.kind waterfall draws the attributions of one input from the base value to "
+            "the output; this model's are split over several inputs (or layers): use heatmap",
+            loc=loc,
+        )
     if base.size != 1 or output.size != 1 or (tokens is None and attr.ndim != 1):
         raise InvalidRequest(
             "render.kind waterfall draws one target's attributions over tabular features or "
