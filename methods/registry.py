@@ -158,6 +158,12 @@ class MethodSpec:
         return marked_fields(self.params, PythonOnly)
 
     @property
+    def hierarchical(self) -> bool:
+        """Whether the method credits a feature hierarchy (takes ``clustering``: partition),
+        which a text model's tokenizer gives by default."""
+        return "clustering" in self.params.model_fields
+
+    @property
     def layer_param(self) -> bool:
         """Whether the method takes ``layer`` (layer and neuron methods, guided_gradcam)."""
         return "layer" in self.params.model_fields

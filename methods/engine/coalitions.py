@@ -132,3 +132,12 @@ def credit_permutations(perms: Tensor, values: Tensor) -> Tensor:
     out = torch.zeros((f, *values.shape[2:]), dtype=values.dtype, device=values.device)
     out.index_add_(0, perms.reshape(-1), diffs.reshape(s * f, *values.shape[2:]))
     return out / s
+
+
+def within_tolerance(phi: Tensor, se: Tensor, tolerance: float) -> bool:
+    """Whether every example's (dim 1 of (F, N, ...)) largest SE is within ``tolerance``
+    times its largest |attribution| (an all-zero answer has nothing left to estimate)."""
+    n = int(phi.shape[1])
+    top = phi.abs().transpose(0, 1).reshape(n, -1).amax(1)
+    worst = se.transpose(0, 1).reshape(n, -1).amax(1)
+    return bool((worst <= tolerance * top).all())

@@ -23,11 +23,10 @@ from torch import Tensor
 
 from methods.cancel import checkpoint
 from methods.engine.call import Call, Output
-from methods.engine.coalitions import all_coalitions
+from methods.engine.coalitions import all_coalitions, within_tolerance
 from methods.engine.linear_models import constrained_least_squares
 from methods.engine.surrogate import Surrogate, prepare
 from methods.params import PositiveInt, SurrogateParams, auto_tolerance
-from methods.perturbation.shapley_value_sampling import within_tolerance
 from methods.registry import register
 
 #: n_samples="auto": the most coalitions it draws

@@ -127,7 +127,7 @@ def partition(call: Call, p: PartitionParams) -> Output:
     base_t = torch.from_numpy(base).to(dtype=dtype, device=xs[0].device).reshape(out_shape)
     return Output(
         spread(values, masks, xs, "partition"),
-        echo={**echo(game.ev), "max_evals": p.max_evals},
+        echo=echo(game.ev),
         base=base_t,
     )
 
@@ -227,7 +227,7 @@ class _Game:
         rows: tuple[Tensors, Tensor] | None,
     ) -> None:
         xs, n = call.inputs, call.n
-        self.n, self.masker, self.masks = n, masker, masks
+        self.n, self.masker = n, masker
         self.weights: Tensor | None = None
         if rows is not None:
             bg_rows, self.weights = rows

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from methods.cost import n_features
+from methods.cost import CostShape, n_features
 from methods.engine.baselines import format_baselines
 from methods.engine.call import Call, Output
 from methods.engine.coalitions import (
@@ -27,6 +27,7 @@ from methods.engine.coalitions import (
     credit_permutations,
     evaluate,
     permutation_prefixes,
+    within_tolerance,
 )
 from methods.engine.inputs import Tensors
 from methods.engine.masks import FeatureMasks, format_feature_mask, spread
@@ -50,9 +51,9 @@ class ShapleyValueSamplingParams(ShapleyValuesParams):
     tolerance: float = auto_tolerance()
 
 
-def _samples_cost(p: ShapleyValueSamplingParams, shape: object) -> int:
+def _samples_cost(p: ShapleyValueSamplingParams, shape: CostShape) -> int:
     n = AUTO_MAX_SAMPLES if p.n_samples == "auto" else p.n_samples
-    return n * (n_features(p.feature_mask, shape) + 1)  # type: ignore[arg-type]
+    return n * (n_features(p.feature_mask, shape) + 1)
 
 
 @register(
@@ -142,12 +143,3 @@ def _auto(
         base=base,
         standard_error=spread(se, masks, call.inputs, call.method),
     )
-
-
-def within_tolerance(phi: Tensor, se: Tensor, tolerance: float) -> bool:
-    """Whether every example's (dim 1 of (F, N, ...)) largest SE is within ``tolerance``
-    times its largest |attribution| (an all-zero answer has nothing left to estimate)."""
-    n = int(phi.shape[1])
-    top = phi.abs().transpose(0, 1).reshape(n, -1).amax(1)
-    worst = se.transpose(0, 1).reshape(n, -1).amax(1)
-    return bool((worst <= tolerance * top).all())

@@ -120,7 +120,7 @@ def _text_hierarchies(lm: LoadedModel, work: Attribution) -> dict[str, Any]:
     shap's ``Text`` masker builds it from the model's tokenizer, expanded 5 coalitions a
     round as that masker's batch size (none where the tokenizer cannot say its tokens'
     text)."""
-    if "clustering" not in registry.get(work.method).params.model_fields:
+    if not registry.get(work.method).hierarchical:
         return {}
     tokenizer = getattr(lm.tokenizer, "tokenizer", None) or lm.text_tokenizer
     try:
@@ -169,7 +169,7 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
     masked = getattr(lm.tokenizer, "masked", None)
     if baselines is None and default is not None and not work.shared_baselines:
         # partition hides tokens as shap's Text masker does: with the tokenizer's mask token
-        hierarchical = "clustering" in registry.get(work.method).params.model_fields
+        hierarchical = registry.get(work.method).hierarchical
         baselines = masked(xs[0]) if hierarchical and masked is not None else None
         if baselines is None:  # the pad token (a tokenizer without a mask token too)
             baselines = default(xs[0])
