@@ -19,7 +19,7 @@ from methods.engine.call import Call, Output, Result
 from methods.engine.guard import is_torchscript, model_guard
 from methods.engine.inputs import Forward, check_floating, format_args, format_inputs, restore_form
 from methods.engine.outputs import check_scale
-from methods.engine.targets import make_target
+from methods.engine.targets import make_target, predicted_regions
 from methods.errors import (
     BaselineError,
     InvalidArgumentError,
@@ -62,6 +62,7 @@ def attribute(
     fidelity_tolerance: float | None = None,
     fidelity_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
     output: str | None = None,
+    multi_label: bool = False,
     **params: Any,
 ) -> Result:
     """Attribute ``model``'s targeted output to ``inputs`` with the registered ``method``.
@@ -89,7 +90,12 @@ def attribute(
     attributes each example's K highest-scoring classes, best first: the attributions get a
     dim of K after the examples' and ``result.target`` holds the classes. ``output``
     (``"raw"``, ``"probability"``, ``"log_probability"``, ``"log_odds"``) is the scale
-    attributed (``methods.engine.outputs``). Shapley-family methods report ``base_values``.
+    attributed (``methods.engine.outputs``); ``multi_label=True``: each class is its own
+    label, so probabilities are per-label sigmoids, not a softmax over the classes.
+    Shapley-family methods report ``base_values``. A segmentation model's class over a region
+    is ``target={"class": c, "region": mask}`` (a mask of the output's spatial shape, or one
+    per example) or ``{"class": c, "region": "predicted"}`` (the pixels the model predicts as
+    ``c``), as Captum's ``agg_segmentation_wrapper``.
     """
     spec = registry.get(method)
     p = parse_params(spec.params, method, params)
@@ -109,6 +115,10 @@ def attribute(
     xs, as_tuple = format_inputs(inputs, sparse=spec.sparse_inputs)
     sparse = any(x.shape[0] != xs[0].shape[0] for x in xs)
     scale = check_scale(output)
+    if not isinstance(multi_label, bool):
+        raise InvalidTypeError(
+            f"multi_label must be a bool, got {multi_label!r}", argument="multi_label"
+        )
     bg = background_of(baselines)
     if bg is not None and sparse:
         raise BaselineError(
@@ -160,7 +170,7 @@ def attribute(
     call = Call(
         method=method,
         model=model,
-        forward=Forward(model, args, output=scale),
+        forward=Forward(model, args, output=scale, independent=multi_label),
         inputs=xs,
         target=make_target(target, xs[0].shape[0]),
         baselines=baselines,
@@ -172,7 +182,8 @@ def attribute(
     given = {**params, **{k: v for k, v in {
         "baselines": baselines, "internal_batch_size": internal_batch_size,
         "perturbations_per_eval": perturbations_per_eval, "noise_tunnel": noise_tunnel,
-        "seed": seed, "output": output}.items() if v is not None}}  # fmt: skip
+        "seed": seed, "output": output, "multi_label": multi_label or None,
+    }.items() if v is not None}}  # fmt: skip
     own = precision_.model_dtype(model)
     if prec is None or (prec != "auto" and precision_.DTYPES[prec] == own and not verify):
         # with its delta where the method has one (two forwards): the fidelity reports it
@@ -200,7 +211,7 @@ def attribute(
         fn = m if dtype == own else precision_.Cast(m, dtype)
         in_call = call.replace(
             model=m,
-            forward=Forward(fn, args, output=scale),
+            forward=Forward(fn, args, output=scale, independent=multi_label),
             generator=_generator(seed, xs[0].device),
             return_delta=spec.returns_delta,
         )
@@ -294,6 +305,12 @@ def _attribute(
 
     if call.target.form == "top_k":
         return tiling.top_k(call, again, distribution=spec.baseline_distribution)
+    if (
+        call.target.form == "region" and call.target.index
+    ):  # fixed once from the unperturbed output: the pixels predicted, or the mask per example
+        with torch.no_grad(), model_guard(call.model):
+            out = call.forward(call.inputs)
+        return again(call.replace(target=predicted_regions(call.target, out)))
     if isinstance(call.baselines, Background) and not spec.own_background:
         return tiling.over_background(call, again)
     result = _attributed(spec, call, p, noise_tunnel, as_tuple, upsample, seed)

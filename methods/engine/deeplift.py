@@ -9,6 +9,7 @@ own input and output differences, through ``intercept``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable
@@ -223,10 +224,8 @@ def slice_rows(call: Call, target: Target, s: int, e: int, total: int) -> tuple[
         a[s:e] if isinstance(a, Tensor) and a.dim() >= 1 and a.shape[0] == total else a
         for a in call.forward.args
     )
-    rows = None if target.rows is None else target.rows[s:e]
-    return (
-        call.replace(forward=type(call.forward)(call.forward.fn, args)),
-        Target(target.form, target.index, rows),
+    return call.replace(forward=dataclasses.replace(call.forward, args=args)), target.take(
+        slice(s, e)
     )
 
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from methods.errors import TargetError
 
-TargetForm = Literal["none", "index", "per_example", "per_example_tuple", "top_k"]
+TargetForm = Literal["none", "index", "per_example", "per_example_tuple", "top_k", "region"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,26 +24,42 @@ class Target:
     - ``per_example_tuple``: one index tuple per row, a LongTensor of shape (rows, k).
     - ``top_k``: each example's ``index[0]`` highest-scoring classes, best first (resolved to
       ``per_example`` targets by ``methods.attribute`` before any method sees it).
+    - ``region``: a class's scores summed over a region of a dense output (segmentation,
+      Captum's ``agg_segmentation_wrapper``): ``rows`` one class per row, ``weights`` (rows,
+      *spatial) each row's region (0/1, or any weights), ``out[r, rows[r]] * weights[r]``
+      summed. ``index`` ("predicted": the pixels whose argmax is the class; "mask": one
+      mask to tile per example) says it is not fixed yet: ``methods.attribute`` fixes it from
+      the unperturbed output before any method sees it (``predicted_regions``).
     """
 
     form: TargetForm
     index: tuple[Any, ...] = ()
     rows: Tensor | None = None
+    weights: Tensor | None = None
 
     def expand(self, n: int, *, interleave: bool = False) -> Target:
         if n == 1 or self.rows is None:
             return self
-        rows = (
-            self.rows.repeat_interleave(n, dim=0)
-            if interleave
-            else self.rows.repeat((n,) + (1,) * (self.rows.dim() - 1))
-        )
-        return Target(self.form, self.index, rows)
+        weights = None if self.weights is None else _tiled(self.weights, n, interleave)
+        return Target(self.form, self.index, _tiled(self.rows, n, interleave), weights)
+
+    def take(self, index: Tensor | slice) -> Target:
+        """The target of some rows (per-row targets indexed, the rest as it is)."""
+        if self.rows is None:
+            return self
+        rows = self.rows[index if isinstance(index, slice) else index.to(self.rows.device)]
+        weights = None
+        if self.weights is not None:
+            weights = self.weights[
+                index if isinstance(index, slice) else index.to(self.weights.device)
+            ]
+        return Target(self.form, self.index, rows, weights)
 
     def to(self, device: torch.device) -> Target:
         if self.rows is None or self.rows.device == device:
             return self
-        return Target(self.form, self.index, self.rows.to(device))
+        weights = None if self.weights is None else self.weights.to(device)
+        return Target(self.form, self.index, self.rows.to(device), weights)
 
     def select_rows(self, out: Tensor) -> Tensor:
         """The targeted part of ``out``: (rows, ...) with the target's dims removed."""
@@ -61,6 +77,8 @@ class Target:
                 "indexes the examples",
                 argument="target",
             )
+        if self.form == "region":
+            return self._region(out)
         if self.form == "index":
             if len(self.index) > out.dim() - 1:
                 raise TargetError(
@@ -80,6 +98,22 @@ class Target:
                 return out.select(1, self.index[0])  # the common case, without Python indexing
             return out[(slice(None), *self.index)]
         return out[self._row_index(out)]
+
+    def _region(self, out: Tensor) -> Tensor:
+        """Each row's class summed over its region: (rows,)."""
+        weights = self.weights
+        if weights is None:
+            raise TypeError("a region target carries its weights")
+        if out.dim() != weights.dim() + 1 or out.shape[2:] != weights.shape[1:]:
+            raise TargetError(
+                f"a region of shape {tuple(weights.shape[1:])} needs an output of shape (N, "
+                f"classes, {', '.join(map(str, weights.shape[1:]))}); the model returned "
+                f"{tuple(out.shape)}",
+                argument="target",
+            )
+        at, classes = self._row_index(out[(slice(None), slice(None)) + (0,) * (out.dim() - 2)])
+        scores = out[at, classes]
+        return (scores * weights.to(device=out.device, dtype=scores.dtype)).flatten(1).sum(1)
 
     def _row_index(self, out: Tensor) -> tuple[Tensor, ...]:
         """Advanced index of each row's target in ``out`` (per-example kinds), checked."""
@@ -157,6 +191,21 @@ class Target:
 NONE = Target("none")
 
 
+def _on(index: Tensor | slice, t: Tensor) -> Tensor | slice:
+    return index if isinstance(index, slice) else index.to(t.device)
+
+
+def _tiled(t: Tensor, n: int, interleave: bool) -> Tensor:
+    if interleave:
+        return t.repeat_interleave(n, dim=0)
+    return t.repeat((n,) + (1,) * (t.dim() - 1))
+
+
+def region(classes: Tensor, weights: Tensor) -> Target:
+    """A ``region`` target: ``classes`` (N,) summed over ``weights`` (N, *spatial)."""
+    return Target("region", rows=classes.long(), weights=weights)
+
+
 def _index_entry(v: object, where: str) -> int | slice:
     if isinstance(v, bool):
         raise TargetError(f"{where} must be an int, got bool", argument="target")
@@ -178,6 +227,8 @@ def make_target(target: object, n_examples: int) -> Target:
         return NONE
     if isinstance(target, Target):
         return target
+    if isinstance(target, Mapping) and "class" in target:
+        return _region_target(target, n_examples)
     if isinstance(target, Mapping):
         k = target.get("top_k")
         if set(target) != {"top_k"} or isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -240,3 +291,74 @@ def make_target(target: object, n_examples: int) -> Target:
         f"tensor, got {type(target).__name__}",
         argument="target",
     )
+
+
+def _region_target(target: Mapping[str, Any], n: int) -> Target:
+    """``{"class": c, "region": mask | "predicted"}``: ``c`` an int or one per example, the
+    mask (H, W) for every example or (N, H, W); "predicted" is fixed by ``methods.attribute``
+    from the unperturbed output (``index`` holds it until then)."""
+    if set(target) != {"class", "region"}:
+        raise TargetError(
+            f"a region target is {{'class': c, 'region': mask or 'predicted'}}, got keys "
+            f"{sorted(target)}",
+            argument="target",
+        )
+    c, where = target["class"], target["region"]
+    if isinstance(c, Tensor):
+        c = c.tolist()
+    if isinstance(c, int) and not isinstance(c, bool):
+        classes = torch.full((n,), c, dtype=torch.long)
+    elif (
+        isinstance(c, list)
+        and len(c) == n
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in c)
+    ):
+        classes = torch.tensor(c, dtype=torch.long)
+    else:
+        raise TargetError(
+            f"a region target's class is an int or one int per example ({n}), got {c!r}",
+            argument="target",
+        )
+    if isinstance(where, str):
+        if where != "predicted":
+            raise TargetError(
+                f"a region is a mask tensor or 'predicted', got {where!r}", argument="target"
+            )
+        return Target("region", ("predicted",), classes)
+    if not isinstance(where, Tensor) or where.dim() < 1 or where.is_complex():
+        raise TargetError(
+            "a region is a tensor of the output's spatial shape (one for every example, or "
+            f"one per example), got {type(where).__name__}",
+            argument="target",
+        )
+    return Target("region", ("mask",), classes, where)
+
+
+def predicted_regions(target: Target, out: Tensor) -> Target:
+    """A region target with its region fixed: the given mask tiled per example, or "predicted":
+    each example's pixels whose argmax over the classes (dim 1) is its class, in ``out``, the
+    unperturbed output (as Captum's segmentation tutorial fixes them)."""
+    if target.form != "region":
+        return target
+    if out.dim() < 3:
+        raise TargetError(
+            f"a region target needs a dense output (N, classes, H, W, ...); the model returned "
+            f"{tuple(out.shape)}",
+            argument="target",
+        )
+    classes = target._rows().to(out.device)
+    n, spatial = out.shape[0], out.shape[2:]
+    if target.weights is None:
+        weights = (out.argmax(dim=1) == classes.view(-1, *([1] * len(spatial)))).to(out.dtype)
+    else:
+        weights = target.weights.to(out.device)
+        if weights.dim() == len(spatial):
+            weights = weights.unsqueeze(0).expand(n, *weights.shape)
+        if weights.shape != (n, *spatial):
+            raise TargetError(
+                f"a region must have the output's spatial shape {tuple(spatial)} (or one per "
+                f"example: {(n, *tuple(spatial))}), got {tuple(target.weights.shape)}",
+                argument="target",
+            )
+        weights = weights.to(out.dtype if out.is_floating_point() else torch.float32)
+    return Target("region", (), classes, weights.contiguous())

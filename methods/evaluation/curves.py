@@ -154,9 +154,7 @@ def curve(
             a[ex.to(a.device)] if isinstance(a, Tensor) and a.dim() >= 1 and a.shape[0] == n else a
             for a in forward.args
         )
-        row_tgt = tgt
-        if tgt.rows is not None:
-            row_tgt = Target(tgt.form, tgt.index, tgt.rows[ex.to(tgt.rows.device)])
+        row_tgt = tgt.take(ex)
         return row_tgt.select(dataclasses.replace(forward, args=args)(tuple(batch)))
 
     total = n * (steps + 1)

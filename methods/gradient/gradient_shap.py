@@ -87,9 +87,7 @@ def gradient_shap(call: Call, p: GradientShapParams) -> Output:
                     for a in fwd.args
                 ),
             )
-        tgt = sub.target
-        if tgt.rows is not None:
-            tgt = type(tgt)(tgt.form, tgt.index, tgt.rows[s:e])
+        tgt = sub.target.take(slice(s, e))
         return gradients(fwd, tuple(pt[s:e] for pt in points), tgt)[0]
 
     per = rows_per_chunk(
