@@ -25,20 +25,24 @@ def labels(doc: dict[str, Any]) -> tuple[str, ...]:
     return tuple(names.get(i, f"LABEL_{i}") for i in range(n))
 
 
-def layer_paths(directory: Path, auto: str, prefix: str = "model") -> tuple[str, list[str]]:
+def layer_paths(directory: Path, auto: str, prefix: str = "model") -> tuple[str | None, list[str]]:
     """The dotted paths (under ``prefix``, the wrapper's attribute holding the model) of the
-    input embedding and of the blocks of its first ``nn.ModuleList`` (a transformer's layers,
-    a convnet's stages), in order."""
+    input embedding (None where the model names none: SegFormer's patch embeddings are per
+    stage) and of the blocks of its first ``nn.ModuleList`` (a transformer's layers, a
+    convnet's stages), in order."""
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
     with torch.device("meta"):
         model = getattr(transformers, auto).from_config(cfg)
-    emb = model.get_input_embeddings()
-    embedding = next(n for n, m in model.named_modules() if m is emb)
+    try:
+        emb = model.get_input_embeddings()
+    except (NotImplementedError, AttributeError):
+        emb = None
+    embedding = next((n for n, m in model.named_modules() if m is emb), None)
     blocks: list[str] = []
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module):
             blocks = [f"{prefix}.{name}.{i}" for i in range(len(module))]
             break
-    return f"{prefix}.{embedding}", blocks
+    return (None if embedding is None else f"{prefix}.{embedding}"), blocks

@@ -32,6 +32,8 @@ from model_registry.hf_config import config
 from model_registry.image_header import declared_size
 
 AUTO_CLASS = "AutoModelForImageClassification"
+#: segmentation models: logits per class and pixel
+SEGMENTATION_AUTO_CLASS = "AutoModelForSemanticSegmentation"
 #: the encodings an image may arrive in (PIL tries only these decoders; ``image_header``
 #: reads the size of each)
 FORMATS = ("PNG", "JPEG", "WEBP")
@@ -46,6 +48,24 @@ class ImageClassifier(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=pixel_values).logits
+
+
+class Segmenter(nn.Module):
+    """``model(pixel_values=...).logits`` upsampled (bilinearly) to the pixel_values' size,
+    as the processor's ``post_process_semantic_segmentation`` does: one class score per
+    pixel of the model's input (SegFormer's logits are a quarter of it)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        logits = self.model(pixel_values=pixel_values).logits
+        if logits.shape[-2:] == pixel_values.shape[-2:]:
+            return logits
+        return nn.functional.interpolate(
+            logits, size=pixel_values.shape[-2:], mode="bilinear", align_corners=False
+        )
 
 
 def payload(text: str) -> bytes:

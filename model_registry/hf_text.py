@@ -30,6 +30,8 @@ PADDED = -1
 #: the Auto classes the directory is loaded with: a label per text, or per token
 AUTO_CLASS = "AutoModelForSequenceClassification"
 TOKEN_AUTO_CLASS = "AutoModelForTokenClassification"
+#: extractive question answering (``model_registry.hf_qa``)
+QA_AUTO_CLASS = "AutoModelForQuestionAnswering"
 
 Text = str | tuple[str, str]
 

@@ -53,7 +53,12 @@ class Built:
 # -- tensor ---------------------------------------------------------------------------------
 
 
-def read_tensor(table: Table, base: ModelSpec | None) -> ModelSpec:
+def read_tensor(
+    table: Table, base: ModelSpec | None, task: str | None = None, labels_dim: int = -1
+) -> ModelSpec:
+    """A tensor model's spec: ``task`` (default: the source's, else "tensor"); the labels
+    name the entries of the output's dim ``labels_dim`` (the classes of a segmentation
+    output are its first dim, ``[classes, H, W]``)."""
     dtype = table.choice("dtype", MODEL_DTYPES, base.dtype if base else "float32")
     if "inputs" in table or base is None:
         inputs = table.inputs()
@@ -74,11 +79,17 @@ def read_tensor(table: Table, base: ModelSpec | None) -> ModelSpec:
             "required when there are no labels (per example, no batch "
             "dim; e.g. [] for one scalar per example)",
         )
-    if labels and shape[-1:] != (len(labels),):  # labels name the last dim's entries
+    if labels and labels_dim == -1 and shape[-1:] != (len(labels),):  # the last dim's entries
         table.fail(
             "output_shape",
             f"with {len(labels)} labels the output must be [{len(labels)}] per example (or end "
             f"in {len(labels)}: a label per position), got {list(shape)}",
+        )
+    if labels and labels_dim >= 0 and shape[labels_dim : labels_dim + 1] != (len(labels),):
+        table.fail(
+            "output_shape",
+            f"with {len(labels)} labels the output's dim {labels_dim + 1} must hold "
+            f"{len(labels)} classes, got {list(shape)}",
         )
     background, background_kmeans = _background(table, inputs)
     return ModelSpec(
@@ -96,9 +107,61 @@ def read_tensor(table: Table, base: ModelSpec | None) -> ModelSpec:
         images=base.images if base is not None else None,
         influence=base.influence if base is not None else None,
         # the source's task (a built-in's, a Hugging Face classifier's), else a plain tensor one
-        task=base.task if base is not None else "tensor",
+        task=task or (base.task if base is not None else "tensor"),
         **runtime(table),
     )
+
+
+def read_regression(table: Table, base: ModelSpec | None) -> ModelSpec:
+    """A regression model: one value per example, nothing to target."""
+    if "labels" in table:
+        table.fail("labels", "a regression model predicts one value: it has no labels")
+    if "output_shape" not in table and base is None:  # (N, 1), as nn.Linear(..., 1) gives
+        table = Table({**table.data, "output_shape": [1]}, table.file, table.index, table.base_dir)
+    spec = read_tensor(table, base, "regression")
+    if any(d != 1 for d in spec.output.shape):
+        table.fail(
+            "output_shape",
+            f"a regression model gives one value per example ([] or [1]), got "
+            f"{list(spec.output.shape)}",
+        )
+    return spec
+
+
+def read_multi_label(table: Table, base: ModelSpec | None) -> ModelSpec:
+    """A multi-label classifier: a logit per label, each its own sigmoid."""
+    spec = read_tensor(table, base, "multi_label_classification")
+    if len(spec.output.shape) != 1 or spec.output.shape[0] is None:
+        table.fail(
+            "output_shape",
+            f"a multi-label classifier gives a logit per label ([labels]), got "
+            f"{list(spec.output.shape)}",
+        )
+    return spec
+
+
+def read_segmentation(table: Table, base: ModelSpec | None) -> ModelSpec:
+    """A semantic segmentation model: ``[classes, H, W]`` logits per example (labels name the
+    classes)."""
+    spec = read_tensor(table, base, "semantic_segmentation", labels_dim=0)
+    if len(spec.output.shape) < 3 or spec.output.shape[0] is None:
+        table.fail(
+            "output_shape",
+            f"a segmentation model gives [classes, H, W] logits per example, got "
+            f"{list(spec.output.shape)}",
+        )
+    return spec
+
+
+def read_question_answering(table: Table, base: ModelSpec | None) -> ModelSpec:
+    """An extractive question-answering model (``hf:`` directories): its spec is its
+    directory's."""
+    if base is None:
+        table.fail(
+            "kind",
+            "question_answering models come from hf: directories (*ForQuestionAnswering)",
+        )
+    return read_tensor(table, base, "question_answering")
 
 
 def _background(table: Table, inputs: tuple[InputSpec, ...]) -> tuple[str | None, int | None]:

@@ -1,7 +1,9 @@
 """What a model does, one record per task: the one registry of model tasks.
 
 A model's task is what models.toml's ``kind`` (and ``ModelInfo.kind`` on the wire) names:
-``"tensor"``, a Hugging Face classifier's task, ``"causal_lm"``, ``"seq2seq_lm"``; and one
+``"tensor"``, a Hugging Face classifier's task, the tasks teams serve beside classifiers
+(``"multi_label_classification"``, ``"regression"``, ``"semantic_segmentation"``,
+``"question_answering"``), ``"causal_lm"``, ``"seq2seq_lm"``; and one
 task its source chooses: an ``attribution-export:`` file computing one attribution. Each
 ``Task`` declares how its models.toml table is read and its built model finished
 (``task_loaders``), which service plug-in family serves it (``service.kinds``, keyed by
@@ -30,6 +32,10 @@ from model_registry.task_loaders import (
     finish_language_model,
     finish_tensor,
     read_causal_lm,
+    read_multi_label,
+    read_question_answering,
+    read_regression,
+    read_segmentation,
     read_seq2seq_lm,
     read_tensor,
 )
@@ -69,6 +75,16 @@ class Task:
     jobs: bool = True
     #: whether it gives predictions (``:predict``, OIP infer, and what needs its forward)
     predicts: bool = True
+    #: what a request's ``target`` names (``service.wire.targets``): "classes" (a class or
+    #: label, an index, per example), "none" (one value per example: a regression), "region"
+    #: (a class over a region of a segmentation output), "answer" ("start", "end" or "span"
+    #: of an extracted answer)
+    targets: str = "classes"
+    #: each label is its own yes or no (multi-label): probabilities are per-label sigmoids and
+    #: the predicted labels those over 0.5
+    independent: bool = False
+    #: whether a ``python:`` factory may build it (False: its source alone knows its inputs)
+    from_code: bool = True
 
     def __post_init__(self) -> None:
         unknown = sorted(self.operations - set(OPERATIONS))
@@ -89,13 +105,20 @@ def _by_its_source(*_: Any) -> NoReturn:
 #: what a tensor model serves; a classifier of token ids is neither attacked nor moved
 _TENSOR = frozenset({ATTRIBUTIONS, ATTACKS, COUNTERFACTUALS, TCAV, INFLUENCE})
 _TOKEN_IDS = _TENSOR - {ATTACKS, COUNTERFACTUALS}
+#: a segmentation model's output is a map: no class to attack, move or test concepts against
+_SEGMENTATION = frozenset({ATTRIBUTIONS})
 #: what a generative language model serves: the prompt's (or the context's) part in an answer
 _GENERATIVE = frozenset({ATTRIBUTIONS, CONTEXT_ATTRIBUTIONS})
 
 
-def _tensor(name: str, operations: frozenset[str] = _TENSOR) -> Task:
+def _tensor(
+    name: str,
+    operations: frozenset[str] = _TENSOR,
+    read: Callable[[Table, ModelSpec | None], ModelSpec] = read_tensor,
+    **traits: Any,
+) -> Task:
     """A task of tensor models: tensors (or texts through a tokenizer) in, one tensor out."""
-    return Task(name, "tensor", read_tensor, finish_tensor, operations)
+    return Task(name, traits.pop("family", "tensor"), read, finish_tensor, operations, **traits)
 
 
 def _generative(name: str, read: Callable[[Table, ModelSpec | None], ModelSpec]) -> Task:
@@ -113,6 +136,18 @@ _TASKS = (
     _tensor("text_classification", _TOKEN_IDS),
     _tensor("token_classification", _TOKEN_IDS),
     _tensor("image_classification"),
+    # the tasks teams serve beside classifiers (CONTRACT 9.4)
+    _tensor("multi_label_classification", read=read_multi_label, independent=True),
+    _tensor("regression", read=read_regression, targets="none"),
+    _tensor("semantic_segmentation", _SEGMENTATION, read_segmentation, targets="region"),
+    _tensor(
+        "question_answering",
+        _TOKEN_IDS - {TCAV, INFLUENCE},
+        read_question_answering,
+        targets="answer",
+        family="question_answering",
+        from_code=False,
+    ),
     # the prompt's part in an answer
     _generative("causal_lm", read_causal_lm),
     # an encoder-decoder (translation, summaries): the source's part in an answer
@@ -121,6 +156,12 @@ _TASKS = (
 
 #: every task models.toml's ``kind`` names, by that name
 TASKS: Mapping[str, Task] = MappingProxyType({t.name: t for t in _TASKS})
+
+#: the tasks of a model that takes tensors as declared in models.toml (any source of tensor
+#: models serves these: a file, a remote predictor); the first is the default
+DECLARED_TENSOR_TASKS = (
+    "tensor", "multi_label_classification", "regression", "semantic_segmentation",
+)  # fmt: skip
 
 #: a file computing one attribution of a tensor model (``attribution-export:``): chosen by its
 #: source (the spec's ``exported`` step), not by models.toml's ``kind``, which stays "tensor"

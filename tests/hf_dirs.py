@@ -21,6 +21,8 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "gr
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 NER_LABELS = {0: "O", 1: "PER", 2: "LOC"}
 FLOWERS = {0: "tulip", 1: "rose", 2: "daisy"}
+TOPICS = {0: "acting", 1: "plot", 2: "music"}
+SCENE = {0: "sky", 1: "field", 2: "flower"}
 
 MODELS_TOML = """\
 [[models]]
@@ -97,6 +99,55 @@ def vit_dir(path: Path, *, processor: Any = "vit", size: int = 32) -> Path:
         processor = DeiTImageProcessor(size=big, crop_size={"height": size, "width": size})
     if processor is not None:
         processor.save_pretrained(path)
+    return path
+
+
+def bert_task_dir(path: Path, task: str, positions: int = 64) -> Path:
+    """A tiny random BERT of another task (CONTRACT 9.4) with its tokenizer: "qa"
+    (BertForQuestionAnswering), "multi_label" and "regression" (BertForSequenceClassification
+    with that ``problem_type``)."""
+    from transformers import (
+        BertConfig,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertTokenizerFast,
+    )
+
+    torch.manual_seed(3)
+    extra: dict[str, Any] = {}
+    if task == "multi_label":
+        extra = {"num_labels": 3, "problem_type": "multi_label_classification",
+                 "id2label": TOPICS, "label2id": {v: k for k, v in TOPICS.items()}}  # fmt: skip
+    elif task == "regression":
+        extra = {"num_labels": 1, "problem_type": "regression"}
+    cfg = BertConfig(
+        vocab_size=len(WORDS), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=positions, initializer_range=0.5, **extra,
+    )  # fmt: skip
+    model = BertForQuestionAnswering(cfg) if task == "qa" else BertForSequenceClassification(cfg)
+    model.save_pretrained(path)
+    BertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
+    return path
+
+
+def segformer_dir(path: Path, size: int = 32) -> Path:
+    """A tiny random SegFormer (logits at a quarter of the input, upsampled by the service)
+    with its image processor resizing to ``size``."""
+    from transformers import (
+        SegformerConfig,
+        SegformerForSemanticSegmentation,
+        SegformerImageProcessor,
+    )
+
+    torch.manual_seed(4)
+    cfg = SegformerConfig(
+        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+        patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+        decoder_hidden_size=16, num_labels=3, id2label=SCENE,
+        label2id={v: k for k, v in SCENE.items()}, initializer_range=0.5,
+    )  # fmt: skip
+    SegformerForSemanticSegmentation(cfg).save_pretrained(path)
+    SegformerImageProcessor(size={"height": size, "width": size}).save_pretrained(path)
     return path
 
 

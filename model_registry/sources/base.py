@@ -21,7 +21,7 @@ from model_registry.errors import RegistryError
 from model_registry.spec import LoadedModel, ModelSpec, resolve_path
 from model_registry.table import Table
 from model_registry.task_loaders import Built
-from model_registry.tasks import TASKS, task_of
+from model_registry.tasks import DECLARED_TENSOR_TASKS, TASKS, task_of
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ModelSource:
     #: the whole form, as error messages list it ("torchscript:PATH")
     syntax: ClassVar[str]
     #: the model tasks it can serve (``TASKS`` keys); the first is the default
-    tasks: ClassVar[tuple[str, ...]] = ("tensor",)
+    tasks: ClassVar[tuple[str, ...]] = DECLARED_TENSOR_TASKS
     #: models.toml keys that only this source takes (beyond every model's keys)
     own_keys: ClassVar[tuple[str, ...]] = ()
     #: models.toml keys this source refuses, each with the message saying why

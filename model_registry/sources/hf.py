@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from model_registry import hf_config, hf_image, hf_text
+from model_registry import hf_config, hf_image, hf_qa, hf_text
 from model_registry.errors import RegistryError
 from model_registry.sources.base import ModelSource, Source, register
 from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 from model_registry.table import Table
-from model_registry.task_loaders import Built, read_tensor
+from model_registry.task_loaders import Built, finish_tensor
 from model_registry.tasks import TASKS
 
 #: how an architecture's class name ends → the model task it is served as
@@ -38,7 +38,14 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
         "ForSequenceClassification": "text_classification",
         "ForTokenClassification": "token_classification",
         "ForImageClassification": "image_classification",
+        # the tasks teams serve beside classifiers (CONTRACT 9.4)
+        "ForQuestionAnswering": "question_answering",
+        "ForSemanticSegmentation": "semantic_segmentation",
     }
+)
+#: a sequence classifier's config ``problem_type`` → the task it is served as
+PROBLEM_TYPES: Mapping[str, str] = MappingProxyType(
+    {"multi_label_classification": "multi_label_classification", "regression": "regression"}
 )
 #: the ``transformers`` Auto class that loads each task
 AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
@@ -48,19 +55,27 @@ AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
         "text_classification": hf_text.AUTO_CLASS,
         "token_classification": hf_text.TOKEN_AUTO_CLASS,
         "image_classification": hf_image.AUTO_CLASS,
+        "multi_label_classification": hf_text.AUTO_CLASS,
+        "regression": hf_text.AUTO_CLASS,
+        "question_answering": hf_text.QA_AUTO_CLASS,
+        "semantic_segmentation": hf_image.SEGMENTATION_AUTO_CLASS,
     }
 )
 
 
-def architecture_task(name: str) -> str | None:
-    """The task an architecture's class name is served as; None: not served."""
-    return next((task for end, task in ARCHITECTURES.items() if name.endswith(end)), None)
+def architecture_task(name: str, problem_type: Any = None) -> str | None:
+    """The task an architecture's class name is served as (a sequence classifier's by its
+    config's ``problem_type``: multi-label, regression); None: not served."""
+    task = next((task for end, task in ARCHITECTURES.items() if name.endswith(end)), None)
+    if task == "text_classification" and isinstance(problem_type, str):
+        return PROBLEM_TYPES.get(problem_type, task)
+    return task
 
 
 def classifier(task: str) -> bool:
-    """Whether ``task`` is a classifier's: a tensor model of token ids or pixel_values, read
-    as one (so models.toml's ``kind = "tensor"`` may name it)."""
-    return TASKS[task].read is read_tensor
+    """Whether ``task`` is served as a tensor model of token ids or pixel_values (so
+    models.toml's ``kind = "tensor"`` may name a classifier's)."""
+    return TASKS[task].finish is finish_tensor
 
 
 def architectures(directory: Path) -> list[str]:
@@ -109,16 +124,22 @@ class HFSource(ModelSource):
 
     def task(self, table: Table, source: Source) -> str:
         """The task the config's architectures give; models.toml's ``kind`` may repeat it."""
+        directory = source.path(table.base_dir)
         try:
-            names = architectures(source.path(table.base_dir))
+            names = architectures(directory)
         except ValueError as e:
             table.fail("source", str(e))
-        tasks = list(dict.fromkeys(t for t in map(architecture_task, names) if t is not None))
+        problem = hf_config.config(directory).get("problem_type")
+        served_as = (architecture_task(name, problem) for name in names)
+        tasks = list(dict.fromkeys(t for t in served_as if t is not None))
         if "kind" in table:
             task = table.choice("kind", tuple(TASKS), "")
             if task == "tensor" and len(tasks) == 1 and classifier(tasks[0]):
                 return tasks[0]  # a classifier is a tensor model: its task is its kind
-            if task not in self.tasks or (names and task not in tasks):
+            # a sequence classifier may be served as its architecture says, whatever its
+            # problem_type (a multi-label model as a softmax classifier: the user's choice)
+            plain = {architecture_task(name) for name in names}
+            if task not in self.tasks or (names and task not in tasks and task not in plain):
                 what = (
                     f"its architectures {names} are served as {tasks}"
                     if tasks
@@ -162,12 +183,16 @@ class HFSource(ModelSource):
         except Exception as e:  # an architecture transformers does not know, a broken config
             table.fail("source", f"cannot read the directory's config: {' '.join(str(e).split())}")
         images = None
-        if auto == hf_image.AUTO_CLASS:
+        if auto in (hf_image.AUTO_CLASS, hf_image.SEGMENTATION_AUTO_CLASS):
             try:
                 images = hf_image.images(str(directory))
             except ValueError as e:
                 table.fail("source", str(e))
         labels = hf_config.labels(doc)
+        if TASKS[task].targets == "none":  # a regression: one value, no classes
+            labels = ()
+        elif TASKS[task].targets == "answer":  # [start, end, span] (model_registry.hf_qa)
+            labels = hf_qa.TARGETS
         common: dict[str, Any] = {
             "id": "",
             "version": "",
@@ -178,19 +203,26 @@ class HFSource(ModelSource):
             "description": f"{', '.join(doc.get('architectures', []))} from {source.target}",
         }
         if images is not None:  # pixel_values in, attributions on them
+            dense = TASKS[task].targets == "region"  # a class score per pixel
             return ModelSpec(
                 **common,
                 inputs=(InputSpec("pixel_values", "float32", (None, *images.shape)),),
-                output=OutputSpec(shape=(len(labels),), labels=labels),
-                layers=(embedding, *blocks),
+                output=OutputSpec(
+                    shape=(len(labels), *images.shape[1:]) if dense else (len(labels),),
+                    labels=labels,
+                ),
+                layers=tuple(p for p in (embedding, *blocks) if p is not None),
                 images=str(directory),
             )
+        if embedding is None:
+            table.fail("source", "its model names no input embedding to attribute tokens on")
         per_token = auto == hf_text.TOKEN_AUTO_CLASS  # logits per position and label
         return ModelSpec(
             **common,
             inputs=(InputSpec("input_ids", "int64", (None, None)),),
             output=OutputSpec(
-                shape=(None, len(labels)) if per_token else (len(labels),), labels=labels
+                shape=(None, len(labels)) if per_token else (max(1, len(labels)),),
+                labels=labels,
             ),
             layers=(embedding, *blocks),
             embedding_layer=embedding,
@@ -241,7 +273,8 @@ class HFSource(ModelSource):
                 field="source",
             ) from e
         if spec.images is not None:
-            return Built(hf_image.ImageClassifier(model))
+            dense = TASKS[spec.task].targets == "region"
+            return Built((hf_image.Segmenter if dense else hf_image.ImageClassifier)(model))
         if classifier(spec.task):
             return _classifier(spec, model, tokenizer)
         return Built(model, tokenizer)
@@ -264,6 +297,8 @@ def _classifier(spec: ModelSpec, model: Any, tokenizer: Any) -> Built:
         "token_type_ids" in getattr(tokenizer, "model_input_names", ())
         and int(getattr(cfg, "type_vocab_size", 0) or 0) > 1
     )
-    wrapped = hf_text.TextClassifier(model, int(pad), tokenizer.sep_token_id, types)
+    answering = TASKS[spec.task].targets == "answer"
+    wrap = hf_qa.QuestionAnswerer if answering else hf_text.TextClassifier
+    wrapped = wrap(model, int(pad), tokenizer.sep_token_id, types)
     positions = int(getattr(cfg, "max_position_embeddings", 0) or 0) or 512
     return Built(wrapped, tokenizer=hf_text.Tokenize(tokenizer, positions, int(pad)))

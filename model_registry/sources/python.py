@@ -32,7 +32,7 @@ _TARGET = re.compile(rf"^(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})$")
 class PythonSource(ModelSource):
     name = "python"
     syntax = "python:package.module:factory"
-    tasks = tuple(TASKS)
+    tasks = tuple(t.name for t in TASKS.values() if t.from_code)
 
     def check_target(self, target: str) -> None:
         if not _TARGET.match(target):

@@ -49,7 +49,7 @@ from model_registry.sources.remote_payloads import (
 from model_registry.sources.remote_spec import RemoteSpec, expand, remote_spec
 from model_registry.spec import InputSpec, LoadedModel, ModelSpec, OutputSpec
 from model_registry.table import Table
-from model_registry.tasks import task_of
+from model_registry.tasks import DECLARED_TENSOR_TASKS, task_of
 
 PROTOCOLS = ("kserve-v1", "oip-v2", "http")
 #: the OIP datatype of each input dtype
@@ -329,7 +329,7 @@ class RemoteModel(nn.Module):
 class RemoteSource(ModelSource):
     name = "remote"
     syntax = "remote:kserve-v1|oip-v2|http"
-    tasks = ("tensor", "text_classification")
+    tasks = (*DECLARED_TENSOR_TASKS, "text_classification")
     hookable = False
     differentiable = False
     local = False

@@ -197,6 +197,8 @@ class Attribution(Work):
     shared_baselines: bool = False
     #: the scale attributed (``methods.engine.outputs``): raw, probability, ...
     output: str = "raw"
+    #: each label its own sigmoid (a multi-label model's probabilities)
+    multi_label: bool = False
 
     @property
     def name(self) -> str:

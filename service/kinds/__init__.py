@@ -6,6 +6,8 @@ implementing ``ModelKind`` (``service.kinds.base``), registered here by the fami
 
 - ``tensor``: tensors (or raw texts through a tokenizer) in, one tensor out: every method
   (tasks ``tensor`` and the Hugging Face classifiers');
+- ``question_answering``: an extractive question-answering model (a token model answering
+  ``{question, context}`` pairs with its answers);
 - ``exported``: a file computing one attribution (``attribution-export:``);
 - ``causal_lm``: a generative language model: the prompt's part in an answer;
 - ``seq2seq_lm``: an encoder-decoder (translation, summaries): the source's part in an answer.
@@ -21,6 +23,7 @@ from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.work import Reply, Work
 from service.core.work import run as run_work
+from service.kinds.answering import QuestionAnsweringKind
 from service.kinds.base import ModelKind
 from service.kinds.causal_lm import CausalLMKind, Seq2SeqLMKind
 from service.kinds.exported import ExportedKind
@@ -28,7 +31,14 @@ from service.kinds.tensor import TensorKind
 
 #: the plug-ins, by the family name the tasks give (``Task.family``)
 KINDS: dict[str, ModelKind] = {
-    k.name: k for k in (TensorKind(), ExportedKind(), CausalLMKind(), Seq2SeqLMKind())
+    k.name: k
+    for k in (
+        TensorKind(),
+        QuestionAnsweringKind(),
+        ExportedKind(),
+        CausalLMKind(),
+        Seq2SeqLMKind(),
+    )
 }
 
 

@@ -14,6 +14,7 @@ from methods.params import MethodParams
 from methods.registry import CostShape, MethodSpec
 from model_registry import background as model_background
 from model_registry.spec import ModelSpec
+from model_registry.tasks import task_of
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, WireTarget, new_id
@@ -48,9 +49,10 @@ class AttributionRules:
         return checks.given(p)
 
     def target(self, spec: ModelSpec, ms: MethodSpec, raw: Any, n: int) -> WireTarget:
-        if raw is None and not ms.needs_target:
+        names = task_of(spec).targets
+        if raw is None and not ms.needs_target and names != "answer":
             return None
-        return targets.resolve(raw, spec.output, n)
+        return targets.resolve(raw, spec.output, n, names)
 
     def batch_sizes(
         self, settings: Settings, spec: ModelSpec, req: AttributionRequest
@@ -109,6 +111,13 @@ def build_attribution(
     else:
         shapes = tuple(tuple(int(d) for d in a.shape[1:]) for a in inputs.arrays)
     target = rules.target(spec, ms, req.target, inputs.n)
+    task = task_of(spec)
+    if req.output not in (None, "raw") and task.targets in ("none", "region"):
+        raise InvalidRequest(
+            f"output {req.output!r} reads the output as class scores; a {task.name} model's "
+            'is not: attribute its raw output ("raw")',
+            loc=("body", "output"),
+        )
     baselines = codec.decode_baselines(
         req.baselines, spec, inputs, settings.max_tensor_elements, background=True
     )
@@ -173,6 +182,7 @@ def build_attribution(
         metrics=chosen,
         shared_baselines=ms.baseline_distribution or isinstance(baselines, dict),
         output=req.output,
+        multi_label=task.independent,
     )
     # the metrics' noise is drawn for the request's batch: never merged, never split
     work.key = None if chosen else merging.key(work, ms, p, spec.texts_batch)

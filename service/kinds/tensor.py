@@ -182,6 +182,7 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         "seed": work.seed,
         "return_convergence_delta": work.return_delta,
         "output": work.output,
+        "multi_label": work.multi_label,
         **params,
     }
     inputs = xs if len(xs) > 1 else xs[0]
@@ -212,12 +213,13 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
             selected = res.outputs
         else:
             whole = out if out is not None else tensors.forward(lm, xs)
-            selected = scaled(whole, work.output).gather(1, res.target.to(whole.device))  # type: ignore[arg-type]
+            on_scale = scaled(whole, work.output, work.multi_label)  # type: ignore[arg-type]
+            selected = on_scale.gather(1, res.target.to(whole.device))
     elif res.outputs is not None and res.outputs.numel() == n:
         selected = res.outputs.reshape(n)
     else:
         whole = out if out is not None else tensors.forward(lm, xs)
-        selected = targets.select(scaled(whole, work.output), target, n)  # type: ignore[arg-type]
+        selected = targets.select(scaled(whole, work.output, work.multi_label), target, n)  # type: ignore[arg-type]
     return Reply(
         work_id=work.id,
         attributions=[tensors.numpy(p) for p in parts],

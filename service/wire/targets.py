@@ -9,7 +9,8 @@ the model's output the worker attributes.
 
 The resolved form is plain data that crosses the process boundary:
 ``None`` | ``{"form": "index", "index": [...]}`` | ``{"form": "per_example", "rows": [...]}`` |
-``{"form": "per_example_tuple", "rows": [[...], ...]}`` | ``{"form": "predicted"}``.
+``{"form": "per_example_tuple", "rows": [[...], ...]}`` | ``{"form": "predicted"}`` |
+``{"form": "region", ...}`` (``service.wire.regions``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from model_registry.spec import OutputSpec
 from service.core.errors import InvalidRequest, Loc
 from service.core.work import WireTarget
+from service.wire import regions
 
 LOC: Loc = ("body", "target")
 
@@ -83,8 +85,29 @@ def _scalar_output(out: OutputSpec) -> bool:
     return all(d == 1 for d in out.shape)
 
 
-def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
-    """Validate the JSON ``target`` for ``n`` examples and return its wire form."""
+def resolve(raw: Any, out: OutputSpec, n: int, names: str = "classes") -> WireTarget:
+    """Validate the JSON ``target`` for ``n`` examples and return its wire form; ``names``:
+    what a target names on the model's task (``Task.targets``): classes, none (a
+    regression), a region of a segmentation output, an answer's start, end or span."""
+    if names == "none":
+        if raw is not None:
+            raise InvalidRequest(
+                "a regression model predicts one value per example: there is no target to "
+                "choose; send no target",
+                loc=LOC,
+            )
+        return None
+    if names == "region":
+        return regions.resolve(raw, out, n)
+    if names == "answer":
+        if raw is None:
+            raw = "span"
+        if raw == "predicted" or isinstance(raw, dict):
+            raise InvalidRequest(
+                f'an answer\'s target is "start", "end" or "span" (their sum; the default), or '
+                f"one per example; got {raw!r}",
+                loc=LOC,
+            )
     if raw is None:
         if not _scalar_output(out):
             raise InvalidRequest(
@@ -175,12 +198,15 @@ def to_engine(t: WireTarget) -> Any:
         return [tuple(r) for r in t["rows"]]
     if form == "top_k":
         return {"top_k": t["k"]}
+    if form == "region":
+        return regions.to_engine(t)
     raise ValueError(f"unresolved target {t}")
 
 
 def per_example(t: WireTarget, n: int) -> WireTarget:
     """The same target written one entry per example (what merged batches concatenate)."""
-    if t is None or t["form"] in ("per_example", "per_example_tuple", "predicted", "top_k"):
+    if t is None or t["form"] in ("per_example", "per_example_tuple", "predicted", "top_k",
+                                  "region"):  # fmt: skip
         return t
     idx = t["index"]
     if len(idx) == 1:
@@ -203,6 +229,8 @@ def concat(parts: list[tuple[WireTarget, int]]) -> WireTarget:
     first = parts[0][0]
     if first is None or first["form"] in ("predicted", "top_k"):  # the same for every example
         return first
+    if first["form"] == "region":
+        return regions.concat([t for t, _ in parts])
     written = [per_example(t, n) for t, n in parts]
     rows = [r for w in written if w is not None for r in w["rows"]]
     return {"form": written[0]["form"] if written[0] else "per_example", "rows": rows}
@@ -219,6 +247,8 @@ def form(t: WireTarget) -> Any:
         return len(t["rows"][0])
     if t["form"] == "top_k":
         return ("top_k", t["k"])
+    if t["form"] == "region":
+        return regions.form(t)
     return t["form"]
 
 
@@ -236,6 +266,8 @@ def select(out: torch.Tensor, target: Any, n: int) -> torch.Tensor:
     """The model output at the engine target, one value per example."""
     if target is None:
         return out.reshape(n, -1)[:, 0]
+    if isinstance(target, dict) and "region" in target:
+        return regions.select(out, target)
     if isinstance(target, int):
         return out[:, target]
     if isinstance(target, tuple):

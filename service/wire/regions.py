@@ -1,0 +1,141 @@
+"""Region targets of segmentation models (CONTRACT 9.4): ``{"class": int | label, "region":
+"predicted" | mask}``, or one per example: the sum of the class's logits over the region, as
+Captum's segmentation tutorial attributes them (``"predicted"``: the pixels whose argmax is
+the class, fixed from the unperturbed output; a mask: H×W of 0/1 on the output's pixels).
+
+Wire form: ``{"form": "region", "rows": [class per example], "masks": None | [mask per
+example]}`` (None: predicted; each mask a list of rows of 0/1). The engine's form is
+``{"class": [...], "region": "predicted" | tensor (N, H, W)}`` (``methods.attribute``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import torch
+
+from methods.engine.targets import make_target, predicted_regions
+from model_registry.spec import OutputSpec
+from service.core.errors import InvalidRequest, Loc
+from service.core.work import WireTarget
+
+LOC: Loc = ("body", "target")
+SHAPE = '{"class": 3, "region": "predicted"} or {"class": "road", "region": [[0, 1, ...], ...]}'
+
+
+def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
+    """The wire form of a segmentation model's ``target``: one for every example, or a list
+    with one per example."""
+    if raw is None:
+        raise InvalidRequest(
+            f"target is required: a segmentation model's target is a class over a region, "
+            f"e.g. {SHAPE}",
+            loc=LOC,
+        )
+    if isinstance(raw, list):
+        if len(raw) != n:
+            raise InvalidRequest(
+                f"a list target needs one entry per example: got {len(raw)} for {n} examples",
+                loc=LOC,
+            )
+        each = [_one(t, out, (*LOC, i)) for i, t in enumerate(raw)]
+    else:
+        each = [_one(raw, out, LOC)] * n
+    masks = [m for _, m in each]
+    if any(m is None for m in masks) and any(m is not None for m in masks):
+        raise InvalidRequest(
+            'give every example a mask, or every example "predicted", not a mix', loc=LOC
+        )
+    return {
+        "form": "region",
+        "rows": [c for c, _ in each],
+        "masks": None if masks[0] is None else masks,
+    }
+
+
+def _one(raw: Any, out: OutputSpec, loc: Loc) -> tuple[int, list[list[int]] | None]:
+    if not isinstance(raw, dict) or set(raw) != {"class", "region"}:
+        raise InvalidRequest(
+            f"a segmentation model's target is a class over a region, e.g. {SHAPE}; got "
+            f"{json.dumps(raw)[:200]}",
+            loc=loc,
+        )
+    c, region = raw["class"], raw["region"]
+    classes = out.shape[0]
+    if isinstance(c, str):
+        if c not in out.labels:
+            raise InvalidRequest(
+                f"unknown class {c!r}; the classes are {list(out.labels)}", loc=(*loc, "class")
+            )
+        c = out.labels.index(c)
+    elif isinstance(c, bool) or not isinstance(c, int) or c < 0 or (
+        classes is not None and c >= classes
+    ):  # fmt: skip
+        names = f" or {list(out.labels)}" if out.labels else ""
+        raise InvalidRequest(
+            f"class {c!r} is out of range: the model has classes 0..{classes - 1}{names}"
+            if classes is not None
+            else f"class must be an int from 0 or a label, got {c!r}",
+            loc=(*loc, "class"),
+        )
+    if region == "predicted":
+        return int(c), None
+    return int(c), _mask(region, out, (*loc, "region"))
+
+
+def _mask(raw: Any, out: OutputSpec, loc: Loc) -> list[list[int]]:
+    """An H×W mask of 0/1 on the output's pixels, checked."""
+    spatial = tuple(out.shape[1:])
+    want = "×".join("H" if d is None else str(d) for d in spatial)
+    try:
+        mask = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        mask = np.zeros(0)
+    if isinstance(raw, str) or mask.ndim != len(spatial) or not mask.size:
+        raise InvalidRequest(
+            f'a region is "predicted" or a mask of {want} 0/1 values on the output\'s pixels',
+            loc=loc,
+        )
+    if any(d is not None and d != m for d, m in zip(spatial, mask.shape, strict=True)):
+        raise InvalidRequest(
+            f"the mask is {'×'.join(map(str, mask.shape))}; the model's output has {want} pixels",
+            loc=loc,
+        )
+    if not np.isin(mask, (0.0, 1.0)).all():
+        raise InvalidRequest("a mask holds 0 (outside) and 1 (inside) only", loc=loc)
+    if not mask.any():
+        raise InvalidRequest("the mask is empty: no pixel is inside the region", loc=loc)
+    return mask.astype(np.int8).tolist()
+
+
+def to_engine(t: dict[str, Any]) -> dict[str, Any]:
+    masks = t["masks"]
+    region: Any = "predicted" if masks is None else torch.tensor(masks, dtype=torch.float32)
+    return {"class": list(t["rows"]), "region": region}
+
+
+def select(out: torch.Tensor, target: dict[str, Any]) -> torch.Tensor:
+    """Each example's class summed over its region, in ``out`` (the unperturbed output)."""
+    engine = predicted_regions(make_target(target, out.shape[0]), out)
+    return engine.select(out)
+
+
+def concat(parts: list[WireTarget]) -> WireTarget:
+    """Region targets of requests merged into one batch (all predicted, or all masks)."""
+    rows = [c for t in parts if t is not None for c in t["rows"]]
+    first = parts[0]
+    if first is None or first["masks"] is None:
+        return {"form": "region", "rows": rows, "masks": None}
+    masks = [m for t in parts if t is not None for m in t["masks"]]
+    return {"form": "region", "rows": rows, "masks": masks}
+
+
+def form(t: dict[str, Any]) -> Any:
+    """What must be equal for requests to merge: predicted regions, or masks of one shape."""
+    if t["masks"] is None:
+        return ("region", "predicted")
+    digest = hashlib.sha1(json.dumps(np.shape(t["masks"][0])).encode()).hexdigest()[:8]
+    return ("region", digest)
