@@ -3,6 +3,8 @@ fixed seeds: what models.toml's ``python:`` sources serve in the tests and the d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -37,3 +39,60 @@ def tagger() -> nn.Module:
     """A multi-label tagger: [N, 6] features -> 4 independent label logits."""
     torch.manual_seed(2)
     return nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 4))
+
+
+TOML = """  # the models of build(root)
+[[models]]
+id = "qa"
+source = "hf:qa"
+
+[[models]]
+id = "topics"
+source = "hf:multi_label"
+
+[[models]]
+id = "score"
+source = "hf:regression"
+
+[[models]]
+id = "scene"
+source = "hf:scene"
+dtype = "float64"
+
+[[models]]
+id = "roads"
+source = "python:tests.task_models:segmenter"
+kind = "semantic_segmentation"
+dtype = "float64"
+inputs = [{name = "image", dtype = "float64", shape = ["N", 3, 16, 16]}]
+labels = ["background", "road", "car"]
+output_shape = [3, 16, 16]
+layers = ["features"]
+
+[[models]]
+id = "price"
+source = "python:tests.task_models:regressor"
+kind = "regression"
+dtype = "float64"
+inputs = [{name = "x", dtype = "float64", shape = ["N", 5]}]
+
+[[models]]
+id = "tags"
+source = "python:tests.task_models:tagger"
+kind = "multi_label_classification"
+dtype = "float64"
+inputs = [{name = "x", dtype = "float64", shape = ["N", 6]}]
+labels = ["a", "b", "c", "d"]
+"""
+
+
+def build(root: Path) -> str:
+    """Under ``root``: a BERT question answerer, multi-label tagger and regressor and a
+    SegFormer (``tests.hf_dirs``); the models.toml serving them and the models above."""
+    from tests.hf_dirs import bert_task_dir, segformer_dir
+
+    bert_task_dir(root / "qa", "qa")
+    bert_task_dir(root / "multi_label", "multi_label")
+    bert_task_dir(root / "regression", "regression")
+    segformer_dir(root / "scene")
+    return TOML

@@ -97,6 +97,8 @@ def inputs_of(body: V1Request, spec: ModelSpec) -> Any:
         raise InvalidRequest("instances hold no examples", loc=("body", "instances"))
     if all(codec.is_text(i) for i in inst) or all(images.is_image(i) for i in inst):
         return inst  # texts (or pairs of them), encoded images
+    if kinds.of(spec).catalogue(spec).example_fields is not None:
+        return inst  # examples as objects: the model's kind reads them
     names = [i.name for i in spec.inputs]
     if all(isinstance(i, dict) and not codec.is_tensor_object(i) for i in inst):
         by_name: dict[str, list[Any]] = {n: [] for n in names}
@@ -171,6 +173,9 @@ def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
             )
         if reply.tokens is not None:
             entry["tokens"] = reply.tokens[i]
+        for name in reply.study_rows or []:  # a task's per-example answer (its answers)
+            if reply.study is not None and "." not in name:
+                entry[name.removesuffix("s")] = reply.study[name][i]
         if reply.metrics is not None:  # this example's scores
             entry["metrics"] = {
                 name: {k: v[i] for k, v in value.items()} if isinstance(value, dict) else value[i]

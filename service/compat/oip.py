@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from model_registry.spec import ModelSpec
+from service import kinds
 from service.compat import tensors as oip_tensors
 from service.compat.kserve import validated, with_defaults
 from service.compat.protocol import InferenceRequest
@@ -46,14 +47,20 @@ def model_metadata(spec: ModelSpec, platform: str) -> dict[str, Any]:
     def dims(shape: tuple[int | None, ...]) -> list[int]:
         return [-1 if d is None else d for d in shape]
 
+    fields = kinds.of(spec).catalogue(spec).example_fields
+    inputs = (
+        [{"name": f, "datatype": "BYTES", "shape": [-1]} for f in fields]
+        if fields is not None
+        else [
+            {"name": i.name, "datatype": OF_TORCH[i.dtype], "shape": dims(i.shape)}
+            for i in spec.inputs
+        ]
+    )
     return {
         "name": spec.id,
         "versions": [spec.version],
         "platform": platform,
-        "inputs": [
-            {"name": i.name, "datatype": OF_TORCH[i.dtype], "shape": dims(i.shape)}
-            for i in spec.inputs
-        ],
+        "inputs": inputs,
         "outputs": [
             {
                 "name": OUTPUT,
@@ -71,7 +78,8 @@ def decode(
     route checks its own (through ``codec`` afterwards)."""
     header, binary = oip_tensors.split_body(body, header_length)
     req: InferenceRequest = validated(InferenceRequest, header, ("body",))
-    names = [i.name for i in spec.inputs]
+    fields = kinds.of(spec).catalogue(spec).example_fields  # examples as objects: by field
+    names = list(fields) if fields is not None else [i.name for i in spec.inputs]
     arrays: dict[str, Any] = {}
     baselines: dict[str, np.ndarray] = {}
     offset = 0
@@ -99,6 +107,8 @@ def decode(
             f"the body holds {len(binary) - offset} bytes after the last binary tensor",
             loc=("body",),
         )
+    if fields is not None:
+        return Decoded(req, _objects(arrays, fields), baselines)
     texts = [v for v in arrays.values() if isinstance(v, list)]
     if texts:
         if len(arrays) != 1:
@@ -107,6 +117,24 @@ def decode(
             return Decoded(req, [{"image": v} for v in texts[0]], baselines)
         return Decoded(req, texts[0], baselines)
     return Decoded(req, arrays, baselines)
+
+
+def _objects(arrays: dict[str, Any], fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One BYTES input per field (a question and a context per example) as the examples'
+    objects."""
+    missing = [f for f in fields if f not in arrays]
+    if missing:
+        raise InvalidRequest(
+            f"the model takes one BYTES input per field {list(fields)}; missing {missing}",
+            loc=("body", "inputs"),
+        )
+    columns = [arrays[f] for f in fields]
+    if not all(isinstance(c, list) for c in columns) or len({len(c) for c in columns}) != 1:
+        raise InvalidRequest(
+            f"inputs {list(fields)} must be BYTES of one length (an entry per example)",
+            loc=("body", "inputs"),
+        )
+    return [dict(zip(fields, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def oip_move(d: Decoded | None) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -179,7 +207,20 @@ def _binary_outputs(req: InferenceRequest, available: list[str]) -> dict[str, bo
 
 
 def infer_outputs(reply: Reply) -> dict[str, Any]:
-    return {OUTPUT: reply.predictions}
+    return {OUTPUT: reply.predictions, **_answers(reply)}
+
+
+def _answers(reply: Reply) -> dict[str, Any]:
+    """A question-answering model's answers: their text, and where each lies in its context
+    (character offsets; -1 where the tokenizer cannot say)."""
+    answers = (reply.study or {}).get("answers")
+    if answers is None:
+        return {}
+    offsets = [[-1 if a[k] is None else a[k] for k in ("start", "end")] for a in answers]
+    return {
+        "answers": [[a["text"]] for a in answers],  # BYTES [N, 1]
+        "answers.offsets": np.array(offsets, dtype=np.int64),
+    }
 
 
 def explain_outputs(spec: ModelSpec, reply: Reply) -> dict[str, Any]:
@@ -204,6 +245,7 @@ def explain_outputs(spec: ModelSpec, reply: Reply) -> dict[str, Any]:
         out[f"standard_error.{name}"] = part
     if reply.tokens is not None:
         out["tokens"] = reply.tokens
+    out.update(_answers(reply))
     for name, value in (reply.metrics or {}).items():  # metrics.infidelity, metrics.deletion.auc
         parts = value if isinstance(value, dict) else {"": value}
         for key, arr in parts.items():

@@ -113,7 +113,10 @@ async def v1_predict(
         except ServiceError as err:
             raise err.relocate(kserve.v1_move(data.instances is not None)) from None
         seen.computed(reply.compute_ms)
-        return OrjsonResponse({"predictions": reply.predictions})
+        answers = (reply.study or {}).get("answers")  # a question-answering model's
+        return OrjsonResponse(
+            {"predictions": reply.predictions, **({} if answers is None else {"answers": answers})}
+        )
 
 
 async def _explain(

@@ -51,6 +51,10 @@ def cut_target(target: WireTarget, start: int, stop: int) -> WireTarget:
     """A resolved target cut to examples ``[start, stop)`` (one for all stays whole)."""
     if target is not None and target["form"] in ("per_example", "per_example_tuple"):
         return {**target, "rows": target["rows"][start:stop]}
+    if target is not None and target["form"] == "region":  # a class (and a mask) per example
+        masks = target["masks"]
+        return {**target, "rows": target["rows"][start:stop],
+                "masks": None if masks is None else masks[start:stop]}  # fmt: skip
     return target
 
 

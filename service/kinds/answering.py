@@ -8,7 +8,7 @@ and job result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from model_registry.hf_qa import answers
@@ -87,6 +87,7 @@ class QuestionAnsweringKind(TensorKind):
             target="span",
             tokenizer=True,
             pictures=1,
+            example_fields=("question", "context"),
         )
 
     def build_work(
@@ -104,7 +105,11 @@ class QuestionAnsweringKind(TensorKind):
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
         work = super().predict_work(settings, spec, pairs(inputs), deadline, request_id)
-        return Answers(**{f: getattr(work, f) for f in work.__dataclass_fields__})
+        answers = Answers(**{f.name: getattr(work, f.name) for f in fields(work) if f.init})
+        for f in fields(work):
+            if not f.init:
+                setattr(answers, f.name, getattr(work, f.name))
+        return answers
 
     def response(
         self,

@@ -47,6 +47,9 @@ class Catalogue:
     tokenizer: bool
     #: pictures drawn per example
     pictures: int
+    #: an example is an object of these fields (a question-answering model's question and
+    #: context), where the protocols' instances are taken as they come; None: inputs by name
+    example_fields: tuple[str, ...] | None = None
     #: None where it gives predictions (``:predict``, OIP infer, ``:explain``'s, and so the
     #: metrics, attacks and counterfactuals that need its own forward); else why not (as its
     #: task says: ``Task.predicts``; whether jobs take it is the task's too: ``Task.jobs``)

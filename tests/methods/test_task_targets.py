@@ -13,8 +13,6 @@ from torch import nn
 import methods
 from methods.errors import AttributionError
 
-torch.set_default_dtype(torch.float64)
-
 
 class Segmenter(nn.Module):
     """A small fully convolutional segmenter: (N, 3, 12, 12) -> (N, 4, 12, 12) logits."""

@@ -256,10 +256,15 @@ def test_hf_weights_are_refused(tmp_path: Path) -> None:
 def test_hf_tables_agree() -> None:
     """Every kind an architecture maps to is a model kind with a transformers class to load
     it, and ``kinds`` are exactly those."""
-    assert set(hf.ARCHITECTURES.values()) == set(hf.AUTO_CLASSES) == set(SOURCES["hf"].tasks)
+    mapped = {*hf.ARCHITECTURES.values(), *hf.PROBLEM_TYPES.values()}
+    assert mapped == set(hf.AUTO_CLASSES) == set(SOURCES["hf"].tasks)
     assert set(hf.AUTO_CLASSES) <= set(TASKS)
     assert hf.architecture_task("GPT2LMHeadModel") == "causal_lm"
     assert hf.architecture_task("BertModel") is None
+    problem = "multi_label_classification"
+    assert hf.architecture_task("BertForSequenceClassification", problem) == problem
+    assert hf.architecture_task("BertForSequenceClassification", "regression") == "regression"
+    assert hf.architecture_task("BertForTokenClassification", problem) == "token_classification"
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,11 @@ DECLARED = {
     "text_classification": (_TENSOR - {ATTACKS, COUNTERFACTUALS}, False, True, True),
     "token_classification": (_TENSOR - {ATTACKS, COUNTERFACTUALS}, False, True, True),
     "image_classification": (_TENSOR, False, True, True),
+    # CONTRACT 9.4: the tasks beside classifiers
+    "multi_label_classification": (_TENSOR, False, True, True),
+    "regression": (_TENSOR, False, True, True),
+    "semantic_segmentation": ({ATTRIBUTIONS}, False, True, True),
+    "question_answering": ({ATTRIBUTIONS}, False, True, True),
     "causal_lm": _LM,
     "seq2seq_lm": _LM,
     "exported_attribution": ({ATTRIBUTIONS}, False, True, False),
@@ -71,7 +76,7 @@ def test_the_task_is_chosen_once_from_the_spec() -> None:
     # models.toml's kind (and ModelInfo's) stays "tensor"; the source chose the task
     assert exported.task == "tensor" and tasks.task_of(exported) is tasks.EXPORTED_ATTRIBUTION
     with pytest.raises(RegistryError, match="expected one of") as info:
-        tasks.task_of(dataclasses.replace(BUILTIN["tabular-mlp"], task="regression"))
+        tasks.task_of(dataclasses.replace(BUILTIN["tabular-mlp"], task="ranking"))
     assert info.value.field == "kind"
 
 

@@ -10,7 +10,18 @@ import { view as influence } from "./influence.js";
 
 const $ = (id) => document.getElementById(id);
 const PREFERRED = ["integrated_gradients", "saliency", "occlusion", "feature_ablation"];
-const SAMPLES = { text: "a wonderful film", prompt: "The capital of France is" };
+const SAMPLES = {
+  text: "a wonderful film",
+  prompt: "The capital of France is",
+  question: "Who wrote the film? ||| The film was written and directed by Agnes Varda in 1962.",
+};
+/** What a positive score does to the output, by the model's kind (the legend's words). */
+function effect(m) {
+  if (m.kind === "regression") return ["raises the predicted value", "lowers it"];
+  if (m.kind === "semantic_segmentation") return ["raises the class's score over the region", "lowers it"];
+  if (m.kind === "question_answering") return ["raises the answer's score", "lowers it"];
+  return ["raises the target's score", "lowers it"];
+}
 /** inputs longer than this stay out of the URL (an image goes by its upload id) */
 const URL_INPUT_MAX = 6000;
 /** more examples than this go as attribution jobs: progress shown, cancellable */
@@ -106,6 +117,7 @@ function isLM(m) {
 
 function formOf(m) {
   if (isLM(m)) return "prompt";
+  if (m.kind === "question_answering") return "question";
   if (m.tokenizer) return "text";
   if (m.images) return "encoded-image";
   if (m.inputs.length === 1) {
@@ -134,15 +146,21 @@ function chooseModel(id, preset = {}) {
   $("input").value = preset.input ?? (SAMPLES[form] || (form === "row" ? JSON.stringify([startRow(m)]) : ""));
   $("input-hint").textContent = {
     text: "One text per line; a pair as: premise ||| hypothesis. JSON works too.",
+    question: "One example per line: question ||| context. JSON works too.",
     prompt: 'A prompt (every token a feature), or JSON {"prompt": "... {} ...", "features": [...]}.',
     image: "Choose an image, or paste the inputs as JSON.",
     "encoded-image": "Choose an image, or paste the inputs as JSON.",
     row: "Edit the row below, or paste JSON (one list per example).",
     json: "The attributions route's inputs, as JSON.",
   }[form];
-  $("target").placeholder = form === "prompt" ? "generated" : "predicted";
-  $("target-hint").textContent =
-    form === "prompt" ? "The answer to attribute; empty: the model generates one." : "Empty: each example's predicted class.";
+  const targets = {
+    prompt: ["generated", "The answer to attribute; empty: the model generates one."],
+    question: ["span", "start, end or span (the answer's start plus end score; the default)."],
+    regression: ["(none)", "A regression predicts one value: there is nothing to choose."],
+    semantic_segmentation: ["a class", "A class (name or number): its score summed over the pixels predicted as it."],
+  }[m.kind === "regression" || m.kind === "semantic_segmentation" ? m.kind : form] || ["predicted", "Empty: each example's predicted class."];
+  $("target").placeholder = targets[0];
+  $("target-hint").textContent = targets[1];
   renderRowEditor();
 }
 
@@ -483,6 +501,12 @@ function buildInputs() {
   if (form === "text" && !/^[[{]/.test(text)) {
     return text.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => (l.includes(" ||| ") ? l.split(" ||| ", 2) : l));
   }
+  if (form === "question" && !/^[[{]/.test(text)) {
+    return text.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => {
+      const [question, context] = l.split(" ||| ", 2);
+      return context === undefined ? { question } : { question, context };
+    });
+  }
   if (form === "prompt" && !text.startsWith("{")) return { prompt: text, features: null };
   return parseJSON(text);
 }
@@ -490,13 +514,15 @@ function buildInputs() {
 function buildTarget() {
   const raw = $("target").value.trim();
   const form = formOf(state.model);
+  const segments = state.model.kind === "semantic_segmentation";
   if (!raw) {
-    if (form === "prompt") return null;
+    if (form === "prompt" || form === "question") return null;
+    if (segments) throw new Error("Name a class to explain: its score over the pixels predicted as it.");
     return state.model.output.shape.every((d) => d === 1) ? null : "predicted";
   }
-  if (/^-?\d+$/.test(raw)) return Number(raw);
   if (/^[[{]/.test(raw)) return parseJSON(raw, "Target");
-  return raw;
+  const one = /^-?\d+$/.test(raw) ? Number(raw) : raw;
+  return segments ? { class: one, region: "predicted" } : one;
 }
 
 /** KServe V1 instances for the same inputs (the prediction beside the explanations). */
@@ -624,6 +650,7 @@ function drawResult(region, name, res, d) {
     const where = res.attributed_layer ? ` at ${res.attributed_layer}` : "";
     region.append(el("p", { class: "hint rewritten" }, `Ran ${res.method}${where}: this model takes token ids, which have no gradient, so ${res.requested_method} is computed at the token embeddings and summed over each token's vector.`));
   }
+  if (res.answers && res.answers[i]) add(`answer “${res.answers[i].text}”`);
   if (res.target) add(`target ${res.token_attr ? JSON.stringify(res.target[0]) : labelOf(res.target[i])}`);
   if (res.outputs !== null && res.outputs !== undefined) add(`output ${fmt(flat(res.outputs)[res.token_attr ? 0 : i])}`);
   if (res.convergence_delta) add(`delta ${fmt(flat(res.convergence_delta)[i])}`);
@@ -640,6 +667,11 @@ function drawResult(region, name, res, d) {
     drawGrid(region, res.token_attr, res.input_tokens, res.output_tokens, look);
   } else if (res.tokens) {
     drawTokens(region, res.attributions[i], res.tokens[i], look);
+    const answer = res.answers && res.answers[i];
+    if (answer) { // the answer's tokens underlined (question and context both shown)
+      const spans = region.querySelectorAll(".tokens span");
+      for (let k = answer.tokens[0]; k <= answer.tokens[1]; k++) spans[k]?.classList.add("answer");
+    }
   } else {
     const multi = m.inputs.length > 1 && Array.isArray(res.attributions) && res.attributions.length === m.inputs.length && !Array.isArray(res.params.layer);
     const parts = multi ? res.attributions : [res.attributions];
@@ -657,7 +689,7 @@ function drawResult(region, name, res, d) {
       }
     });
   }
-  region.append(legend(look.sign, look.colormap));
+  region.append(legend(look.sign, look.colormap, ...effect(m)));
   if (res.metrics) drawMetrics(region, res.metrics, i);
   if (d && d.unmeasured && d.unmeasured.length) region.append(el("p", { class: "hint unmeasured" }, `Metrics not computed here: ${d.unmeasured.join("; ")}.`));
   region.dataset.state = "done";
@@ -678,7 +710,16 @@ function drawPrediction(predictions) {
   const i = Math.min(state.example, predictions.length - 1);
   const row = flat(predictions[i]);
   const labels = state.model.output.labels;
-  const probs = row.every((v) => v >= 0 && v <= 1) && Math.abs(row.reduce((a, b) => a + b, 0) - 1) < 1e-3 ? row : softmax(row);
+  const which = state.count > 1 ? ` of example ${i + 1}` : "";
+  const kind = state.model.kind;
+  if (kind === "regression") {
+    box.append(el("h2", {}, `Prediction${which}`), el("p", { class: "predicted-value" }, `Predicted value: ${fmt(row[0])}`));
+    return;
+  }
+  if (kind === "question_answering" || kind === "semantic_segmentation") return; // not a class
+  // multi-label: each label its own sigmoid; predicted, the labels over 0.5
+  const multi = kind === "multi_label_classification";
+  const probs = multi ? row.map((v) => 1 / (1 + Math.exp(-v))) : row.every((v) => v >= 0 && v <= 1) && Math.abs(row.reduce((a, b) => a + b, 0) - 1) < 1e-3 ? row : softmax(row);
   const order = probs.map((p, i) => [p, i]).sort((a, b) => b[0] - a[0]).slice(0, 5);
   const grid = el("div", { class: "probs" });
   for (const [p, i] of order) {
@@ -688,8 +729,11 @@ function drawPrediction(predictions) {
     track.append(bar);
     grid.append(el("span", {}, labels[i] ?? String(i)), track, el("span", {}, `${(100 * p).toFixed(1)}%`));
   }
-  const which = state.count > 1 ? ` of example ${i + 1}` : "";
   box.append(el("h2", {}, `Prediction${which}`), grid);
+  if (multi) {
+    const over = probs.map((p, k) => [p, k]).filter(([p]) => p > 0.5).map(([, k]) => labels[k] ?? String(k));
+    box.append(el("p", { class: "predicted-labels" }, over.length ? `Labels over 0.5: ${over.join(", ")}` : "No label over 0.5"));
+  }
 }
 
 function softmax(row) {

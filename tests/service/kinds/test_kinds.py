@@ -14,7 +14,7 @@ import pytest
 import model_registry
 from methods import registry
 from model_registry import tasks
-from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec
+from model_registry.spec import ExplainSpec, ExportedStep, LoadedModel, ModelSpec, OutputSpec
 from model_registry.task_loaders import finish_tensor, read_tensor
 from service import kinds
 from service.attributions import serving as attributions
@@ -35,6 +35,14 @@ EXAMPLES: dict[str, ModelSpec] = {
     "seq2seq_lm": dataclasses.replace(
         BUILTIN["tiny-lm"], id="t5-dir", source="hf:t5-dir", task="seq2seq_lm"
     ),
+    # a question answerer: a token model of question and context pairs
+    "question_answering": dataclasses.replace(
+        BUILTIN["text-classifier"],
+        id="squad",
+        source="hf:squad",
+        task="question_answering",
+        output=OutputSpec(shape=(3,), labels=("start", "end", "span")),
+    ),  # fmt: skip
     "exported": dataclasses.replace(
         BUILTIN["tabular-mlp"],
         id="tab-ig",
@@ -59,13 +67,18 @@ def test_the_kind_is_chosen_once_from_the_spec(name: str) -> None:
     assert methods and all(isinstance(m, str) for m in methods)
     ex = offers.explanation
     assert ex.method in methods
-    assert kind.check(spec, ex.method, dict(ex.params), Settings()).method.name == ex.method
+    planned = kind.check(spec, ex.method, dict(ex.params), Settings())
+    # a token model's gradient method runs on its embedding layer (the plan says which)
+    rewritten = planned.attributed_layer is not None
+    assert planned.method.name == (f"layer_{ex.method}" if rewritten else ex.method)
 
 
 @pytest.mark.parametrize("name", sorted(kinds.KINDS))
 def test_predictions_only_where_the_kind_gives_them(name: str) -> None:
     spec, kind = EXAMPLES[name], kinds.KINDS[name]
-    x = np.zeros((1, 8), np.float32).tolist()
+    x: Any = np.zeros((1, 8), np.float32).tolist()
+    if kind.catalogue(spec).example_fields is not None:  # examples as objects
+        x = [{"question": "who", "context": "a film"}]
     if kind.catalogue(spec).predicts:
         work = kind.predict_work(Settings(), spec, x, time.time() + 1, "r")
         assert work.predictions and work.n == 1
