@@ -34,6 +34,8 @@ from model_registry.image_header import declared_size
 AUTO_CLASS = "AutoModelForImageClassification"
 #: segmentation models: logits per class and pixel
 SEGMENTATION_AUTO_CLASS = "AutoModelForSemanticSegmentation"
+#: detectors: DETR-style logits and boxes per query (``model_registry.detection``)
+DETECTION_AUTO_CLASS = "AutoModelForObjectDetection"
 #: the encodings an image may arrive in (PIL tries only these decoders; ``image_header``
 #: reads the size of each)
 FORMATS = ("PNG", "JPEG", "WEBP")

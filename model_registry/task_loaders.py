@@ -54,11 +54,11 @@ class Built:
 
 
 def read_tensor(
-    table: Table, base: ModelSpec | None, task: str | None = None, labels_dim: int = -1
+    table: Table, base: ModelSpec | None, task: str | None = None, labels_dim: int | None = -1
 ) -> ModelSpec:
     """A tensor model's spec: ``task`` (default: the source's, else "tensor"); the labels
     name the entries of the output's dim ``labels_dim`` (the classes of a segmentation
-    output are its first dim, ``[classes, H, W]``)."""
+    output are its first dim, ``[classes, H, W]``; None: of no dim, a detector's classes)."""
     dtype = table.choice("dtype", MODEL_DTYPES, base.dtype if base else "float32")
     if "inputs" in table or base is None:
         inputs = table.inputs()
@@ -85,7 +85,7 @@ def read_tensor(
             f"with {len(labels)} labels the output must be [{len(labels)}] per example (or end "
             f"in {len(labels)}: a label per position), got {list(shape)}",
         )
-    if labels and labels_dim >= 0 and shape[labels_dim : labels_dim + 1] != (len(labels),):
+    if labels and labels_dim is not None and labels_dim >= 0 and shape[labels_dim : labels_dim + 1] != (len(labels),):
         table.fail(
             "output_shape",
             f"with {len(labels)} labels the output's dim {labels_dim + 1} must hold "
@@ -162,6 +162,32 @@ def read_question_answering(table: Table, base: ModelSpec | None) -> ModelSpec:
             "question_answering models come from hf: directories (*ForQuestionAnswering)",
         )
     return read_tensor(table, base, "question_answering")
+
+
+def read_detection(table: Table, base: ModelSpec | None) -> ModelSpec:
+    """An object detector: images in, detections out (``model_registry.detection``), served
+    as one score per image: the detection matching a wanted box; ``labels`` name its classes
+    by id."""
+    why = {
+        "output_shape": "a detector's output is its detections; remove output_shape",
+        "layers": "a detector's layer methods are not served yet; remove layers",
+    }
+    table.refuse(why)
+    labels = table.labels() if "labels" in table else (base.output.labels if base else ())
+    given = {k: v for k, v in table.data.items() if k != "labels"}
+    plain = Table({**given, "output_shape": []}, table.file, table.index, table.base_dir)
+    spec = read_tensor(plain, base, "object_detection", labels_dim=None)
+    return replace(spec, output=OutputSpec(shape=(), labels=labels), layers=())
+
+
+def finish_detection(spec: ModelSpec, built: Built, device: torch.device) -> LoadedModel:
+    """The detector wrapped as one score per image (``detection.BoxScore``, unless its
+    source wrapped it), then finished as a tensor model."""
+    from model_registry.detection import BoxScore
+
+    if not isinstance(built.model, BoxScore):
+        built = replace(built, model=BoxScore(built.model))
+    return finish_tensor(spec, built, device)
 
 
 def _background(table: Table, inputs: tuple[InputSpec, ...]) -> tuple[str | None, int | None]:

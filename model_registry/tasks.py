@@ -3,7 +3,7 @@
 A model's task is what models.toml's ``kind`` (and ``ModelInfo.kind`` on the wire) names:
 ``"tensor"``, a Hugging Face classifier's task, the tasks teams serve beside classifiers
 (``"multi_label_classification"``, ``"regression"``, ``"semantic_segmentation"``,
-``"question_answering"``), ``"causal_lm"``, ``"seq2seq_lm"``; and one
+``"question_answering"``, ``"object_detection"``), ``"causal_lm"``, ``"seq2seq_lm"``; and one
 task its source chooses: an ``attribution-export:`` file computing one attribution. Each
 ``Task`` declares how its models.toml table is read and its built model finished
 (``task_loaders``), which service plug-in family serves it (``service.kinds``, keyed by
@@ -29,9 +29,11 @@ from model_registry.spec import LoadedModel, ModelSpec
 from model_registry.table import Table
 from model_registry.task_loaders import (
     Built,
+    finish_detection,
     finish_language_model,
     finish_tensor,
     read_causal_lm,
+    read_detection,
     read_multi_label,
     read_question_answering,
     read_regression,
@@ -78,7 +80,7 @@ class Task:
     #: what a request's ``target`` names (``service.wire.targets``): "classes" (a class or
     #: label, an index, per example), "none" (one value per example: a regression), "region"
     #: (a class over a region of a segmentation output), "answer" ("start", "end" or "span"
-    #: of an extracted answer)
+    #: of an extracted answer), "box" (a box and label among a detector's detections)
     targets: str = "classes"
     #: each label is its own yes or no (multi-label): probabilities are per-label sigmoids and
     #: the predicted labels those over 0.5
@@ -105,8 +107,8 @@ def _by_its_source(*_: Any) -> NoReturn:
 #: what a tensor model serves; a classifier of token ids is neither attacked nor moved
 _TENSOR = frozenset({ATTRIBUTIONS, ATTACKS, COUNTERFACTUALS, TCAV, INFLUENCE})
 _TOKEN_IDS = _TENSOR - {ATTACKS, COUNTERFACTUALS}
-#: a segmentation model's output is a map: no class to attack, move or test concepts against
-_SEGMENTATION = frozenset({ATTRIBUTIONS})
+#: a map or a box per example (segmentation, detection): no class to attack, move or test
+_ATTRIBUTIONS_ONLY = frozenset({ATTRIBUTIONS})
 #: what a generative language model serves: the prompt's (or the context's) part in an answer
 _GENERATIVE = frozenset({ATTRIBUTIONS, CONTEXT_ATTRIBUTIONS})
 
@@ -139,7 +141,7 @@ _TASKS = (
     # the tasks teams serve beside classifiers (CONTRACT 9.4)
     _tensor("multi_label_classification", read=read_multi_label, independent=True),
     _tensor("regression", read=read_regression, targets="none"),
-    _tensor("semantic_segmentation", _SEGMENTATION, read_segmentation, targets="region"),
+    _tensor("semantic_segmentation", _ATTRIBUTIONS_ONLY, read_segmentation, targets="region"),
     _tensor(
         "question_answering",
         _TOKEN_IDS - {TCAV, INFLUENCE},
@@ -147,6 +149,15 @@ _TASKS = (
         targets="answer",
         family="question_answering",
         from_code=False,
+    ),
+    # detections scored per wanted box and label (model_registry.detection)
+    Task(
+        "object_detection",
+        "object_detection",
+        read_detection,
+        finish_detection,
+        _ATTRIBUTIONS_ONLY,
+        targets="box",
     ),
     # the prompt's part in an answer
     _generative("causal_lm", read_causal_lm),
@@ -161,6 +172,7 @@ TASKS: Mapping[str, Task] = MappingProxyType({t.name: t for t in _TASKS})
 #: models serves these: a file, a remote predictor); the first is the default
 DECLARED_TENSOR_TASKS = (
     "tensor", "multi_label_classification", "regression", "semantic_segmentation",
+    "object_detection",
 )  # fmt: skip
 
 #: a file computing one attribution of a tensor model (``attribution-export:``): chosen by its

@@ -23,6 +23,7 @@ NER_LABELS = {0: "O", 1: "PER", 2: "LOC"}
 FLOWERS = {0: "tulip", 1: "rose", 2: "daisy"}
 TOPICS = {0: "acting", 1: "plot", 2: "music"}
 SCENE = {0: "sky", 1: "field", 2: "flower"}
+PETS = {0: "cat", 1: "dog", 2: "bird"}
 
 MODELS_TOML = """\
 [[models]]
@@ -148,6 +149,22 @@ def segformer_dir(path: Path, size: int = 32) -> Path:
     )  # fmt: skip
     SegformerForSemanticSegmentation(cfg).save_pretrained(path)
     SegformerImageProcessor(size={"height": size, "width": size}).save_pretrained(path)
+    return path
+
+
+def yolos_dir(path: Path, size: int = 32) -> Path:
+    """A tiny random YOLOS detector (DETR-style logits and boxes per detection token) with
+    its image processor resizing to ``size``."""
+    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor
+
+    torch.manual_seed(6)
+    cfg = YolosConfig(
+        image_size=[size, size], patch_size=8, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=32, num_detection_tokens=5, num_labels=3,
+        id2label=PETS, label2id={v: k for k, v in PETS.items()}, initializer_range=0.5,
+    )  # fmt: skip
+    YolosForObjectDetection(cfg).save_pretrained(path)
+    YolosImageProcessor(size={"height": size, "width": size}, do_pad=False).save_pretrained(path)
     return path
 
 

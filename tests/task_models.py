@@ -25,6 +25,45 @@ class Segmenter(nn.Module):
         return self.head(self.features(x))
 
 
+#: the detector's classes
+DETECT_LABELS = ("person", "bicycle", "car")
+
+
+class Detector(nn.Module):
+    """A one-stage detector in torchvision's output format: (N, 3, 32, 32) images -> a list of
+    ``{"boxes" (K, 4) xyxy, "labels" (K,), "scores" (K,)}``, one per image. Sixteen anchors
+    (8x8 cells), each with class logits (three classes and background) and box offsets; kept
+    where the best class's softmax score exceeds 0.05, best first (as torchvision's
+    ``box_score_thresh``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AvgPool2d(8))
+        self.classes = nn.Conv2d(8, len(DETECT_LABELS) + 1, 1)
+        self.offsets = nn.Conv2d(8, 4, 1)
+        cells = torch.arange(4, dtype=torch.float32) * 8
+        y, x = torch.meshgrid(cells, cells, indexing="ij")
+        self.register_buffer("anchors", torch.stack([x, y, x + 8, y + 8], -1).reshape(-1, 4))
+
+    def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        h = self.backbone(images)
+        probs = self.classes(h).flatten(2).transpose(1, 2).softmax(-1)[..., 1:]  # (N, 16, 3)
+        boxes = self.anchors + 4 * torch.tanh(self.offsets(h).flatten(2).transpose(1, 2))
+        scores, labels = probs.max(-1)
+        out = []
+        for i in range(images.shape[0]):
+            keep = scores[i] > 0.05
+            order = scores[i][keep].argsort(descending=True)
+            out.append({"boxes": boxes[i][keep][order], "labels": labels[i][keep][order],
+                        "scores": scores[i][keep][order]})  # fmt: skip
+        return out
+
+
+def detector() -> nn.Module:
+    return Detector()
+
+
 def segmenter() -> nn.Module:
     return Segmenter()
 
@@ -77,6 +116,18 @@ dtype = "float64"
 inputs = [{name = "x", dtype = "float64", shape = ["N", 5]}]
 
 [[models]]
+id = "cars"
+source = "python:tests.task_models:detector"
+kind = "object_detection"
+dtype = "float64"
+inputs = [{name = "image", dtype = "float64", shape = ["N", 3, 32, 32]}]
+labels = ["person", "bicycle", "car"]
+
+[[models]]
+id = "pets"
+source = "hf:pets"
+
+[[models]]
 id = "tags"
 source = "python:tests.task_models:tagger"
 kind = "multi_label_classification"
@@ -89,10 +140,11 @@ labels = ["a", "b", "c", "d"]
 def build(root: Path) -> str:
     """Under ``root``: a BERT question answerer, multi-label tagger and regressor and a
     SegFormer (``tests.hf_dirs``); the models.toml serving them and the models above."""
-    from tests.hf_dirs import bert_task_dir, segformer_dir
+    from tests.hf_dirs import bert_task_dir, segformer_dir, yolos_dir
 
     bert_task_dir(root / "qa", "qa")
     bert_task_dir(root / "multi_label", "multi_label")
     bert_task_dir(root / "regression", "regression")
     segformer_dir(root / "scene")
+    yolos_dir(root / "pets")
     return TOML

@@ -18,11 +18,12 @@ from typing import Any
 import torch
 
 from model_registry import hf_config, hf_image, hf_qa, hf_text
+from model_registry.detection import BoxScore
 from model_registry.errors import RegistryError
 from model_registry.sources.base import ModelSource, Source, register
 from model_registry.spec import InputSpec, ModelSpec, OutputSpec
 from model_registry.table import Table
-from model_registry.task_loaders import Built, finish_tensor
+from model_registry.task_loaders import Built, finish_detection, finish_tensor
 from model_registry.tasks import TASKS
 
 #: how an architecture's class name ends → the model task it is served as
@@ -41,6 +42,7 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
         # the tasks teams serve beside classifiers (CONTRACT 9.4)
         "ForQuestionAnswering": "question_answering",
         "ForSemanticSegmentation": "semantic_segmentation",
+        "ForObjectDetection": "object_detection",
     }
 )
 #: a sequence classifier's config ``problem_type`` → the task it is served as
@@ -59,6 +61,7 @@ AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
         "regression": hf_text.AUTO_CLASS,
         "question_answering": hf_text.QA_AUTO_CLASS,
         "semantic_segmentation": hf_image.SEGMENTATION_AUTO_CLASS,
+        "object_detection": hf_image.DETECTION_AUTO_CLASS,
     }
 )
 
@@ -75,7 +78,7 @@ def architecture_task(name: str, problem_type: Any = None) -> str | None:
 def classifier(task: str) -> bool:
     """Whether ``task`` is served as a tensor model of token ids or pixel_values (so
     models.toml's ``kind = "tensor"`` may name a classifier's)."""
-    return TASKS[task].finish is finish_tensor
+    return TASKS[task].finish in (finish_tensor, finish_detection)
 
 
 def architectures(directory: Path) -> list[str]:
@@ -183,7 +186,8 @@ class HFSource(ModelSource):
         except Exception as e:  # an architecture transformers does not know, a broken config
             table.fail("source", f"cannot read the directory's config: {' '.join(str(e).split())}")
         images = None
-        if auto in (hf_image.AUTO_CLASS, hf_image.SEGMENTATION_AUTO_CLASS):
+        if auto in (hf_image.AUTO_CLASS, hf_image.SEGMENTATION_AUTO_CLASS,
+                    hf_image.DETECTION_AUTO_CLASS):  # fmt: skip
             try:
                 images = hf_image.images(str(directory))
             except ValueError as e:
@@ -273,6 +277,8 @@ class HFSource(ModelSource):
                 field="source",
             ) from e
         if spec.images is not None:
+            if TASKS[spec.task].targets == "box":  # detections, scored per wanted box
+                return Built(BoxScore(model, hf=True))
             dense = TASKS[spec.task].targets == "region"
             return Built((hf_image.Segmenter if dense else hf_image.ImageClassifier)(model))
         if classifier(spec.task):

@@ -113,10 +113,10 @@ async def v1_predict(
         except ServiceError as err:
             raise err.relocate(kserve.v1_move(data.instances is not None)) from None
         seen.computed(reply.compute_ms)
-        answers = (reply.study or {}).get("answers")  # a question-answering model's
-        return OrjsonResponse(
-            {"predictions": reply.predictions, **({} if answers is None else {"answers": answers})}
-        )
+        # a task's own answer per example: a question-answering model's answers, a
+        # detector's detections
+        own = {n: reply.study[n] for n in reply.study_rows or [] if reply.study and "." not in n}
+        return OrjsonResponse({"predictions": reply.predictions, **own})
 
 
 async def _explain(

@@ -49,7 +49,7 @@ def rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int)
 
 def cut_target(target: WireTarget, start: int, stop: int) -> WireTarget:
     """A resolved target cut to examples ``[start, stop)`` (one for all stays whole)."""
-    if target is not None and target["form"] in ("per_example", "per_example_tuple"):
+    if target is not None and target["form"] in ("per_example", "per_example_tuple", "box"):
         return {**target, "rows": target["rows"][start:stop]}
     if target is not None and target["form"] == "region":  # a class (and a mask) per example
         masks = target["masks"]

@@ -8,6 +8,7 @@ implementing ``ModelKind`` (``service.kinds.base``), registered here by the fami
   (tasks ``tensor`` and the Hugging Face classifiers');
 - ``question_answering``: an extractive question-answering model (a token model answering
   ``{question, context}`` pairs with its answers);
+- ``object_detection``: a detector, scored per wanted box and label;
 - ``exported``: a file computing one attribution (``attribution-export:``);
 - ``causal_lm``: a generative language model: the prompt's part in an answer;
 - ``seq2seq_lm``: an encoder-decoder (translation, summaries): the source's part in an answer.
@@ -26,6 +27,7 @@ from service.core.work import run as run_work
 from service.kinds.answering import QuestionAnsweringKind
 from service.kinds.base import ModelKind
 from service.kinds.causal_lm import CausalLMKind, Seq2SeqLMKind
+from service.kinds.detection import DetectionKind
 from service.kinds.exported import ExportedKind
 from service.kinds.tensor import TensorKind
 
@@ -35,6 +37,7 @@ KINDS: dict[str, ModelKind] = {
     for k in (
         TensorKind(),
         QuestionAnsweringKind(),
+        DetectionKind(),
         ExportedKind(),
         CausalLMKind(),
         Seq2SeqLMKind(),

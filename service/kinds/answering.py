@@ -111,19 +111,6 @@ class QuestionAnsweringKind(TensorKind):
                 setattr(answers, f.name, getattr(work, f.name))
         return answers
 
-    def response(
-        self,
-        spec: ModelSpec,
-        work: Work,
-        reply: Reply,
-        timing: dict[str, float],
-        encoding: str = "json",
-        requested: str | None = None,
-    ) -> dict[str, Any]:
-        body = super().response(spec, work, reply, timing, encoding, requested)
-        body["answers"] = (reply.study or {}).get("answers")
-        return body
-
 
 def _answered(lm: LoadedModel, work: Work, reply: Reply) -> Reply:
     """``reply`` with each example's answer (``study["answers"]``, one per example)."""

@@ -241,6 +241,9 @@ def envelope(
         )
     if reply.tokens is not None:
         body["tokens"] = reply.tokens
+    for name in reply.study_rows or []:  # a task's own answer per example (answers, detections)
+        if reply.study is not None and "." not in name:
+            body[name] = reply.study[name]
     if reply.verification is not None:
         body["verification"] = reply.verification
     if reply.fidelity is not None:

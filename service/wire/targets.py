@@ -10,7 +10,8 @@ the model's output the worker attributes.
 The resolved form is plain data that crosses the process boundary:
 ``None`` | ``{"form": "index", "index": [...]}`` | ``{"form": "per_example", "rows": [...]}`` |
 ``{"form": "per_example_tuple", "rows": [[...], ...]}`` | ``{"form": "predicted"}`` |
-``{"form": "region", ...}`` (``service.wire.regions``).
+``{"form": "region", ...}`` (``service.wire.regions``) | ``{"form": "box", ...}``
+(``service.wire.boxes``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from model_registry.spec import OutputSpec
 from service.core.errors import InvalidRequest, Loc
 from service.core.work import WireTarget
-from service.wire import regions
+from service.wire import boxes, regions
 
 LOC: Loc = ("body", "target")
 
@@ -99,6 +100,8 @@ def resolve(raw: Any, out: OutputSpec, n: int, names: str = "classes") -> WireTa
         return None
     if names == "region":
         return regions.resolve(raw, out, n)
+    if names == "box":
+        return boxes.resolve(raw, out, n)
     if names == "answer":
         if raw is None:
             raw = "span"
@@ -206,7 +209,7 @@ def to_engine(t: WireTarget) -> Any:
 def per_example(t: WireTarget, n: int) -> WireTarget:
     """The same target written one entry per example (what merged batches concatenate)."""
     if t is None or t["form"] in ("per_example", "per_example_tuple", "predicted", "top_k",
-                                  "region"):  # fmt: skip
+                                  "region", "box"):  # fmt: skip
         return t
     idx = t["index"]
     if len(idx) == 1:
@@ -231,6 +234,8 @@ def concat(parts: list[tuple[WireTarget, int]]) -> WireTarget:
         return first
     if first["form"] == "region":
         return regions.concat([t for t, _ in parts])
+    if first["form"] == "box":  # one threshold (``form``): the rows joined
+        return {**first, "rows": [r for t, _ in parts if t is not None for r in t["rows"]]}
     written = [per_example(t, n) for t, n in parts]
     rows = [r for w in written if w is not None for r in w["rows"]]
     return {"form": written[0]["form"] if written[0] else "per_example", "rows": rows}
@@ -249,6 +254,8 @@ def form(t: WireTarget) -> Any:
         return ("top_k", t["k"])
     if t["form"] == "region":
         return regions.form(t)
+    if t["form"] == "box":
+        return ("box", t["iou_threshold"])
     return t["form"]
 
 

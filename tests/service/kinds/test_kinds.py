@@ -42,7 +42,7 @@ EXAMPLES: dict[str, ModelSpec] = {
         source="hf:squad",
         task="question_answering",
         output=OutputSpec(shape=(3,), labels=("start", "end", "span")),
-    ),  # fmt: skip
+    ),
     "exported": dataclasses.replace(
         BUILTIN["tabular-mlp"],
         id="tab-ig",

@@ -22,9 +22,9 @@ import torch
 from captum import attr as ca
 from PIL import Image
 
-from tests.hf_dirs import SCENE, TOPICS
+from tests.hf_dirs import PETS, SCENE, TOPICS
 from tests.service.conftest import Server, serve_in_thread
-from tests.task_models import Segmenter, build, regressor, tagger
+from tests.task_models import DETECT_LABELS, Segmenter, build, regressor, tagger
 
 QUESTIONS = [
     {"question": "was the film good", "context": "the film was very good . the plot was dull"},
@@ -418,3 +418,115 @@ def test_kserve_explains_segmentation_and_multi_label(tasks: tuple[Server, Path]
     want = ok(post(server, "tags", {**params, "inputs": rows}))
     got = kserve_explain(server, "tags", {"instances": rows, "parameters": params})
     assert [e["output"] for e in got["explanations"]] == pytest.approx(want["outputs"])
+
+
+# -- object detection -----------------------------------------------------------------------
+
+
+def gradcam_box_score(det: dict[str, torch.Tensor], box: list[float], label: int) -> Any:
+    """pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` rule, literally (one wanted box): the
+    best-IoU detection of any label; its IoU plus its score where the IoU exceeds 0.5 and the
+    label matches, else 0. Returns (value, the detection's score or None)."""
+    if len(det["boxes"]) == 0:
+        return 0.0, None
+    from model_registry.detection import box_iou
+
+    ious = box_iou(torch.tensor([box], dtype=det["boxes"].dtype), det["boxes"])
+    index = ious.argmax()
+    if ious[0, index] > 0.5 and det["labels"][index] == label:
+        return float(ious[0, index] + det["scores"][index]), float(det["scores"][index])
+    return 0.0, None
+
+
+def test_detection_scores_the_box_as_grad_cams_target(tasks: tuple[Server, Path]) -> None:
+    """Feature ablation and integrated gradients of the detector's score for a box: Captum on
+    a wrapper scoring the box as CONTRACT 9.4 takes grad-cam's rule (the best same-label
+    detection's score), which equals grad-cam's literal value less the IoU where both pick
+    the same detection."""
+    from tests.task_models import Detector
+
+    server, _ = tasks
+    model = Detector().double().eval()
+    x = torch.from_numpy(np.random.default_rng(8).random((2, 3, 32, 32)))
+    with torch.no_grad():
+        dets = model(x)
+    top = [{"box": d["boxes"][0].tolist(), "label": int(d["labels"][0])} for d in dets]
+
+    def score(inp: torch.Tensor, i: int) -> torch.Tensor:
+        from model_registry.detection import box_score
+
+        out = model(inp)
+        box = torch.tensor(top[i]["box"], dtype=torch.float64)
+        label = torch.tensor(top[i]["label"])
+        return torch.stack([box_score(d, box, label, 0.5) for d in out])
+
+    fm = (torch.arange(1024).reshape(1, 1, 32, 32) // 128).expand(1, 3, 32, 32)
+    body = ok(post(server, "cars", {"method": "feature_ablation", "inputs": x.tolist(),
+                                    "params": {"feature_mask": fm.tolist()}}))  # fmt: skip
+    assert body["target"] == top  # each image's top detection by default
+    assert [d["labels"] for d in body["detections"]] == [d["labels"].tolist() for d in dets]
+    for i in range(2):
+        want = ca.FeatureAblation(lambda v, i=i: score(v, i)).attribute(
+            x[i : i + 1], feature_mask=fm
+        )
+        np.testing.assert_allclose(body["attributions"][i], want[0].numpy(), rtol=1e-9, atol=1e-12)
+        literal, picked = gradcam_box_score(dets[i], top[i]["box"], top[i]["label"])
+        assert picked is not None and body["outputs"][i] == pytest.approx(picked)
+        assert literal == pytest.approx(picked + 1.0)  # the box is its own detection: IoU 1
+    # a given box, gradients through the detector's scores
+    given = {"box": [b + 1 for b in top[1]["box"]], "label": DETECT_LABELS[top[1]["label"]]}
+    body = ok(post(server, "cars", {"method": "integrated_gradients", "inputs": x[1:].tolist(),
+                                    "target": given, "params": {"n_steps": 16}}))  # fmt: skip
+    top[1]["box"] = given["box"]
+    want = ca.IntegratedGradients(lambda v: score(v, 1)).attribute(x[1:], n_steps=16)
+    np.testing.assert_allclose(body["attributions"], want.detach().numpy(), rtol=1e-7, atol=1e-10)
+
+
+def test_detection_refuses_boxes_it_cannot_score(tasks: tuple[Server, Path]) -> None:
+    server, _ = tasks
+    x = np.random.default_rng(9).random((1, 3, 32, 32)).tolist()
+    far = {"box": [0.0, 0.0, 1.0, 1.0], "label": "car"}
+    r = post(server, "cars", {"method": "saliency", "inputs": x, "target": far})
+    assert "matches no detection" in refused(r, "target", "box")
+    r = post(server, "cars", {"method": "saliency", "inputs": x,
+                              "target": {"box": [3, 3, 1, 9], "label": 0}})  # fmt: skip
+    refused(r, "target", "box")
+    r = post(server, "cars", {"method": "saliency", "inputs": x,
+                              "target": {"box": [0, 0, 9, 9], "label": "truck"}})  # fmt: skip
+    assert "car" in refused(r, "target", "label")
+    r = post(server, "cars", {"method": "saliency", "inputs": x, "target": {"box": [0, 0, 9, 9]}})
+    refused(r, "target")
+
+
+def test_a_hugging_face_detector_is_scored_per_query(tasks: tuple[Server, Path]) -> None:
+    """A YOLOS directory (DETR-style output): every detection token a detection, its box in
+    the processor's pixels; occlusion of the top detection's score against Captum."""
+    from transformers import AutoImageProcessor, AutoModelForObjectDetection
+
+    from model_registry.detection import BoxScore
+
+    server, root = tasks
+    info = httpx.get(f"{server.url}/v1/models/pets").json()
+    assert info["kind"] == "object_detection" and info["output"]["labels"] == list(PETS.values())
+    files = [_png(3)]
+    images = [{"image": base64.b64encode(f).decode()} for f in files]
+    params = {"sliding_window_shapes": [3, 8, 8], "strides": [3, 8, 8]}
+    body = ok(post(server, "pets", {"method": "occlusion", "inputs": images, "params": params}))
+    model = AutoModelForObjectDetection.from_pretrained(root / "pets").eval()
+    processor = AutoImageProcessor.from_pretrained(root / "pets")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pil = [Image.open(io.BytesIO(f)).convert("RGB") for f in files]
+        pixels = torch.from_numpy(processor(images=pil, return_tensors="np")["pixel_values"])
+    wrapped = BoxScore(model, hf=True)
+    target = body["target"][0]
+    box = torch.tensor([target["box"]])
+    label = torch.tensor([target["label"]])
+    want = ca.Occlusion(
+        lambda v: wrapped(v, box.expand(len(v), 4), label.expand(len(v)))
+    ).attribute(pixels, sliding_window_shapes=(3, 8, 8), strides=(3, 8, 8))
+    np.testing.assert_allclose(body["attributions"], want.detach().numpy(), rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        out = model(pixel_values=pixels)
+    probs = out.logits.softmax(-1)[0, :, :-1]
+    assert body["outputs"][0] == pytest.approx(float(probs.max()), rel=1e-5)
