@@ -148,3 +148,26 @@ def build(root: Path) -> str:
     segformer_dir(root / "scene")
     yolos_dir(root / "pets")
     return TOML
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from tests.hf_dirs import sample_photo
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.task_models",
+        description="Build the task models' Hugging Face directories (qa, multi_label, "
+        "regression, scene, pets), a photo and a models.toml serving them with the models of "
+        "code (roads, price, tags, cars); print the models.toml's path.",
+    )
+    parser.add_argument("root", nargs="?", default="tasks-demo", type=Path)
+    root = parser.parse_args(argv).root
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "models.toml").write_text(build(root))
+    sample_photo().save(root / "photo.png")
+    print(root / "models.toml")
+
+
+if __name__ == "__main__":
+    main()
