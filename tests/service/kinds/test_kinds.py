@@ -43,6 +43,14 @@ EXAMPLES: dict[str, ModelSpec] = {
         task="question_answering",
         output=OutputSpec(shape=(3,), labels=("start", "end", "span")),
     ),
+    # a detector: scored per wanted box (a spec alone: no load here)
+    "object_detection": dataclasses.replace(
+        BUILTIN["tabular-mlp"],
+        id="cars",
+        source="python:cars:detector",
+        task="object_detection",
+        output=OutputSpec(shape=(), labels=("car", "person")),
+    ),
     "exported": dataclasses.replace(
         BUILTIN["tabular-mlp"],
         id="tab-ig",
