@@ -60,6 +60,7 @@ import torch
 from torch import Tensor, nn
 
 import methods
+from benchmarks.real_tasks import CASES as TASK_CASES
 from benchmarks.timing import table
 from methods import progress
 from methods.engine import precision as precision_
@@ -649,6 +650,8 @@ CASES: dict[str, Callable[[Sizes, torch.device], list[Row]]] = {
     "gpt2": gpt2_rows,
     "resnet": resnet_rows,
     "vit": vit_rows,  # the slowest last: --quick's total drops the tail first
+    # the tasks beside classifiers (CONTRACT 9.4), against their tutorials' wrappers
+    **TASK_CASES,
 }
 
 

@@ -32,6 +32,10 @@ ROWS = [
     "vit/integrated_gradients",
     "vit/saliency",
     "vit/occlusion",
+    "qa/layer_ig",
+    "segformer/integrated_gradients",
+    "segformer/feature_ablation",
+    "detr/feature_ablation",
 ]
 
 
@@ -47,6 +51,17 @@ def test_every_case_builds_its_rows() -> None:
     rows = [row for build in real.CASES.values() for row in build(s, CPU)]
     assert [r.key for r in rows] == ROWS
     assert all(r.rows >= r.unit >= 1 for r in rows)
+
+
+@pytest.mark.parametrize("case", ["qa", "segformer", "detr"])
+def test_each_task_case_answers_as_captums_wrapper(case: str) -> None:
+    """The tasks' rows: ours through the serving wrappers equals Captum on its tutorials'
+    hand-written wrappers (tiny configs)."""
+    s = real.sizes(quick=True, device=CPU, tiny=True)
+    for row in real.CASES[case](s, CPU):
+        ours = real.attributions(row.ours("float32"))
+        want = row.captum()
+        torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-5)
 
 
 def test_one_case_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
