@@ -48,7 +48,7 @@ def box_score(det: dict[str, Tensor], box: Tensor, label: Tensor, iou_threshold:
         return zero
     ious = box_iou(box.to(det["boxes"].dtype).reshape(1, 4), det["boxes"][same])[0]
     best = int(ious.argmax())
-    if float(ious[best]) < iou_threshold:
+    if float(ious[best].detach()) < iou_threshold:
         return zero
     return scores[same][best] + zero
 

@@ -85,7 +85,8 @@ def read_tensor(
             f"with {len(labels)} labels the output must be [{len(labels)}] per example (or end "
             f"in {len(labels)}: a label per position), got {list(shape)}",
         )
-    if labels and labels_dim is not None and labels_dim >= 0 and shape[labels_dim : labels_dim + 1] != (len(labels),):
+    named = shape[labels_dim : labels_dim + 1] if labels_dim is not None else (len(labels),)
+    if labels and labels_dim is not None and labels_dim >= 0 and named != (len(labels),):
         table.fail(
             "output_shape",
             f"with {len(labels)} labels the output's dim {labels_dim + 1} must hold "
@@ -162,6 +163,13 @@ def read_question_answering(table: Table, base: ModelSpec | None) -> ModelSpec:
             "question_answering models come from hf: directories (*ForQuestionAnswering)",
         )
     return read_tensor(table, base, "question_answering")
+
+
+def read_image_text(table: Table, base: ModelSpec | None) -> ModelSpec:
+    """Image–text pairs (``hf:`` ``CLIPModel`` directories): their spec is their directory's."""
+    if base is None:
+        table.fail("kind", "image_text_similarity models come from hf: directories (CLIPModel)")
+    return read_tensor(table, base, "image_text_similarity", labels_dim=None)
 
 
 def read_detection(table: Table, base: ModelSpec | None) -> ModelSpec:

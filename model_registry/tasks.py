@@ -3,7 +3,8 @@
 A model's task is what models.toml's ``kind`` (and ``ModelInfo.kind`` on the wire) names:
 ``"tensor"``, a Hugging Face classifier's task, the tasks teams serve beside classifiers
 (``"multi_label_classification"``, ``"regression"``, ``"semantic_segmentation"``,
-``"question_answering"``, ``"object_detection"``), ``"causal_lm"``, ``"seq2seq_lm"``; and one
+``"question_answering"``, ``"object_detection"``, ``"image_text_similarity"``),
+``"causal_lm"``, ``"seq2seq_lm"``; and one
 task its source chooses: an ``attribution-export:`` file computing one attribution. Each
 ``Task`` declares how its models.toml table is read and its built model finished
 (``task_loaders``), which service plug-in family serves it (``service.kinds``, keyed by
@@ -34,6 +35,7 @@ from model_registry.task_loaders import (
     finish_tensor,
     read_causal_lm,
     read_detection,
+    read_image_text,
     read_multi_label,
     read_question_answering,
     read_regression,
@@ -148,6 +150,16 @@ _TASKS = (
         read_question_answering,
         targets="answer",
         family="question_answering",
+        from_code=False,
+    ),
+    # an image and a text, their similarity attributed to both (model_registry.hf_clip)
+    Task(
+        "image_text_similarity",
+        "image_text",
+        read_image_text,
+        finish_tensor,
+        _ATTRIBUTIONS_ONLY,
+        targets="none",
         from_code=False,
     ),
     # detections scored per wanted box and label (model_registry.detection)

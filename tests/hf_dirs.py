@@ -168,6 +168,26 @@ def yolos_dir(path: Path, size: int = 32) -> Path:
     return path
 
 
+def clip_dir(path: Path, size: int = 32) -> Path:
+    """A tiny random CLIP (image and text towers) with a word-piece tokenizer ([CLS] ...
+    [SEP], [SEP] its end of text) and an image processor cropping to ``size``."""
+    from transformers import BertTokenizerFast, CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    torch.manual_seed(7)
+    text = {"vocab_size": len(WORDS), "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16,
+            "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}  # fmt: skip
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "image_size": size, "patch_size": 8}  # fmt: skip
+    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)).save_pretrained(
+        path
+    )
+    BertTokenizerFast(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
+    CLIPImageProcessor(size={"shortest_edge": size},
+                       crop_size={"height": size, "width": size}).save_pretrained(path)  # fmt: skip
+    return path
+
+
 def sample_photo() -> Any:
     """A 120×90 picture: a green field under a blue sky, a red flower left of the centre."""
     from PIL import Image, ImageDraw

@@ -128,6 +128,10 @@ id = "pets"
 source = "hf:pets"
 
 [[models]]
+id = "match"
+source = "hf:clip"
+
+[[models]]
 id = "tags"
 source = "python:tests.task_models:tagger"
 kind = "multi_label_classification"
@@ -140,13 +144,14 @@ labels = ["a", "b", "c", "d"]
 def build(root: Path) -> str:
     """Under ``root``: a BERT question answerer, multi-label tagger and regressor and a
     SegFormer (``tests.hf_dirs``); the models.toml serving them and the models above."""
-    from tests.hf_dirs import bert_task_dir, segformer_dir, yolos_dir
+    from tests.hf_dirs import bert_task_dir, clip_dir, segformer_dir, yolos_dir
 
     bert_task_dir(root / "qa", "qa")
     bert_task_dir(root / "multi_label", "multi_label")
     bert_task_dir(root / "regression", "regression")
     segformer_dir(root / "scene")
     yolos_dir(root / "pets")
+    clip_dir(root / "clip")
     return TOML
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from model_registry import hf_config, hf_image, hf_qa, hf_text
+from model_registry import hf_clip, hf_config, hf_image, hf_qa, hf_text
 from model_registry.detection import BoxScore
 from model_registry.errors import RegistryError
 from model_registry.sources.base import ModelSource, Source, register
@@ -43,6 +43,7 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
         "ForQuestionAnswering": "question_answering",
         "ForSemanticSegmentation": "semantic_segmentation",
         "ForObjectDetection": "object_detection",
+        "CLIPModel": "image_text_similarity",
     }
 )
 #: a sequence classifier's config ``problem_type`` → the task it is served as
@@ -62,6 +63,7 @@ AUTO_CLASSES: Mapping[str, str] = MappingProxyType(
         "question_answering": hf_text.QA_AUTO_CLASS,
         "semantic_segmentation": hf_image.SEGMENTATION_AUTO_CLASS,
         "object_detection": hf_image.DETECTION_AUTO_CLASS,
+        "image_text_similarity": "CLIPModel",
     }
 )
 
@@ -180,14 +182,16 @@ class HFSource(ModelSource):
         try:
             doc = hf_config.config(directory)
             auto = AUTO_CLASSES[task]
-            embedding, blocks = hf_config.layer_paths(directory, auto)
+            # (a model of image–text pairs serves no layer methods: it names no layers)
+            pairs = TASKS[task].family == "image_text"
+            embedding, blocks = (None, []) if pairs else hf_config.layer_paths(directory, auto)
         except ImportError:
             table.fail("source", "hf: sources need transformers: pip install 'attrserve[hf]'")
         except Exception as e:  # an architecture transformers does not know, a broken config
             table.fail("source", f"cannot read the directory's config: {' '.join(str(e).split())}")
         images = None
-        if auto in (hf_image.AUTO_CLASS, hf_image.SEGMENTATION_AUTO_CLASS,
-                    hf_image.DETECTION_AUTO_CLASS):  # fmt: skip
+        if pairs or auto in (hf_image.AUTO_CLASS, hf_image.SEGMENTATION_AUTO_CLASS,
+                             hf_image.DETECTION_AUTO_CLASS):  # fmt: skip
             try:
                 images = hf_image.images(str(directory))
             except ValueError as e:
@@ -206,6 +210,16 @@ class HFSource(ModelSource):
             "task": task,
             "description": f"{', '.join(doc.get('architectures', []))} from {source.target}",
         }
+        if pairs and images is not None:  # an image and a text per example
+            return ModelSpec(
+                **common,
+                inputs=(
+                    InputSpec("pixel_values", "float32", (None, *images.shape)),
+                    InputSpec("input_ids", "int64", (None, None)),
+                ),
+                output=OutputSpec(shape=(), labels=()),
+                images=str(directory),
+            )
         if images is not None:  # pixel_values in, attributions on them
             dense = TASKS[task].targets == "region"  # a class score per pixel
             return ModelSpec(
@@ -264,7 +278,7 @@ class HFSource(ModelSource):
                 str(path), local_files_only=True, dtype=getattr(torch, spec.dtype)
             )
             tokenizer = None
-            if spec.images is None:
+            if spec.images is None or TASKS[spec.task].family == "image_text":
                 tokenizer = transformers.AutoTokenizer.from_pretrained(
                     str(path), local_files_only=True
                 )
@@ -276,6 +290,8 @@ class HFSource(ModelSource):
                 model=spec.id,
                 field="source",
             ) from e
+        if TASKS[spec.task].family == "image_text":
+            return _pairs(spec, model, tokenizer)
         if spec.images is not None:
             if TASKS[spec.task].targets == "box":  # detections, scored per wanted box
                 return Built(BoxScore(model, hf=True))
@@ -308,3 +324,16 @@ def _classifier(spec: ModelSpec, model: Any, tokenizer: Any) -> Built:
     wrapped = wrap(model, int(pad), tokenizer.sep_token_id, types)
     positions = int(getattr(cfg, "max_position_embeddings", 0) or 0) or 512
     return Built(wrapped, tokenizer=hf_text.Tokenize(tokenizer, positions, int(pad)))
+
+
+def _pairs(spec: ModelSpec, model: Any, tokenizer: Any) -> Built:
+    """A CLIP model as a model of image–text pairs, with its tokenizer."""
+    cfg = model.config.text_config
+    why = hf_text.real_tokenizer(tokenizer, int(cfg.vocab_size))
+    if why is not None:
+        raise RegistryError(why, model=spec.id, field="source")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else cfg.pad_token_id
+    pad = int(pad if pad is not None else cfg.eos_token_id)
+    positions = int(getattr(cfg, "max_position_embeddings", 0) or 0) or 77
+    return Built(hf_clip.ImageTextSimilarity(model, pad),
+                 tokenizer=hf_text.Tokenize(tokenizer, positions, pad))  # fmt: skip

@@ -329,7 +329,8 @@ class RemoteModel(nn.Module):
 class RemoteSource(ModelSource):
     name = "remote"
     syntax = "remote:kserve-v1|oip-v2|http"
-    tasks = (*DECLARED_TENSOR_TASKS, "text_classification")
+    #: a remote predictor answers tensors: not a detector's detections
+    tasks = (*(t for t in DECLARED_TENSOR_TASKS if t != "object_detection"), "text_classification")
     hookable = False
     differentiable = False
     local = False

@@ -162,6 +162,9 @@ class Reply:
     #: the members of ``study`` that are lists with one entry per example (dotted: a list
     #: inside a member, ``"proponents.indices"``)
     study_rows: list[str] | None = field(default=None, metadata=_rows(SAME))
+    #: a segmentation target's region per example (N, H, W; true inside), which pictures
+    #: outline
+    regions: np.ndarray | None = field(default=None, metadata=_rows(EXAMPLES))
     #: the metrics asked for (``Attribution.metrics``): numpy arrays, curves as
     #: {"auc", "curve"}
     metrics: dict[str, Any] | None = field(default=None, metadata=_rows(NONE))

@@ -9,6 +9,7 @@ implementing ``ModelKind`` (``service.kinds.base``), registered here by the fami
 - ``question_answering``: an extractive question-answering model (a token model answering
   ``{question, context}`` pairs with its answers);
 - ``object_detection``: a detector, scored per wanted box and label;
+- ``image_text``: image–text pairs (CLIP), their similarity attributed to both;
 - ``exported``: a file computing one attribution (``attribution-export:``);
 - ``causal_lm``: a generative language model: the prompt's part in an answer;
 - ``seq2seq_lm``: an encoder-decoder (translation, summaries): the source's part in an answer.
@@ -29,6 +30,7 @@ from service.kinds.base import ModelKind
 from service.kinds.causal_lm import CausalLMKind, Seq2SeqLMKind
 from service.kinds.detection import DetectionKind
 from service.kinds.exported import ExportedKind
+from service.kinds.image_text import ImageTextKind
 from service.kinds.tensor import TensorKind
 
 #: the plug-ins, by the family name the tasks give (``Task.family``)
@@ -38,6 +40,7 @@ KINDS: dict[str, ModelKind] = {
         TensorKind(),
         QuestionAnsweringKind(),
         DetectionKind(),
+        ImageTextKind(),
         ExportedKind(),
         CausalLMKind(),
         Seq2SeqLMKind(),

@@ -30,6 +30,7 @@ from service.kinds.attribution import AttributionKind, AttributionRules
 from service.kinds.base import Catalogue, predicted_target
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
 from service.wire import codec, targets
+from service.wire import regions as wire_regions
 
 
 class TensorKind(AttributionKind):
@@ -208,6 +209,10 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         scored = parts[0] if work.attributed_layer is not None else attrs
         token_layer = work.attributed_layer is not None
         scores, metrics_ms = metrics.compute(model, xs, scored, work, kwargs, token_layer)
+    regions = None
+    if isinstance(target, dict) and "region" in target:  # what pictures outline
+        out = out if out is not None else tensors.forward(lm, xs)
+        regions = wire_regions.masks(out, target)
     if res.target is not None:  # top_k: (N, K), each example's classes best first
         if res.outputs is not None and res.outputs.shape == res.target.shape:
             selected = res.outputs
@@ -222,6 +227,7 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         selected = targets.select(scaled(whole, work.output, work.multi_label), target, n)  # type: ignore[arg-type]
     return Reply(
         work_id=work.id,
+        regions=regions,
         attributions=[tensors.numpy(p) for p in parts],
         as_tuple=isinstance(attrs, tuple),
         layers=per_layer,

@@ -86,11 +86,13 @@ def draw(
             attr = np.asarray(attrs[i], dtype=np.float64)
             tokens = None
             image = None
+            marks = _marks(reply, i)
             if reply.tokens is not None:
                 tokens = reply.tokens[i]
                 attr = attr[: len(tokens)]
             elif work.images and (placed := on_original(model, work.images[i], attr)) is not None:
-                attr, image = placed
+                attr, image, frame = placed
+                marks = _on_frame(marks, frame, tuple(model.inputs[0].shape[-2:]), attr.shape)
             elif (src := 0 if reply.layers is not None else k) < len(work.arrays):
                 x = work.arrays[src][i]  # a list of layers maps onto the first input each
                 # the input under the map: only where the map has its (spatial) shape
@@ -117,6 +119,7 @@ def draw(
                     tokens=tokens,
                     feature_names=list(columns) if columns and attr.ndim == 1 else None,
                     title=title + target,
+                    marks=marks,
                 )
             except render.RenderError as exc:
                 raise InvalidRequest(f"render: {exc}", loc=LOC) from None
@@ -181,13 +184,54 @@ def _waterfall(
         raise InvalidRequest(f"render: {exc}", loc=LOC) from None
 
 
+def _marks(reply: Reply, i: int) -> render.Marks | None:
+    """Example ``i``'s outlines: its segmentation region, its detection target's box."""
+    region = None if reply.regions is None else np.asarray(reply.regions[i], dtype=bool)
+    target = None if reply.target is None else reply.target[i]
+    boxes: tuple[tuple[float, float, float, float], ...] = ()
+    if isinstance(target, dict) and isinstance(target.get("box"), list):
+        x1, y1, x2, y2 = (float(v) for v in target["box"])
+        boxes = ((x1, y1, x2, y2),)
+    if region is None and not boxes:
+        return None
+    return render.Marks(region, boxes)
+
+
+def _on_frame(
+    marks: render.Marks | None,
+    frame: tuple[int, int, int, int],
+    pixels: tuple[Any, ...],
+    shape: tuple[int, ...],
+) -> render.Marks | None:
+    """``marks`` on the model's ``pixels`` (H, W) moved where those lie on the original
+    image (``frame``: left, top, width, height; the picture ``shape``)."""
+    if marks is None:
+        return None
+    left, top, width, height = frame
+    sy, sx = height / pixels[0], width / pixels[1]
+    boxes = tuple(
+        (left + x1 * sx, top + y1 * sy, left + x2 * sx, top + y2 * sy)
+        for x1, y1, x2, y2 in marks.boxes
+    )
+    region = None
+    if marks.region is not None:
+        region = np.zeros(shape[-2:], dtype=bool)
+        stretched = Image.fromarray(marks.region.astype(np.uint8) * 255).resize(
+            (width, height), Image.Resampling.NEAREST
+        )
+        inside = region[top : top + height, left : left + width]
+        inside[...] = np.asarray(stretched)[: inside.shape[0], : inside.shape[1]] > 127
+    return render.Marks(region, boxes)
+
+
 def on_original(
     model: ModelSpec, data: bytes, attr: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
+) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int, int]] | None:
     """An image sent encoded: the attribution map (channels summed) placed where the model's
-    ``pixel_values`` lie on the original image, and that image ([3, H, W] in 0..1), scaled
-    down only where it would not fit a picture; None where the map is not at the
-    ``pixel_values``' size (a layer's own map: drawn as it is)."""
+    ``pixel_values`` lie on the original image, that image ([3, H, W] in 0..1), scaled
+    down only where it would not fit a picture, and where the map lies on it (left, top,
+    width, height); None where the map is not at the ``pixel_values``' size (a layer's own
+    map: drawn as it is)."""
     if model.images is None or attr.shape[-2:] != tuple(model.inputs[0].shape[-2:]):
         return None
     heat = attr.sum(axis=0) if attr.ndim == 3 else attr
@@ -207,12 +251,15 @@ def on_original(
     )
     region = placed[box[1] : box[1] + height, box[0] : box[0] + width]
     region[...] = np.asarray(stretched, dtype=np.float64)[: region.shape[0], : region.shape[1]]
-    return placed, np.asarray(original, dtype=np.float64).transpose(2, 0, 1) / 255.0
+    frame = (box[0], box[1], width, height)
+    return placed, np.asarray(original, dtype=np.float64).transpose(2, 0, 1) / 255.0, frame
 
 
 def _named(model: ModelSpec, target: Any) -> str:
     """The target as a title says it: its label's name where the model has labels."""
     labels = model.output.labels
+    if isinstance(target, dict) and "label" in target:  # a detection's box
+        return f"{_named(model, target['label'])} box"
     whole = isinstance(target, int) and not isinstance(target, bool)
     if labels and whole and -len(labels) <= target < len(labels):
         return f"{labels[target]} (class {target % len(labels)})"

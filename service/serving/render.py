@@ -19,6 +19,8 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import Image, ImageDraw, ImageFont
 
+from service.serving.marks import Marks, marked
+
 OUTLIER_PERC = 2.0  # Captum's default: the top 2 % of the mass saturates
 MIN_SIDE = 256  # small maps are upscaled (integer factor, NEAREST) to at least this
 MAX_SIDE = 4096  # no picture larger than MAX_SIDE × MAX_SIDE
@@ -176,6 +178,7 @@ def draw(
     tokens: list[str] | None = None,
     feature_names: list[str] | None = None,
     title: str | None = None,
+    marks: Marks | None = None,
 ) -> Rendered:
     """Draw one example's attribution (no batch dim). Tokens given → text; else by rank:
     [F] → tabular bar chart, [H, W] or [C, H, W] → image. Raises :class:`RenderError`."""
@@ -214,7 +217,7 @@ def draw(
             f"cannot draw an attribution of shape {attr.shape}: expected [F] (tabular), "
             "[H, W] or [C, H, W] (image), or [L] with tokens (text)"
         )
-    png = _encode(_image(attr, inputs, look), look.width)
+    png = _encode(_image(attr, inputs, look, marks), look.width)
     if look.format == "png":
         return Rendered("image/png", png)
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
@@ -224,7 +227,9 @@ def draw(
 # --- images -------------------------------------------------------------------------------
 
 
-def _image(attr: Floats, inputs: NDArray[np.floating] | None, look: _Look) -> Image.Image:
+def _image(
+    attr: Floats, inputs: NDArray[np.floating] | None, look: _Look, marks: Marks | None = None
+) -> Image.Image:
     heat = attr.sum(axis=0) if attr.ndim == 3 else attr  # Captum sums channels for heat maps
     h, w = heat.shape
     factor = max(1, -(-MIN_SIDE // max(h, w)))
@@ -236,7 +241,7 @@ def _image(attr: Floats, inputs: NDArray[np.floating] | None, look: _Look) -> Im
         rgb = _as_rgb(inputs, (h, w)) * (1.0 - alpha) + rgb * alpha
     picture = Image.fromarray(np.rint(rgb).astype(np.uint8))
     picture = picture.resize((w * factor, h * factor), Image.Resampling.NEAREST)
-    return _framed(picture, look, scale)
+    return _framed(marked(picture, marks, factor), look, scale)
 
 
 def image(

@@ -123,6 +123,15 @@ def select(out: torch.Tensor, target: dict[str, Any]) -> torch.Tensor:
     return engine.select(out)
 
 
+def masks(out: torch.Tensor, target: dict[str, Any]) -> np.ndarray:
+    """Each example's region (N, H, W; true inside) for the engine ``target``, in ``out``."""
+    engine = predicted_regions(make_target(target, out.shape[0]), out)
+    weights = engine.weights
+    if weights is None:
+        raise TypeError("a fixed region target carries its weights")
+    return (weights > 0).cpu().numpy()
+
+
 def concat(parts: list[WireTarget]) -> WireTarget:
     """Region targets of requests merged into one batch (all predicted, or all masks)."""
     rows = [c for t in parts if t is not None for c in t["rows"]]

@@ -40,6 +40,7 @@ DECLARED = {
     "semantic_segmentation": ({ATTRIBUTIONS}, False, True, True),
     "question_answering": ({ATTRIBUTIONS}, False, True, True),
     "object_detection": ({ATTRIBUTIONS}, False, True, True),
+    "image_text_similarity": ({ATTRIBUTIONS}, False, True, True),
     "causal_lm": _LM,
     "seq2seq_lm": _LM,
     "exported_attribution": ({ATTRIBUTIONS}, False, True, False),

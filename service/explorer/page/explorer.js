@@ -20,6 +20,7 @@ function effect(m) {
   if (m.kind === "regression") return ["raises the predicted value", "lowers it"];
   if (m.kind === "semantic_segmentation") return ["raises the class's score over the region", "lowers it"];
   if (m.kind === "question_answering") return ["raises the answer's score", "lowers it"];
+  if (m.kind === "object_detection") return ["raises the box's detection score", "lowers it"];
   return ["raises the target's score", "lowers it"];
 }
 /** inputs longer than this stay out of the URL (an image goes by its upload id) */
@@ -59,6 +60,7 @@ const state = {
 function labelOf(target, m = state.model) {
   const labels = m && m.output && m.output.labels;
   if (labels && Number.isInteger(target) && target >= 0 && target < labels.length) return labels[target];
+  if (target && Array.isArray(target.box)) return `${labelOf(target.label, m)} at [${target.box.map((v) => Math.round(v)).join(", ")}]`;
   return JSON.stringify(target);
 }
 
@@ -158,7 +160,8 @@ function chooseModel(id, preset = {}) {
     question: ["span", "start, end or span (the answer's start plus end score; the default)."],
     regression: ["(none)", "A regression predicts one value: there is nothing to choose."],
     semantic_segmentation: ["a class", "A class (name or number): its score summed over the pixels predicted as it."],
-  }[m.kind === "regression" || m.kind === "semantic_segmentation" ? m.kind : form] || ["predicted", "Empty: each example's predicted class."];
+    object_detection: ["top detection", 'Empty: each image\'s top detection; or {"box": [x1, y1, x2, y2], "label": "car"}.'],
+  }[["regression", "semantic_segmentation", "object_detection"].includes(m.kind) ? m.kind : form] || ["predicted", "Empty: each example's predicted class."];
   $("target").placeholder = targets[0];
   $("target-hint").textContent = targets[1];
   renderRowEditor();
@@ -516,7 +519,7 @@ function buildTarget() {
   const form = formOf(state.model);
   const segments = state.model.kind === "semantic_segmentation";
   if (!raw) {
-    if (form === "prompt" || form === "question") return null;
+    if (form === "prompt" || form === "question" || state.model.kind === "object_detection") return null;
     if (segments) throw new Error("Name a class to explain: its score over the pixels predicted as it.");
     return state.model.output.shape.every((d) => d === 1) ? null : "predicted";
   }
@@ -651,6 +654,7 @@ function drawResult(region, name, res, d) {
     region.append(el("p", { class: "hint rewritten" }, `Ran ${res.method}${where}: this model takes token ids, which have no gradient, so ${res.requested_method} is computed at the token embeddings and summed over each token's vector.`));
   }
   if (res.answers && res.answers[i]) add(`answer “${res.answers[i].text}”`);
+  if (res.detections && res.detections[i]) add(`${res.detections[i].scores.length} detections`);
   if (res.target) add(`target ${res.token_attr ? JSON.stringify(res.target[0]) : labelOf(res.target[i])}`);
   if (res.outputs !== null && res.outputs !== undefined) add(`output ${fmt(flat(res.outputs)[res.token_attr ? 0 : i])}`);
   if (res.convergence_delta) add(`delta ${fmt(flat(res.convergence_delta)[i])}`);
@@ -716,7 +720,7 @@ function drawPrediction(predictions) {
     box.append(el("h2", {}, `Prediction${which}`), el("p", { class: "predicted-value" }, `Predicted value: ${fmt(row[0])}`));
     return;
   }
-  if (kind === "question_answering" || kind === "semantic_segmentation") return; // not a class
+  if (["question_answering", "semantic_segmentation", "object_detection"].includes(kind)) return; // not a class
   // multi-label: each label its own sigmoid; predicted, the labels over 0.5
   const multi = kind === "multi_label_classification";
   const probs = multi ? row.map((v) => 1 / (1 + Math.exp(-v))) : row.every((v) => v >= 0 && v <= 1) && Math.abs(row.reduce((a, b) => a + b, 0) - 1) < 1e-3 ? row : softmax(row);

@@ -530,3 +530,140 @@ def test_a_hugging_face_detector_is_scored_per_query(tasks: tuple[Server, Path])
         out = model(pixel_values=pixels)
     probs = out.logits.softmax(-1)[0, :, :-1]
     assert body["outputs"][0] == pytest.approx(float(probs.max()), rel=1e-5)
+
+
+def _magenta(render: dict[str, Any]) -> np.ndarray:
+    """Where a rendered picture is drawn in the outlines' colour."""
+    from service.serving.marks import MARK_RGB
+
+    picture = np.asarray(Image.open(io.BytesIO(base64.b64decode(render["b64"]))).convert("RGB"))
+    near = np.abs(picture.astype(int) - np.array(MARK_RGB)).max(-1) < 40  # scaled to fit
+    return near
+
+
+def test_pictures_outline_the_region_and_the_box(tasks: tuple[Server, Path]) -> None:
+    server, _ = tasks
+    x = np.random.default_rng(10).random((1, 3, 16, 16)).tolist()
+    mask = np.zeros((16, 16), dtype=int)
+    mask[4:12, 4:12] = 1
+    base = {"method": "saliency", "inputs": x, "render": {"kind": "heatmap"}}
+    body = ok(post(server, "roads", {**base, "target": {"class": 1, "region": mask.tolist()}}))
+    outlined = _magenta(body["renders"][0])
+    assert outlined.any()
+    rows, cols = np.nonzero(outlined)  # the square's edge, drawn where the map is
+    assert rows.max() - rows.min() == cols.max() - cols.min() > 0
+    body = ok(post(server, "roads", {**base, "target": {"class": 1, "region": "predicted"}}))
+    assert _magenta(body["renders"][0]).any()
+    x = np.random.default_rng(11).random((1, 3, 32, 32)).tolist()
+    body = ok(post(server, "cars", {"method": "saliency", "inputs": x,
+                                    "render": {"kind": "heatmap"}}))  # fmt: skip
+    assert _magenta(body["renders"][0]).sum() > 20  # the top detection's box
+    photo = base64.b64encode(_png(4)).decode()
+    body = ok(post(server, "pets", {"method": "saliency", "inputs": [{"image": photo}],
+                                    "render": {"kind": "overlay"}}))  # fmt: skip
+    assert _magenta(body["renders"][0]).any()  # drawn on the original photo
+
+
+# -- image–text similarity ------------------------------------------------------------------
+
+
+def _clip(root: Path, files: list[bytes], texts: list[str]) -> tuple[Any, Any, Any, Any]:
+    """The CLIP directory's model (float64), pixel_values, ids and attention mask."""
+    from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+
+    model = CLIPModel.from_pretrained(root / "clip").double().eval()
+    processor = AutoImageProcessor.from_pretrained(root / "clip")
+    tok = AutoTokenizer.from_pretrained(root / "clip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pil = [Image.open(io.BytesIO(f)).convert("RGB") for f in files]
+        pixels = torch.from_numpy(processor(images=pil, return_tensors="np")["pixel_values"])
+    enc = tok(texts, padding=True, return_tensors="pt")
+    return model, pixels.double(), enc["input_ids"], enc["attention_mask"]
+
+
+def test_image_text_similarity_attributes_both_at_once(tasks: tuple[Server, Path]) -> None:
+    """Integrated gradients along one path for the pixels and the token embeddings, and
+    feature ablation of patches and tokens together, against Captum on the hand-written
+    wrapper of ``logits_per_image``'s diagonal."""
+    server, root = tasks
+    files, texts = [_png(5), _png(6)], ["a good film", "the plot was dull"]
+    inputs = [
+        {"image": base64.b64encode(f).decode(), "text": t}
+        for f, t in zip(files, texts, strict=True)
+    ]
+    model, pixels, ids, mask = _clip(root, files, texts)
+    emb = model.text_model.embeddings.token_embedding
+    base_ids = torch.where((ids == 2) | (ids == 3) | (mask == 0), ids, torch.zeros_like(ids))
+
+    def similarity(px: torch.Tensor, embeds: torch.Tensor, at: torch.Tensor,
+                   attention: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        handle = emb.register_forward_hook(lambda _m, _i, _o: embeds)
+        try:
+            out = model(pixel_values=px, input_ids=at, attention_mask=attention)
+        finally:
+            handle.remove()
+        return out.logits_per_image.diagonal()
+
+    body = ok(post(server, "match", {"method": "integrated_gradients", "inputs": inputs,
+                                     "params": {"n_steps": 16}}))  # fmt: skip
+    with torch.no_grad():
+        embeds, base_embeds = emb(ids), emb(base_ids)
+    want = ca.IntegratedGradients(similarity).attribute(
+        (pixels, embeds), baselines=(torch.zeros_like(pixels), base_embeds),
+        additional_forward_args=(ids, mask), n_steps=16,
+    )  # fmt: skip
+    np.testing.assert_allclose(body["attributions"]["image"], want[0].numpy(), rtol=1e-4,
+                               atol=1e-6)  # fmt: skip
+    text = (want[1].sum(-1) * mask).numpy()
+    for i in range(2):
+        width = int(mask[i].sum())
+        np.testing.assert_allclose(body["attributions"]["text"][i][:width], text[i][:width],
+                                   rtol=1e-4, atol=1e-6)  # fmt: skip
+    with torch.no_grad():
+        sims = model(pixel_values=pixels, input_ids=ids, attention_mask=mask).logits_per_image
+    np.testing.assert_allclose(body["outputs"], sims.diagonal().numpy(), rtol=1e-5)
+    # feature ablation: 8x8 patches and tokens, one feature each, hidden together
+    body = ok(post(server, "match", {"method": "feature_ablation", "inputs": inputs[:1]}))
+    patches = (torch.arange(32) // 8)[:, None] * 4 + (torch.arange(32) // 8)[None, :]
+    pmask = patches.expand(1, 3, 32, 32)
+    tmask = torch.arange(ids.shape[1])[None] + 16
+
+    def plain(px: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        attention = mask[:1].expand(len(at), -1)
+        return model(
+            pixel_values=px, input_ids=at, attention_mask=attention
+        ).logits_per_image.diagonal()
+
+    width = int(mask[0].sum())
+    want = ca.FeatureAblation(plain).attribute(
+        (pixels[:1], ids[:1, :width]), baselines=(0, base_ids[:1, :width]),
+        feature_mask=(pmask, tmask[:, :width]),
+    )  # fmt: skip
+    np.testing.assert_allclose(body["attributions"]["image"][0], want[0][0].numpy(), rtol=1e-4,
+                               atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(body["attributions"]["text"][0][:width], want[1][0].numpy(),
+                               rtol=1e-4, atol=1e-6)  # fmt: skip
+    assert body["tokens"][0] == ["[CLS]", "a", "good", "film", "[SEP]"]
+
+
+def test_image_text_pairs_over_kserve_and_their_refusals(tasks: tuple[Server, Path]) -> None:
+    from tests.service.compat.test_compat import kserve_explain
+
+    server, _ = tasks
+    photo = base64.b64encode(_png(7)).decode()
+    pair = {"image": photo, "text": "a great story"}
+    want = ok(post(server, "match", {"method": "saliency", "inputs": [pair]}))
+    got = kserve_explain(server, "match", {"instances": [pair],
+                                           "parameters": {"method": "saliency"}})  # fmt: skip
+    image, text = got["explanations"][0]["attributions"]
+    np.testing.assert_allclose(image, want["attributions"]["image"][0], rtol=1e-6)
+    np.testing.assert_allclose(text, want["attributions"]["text"][0], rtol=1e-6)
+    r = post(server, "match", {"method": "saliency", "inputs": [{"image": photo}]})
+    assert "text" in refused(r, "inputs", 0, "text")
+    r = post(server, "match", {"method": "saliency", "inputs": [{"text": "a film"}]})
+    refused(r, "inputs", 0, "image")
+    r = post(server, "match", {"method": "saliency", "inputs": [pair], "target": 0})
+    refused(r, "target")
+    r = post(server, "match", {"method": "occlusion", "inputs": [pair]})
+    assert r.status_code in (400, 422) and "integrated_gradients" in r.text
