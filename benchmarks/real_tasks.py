@@ -7,7 +7,10 @@ Captum user writes by hand for each (``python -m benchmarks.real --only qa,segfo
   its predicted pixels, Captum's segmentation tutorial (``agg_segmentation_wrapper``);
 - ``detr``: DETR-ResNet-50 at 800 px; feature ablation (a 4x4 grid) of the top detection's
   score, the box scored as pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` as CONTRACT 9.4
-  takes it.
+  takes it;
+- ``clip``: CLIP ViT-B/32 at 224 px and a 16-token text; integrated gradients of the pair's
+  similarity to the pixels and the token embeddings at once (a hook swapping the token
+  embeddings, by hand).
 
 Ours runs the serving wrappers (``model_registry.hf_qa``, ``hf_image.Segmenter``,
 ``detection.BoxScore``) through ``methods.attribute``; Captum runs its tutorials' functions.
@@ -215,9 +218,81 @@ def detr_rows(s: Sizes, device: torch.device) -> list[Row]:
     ]  # fmt: skip
 
 
+def clip_rows(s: Sizes, device: torch.device) -> list[Row]:
+    from captum.attr import IntegratedGradients
+    from transformers import CLIPConfig, CLIPModel
+
+    from benchmarks.real import TINY, Row, plain
+    from model_registry.hf_clip import ImageTextSimilarity
+
+    torch.manual_seed(0)
+    cfg = CLIPConfig()  # ViT-B/32 and its text tower
+    size, tokens = 224, 16
+    if s.tiny:
+        cfg = CLIPConfig(
+            text_config={"vocab_size": 30, "hidden_size": 16, "intermediate_size": 32,
+                         "num_hidden_layers": 1, "num_attention_heads": 2,
+                         "max_position_embeddings": 16, "bos_token_id": 1, "eos_token_id": 29,
+                         "pad_token_id": 0},
+            vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                           "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+            projection_dim=8,
+        )  # fmt: skip
+        size, tokens = 32, 8
+    hf = CLIPModel(cfg).eval().to(device)
+    eos = int(cfg.text_config.eos_token_id)
+    model = ImageTextSimilarity(hf, eos)
+    g = torch.Generator().manual_seed(3)
+    vocab = int(cfg.text_config.vocab_size)
+    ids = torch.randint(3, min(vocab, 40000), (1, tokens), generator=g)
+    ids[0, 0], ids[0, -1] = int(cfg.text_config.bos_token_id), eos
+    ids = ids.to(device)
+    base = torch.where((ids == ids[0, 0]) | (ids == eos), ids, torch.full_like(ids, eos))
+    pixels = torch.randn(1, 3, size, size, generator=g).to(device)
+    emb = hf.text_model.embeddings.token_embedding
+    with torch.no_grad():
+        embeds, base_embeds = emb(ids), emb(base)
+
+    def by_hand(px: Tensor, e: Tensor) -> Tensor:  # a Captum user's wrapper
+        handle = emb.register_forward_hook(lambda _m, _i, _o: e)
+        try:
+            out = hf(pixel_values=px, input_ids=ids.expand(len(px), -1))
+        finally:
+            handle.remove()
+        return out.logits_per_image.diagonal()
+
+    ig = IntegratedGradients(by_hand)
+    zeros = torch.zeros_like(pixels)
+
+    def ours(prec: str) -> Any:
+        def along(px: Tensor, e: Tensor, at: Tensor) -> Tensor:
+            return model(px, at, e)
+
+        return methods.attribute(
+            along, (pixels, embeds), "integrated_gradients", baselines=(zeros, base_embeds),
+            additional_forward_args=(ids,), n_steps=s.steps, internal_batch_size="auto",
+            precision=prec,
+        )  # fmt: skip
+
+    def captum() -> Any:
+        return ig.attribute((pixels, embeds), baselines=(zeros, base_embeds), n_steps=s.steps)
+
+    def score(px: Tensor) -> Tensor:
+        return by_hand(px, embeds.expand(len(px), -1, -1))
+
+    label = f"CLIP ViT-B/32 image-text, {size} px and {tokens} tokens{TINY[s.tiny]}"
+    return [
+        Row(
+            "clip/integrated_gradients", label, f"IG n={s.steps} of pixels and tokens at once",
+            ours, captum, plain(score, hf, pixels, grad=True), s.steps, 1, twin_of=model,
+        ),
+    ]  # fmt: skip
+
+
 #: case name -> its rows
 CASES: dict[str, Callable[[Sizes, torch.device], list[Row]]] = {
     "qa": qa_rows,
     "segformer": segformer_rows,
     "detr": detr_rows,
+    "clip": clip_rows,
 }

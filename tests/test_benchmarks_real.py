@@ -36,6 +36,7 @@ ROWS = [
     "segformer/integrated_gradients",
     "segformer/feature_ablation",
     "detr/feature_ablation",
+    "clip/integrated_gradients",
 ]
 
 
@@ -53,7 +54,7 @@ def test_every_case_builds_its_rows() -> None:
     assert all(r.rows >= r.unit >= 1 for r in rows)
 
 
-@pytest.mark.parametrize("case", ["qa", "segformer", "detr"])
+@pytest.mark.parametrize("case", ["qa", "segformer", "detr", "clip"])
 def test_each_task_case_answers_as_captums_wrapper(case: str) -> None:
     """The tasks' rows: ours through the serving wrappers equals Captum on its tutorials'
     hand-written wrappers (tiny configs)."""
