@@ -14,6 +14,7 @@ const SAMPLES = {
   text: "a wonderful film",
   prompt: "The capital of France is",
   question: "Who wrote the film? ||| The film was written and directed by Agnes Varda in 1962.",
+  "image-text": "a red flower in a field",
 };
 /** What a positive score does to the output, by the model's kind (the legend's words). */
 function effect(m) {
@@ -21,6 +22,7 @@ function effect(m) {
   if (m.kind === "semantic_segmentation") return ["raises the class's score over the region", "lowers it"];
   if (m.kind === "question_answering") return ["raises the answer's score", "lowers it"];
   if (m.kind === "object_detection") return ["raises the box's detection score", "lowers it"];
+  if (m.kind === "image_text_similarity") return ["raises the image and text's similarity", "lowers it"];
   return ["raises the target's score", "lowers it"];
 }
 /** inputs longer than this stay out of the URL (an image goes by its upload id) */
@@ -120,6 +122,7 @@ function isLM(m) {
 function formOf(m) {
   if (isLM(m)) return "prompt";
   if (m.kind === "question_answering") return "question";
+  if (m.kind === "image_text_similarity") return "image-text";
   if (m.tokenizer) return "text";
   if (m.images) return "encoded-image";
   if (m.inputs.length === 1) {
@@ -143,12 +146,13 @@ function chooseModel(id, preset = {}) {
   renderMethods(m, wanted);
   renderParams(preset.params || {});
   renderViews(m, preset.view, preset.viewParams);
-  $("image-field").hidden = !(form === "image" || form === "encoded-image");
+  $("image-field").hidden = !(form === "image" || form === "encoded-image" || form === "image-text");
   state.image = null;
   $("input").value = preset.input ?? (SAMPLES[form] || (form === "row" ? JSON.stringify([startRow(m)]) : ""));
   $("input-hint").textContent = {
     text: "One text per line; a pair as: premise ||| hypothesis. JSON works too.",
     question: "One example per line: question ||| context. JSON works too.",
+    "image-text": "Choose an image, and write texts to match it with (one per line).",
     prompt: 'A prompt (every token a feature), or JSON {"prompt": "... {} ...", "features": [...]}.',
     image: "Choose an image, or paste the inputs as JSON.",
     "encoded-image": "Choose an image, or paste the inputs as JSON.",
@@ -160,8 +164,9 @@ function chooseModel(id, preset = {}) {
     question: ["span", "start, end or span (the answer's start plus end score; the default)."],
     regression: ["(none)", "A regression predicts one value: there is nothing to choose."],
     semantic_segmentation: ["a class", "A class (name or number): its score summed over the pixels predicted as it."],
+    image_text_similarity: ["(none)", "The pair's similarity is attributed: there is nothing to choose."],
     object_detection: ["top detection", 'Empty: each image\'s top detection; or {"box": [x1, y1, x2, y2], "label": "car"}.'],
-  }[["regression", "semantic_segmentation", "object_detection"].includes(m.kind) ? m.kind : form] || ["predicted", "Empty: each example's predicted class."];
+  }[["regression", "semantic_segmentation", "object_detection", "image_text_similarity"].includes(m.kind) ? m.kind : form] || ["predicted", "Empty: each example's predicted class."];
   $("target").placeholder = targets[0];
   $("target-hint").textContent = targets[1];
   renderRowEditor();
@@ -504,6 +509,10 @@ function buildInputs() {
   if (form === "text" && !/^[[{]/.test(text)) {
     return text.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => (l.includes(" ||| ") ? l.split(" ||| ", 2) : l));
   }
+  if (form === "image-text" && !/^[[{]/.test(text)) {
+    if (!state.image) throw new Error("Choose an image to match the texts with.");
+    return text.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => ({ image: state.image.b64, text: l }));
+  }
   if (form === "question" && !/^[[{]/.test(text)) {
     return text.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => {
       const [question, context] = l.split(" ||| ", 2);
@@ -519,7 +528,7 @@ function buildTarget() {
   const form = formOf(state.model);
   const segments = state.model.kind === "semantic_segmentation";
   if (!raw) {
-    if (form === "prompt" || form === "question" || state.model.kind === "object_detection") return null;
+    if (form === "prompt" || form === "question" || form === "image-text" || state.model.kind === "object_detection") return null;
     if (segments) throw new Error("Name a class to explain: its score over the pixels predicted as it.");
     return state.model.output.shape.every((d) => d === 1) ? null : "predicted";
   }
@@ -566,7 +575,7 @@ async function takeImage(blob, uploadId) {
     Object.assign(image, { pixels, shape: [1, channels, h, w] });
   }
   state.image = image;
-  $("input").value = "";
+  if (formOf(m) !== "image-text") $("input").value = ""; // the texts stay: they go with it
   document.body.dataset.image = id;
 }
 
@@ -667,7 +676,12 @@ function drawResult(region, name, res, d) {
   region.dataset.example = String(i + 1);
   const look = style();
   const m = state.model;
-  if (res.token_attr) {
+  if (res.attributions && res.attributions.image && res.attributions.text) {
+    // an image and a text: the pair's similarity on both at once
+    const one = res.attributions.image[i];
+    drawImage(region, one, pictureFor(one), look);
+    drawTokens(region, res.attributions.text[i], res.tokens[i], look);
+  } else if (res.token_attr) {
     drawGrid(region, res.token_attr, res.input_tokens, res.output_tokens, look);
   } else if (res.tokens) {
     drawTokens(region, res.attributions[i], res.tokens[i], look);
@@ -716,6 +730,10 @@ function drawPrediction(predictions) {
   const labels = state.model.output.labels;
   const which = state.count > 1 ? ` of example ${i + 1}` : "";
   const kind = state.model.kind;
+  if (kind === "image_text_similarity") {
+    box.append(el("h2", {}, `Prediction${which}`), el("p", { class: "predicted-value" }, `Similarity: ${fmt(row[0])}`));
+    return;
+  }
   if (kind === "regression") {
     box.append(el("h2", {}, `Prediction${which}`), el("p", { class: "predicted-value" }, `Predicted value: ${fmt(row[0])}`));
     return;

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.service.conftest import Server, serve_in_thread
 from tests.service.explorer.test_explorer import Page, api, browser  # noqa: F401  (a fixture)
@@ -115,3 +116,29 @@ def test_a_segmentation_class_and_a_detectors_top_box(page: Page, tmp_path: Path
     box = want["target"][0]
     text = region.inner_text()
     assert "detections" in text and ["person", "bicycle", "car"][box["label"]] in text
+
+
+def test_an_image_and_its_texts_are_matched(page: Page, tmp_path: Path) -> None:
+    from tests.service.explorer.test_explorer import blocks
+
+    png = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
+        png
+    )
+    page.open()
+    page.choose("match", ["saliency"])
+    page.page.get_by_label("Image", exact=True).set_input_files(str(png))
+    page.page.wait_for_selector("body[data-image]")
+    page.page.get_by_label("Input", exact=True).fill("a good film\nthe plot")
+    page.explain()
+    (sent,) = page.requests("saliency")
+    assert [x["text"] for x in sent["inputs"]] == ["a good film", "the plot"]
+    assert sent["target"] is None
+    want = api(page.server, "match", sent)
+    tokens = want["tokens"][0]
+    image = blocks(np.asarray(want["attributions"]["image"][0]))
+    text = want["attributions"]["text"][0][: len(tokens)]
+    np.testing.assert_allclose(page.scores("saliency"), [*image, *text], rtol=1e-5, atol=1e-7)
+    region = page.page.get_by_role("region", name="saliency", exact=True)
+    assert "similarity" in region.inner_text()
+    assert "Similarity:" in page.page.locator("#prediction").inner_text()
