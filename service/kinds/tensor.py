@@ -23,6 +23,7 @@ from methods.engine.outputs import scaled
 from methods.verify import verify
 from model_registry.hf_text import text_hierarchy
 from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
+from model_registry.tasks import task_of
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, new_id, runs
 from service.kinds import checks, merging, metrics, plan, prepare, tensors
@@ -41,7 +42,8 @@ class TensorKind(AttributionKind):
         return Catalogue(
             methods=plan.served(spec),
             explanation=_explanation(spec),
-            target=predicted_target(spec),
+            # a segmentation model: each example's dominant class (service.wire.regions)
+            target=None if task_of(spec).targets == "region" else predicted_target(spec),
             tokenizer=spec.takes_text,
             pictures=max(1, len(spec.inputs)),
         )
@@ -149,6 +151,9 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
         out = tensors.forward(lm, xs)
     if targets.predicted(wire) and out is not None:
         wire = targets.of_predictions(out)
+    if wire is not None and wire["form"] == "region" and None in wire["rows"]:
+        out = out if out is not None else tensors.forward(lm, xs)
+        wire = wire_regions.dominant(wire, out)
     target = targets.to_engine(wire)
     params = {k: tensors.convert(v, device) for k, v in work.params.items()}
     if work.attributed_layer is not None:

@@ -3,8 +3,10 @@
 Captum's segmentation tutorial attributes them (``"predicted"``: the pixels whose argmax is
 the class, fixed from the unperturbed output; a mask: H×W of 0/1 on the output's pixels).
 
-Wire form: ``{"form": "region", "rows": [class per example], "masks": None | [mask per
-example]}`` (None: predicted; each mask a list of rows of 0/1). The engine's form is
+Without a target, each example's dominant class (the one it predicts on the most pixels) over
+its predicted pixels. Wire form: ``{"form": "region", "rows": [class (None: dominant) per
+example], "masks": None | [mask per example]}`` (None: predicted; each mask a list of rows of
+0/1). The engine's form is
 ``{"class": [...], "region": "predicted" | tensor (N, H, W)}`` (``methods.attribute``).
 """
 
@@ -29,12 +31,8 @@ SHAPE = '{"class": 3, "region": "predicted"} or {"class": "road", "region": [[0,
 def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
     """The wire form of a segmentation model's ``target``: one for every example, or a list
     with one per example."""
-    if raw is None:
-        raise InvalidRequest(
-            f"target is required: a segmentation model's target is a class over a region, "
-            f"e.g. {SHAPE}",
-            loc=LOC,
-        )
+    if raw is None:  # each example's dominant class over its pixels (fixed in the worker)
+        return {"form": "region", "rows": [None] * n, "masks": None}
     if isinstance(raw, list):
         if len(raw) != n:
             raise InvalidRequest(
@@ -109,6 +107,18 @@ def _mask(raw: Any, out: OutputSpec, loc: Loc) -> list[list[int]]:
     if not mask.any():
         raise InvalidRequest("the mask is empty: no pixel is inside the region", loc=loc)
     return mask.astype(np.int8).tolist()
+
+
+def dominant(t: dict[str, Any], out: torch.Tensor) -> dict[str, Any]:
+    """``t`` with each example that names no class given the class its output predicts on
+    the most pixels (ties: the lowest class)."""
+    if all(c is not None for c in t["rows"]):
+        return t
+    predicted = out.argmax(dim=1).flatten(1)  # (N, pixels)
+    counts = torch.zeros(out.shape[0], out.shape[1], dtype=torch.long, device=out.device)
+    counts.scatter_add_(1, predicted, torch.ones_like(predicted))
+    most = counts.argmax(dim=1).tolist()
+    return {**t, "rows": [m if c is None else c for c, m in zip(t["rows"], most, strict=True)]}
 
 
 def to_engine(t: dict[str, Any]) -> dict[str, Any]:
