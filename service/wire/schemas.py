@@ -115,6 +115,54 @@ INDEX_TARGET: dict[str, Any] = {
     "required": ["index"],
     "additionalProperties": False,
 }
+REGION_TARGET: dict[str, Any] = {
+    "title": "RegionTarget",
+    "description": "Segmentation models: a class's scores summed over a region of the output: "
+    '"predicted" (the pixels whose argmax is the class, in the unperturbed output) or a mask '
+    "(H×W of 0/1 on the output's pixels).",
+    "type": "object",
+    "properties": {
+        "class": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]},
+        "region": {
+            "anyOf": [
+                {"const": "predicted"},
+                {"type": "array", "items": {"type": "array", "items": {"enum": [0, 1]}}},
+            ]
+        },
+    },
+    "required": ["class", "region"],
+    "additionalProperties": False,
+}
+BOX_TARGET: dict[str, Any] = {
+    "title": "BoxTarget",
+    "description": "Object detectors: the score of the detection of the label with the "
+    "largest IoU with the box (x1, y1, x2, y2 in the model input's pixels), 0 where none "
+    "reaches iou_threshold.",
+    "type": "object",
+    "properties": {
+        "box": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
+        "label": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]},
+        "iou_threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    },
+    "required": ["box", "label"],
+    "additionalProperties": False,
+}
+EXAMPLES: dict[str, Any] = {
+    "title": "Examples",
+    "description": 'Question answering: [{"question": "...", "context": "..."}, ...]; '
+    'image–text similarity: [{"image": "<base64>", "text": "..."}, ...].',
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "question": {"type": "string"},
+            "context": {"type": "string"},
+            "image": {"type": "string"},
+            "text": {"type": "string"},
+        },
+        "additionalProperties": False,
+    },
+}
 RESULT_NUMBERS: dict[str, Any] = {
     "title": "ResultNumbers",
     "description": "A tensor as nested lists of numbers; null stands for NaN or an infinity, "
@@ -128,9 +176,10 @@ INPUTS: dict[str, Any] = {
     "keyed by input name), (token models) raw texts, or (image classifiers) encoded images "
     '[{"image": "<base64>"}, ...]. Causal language models take an object '
     '{"prompt": "... {} ...", "features": ["slot value", ...], "baselines": [...], '
-    '"skip_tokens": [...]} (features null: every prompt token is a feature).',
+    '"skip_tokens": [...]} (features null: every prompt token is a feature). Question '
+    'answering takes [{"question", "context"}], image–text similarity [{"image", "text"}].',
     # a list of nested lists is itself nested lists: the model's input count tells them apart
-    "oneOf": [TENSOR_LIST, NESTED_NUMBERS, TENSOR_B64, BY_NAME, TEXTS, IMAGES],
+    "anyOf": [TENSOR_LIST, NESTED_NUMBERS, TENSOR_B64, BY_NAME, TEXTS, IMAGES, EXAMPLES],
 }
 TARGET: dict[str, Any] = {
     "title": "Target",
@@ -138,12 +187,18 @@ TARGET: dict[str, Any] = {
     'into outputs of more than one dim ({"index": [2, 3]}) or one per example, a label name '
     'or one per example, "predicted" (each example\'s argmax), or null (models with one '
     'output per example), {"top_k": K} (each example\'s K best classes); causal language '
-    "models: the answer's text, or null to generate it.",
+    "models: the answer's text, or null to generate it; question answering: \"start\", "
+    '"end" or "span" (the default); segmentation: {"class", "region"} (null: each example\'s '
+    'dominant class); object detection: {"box", "label"} (null: each image\'s top '
+    "detection); a list of these gives one per example.",
     "oneOf": [
         {"type": "integer"},
         {"type": "string"},
         INDEX_TARGET,
         TOP_K_TARGET,
+        REGION_TARGET,
+        BOX_TARGET,
+        {"type": "array", "items": {"anyOf": [REGION_TARGET, BOX_TARGET]}, "minItems": 1},
         {
             "type": "array",
             "items": {"anyOf": [INDEX_TARGET, {"type": "integer"}, {"type": "string"}]},
