@@ -141,11 +141,14 @@ def segformer_rows(s: Sizes, device: torch.device) -> list[Row]:
 
     label = f"SegFormer-B0 segmentation, {size} px{TINY[s.tiny]}"
     ig, fa = IntegratedGradients(agg), FeatureAblation(agg)
+    # 50 steps of 150 classes' 512x512 logits in one pass is 24 GB: both in batches of 5
+    steps_at = {"n_steps": s.steps, "internal_batch_size": 5}
     return [
         Row(
-            "segformer/integrated_gradients", label, f"IG n={s.steps} of a class's pixels",
-            ours("integrated_gradients", n_steps=s.steps, internal_batch_size="auto"),
-            lambda: ig.attribute(x, target=klass, n_steps=s.steps),
+            "segformer/integrated_gradients", label,
+            f"IG n={s.steps} of a class's pixels (both 5 steps a pass)",
+            ours("integrated_gradients", **steps_at),
+            lambda: ig.attribute(x, target=klass, **steps_at),
             plain(score, model, x, grad=True), s.steps, 1, twin_of=model,
         ),
         Row(

@@ -33,14 +33,7 @@ class QuestionAnswerer(TextClassifier):
     def logits(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The start and end logits, padded positions at -inf."""
         padded = ids == PADDED
-        kw: dict[str, Any] = {
-            "input_ids": ids.masked_fill(padded, self.pad_id),
-            "attention_mask": (~padded).long(),
-        }
-        if self.types and self.sep_id is not None:
-            sep = (ids == self.sep_id).long()
-            kw["token_type_ids"] = ((sep.cumsum(1) - sep) > 0).long().masked_fill(padded, 0)
-        out = self.model(**kw)
+        out = self.model(**self.encoded(ids))
         low = torch.finfo(out.start_logits.dtype).min
         return out.start_logits.masked_fill(padded, low), out.end_logits.masked_fill(padded, low)
 

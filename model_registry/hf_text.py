@@ -45,7 +45,9 @@ class TextClassifier(nn.Module):
         self.model = model
         self.pad_id, self.sep_id, self.types = pad_id, sep_id, types
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def encoded(self, ids: torch.Tensor) -> dict[str, Any]:
+        """The model's keyword inputs for ``ids``: the ids (the pad token where the batch
+        pads), the attention mask and, where it takes them, the token type ids."""
         padded = ids == PADDED
         kw: dict[str, Any] = {
             "input_ids": ids.masked_fill(padded, self.pad_id),
@@ -54,7 +56,10 @@ class TextClassifier(nn.Module):
         if self.types and self.sep_id is not None:
             sep = (ids == self.sep_id).long()
             kw["token_type_ids"] = ((sep.cumsum(1) - sep) > 0).long().masked_fill(padded, 0)
-        return self.model(**kw).logits
+        return kw
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(**self.encoded(ids)).logits
 
 
 class Tokenize:

@@ -21,7 +21,7 @@ from model_registry.detection import box_iou, reported
 from model_registry.spec import LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest
 from service.core.settings import Settings
-from service.core.work import Attribution, Prediction, Reply, runs
+from service.core.work import Attribution, Prediction, Reply, Work, runs
 from service.kinds import tensors
 from service.kinds.attribution import AttributionRules
 from service.kinds.base import Catalogue
@@ -100,12 +100,17 @@ def _chosen(dets: list[dict[str, torch.Tensor]], target: dict[str, Any]) -> list
     return out
 
 
+def _detected(lm: LoadedModel, work: Work) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+    """The work's images on the model's device, and their detections."""
+    xs, _ = tensors.inputs(lm, work)
+    with torch.no_grad():
+        return xs[0], lm.model.detect(xs[0])
+
+
 @runs(Detecting)
 def attribute_detection(lm: LoadedModel, work: Detecting) -> Reply:
     t0 = time.perf_counter()
-    xs, _ = tensors.inputs(lm, work)
-    with torch.no_grad():
-        dets = lm.model.detect(xs[0])
+    images, dets = _detected(lm, work)
     chosen = _chosen(dets, work.target)  # type: ignore[arg-type]
     threshold = float(work.target["iou_threshold"])  # type: ignore[index]
     boxes = np.array([c["box"] for c in chosen], dtype=np.float64)
@@ -117,7 +122,7 @@ def attribute_detection(lm: LoadedModel, work: Detecting) -> Reply:
     reply = attribute(lm, scored)
     with torch.no_grad():  # each example's score for its box, unperturbed
         at = tensors.convert(args, lm.device)
-        reply.outputs = tensors.numpy(lm.model(xs[0], *at))
+        reply.outputs = tensors.numpy(lm.model(images, *at))
     reply.target = chosen
     reply.study = {"detections": [reported(d, _hf(lm)) for d in dets]}
     reply.study_rows = ["detections"]
@@ -128,9 +133,7 @@ def attribute_detection(lm: LoadedModel, work: Detecting) -> Reply:
 @runs(Detect)
 def detect(lm: LoadedModel, work: Detect) -> Reply:
     t0 = time.perf_counter()
-    xs, _ = tensors.inputs(lm, work)
-    with torch.no_grad():
-        dets = lm.model.detect(xs[0])
+    _, dets = _detected(lm, work)
     top = [float(d["scores"].max()) if d["scores"].numel() else 0.0 for d in dets]
     return Reply(
         work_id=work.id,

@@ -14,6 +14,7 @@ from typing import Any
 from model_registry.spec import OutputSpec
 from service.core.errors import InvalidRequest, Loc
 from service.core.work import WireTarget
+from service.wire import regions
 
 LOC: Loc = ("body", "target")
 SHAPE = '{"box": [x1, y1, x2, y2], "label": "car"}'
@@ -24,15 +25,7 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
     """The wire form of a detector's ``target``."""
     if raw is None:
         return {"form": "box", "rows": [None] * n, "iou_threshold": IOU_THRESHOLD}
-    if isinstance(raw, list) and raw and all(isinstance(t, dict) for t in raw):
-        if len(raw) != n:
-            raise InvalidRequest(
-                f"a list target needs one entry per example: got {len(raw)} for {n} examples",
-                loc=LOC,
-            )
-        each = [_one(t, out, (*LOC, i)) for i, t in enumerate(raw)]
-    else:
-        each = [_one(raw, out, LOC)] * n
+    each = regions.per_example(raw, n, lambda t, loc: _one(t, out, loc))
     thresholds = {t for _, t in each}
     if len(thresholds) != 1:
         raise InvalidRequest("give every example the same iou_threshold", loc=LOC)

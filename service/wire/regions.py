@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -33,15 +34,7 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
     with one per example."""
     if raw is None:  # each example's dominant class over its pixels (fixed in the worker)
         return {"form": "region", "rows": [None] * n, "masks": None}
-    if isinstance(raw, list):
-        if len(raw) != n:
-            raise InvalidRequest(
-                f"a list target needs one entry per example: got {len(raw)} for {n} examples",
-                loc=LOC,
-            )
-        each = [_one(t, out, (*LOC, i)) for i, t in enumerate(raw)]
-    else:
-        each = [_one(raw, out, LOC)] * n
+    each = per_example(raw, n, lambda t, loc: _one(t, out, loc))
     masks = [m for _, m in each]
     if any(m is None for m in masks) and any(m is not None for m in masks):
         raise InvalidRequest(
@@ -52,6 +45,21 @@ def resolve(raw: Any, out: OutputSpec, n: int) -> WireTarget:
         "rows": [c for c, _ in each],
         "masks": None if masks[0] is None else masks,
     }
+
+
+T = TypeVar("T")
+
+
+def per_example(raw: Any, n: int, one: Callable[[Any, Loc], T]) -> list[T]:
+    """An object target read by ``one``: a list of them, one per example, or one for all."""
+    if isinstance(raw, list) and all(isinstance(t, dict) for t in raw):
+        if len(raw) != n:
+            raise InvalidRequest(
+                f"a list target needs one entry per example: got {len(raw)} for {n} examples",
+                loc=LOC,
+            )
+        return [one(t, (*LOC, i)) for i, t in enumerate(raw)]
+    return [one(raw, LOC)] * n
 
 
 def _one(raw: Any, out: OutputSpec, loc: Loc) -> tuple[int, list[list[int]] | None]:

@@ -187,7 +187,7 @@ TARGET: dict[str, Any] = {
     'into outputs of more than one dim ({"index": [2, 3]}) or one per example, a label name '
     'or one per example, "predicted" (each example\'s argmax), or null (models with one '
     'output per example), {"top_k": K} (each example\'s K best classes); causal language '
-    "models: the answer's text, or null to generate it; question answering: \"start\", "
+    'models: the answer\'s text, or null to generate it; question answering: "start", '
     '"end" or "span" (the default); segmentation: {"class", "region"} (null: each example\'s '
     'dominant class); object detection: {"box", "label"} (null: each image\'s top '
     "detection); a list of these gives one per example.",
