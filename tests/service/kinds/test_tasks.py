@@ -674,3 +674,30 @@ def test_image_text_pairs_over_kserve_and_their_refusals(tasks: tuple[Server, Pa
     refused(r, "target")
     r = post(server, "match", {"method": "occlusion", "inputs": [pair]})
     assert r.status_code in (400, 422) and "integrated_gradients" in r.text
+
+
+def test_image_text_pairs_as_a_job_and_over_oip(tasks: tuple[Server, Path]) -> None:
+    server, _ = tasks
+    photos = [base64.b64encode(_png(k)).decode() for k in (8, 9, 10)]
+    texts = ["a good film", "the plot", "very bad acting"]
+    pairs = [{"image": p, "text": t} for p, t in zip(photos, texts, strict=True)]
+    body = {"method": "integrated_gradients", "inputs": pairs, "params": {"n_steps": 8}}
+    want = ok(post(server, "match", body))
+    got = _job(server, "match", body)  # chunks of one pair each (8 rows a chunk)
+    np.testing.assert_allclose(got["attributions"]["image"], want["attributions"]["image"],
+                               rtol=1e-5, atol=1e-7)  # fmt: skip
+    np.testing.assert_allclose(got["attributions"]["text"], want["attributions"]["text"],
+                               rtol=1e-5, atol=1e-7)  # fmt: skip
+    assert got["tokens"] == want["tokens"]
+    head = {
+        "inputs": [
+            {"name": "image", "shape": [3], "datatype": "BYTES", "data": photos},
+            {"name": "text", "shape": [3], "datatype": "BYTES", "data": texts},
+        ],
+        "parameters": {"method": "integrated_gradients", "params": {"n_steps": 8}},
+        "outputs": [{"name": "outputs", "parameters": {"binary_data": False}}],
+    }
+    r = httpx.post(f"{server.url}/v2/models/match/explain", json=head, timeout=60)
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    np.testing.assert_allclose(out["data"], want["outputs"], rtol=1e-5)
