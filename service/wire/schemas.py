@@ -125,8 +125,8 @@ REGION_TARGET: dict[str, Any] = {
         "class": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]},
         "region": {
             "anyOf": [
-                {"const": "predicted"},
-                {"type": "array", "items": {"type": "array", "items": {"enum": [0, 1]}}},
+                {"type": "string", "enum": ["predicted"]},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
             ]
         },
     },
@@ -198,11 +198,18 @@ TARGET: dict[str, Any] = {
         TOP_K_TARGET,
         REGION_TARGET,
         BOX_TARGET,
-        {"type": "array", "items": {"anyOf": [REGION_TARGET, BOX_TARGET]}, "minItems": 1},
-        {
+        {  # one object target per example (clients' generators take one list of objects)
             "type": "array",
-            "items": {"anyOf": [INDEX_TARGET, {"type": "integer"}, {"type": "string"}]},
-            "contains": INDEX_TARGET,
+            "items": {
+                "anyOf": [
+                    INDEX_TARGET,
+                    REGION_TARGET,
+                    BOX_TARGET,
+                    {"type": "integer"},
+                    {"type": "string"},
+                ]
+            },
+            "contains": {"anyOf": [INDEX_TARGET, REGION_TARGET, BOX_TARGET]},
         },
         {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "string"}]}},
         {"type": "null"},
@@ -249,6 +256,9 @@ WIRE_SCHEMAS = (
     TEXTS,
     INDEX_TARGET,
     TOP_K_TARGET,
+    REGION_TARGET,
+    BOX_TARGET,
+    EXAMPLES,
     BACKGROUND,
     RESULT_NUMBERS,
     INPUTS,
