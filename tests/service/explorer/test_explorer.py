@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -499,6 +500,14 @@ def test_which_concepts_tcav_table(page: Page) -> None:
     the bright top-left square 'for' the top-left class at every layer, the dim noise not
     significant, each said in a sentence."""
     x = image.squares_in(0, 12, torch.Generator().manual_seed(1))
+    # the built-in sets, stored when the server starts: twice in CI this page listed only part
+    # of them (not understood; see the note of issue 59), so wait until the API lists them all
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listed = httpx.get(f"{page.server.url}/v1/models/image-cnn/concepts").json()["concepts"]
+        if {c["name"] for c in listed} >= set(image.CONCEPT_NAMES):
+            break
+        time.sleep(0.2)
     page.open()
     ask(page, "image-cnn", "Which concepts does it use?")
     page.page.wait_for_selector(".tcav-layers")  # the concept sets are listed
