@@ -152,6 +152,16 @@ def run(lm: Any, work: Work) -> Reply:
     return fn(lm, work)
 
 
+def retyped(work: W, kind: type[W]) -> W:
+    """``work`` as the same work of a subclass ``kind`` (a task's own run): every field
+    copied, its merge key too."""
+    out = kind(**{f.name: getattr(work, f.name) for f in dataclasses.fields(work) if f.init})
+    for f in dataclasses.fields(work):
+        if not f.init:
+            setattr(out, f.name, getattr(work, f.name))
+    return out
+
+
 @dataclass(kw_only=True)
 class Prediction(Work):
     """The model's whole output for the inputs (KServe ``:predict``, OIP infer)."""

@@ -8,14 +8,14 @@ and job result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from model_registry.hf_qa import answers
 from model_registry.spec import LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest
 from service.core.settings import Settings
-from service.core.work import Attribution, Prediction, Reply, Work, runs
+from service.core.work import Attribution, Prediction, Reply, Work, retyped, runs
 from service.kinds import tensors
 from service.kinds.attribution import AttributionRules, build_attribution
 from service.kinds.base import Catalogue
@@ -105,11 +105,7 @@ class QuestionAnsweringKind(TensorKind):
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
         work = super().predict_work(settings, spec, pairs(inputs), deadline, request_id)
-        answers = Answers(**{f.name: getattr(work, f.name) for f in fields(work) if f.init})
-        for f in fields(work):
-            if not f.init:
-                setattr(answers, f.name, getattr(work, f.name))
-        return answers
+        return retyped(work, Answers)
 
 
 def _answered(lm: LoadedModel, work: Work, reply: Reply) -> Reply:

@@ -21,7 +21,7 @@ from model_registry.detection import box_iou, reported
 from model_registry.spec import LoadedModel, ModelSpec
 from service.core.errors import InvalidRequest
 from service.core.settings import Settings
-from service.core.work import Attribution, Prediction, Reply, Work, runs
+from service.core.work import Attribution, Prediction, Reply, Work, retyped, runs
 from service.kinds import tensors
 from service.kinds.attribution import AttributionRules
 from service.kinds.base import Catalogue
@@ -56,10 +56,7 @@ class DetectionKind(TensorKind):
         self, settings: Settings, spec: ModelSpec, inputs: Any, deadline: float, request_id: str
     ) -> Prediction:
         work = super().predict_work(settings, spec, inputs, deadline, request_id)
-        fields = dataclasses.fields(work)
-        detect = Detect(**{f.name: getattr(work, f.name) for f in fields if f.init})
-        detect.key = work.key
-        return detect
+        return retyped(work, Detect)
 
 
 def _hf(lm: LoadedModel) -> bool:

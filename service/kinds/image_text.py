@@ -25,7 +25,7 @@ from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, Work, new_id, runs
 from service.kinds import checks, tensors
-from service.kinds.base import Catalogue, ModelKind, Ran, envelope
+from service.kinds.base import Catalogue, ModelKind
 from service.kinds.plan import Plan
 from service.wire import images
 from service.wire.attributions import AttributionRequest
@@ -164,9 +164,7 @@ class ImageTextKind(ModelKind):
         encoding: str = "json",
         requested: str | None = None,
     ) -> dict[str, Any]:
-        if not isinstance(work, Attribution):
-            raise TypeError(f"{self.name} answers attributions, not {type(work).__name__}")
-        body = envelope((spec.id, spec.version), Ran.of(work), reply, encoding, timing)
+        body = super().response(spec, work, reply, timing, encoding, requested)
         image, text = body["attributions"]
         body["attributions"] = {"image": image, "text": text}
         return body
