@@ -11,7 +11,7 @@ from typing import Any, cast
 import torch
 
 from methods import registry
-from methods.engine import layers, layout, tiling
+from methods.engine import layers, layout, superpixels, tiling
 from methods.engine import precision as precision_
 from methods.engine.background import Background, background_of
 from methods.engine.batching import check_batch_size
@@ -113,6 +113,7 @@ def attribute(
             argument="method",
         )
     xs, as_tuple = format_inputs(inputs, sparse=spec.sparse_inputs)
+    p, drawn = superpixels.resolved(spec.mask_params, p, xs)
     sparse = any(x.shape[0] != xs[0].shape[0] for x in xs)
     scale = check_scale(output)
     if not isinstance(multi_label, bool):
@@ -200,7 +201,9 @@ def attribute(
         fidelity = precision_.Fidelity(own_name, _delta_ratio(result))
         if not return_convergence_delta:
             result = dataclasses.replace(result, convergence_delta=None)
-        return dataclasses.replace(result, fidelity=fidelity, given=given)
+        return dataclasses.replace(
+            result, fidelity=fidelity, given=given, segments=_segments(result, drawn)
+        )
     if seed is None and (spec.stochastic or noise_tunnel is not None):
         seed = int(torch.randint(0, 2**31 - 1, ()))  # the same samples in every precision
 
@@ -224,7 +227,12 @@ def attribute(
         )
     if not return_convergence_delta:
         result = dataclasses.replace(result, convergence_delta=None)
-    return dataclasses.replace(result, given=given)
+    return dataclasses.replace(result, given=given, segments=_segments(result, drawn))
+
+
+def _segments(result: Result, drawn: Any) -> Any:
+    """The regions a result reports: the method's own (XRAI's), else the superpixels drawn."""
+    return result.segments if result.segments is not None else drawn
 
 
 def in_precision(
@@ -451,4 +459,5 @@ def _result(
             if out.standard_error is None
             else restore_form(tuple(e.contiguous() for e in out.standard_error), form)
         ),
+        segments=out.segments,
     )

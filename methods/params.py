@@ -29,6 +29,36 @@ TENSOR_SCHEMA: dict[str, Any] = {
 
 #: A tensor, or a tuple of tensors (one per input). Python callers pass torch tensors.
 TensorParam = Annotated[Any, WithJsonSchema(TENSOR_SCHEMA)]
+SUPERPIXELS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "segments the server computes on each image (methods.engine.superpixels)",
+    "properties": {
+        "superpixels": {
+            "type": "object",
+            "properties": {
+                "algorithm": {"enum": ["slic", "felzenszwalb", "quickshift", "grid"]},
+                "size": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+            },
+            "required": ["algorithm"],
+            "additionalProperties": True,
+        }
+    },
+    "required": ["superpixels"],
+    "additionalProperties": False,
+}
+#: Integer feature groups: a tensor (``TensorParam``'s forms), or on image inputs
+#: ``{"superpixels": {"algorithm": ..., ...}}``, segments the engine computes per image
+MaskParam = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "description": "integer feature ids (a tensor), or on image inputs "
+            '{"superpixels": {"algorithm": "slic" | "felzenszwalb" | "quickshift" | "grid", '
+            "...scikit-image's parameters, or size: [h, w] for the grid}}",
+            "anyOf": [*TENSOR_SCHEMA["anyOf"], SUPERPIXELS_SCHEMA],
+        }
+    ),
+]
 #: Python-only values (callables); the service never accepts them.
 PythonOnly = Annotated[Any, WithJsonSchema({"description": "Python API only (a callable)."})]
 #: a count or a size (``n_steps``, a window's side): an integer >= 1
@@ -194,10 +224,11 @@ def _where(loc: tuple[int | str, ...]) -> str:
 
 
 class FeatureMaskParams(MethodParams):
-    feature_mask: TensorParam = Field(
+    feature_mask: MaskParam = Field(
         None,
         description="integer feature ids per input, broadcastable to it with dim 0 of 1 or N; "
-        "elements sharing an id (also across inputs) are perturbed together as one feature. "
+        "elements sharing an id (also across inputs) are perturbed together as one feature; "
+        'on images, {"superpixels": {...}} segments each image (the answer carries them). '
         "Default: every scalar is its own feature",
     )
 

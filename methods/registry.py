@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from methods.cost import CostFn, CostShape, derived_cost
 from methods.errors import UnknownMethodError
-from methods.params import MethodParams, PythonOnly, TensorParam, marked_fields
+from methods.params import MaskParam, MethodParams, PythonOnly, TensorParam, marked_fields
 
 if TYPE_CHECKING:
     from methods.engine.call import Call, Output
@@ -124,6 +124,9 @@ class MethodSpec:
     #: value over the rows before crediting, as shap's maskers do; other methods are run
     #: once per row and their answers averaged (``methods.engine.tiling``)
     own_background: bool = False
+    #: attributes images only (one input, ``[N, C, H, W]`` or ``[N, H, W]``): it blurs or
+    #: segments them (blur_ig, xrai)
+    images_only: bool = False
 
     def info(self) -> MethodInfo:
         return MethodInfo(
@@ -149,8 +152,15 @@ class MethodSpec:
 
     @cached_property
     def tensor_params(self) -> frozenset[str]:
-        """Params annotated ``TensorParam``: a server decodes them from its tensor codec."""
-        return marked_fields(self.params, TensorParam)
+        """Params annotated ``TensorParam`` or ``MaskParam``: a server decodes them from its
+        tensor codec."""
+        return marked_fields(self.params, TensorParam) | self.mask_params
+
+    @cached_property
+    def mask_params(self) -> frozenset[str]:
+        """Params annotated ``MaskParam``: feature groups, given as a tensor or as a
+        superpixels spec the engine resolves on the images (``methods.engine.superpixels``)."""
+        return marked_fields(self.params, MaskParam)
 
     @cached_property
     def python_only_params(self) -> frozenset[str]:
@@ -203,6 +213,7 @@ def register(
     forward_only: bool = False,
     base_values: bool = False,
     own_background: bool = False,
+    images_only: bool = False,
 ) -> Callable[[MethodFn], MethodFn]:
     """Register ``fn`` as the method ``name`` (the module's name, its wire name too).
 
@@ -245,6 +256,7 @@ def register(
             forward_only=forward_only,
             base_values=base_values,
             own_background=own_background,
+            images_only=images_only,
         )
         return fn
 

@@ -96,6 +96,8 @@ class Output:
     base: Tensor | None = None
     #: sampled Shapley methods: the attributions' standard error (one tensor per input)
     standard_error: Tensors | None = None
+    #: the regions the answer credits, when the method draws them (XRAI's, ranked)
+    segments: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,10 @@ class Result:
     #: the targets the engine chose (``{"top_k": K}``: the classes per example, (N, K), best
     #: first); None where the caller's target stands
     target: Tensor | None = None
+    #: the image regions the answer credits: the superpixels a ``{"superpixels": ...}`` mask
+    #: made (the feature mask used, as the inputs'), or XRAI's regions ranked (``[N, H, W]``,
+    #: 1 the most important); None otherwise
+    segments: Any = None
 
     @property
     def steps(self) -> dict[str, Any] | None:

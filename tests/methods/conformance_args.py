@@ -40,7 +40,7 @@ def kwargs_for(spec: MethodSpec, case: zoo.Case) -> dict[str, Any]:
         g = torch.Generator().manual_seed(0)
         dist = tuple(torch.randn((2, *x.shape[1:]), generator=g, dtype=x.dtype) for x in _xs(case))
         kw["baselines"] = dist if isinstance(case.inputs, tuple) else dist[0]
-    elif case.baselines is not None and spec.family != "layer":
+    elif case.baselines is not None and spec.family != "layer" and spec.name != "blur_ig":
         kw["baselines"] = case.baselines
     if "layer" in fields and case.layers:
         kw["layer"] = case.layers[0]
@@ -62,6 +62,8 @@ def applicable(spec: MethodSpec, case: zoo.Case) -> bool:
     fields = spec.params.model_fields
     if ("layer" in fields) and not case.layers:
         return False
+    if spec.images_only and (len(_xs(case)) != 1 or _xs(case)[0].dim() not in (3, 4)):
+        return False  # blur_ig, xrai: one image input
     if spec.name == "feature_permutation" and _xs(case)[0].shape[0] < 2:
         return False
     return not (spec.name == "shapley_values" and sum(x[0].numel() for x in _xs(case)) > 8)

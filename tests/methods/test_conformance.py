@@ -62,7 +62,9 @@ def test_structure_determinism_and_model_untouched(spec: registry.MethodSpec, ca
     if spec.family in ("gradient", "perturbation") and spec.name not in ("guided_gradcam",):
         assert isinstance(r1.attributions, tuple) == isinstance(c.inputs, tuple)
         for a, x in zip(_tuple(r1.attributions), _tuple(c.inputs), strict=True):
-            assert a.shape[1:] == x.shape[1:]
+            # xrai: one value per pixel, [N, 1, H, W] (the channels' largest)
+            want = (1, *x.shape[2:]) if spec.name == "xrai" else x.shape[1:]
+            assert a.shape[1:] == want
             assert a.dtype == x.dtype
     assert r1.method == spec.name
     if spec.returns_delta:
@@ -99,7 +101,7 @@ def test_batch_with_list_target_equals_per_example_runs(
 def test_hooks_and_flags_restored_when_the_model_raises(
     spec: registry.MethodSpec, fail_at: int
 ) -> None:
-    c = zoo.by_name("mlp")
+    c = zoo.by_name("cnn" if spec.images_only else "mlp")
     kw = kwargs_for(spec, c)
 
     class Boom(RuntimeError):
@@ -112,7 +114,8 @@ def test_hooks_and_flags_restored_when_the_model_raises(
         if calls["n"] == fail_at:
             raise Boom("bad forward")
 
-    handle = c.model.net[2].register_forward_pre_hook(explode)
+    module = c.model.conv2 if spec.images_only else c.model.net[2]
+    handle = module.register_forward_pre_hook(explode)
     before = _snapshot(c.model)
     try:
         try:
