@@ -11,6 +11,10 @@ FROM python:3.11-slim
 
 # The CPU index keeps the image free of CUDA (~0.2 GB of torch instead of ~3 GB).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Optional extras installed with the dependencies (comma-separated pyproject extras): regions
+# is scikit-image, the superpixels and XRAI segments (about 0.2 GB with SciPy); build with
+# --build-arg EXTRAS= for the bare service, or add hf for Hugging Face directories
+ARG EXTRAS=regions
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -27,7 +31,7 @@ RUN python -m venv /opt/venv
 # constraints.txt; the rest from PyPI, where the installed torch already satisfies pyproject.
 COPY pyproject.toml constraints.txt ./
 RUN pip install --index-url "${TORCH_INDEX}" --constraint constraints.txt torch \
-    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && python -c "import os, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = [e for e in os.environ.get('EXTRAS', '').split(',') if e]; print('\n'.join(p['dependencies'] + [d for e in extras for d in p['optional-dependencies'][e]]))" > /tmp/requirements.txt \
     && pip install --constraint constraints.txt --requirement /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 

@@ -17,13 +17,13 @@ $(BIN)/python:
 # hf extra (the README's Hugging Face walk-through serves a save_pretrained directory). Once,
 # and again only when pyproject.toml or constraints.txt change: make serve starts at once.
 $(RUN): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) install --quiet -c constraints.txt -e '.[hf]'
+	$(PIP) install --quiet -c constraints.txt -e '.[hf,regions]'
 	touch $(RUN)
 
 install: $(RUN)
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray,hf]'
+	$(PIP) install --quiet -c constraints.txt -e '.[dev,ray,hf,regions]'
 	# inseq, a test oracle, without its dependencies (they would move torch and transformers)
 	# but the few its import needs
 	$(PIP) install --quiet --no-deps inseq==0.7.1 jaxtyping==0.3.11 wadler-lindig treescope==0.1.10

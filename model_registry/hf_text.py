@@ -95,6 +95,27 @@ class Tokenize:
             batch[r, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
         return batch, [list(self.tokenizer.convert_ids_to_tokens(r)) for r in rows]
 
+    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int] | None]]:
+        """Each token's characters in its text (None for the tokens the tokenizer adds), as
+        a fast tokenizer's offset mapping gives them; ValueError for a tokenizer without one."""
+        out = []
+        for text in texts:
+            try:
+                data = self.tokenizer(
+                    text,
+                    truncation=False,
+                    return_offsets_mapping=True,
+                    return_special_tokens_mask=True,
+                )
+            except NotImplementedError:
+                raise ValueError(
+                    "the model's tokenizer gives no character offsets (a slow, Python "
+                    "tokenizer): units need a fast one (tokenizer.json)"
+                ) from None
+            pairs = zip(data["offset_mapping"], data["special_tokens_mask"], strict=True)
+            out.append([None if special else (int(a), int(b)) for (a, b), special in pairs])
+        return out
+
     def baseline(self, ids: torch.Tensor, fill: int | None = None) -> torch.Tensor:
         """The tokens the tokenizer adds and the batch's padding kept, ``fill`` (default:
         the pad token) elsewhere."""

@@ -159,3 +159,23 @@ def split(
     if units == "paragraphs":
         return _from_spans(text, _pieces(text, _PARAGRAPH_BREAK))
     return _from_spans(text, sentence_spans(text))
+
+
+#: the units ``text_spans`` cuts a text into (a classifier's ``units``)
+TEXT_UNITS = ("word", "sentence", "paragraph")
+_WORD = re.compile(r"\S+")
+
+
+def text_spans(text: str, unit: str) -> list[tuple[int, int]]:
+    """Character spans of ``text``'s units: words (runs of characters that are not white
+    space, as a predictor sent words splits them), sentences (``sentence_spans``) or
+    paragraphs (blocks between blank lines), white space around them left out."""
+    if unit == "word":
+        return [m.span() for m in _WORD.finditer(text)]
+    if unit == "sentence":
+        return sentence_spans(text)
+    if unit == "paragraph":
+        return _pieces(text, _PARAGRAPH_BREAK)
+    raise InvalidArgumentError(
+        f"units must be one of token, {', '.join(TEXT_UNITS)}; got {unit!r}", argument="units"
+    )

@@ -66,11 +66,29 @@ def split_words(text: str) -> list[str]:
     nor punctuation (an emoji with its modifiers and joined parts, a symbol). Punctuation
     separates and is dropped."""
     text = text.lower()
-    out: list[str] = []
-    cur, kind = "", None
+    return [text[a:b] for a, b in _token_spans(text)]
+
+
+def word_offsets(text: str) -> list[tuple[int, int]]:
+    """Each token's characters in ``text`` as given (``split_words`` reads it lower-cased,
+    which may lengthen a character: "İ" is two): start and end offsets."""
+    lowered, owner = [], []  # each lower-cased character's index in the text
+    for i, c in enumerate(text):
+        low = c.lower()
+        lowered.append(low)
+        owner.extend([i] * len(low))
+    owner.append(len(text))
+    return [(owner[a], owner[b - 1] + 1) for a, b in _token_spans(text.lower())]
+
+
+def _token_spans(text: str) -> list[tuple[int, int]]:
+    """The tokens of a lower-cased ``text`` as (start, end) offsets."""
+    out: list[tuple[int, int]] = []
+    start, kind = -1, None
     for i, c in enumerate(text):
         k = _kind(c)
         nxt = _kind(text[i + 1]) if i + 1 < len(text) else None
+        cur = text[start:i] if start >= 0 else ""
         if cur and (
             k == "m"
             or (kind == "w" and k == "w")
@@ -80,13 +98,12 @@ def split_words(text: str) -> list[str]:
             or (kind == "s" and (ord(c) in _MODIFIERS or ord(c) in _TAGS))
             or (len(cur) == 1 and ord(cur) in _REGIONAL and ord(c) in _REGIONAL)
         ):
-            cur += c
             continue
         if cur:
-            out.append(cur)
-        cur, kind = (c, "s" if k == "m" else k) if k is not None else ("", None)
-    if cur:
-        out.append(cur)
+            out.append((start, i))
+        start, kind = (i, "s" if k == "m" else k) if k is not None else (-1, None)
+    if start >= 0 and start < len(text):
+        out.append((start, len(text)))
     return out
 
 
@@ -110,6 +127,13 @@ class WordTokenizer:
     def split(self, text: str) -> list[str]:
         words = split_words(text)
         return words if self.max_length is None else words[: self.max_length]
+
+    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int] | None]]:
+        """Each token's characters in its text (``tokenizer(texts)``'s tokens, in order)."""
+        spans = [word_offsets(t) for t in texts]
+        if self.max_length is not None:
+            spans = [s[: self.max_length] for s in spans]
+        return [list(s) for s in spans]
 
     def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[list[str]]]:
         if isinstance(texts, str):  # a bare string would be split into characters

@@ -63,6 +63,10 @@ class Words:
             pieces.append((before, text[start:end], after))
         return pieces
 
+    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int] | None]]:
+        """Each word's characters in its text (``tokenizer(texts)``'s words, in order)."""
+        return [[m.span() for m in self.pattern.finditer(t) if m.end() > m.start()] for t in texts]
+
     def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[list[str]]]:
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a single string")

@@ -165,6 +165,11 @@ class Reply:
     #: a segmentation target's region per example (N, H, W; true inside), which pictures
     #: outline
     regions: np.ndarray | None = field(default=None, metadata=_rows(EXAMPLES))
+    #: the image regions the answer credits, one [N, H, W] map per image input: the method's
+    #: own (XRAI's regions numbered by rank, 1 the most important)
+    segments: list[np.ndarray] | None = field(default=None, metadata=_rows(EACH))
+    #: text units (``Attribution.units``): per example, each unit's text and character offsets
+    units: list[list[dict[str, Any]]] | None = field(default=None, metadata=_rows(LIST))
     #: the metrics asked for (``Attribution.metrics``): numpy arrays, curves as
     #: {"auc", "curve"}
     metrics: dict[str, Any] | None = field(default=None, metadata=_rows(NONE))

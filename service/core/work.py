@@ -213,6 +213,11 @@ class Attribution(Work):
     output: str = "raw"
     #: each label its own sigmoid (a multi-label model's probabilities)
     multi_label: bool = False
+    #: the mask param whose superpixels the server drew (``service.kinds.features``): the
+    #: answer returns them; None: none drawn
+    drawn: str | None = None
+    #: what a text's features are (``units``): its tokens, or words, sentences, paragraphs
+    units: str = "token"
 
     @property
     def name(self) -> str:

@@ -18,7 +18,7 @@ from model_registry.tasks import task_of
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, WireTarget, new_id
-from service.kinds import checks, merging, metrics, plan
+from service.kinds import checks, features, merging, metrics, plan
 from service.kinds.base import ModelKind
 from service.wire import codec, targets
 from service.wire.attributions import AttributionRequest
@@ -31,6 +31,8 @@ class AttributionRules:
 
     #: the work an attributions request becomes
     work: type[Attribution] = Attribution
+    #: whether its worker groups a text's tokens into ``units`` (``service.kinds.features``)
+    units: bool = True
 
     def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
         return plan.plan(spec, method, params)
@@ -110,6 +112,14 @@ def build_attribution(
         shapes: tuple[tuple[int, ...], ...] = ((checks.check_texts(inputs.texts, settings),),)
     else:
         shapes = tuple(tuple(int(d) for d in a.shape[1:]) for a in inputs.arrays)
+    p, drawn = features.draw_superpixels(spec, ms, p, inputs)
+    if req.units not in (None, "token") and not rules.units:
+        raise InvalidRequest(
+            f"model {spec.id!r} attributes its tokens only (units: token)", loc=("body", "units")
+        )
+    n_units = features.check_units(spec, ms, p, req.units, inputs, req.method)
+    # a text's units are its features: a perturbation costs one row per unit
+    costed = p if n_units is None else p.model_copy(update={"feature_mask": np.arange(n_units)})
     target = rules.target(spec, ms, req.target, inputs.n)
     task = task_of(spec)
     if req.output not in (None, "raw") and task.targets in ("none", "region"):
@@ -137,7 +147,7 @@ def build_attribution(
                 loc=("body", "baselines", "weights"),
             )
         n_base, per_row = (b, 1) if ms.baseline_distribution else (1, b)
-    rows = ms.cost(p, CostShape(shapes, n_base, req.return_convergence_delta)) * per_row
+    rows = ms.cost(costed, CostShape(shapes, n_base, req.return_convergence_delta)) * per_row
     if target is not None and target["form"] == "top_k":
         rows *= int(target["k"])  # one answer per class
     if nt is not None:
@@ -183,6 +193,8 @@ def build_attribution(
         shared_baselines=ms.baseline_distribution or isinstance(baselines, dict),
         output=req.output,
         multi_label=task.independent,
+        drawn=drawn,
+        units=req.units or "token",
     )
     # the metrics' noise is drawn for the request's batch: never merged, never split
     work.key = None if chosen else merging.key(work, ms, p, spec.texts_batch)

@@ -12,6 +12,7 @@ loop (cancellation, errors as data).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -25,6 +26,7 @@ from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from service.core.errors import UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, Work
+from service.kinds import features
 from service.kinds.plan import Plan
 from service.wire import codec
 from service.wire.attributions import AttributionRequest
@@ -125,7 +127,8 @@ class ModelKind(ABC):
         """The attributions response body; ``requested``: the method the request named."""
         if not isinstance(work, Attribution):
             raise TypeError(f"{self.name} answers attributions, not {type(work).__name__}")
-        return envelope((spec.id, spec.version), Ran.of(work), reply, encoding, timing)
+        return envelope((spec.id, spec.version), Ran.of(work), with_segments(work, reply),
+                        encoding, timing)  # fmt: skip
 
     def drawn(self, reply: Reply) -> Reply:
         """What the pictures draw of a reply (its attributions, tokens and target)."""
@@ -154,6 +157,15 @@ class ModelKind(ABC):
 #: ``ModelKind.catalogue``'s: id(spec) -> (the spec, held so its id is not reused; its catalogue)
 _CATALOGUES: dict[int, tuple[ModelSpec, Catalogue]] = {}
 _CATALOGUES_LOCK = threading.Lock()
+
+
+def with_segments(work: Work, reply: Reply) -> Reply:
+    """``reply`` with the regions its answer credits: the method's own (XRAI's), else the
+    superpixels the server drew for the request (``service.kinds.features``)."""
+    if reply.segments is not None:
+        return reply
+    drawn = features.drawn_segments(work)
+    return reply if drawn is None else dataclasses.replace(reply, segments=drawn)
 
 
 def timing(queue_ms: float, compute_ms: float, started: float) -> dict[str, float]:
@@ -241,6 +253,11 @@ def envelope(
         )
     if reply.tokens is not None:
         body["tokens"] = reply.tokens
+    if reply.units is not None:  # the tokens are the units' texts
+        body["units"] = reply.units
+    if reply.segments is not None:  # one [N, H, W] map per image input
+        maps = [codec.encode_tensor(m, encoding) for m in reply.segments]
+        body["feature_mask"] = maps[0] if len(maps) == 1 else maps
     for name in reply.study_rows or []:  # a task's own answer per example (answers, detections)
         if reply.study is not None and "." not in name:
             body[name] = reply.study[name]

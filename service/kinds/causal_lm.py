@@ -123,12 +123,15 @@ def _build_work(
         ("baselines", req.baselines, None),
         ("noise_tunnel", req.noise_tunnel, None),
         ("return_convergence_delta", req.return_convergence_delta, False),
+        ("units", req.units, None),
     ):
         if value != default:
-            where = " (baselines of the prompt's features go in inputs.baselines)"
+            where = {
+                "baselines": " (baselines of the prompt's features go in inputs.baselines)",
+                "units": " (group the prompt's tokens with inputs.features)",
+            }.get(name, "")
             raise InvalidRequest(
-                f"{name} does not apply to causal language models"
-                + (where if name == "baselines" else ""),
+                f"{name} does not apply to causal language models" + where,
                 loc=("body", name),
             )
     if req.target is not None and not isinstance(req.target, str):

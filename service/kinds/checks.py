@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from methods import registry
+from methods.engine import superpixels
 from methods.errors import AttributionError
 from methods.noise_tunnel import parse_noise_tunnel
 from methods.params import MethodParams, parse_params
@@ -72,7 +73,8 @@ def decode_params(ms: MethodSpec, raw: dict[str, Any], settings: Settings) -> di
     out: dict[str, Any] = {}
     for name, value in raw.items():
         loc = ("body", "params", name)
-        if name in ms.tensor_params and value is not None and not isinstance(value, (int, float)):
+        tensor = name in ms.tensor_params and not superpixels.is_spec(value)  # drawn later
+        if tensor and value is not None and not isinstance(value, (int, float)):
             if isinstance(value, list) and value and any(map(codec.is_tensor_object, value)):
                 value = tuple(
                     codec.decode_tensor(v, (*loc, i), settings.max_tensor_elements)

@@ -174,6 +174,7 @@ class ExportedRules(AttributionRules):
     file's, its params and target may be restated but never changed, the batch goes whole."""
 
     work = ExportedAttribution
+    units = False  # the program takes the tokens it was exported for
 
     def plan(self, spec: ModelSpec, method: str, params: dict[str, Any]) -> plan.Plan:
         ms = checks.method_spec(method)

@@ -43,6 +43,7 @@ REFUSED = {
     "metrics": "not served for image–text pairs",
     "precision": "image–text pairs run in the model's own dtype",
     "render": "pictures of image–text pairs are not drawn yet",
+    "units": "an image–text pair's text is attributed by its tokens",
 }
 
 

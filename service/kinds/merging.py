@@ -95,4 +95,5 @@ def key(
         bool(work.texts),
         work.precision,
         work.output,
+        work.units,
     )

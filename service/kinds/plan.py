@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from methods import registry
+from methods.engine.superpixels import is_image_shape
 from methods.registry import MethodSpec
 from model_registry.sources import source_of
 from model_registry.spec import ModelSpec
@@ -45,6 +46,17 @@ def token_model(spec: ModelSpec) -> bool:
     return spec.embedding_layer is not None and all(
         i.dtype.startswith(("int", "uint")) for i in spec.inputs
     )
+
+
+def images(spec: ModelSpec) -> bool:
+    """Whether the model takes one image: ``[N, 1 or 3, H, W]`` floats (or encoded images its
+    processor makes so)."""
+    if spec.images is not None:
+        return True
+    if len(spec.inputs) != 1:
+        return False
+    only = spec.inputs[0]
+    return only.dtype.startswith(("float", "bfloat")) and is_image_shape(only.shape[1:])
 
 
 def _check_layer(spec: ModelSpec, ms: MethodSpec, params: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +103,13 @@ def plan(spec: ModelSpec, name: str, params: dict[str, Any]) -> Plan:
             f"{name} needs the gradients of model {spec.id!r}, which is {where} and offers "
             "forwards only; use a perturbation method (feature_ablation, "
             "occlusion, feature_permutation, shapley_value_sampling, kernel_shap, lime)",
+            loc=loc,
+        )
+    if ms.images_only and not images(spec):
+        shapes = ", ".join(f"{i.dtype} {list(i.shape)}" for i in spec.inputs)
+        raise UnsupportedMethod(
+            f"{name} attributes one image input, [N, 1 or 3, H, W] floats; model {spec.id!r} "
+            f"takes {shapes}",
             loc=loc,
         )
     if ms.needs_hooks and not hookable(spec):

@@ -26,7 +26,7 @@ from model_registry.spec import ExplainSpec, LoadedModel, ModelSpec
 from model_registry.tasks import task_of
 from service.core.settings import Settings
 from service.core.work import Attribution, Prediction, Reply, new_id, runs
-from service.kinds import checks, merging, metrics, plan, prepare, tensors
+from service.kinds import checks, features, merging, metrics, plan, prepare, tensors
 from service.kinds.attribution import AttributionKind, AttributionRules
 from service.kinds.base import Catalogue, predicted_target
 from service.kinds.runtime import disable_compiled, reference, serving_model, worth_eager_retry
@@ -158,7 +158,12 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
     params = {k: tensors.convert(v, device) for k, v in work.params.items()}
     if work.attributed_layer is not None:
         params["layer"] = work.attributed_layer
-    if work.texts and "clustering" not in params:
+    firsts, units = None, None
+    if work.units != "token":  # a text's words, sentences or paragraphs are its features
+        params["feature_mask"], units, firsts = features.unit_mask(
+            lm.tokenizer, work.texts, xs[0], work.units
+        )
+    elif work.texts and "clustering" not in params:
         params.update(_text_hierarchies(lm, work))
     baselines: Any = work.baselines
     if isinstance(baselines, dict):  # a background set: the answer averaged over its rows
@@ -230,20 +235,31 @@ def attribute(lm: LoadedModel, work: Attribution) -> Reply:
     else:
         whole = out if out is not None else tensors.forward(lm, xs)
         selected = targets.select(scaled(whole, work.output, work.multi_label), target, n)  # type: ignore[arg-type]
+    answers = [tensors.numpy(p) for p in parts]
+    errors = (
+        None
+        if res.standard_error is None
+        else [tensors.numpy(e) for e in tensors.flat(res.standard_error)]
+    )
+    if firsts is not None and units is not None:  # one value per unit; the units for tokens
+        per_feature = work.params.get("return_input_shape") is False
+        answers = [features.per_unit(a, firsts, per_feature) for a in answers]
+        errors = (
+            None if errors is None else [features.per_unit(e, firsts, per_feature) for e in errors]
+        )
+        tokens = [[u["text"] for u in row] for row in units]
     return Reply(
         work_id=work.id,
         regions=regions,
-        attributions=[tensors.numpy(p) for p in parts],
+        segments=None if res.segments is None else [tensors.numpy(res.segments)],
+        units=units,
+        attributions=answers,
         as_tuple=isinstance(attrs, tuple),
         layers=per_layer,
         delta=None if delta is None else tensors.numpy(delta),
         outputs=tensors.numpy(selected),
         base_values=None if res.base_values is None else tensors.numpy(res.base_values),
-        standard_error=(
-            None
-            if res.standard_error is None
-            else [tensors.numpy(e) for e in tensors.flat(res.standard_error)]
-        ),
+        standard_error=errors,
         target=targets.rows(wire, n) if res.target is None else res.target.tolist(),
         tokens=tokens,
         params=res.params,

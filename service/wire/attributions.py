@@ -184,6 +184,12 @@ class AttributionRequest(BaseModel):
         description="wrap the method in SmoothGrad/VarGrad: {nt_type, nt_samples, stdevs}",
     )
     seed: int | None = Field(default=None, description="seed for stochastic methods (reproducible)")
+    units: Literal["token", "word", "sentence", "paragraph"] | None = Field(
+        default=None,
+        description="text models, perturbation methods: what a text's features are, its "
+        "tokens (default) or its words, sentences or paragraphs; the answer's units give each "
+        "one's text and character offsets, its attributions one value per unit",
+    )
     return_convergence_delta: bool = Field(default=False, description="also return the delta")
     output_encoding: Literal["json", "base64"] = Field(
         default="json", description="tensor encoding"
