@@ -14,6 +14,7 @@ from service import kinds
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
 from service.core.work import Attribution, Reply, Work
+from service.kinds.base import with_segments
 from service.pool.pool import WorkerPool
 from service.serving import pictures
 from service.serving.capability import Capability, Done
@@ -103,7 +104,7 @@ class Attributions(Capability[AttributionRequest]):
         if req.render is not None:  # PNG encoding takes milliseconds: off the event loop
             kind = kinds.of(done.spec)
             title = f"{done.spec.id} · {body['method']}"
-            drawn = kind.drawn(done.reply)
+            drawn = kind.drawn(with_segments(done.work, done.reply))
             body["renders"] = await asyncio.to_thread(
                 pictures.draw, req.render, done.spec, done.work, drawn, title
             )

@@ -1,5 +1,6 @@
-"""What pictures outline over an image map: a segmentation target's region and a detection
-target's box (``render.draw``'s ``marks``)."""
+"""What pictures outline over an image map: a segmentation target's region, a detection
+target's box, and the segments an answer credits (superpixels, XRAI's regions)
+(``render.draw``'s ``marks``)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,22 @@ class Marks:
 
     region: NDArray[np.bool_] | None = None
     boxes: tuple[tuple[float, float, float, float], ...] = ()
+    #: segment ids (H×W): their borders are drawn
+    segments: NDArray[np.int64] | None = None
 
 
 #: the outlines' colour: visible over every colormap's ends and a photo
 MARK_RGB = (255, 0, 255)
+#: segments' borders: thinner, and yellow, apart from a target's outline
+SEGMENT_RGB = (255, 220, 0)
+
+
+def borders(labels: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """The pixels of a label map whose right or lower neighbour has another label."""
+    edge = np.zeros(labels.shape, dtype=bool)
+    edge[:, :-1] |= labels[:, :-1] != labels[:, 1:]
+    edge[:-1, :] |= labels[:-1, :] != labels[1:, :]
+    return edge
 
 
 def _eroded(inside: NDArray[np.bool_]) -> NDArray[np.bool_]:
@@ -38,6 +51,12 @@ def marked(picture: Image.Image, marks: Marks | None, factor: int) -> Image.Imag
     drawn over it."""
     if marks is None:
         return picture
+    shape = (picture.height // factor, picture.width // factor)
+    if marks.segments is not None and marks.segments.shape == shape:
+        labels = np.repeat(np.repeat(marks.segments, factor, axis=0), factor, axis=1)
+        pixels = np.asarray(picture).copy()
+        pixels[borders(labels)] = SEGMENT_RGB
+        picture = Image.fromarray(pixels)
     if marks.region is not None and marks.region.shape == (picture.height // factor,
                                                            picture.width // factor):  # fmt: skip
         inside = np.asarray(marks.region, dtype=bool)

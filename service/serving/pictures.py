@@ -86,7 +86,7 @@ def draw(
             attr = np.asarray(attrs[i], dtype=np.float64)
             tokens = None
             image = None
-            marks = _marks(reply, i)
+            marks = _marks(reply, i, k)
             if reply.tokens is not None:
                 tokens = reply.tokens[i]
                 attr = attr[: len(tokens)]
@@ -184,17 +184,21 @@ def _waterfall(
         raise InvalidRequest(f"render: {exc}", loc=LOC) from None
 
 
-def _marks(reply: Reply, i: int) -> render.Marks | None:
-    """Example ``i``'s outlines: its segmentation region, its detection target's box."""
+def _marks(reply: Reply, i: int, k: int) -> render.Marks | None:
+    """Example ``i``'s outlines (on input ``k``): its segmentation region, its detection
+    target's box, the segments its answer credits."""
     region = None if reply.regions is None else np.asarray(reply.regions[i], dtype=bool)
+    segments = None
+    if reply.segments is not None and k < len(reply.segments):
+        segments = np.asarray(reply.segments[k][i], dtype=np.int64)
     target = None if reply.target is None else reply.target[i]
     boxes: tuple[tuple[float, float, float, float], ...] = ()
     if isinstance(target, dict) and isinstance(target.get("box"), list):
         x1, y1, x2, y2 = (float(v) for v in target["box"])
         boxes = ((x1, y1, x2, y2),)
-    if region is None and not boxes:
+    if region is None and not boxes and segments is None:
         return None
-    return render.Marks(region, boxes)
+    return render.Marks(region, boxes, segments)
 
 
 def _on_frame(
@@ -215,13 +219,24 @@ def _on_frame(
     )
     region = None
     if marks.region is not None:
-        region = np.zeros(shape[-2:], dtype=bool)
-        stretched = Image.fromarray(marks.region.astype(np.uint8) * 255).resize(
-            (width, height), Image.Resampling.NEAREST
-        )
-        inside = region[top : top + height, left : left + width]
-        inside[...] = np.asarray(stretched)[: inside.shape[0], : inside.shape[1]] > 127
-    return render.Marks(region, boxes)
+        region = _placed(marks.region.astype(np.int32), frame, shape) > 0
+    segments = None
+    if marks.segments is not None:  # outside the model's pixels: one segment of its own
+        segments = _placed(marks.segments.astype(np.int32) + 1, frame, shape).astype(np.int64)
+    return render.Marks(region, boxes, segments)
+
+
+def _placed(
+    labels: np.ndarray, frame: tuple[int, int, int, int], shape: tuple[int, ...]
+) -> np.ndarray:
+    """A map of the model's pixels (int32) stretched onto the picture's ``shape`` where
+    ``frame`` (left, top, width, height) says they lie; 0 elsewhere."""
+    left, top, width, height = frame
+    out = np.zeros(shape[-2:], dtype=np.int32)
+    stretched = Image.fromarray(labels).resize((width, height), Image.Resampling.NEAREST)
+    inside = out[top : top + height, left : left + width]
+    inside[...] = np.asarray(stretched)[: inside.shape[0], : inside.shape[1]]
+    return out
 
 
 def on_original(
