@@ -180,4 +180,4 @@ async def attribute(
         adjust=asking if predictions else None,
     )
     body = await ATTRIBUTIONS.finish(req, done, ATTRIBUTIONS.answer(done))
-    return body, done.work, done.reply
+    return body, done.work, with_segments(done.work, done.reply)

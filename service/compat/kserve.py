@@ -173,6 +173,11 @@ def explanations(reply: Reply, enc: str) -> list[dict[str, Any]]:
             )
         if reply.tokens is not None:
             entry["tokens"] = reply.tokens[i]
+        if reply.units is not None:
+            entry["units"] = reply.units[i]
+        if reply.segments is not None:  # the segments credited: [H, W] per image input
+            maps = [_rows(m, n, i, enc) for m in reply.segments]
+            entry["feature_mask"] = maps[0] if len(maps) == 1 else maps
         for name in reply.study_rows or []:  # a task's per-example answer (its answers)
             if reply.study is not None and "." not in name:
                 entry[name.removesuffix("s")] = reply.study[name][i]

@@ -245,6 +245,15 @@ def explain_outputs(spec: ModelSpec, reply: Reply) -> dict[str, Any]:
         out[f"standard_error.{name}"] = part
     if reply.tokens is not None:
         out["tokens"] = reply.tokens
+    if reply.units is not None:  # each unit's character offsets, -1 past a text's units
+        widest = max((len(u) for u in reply.units), default=0)
+        offsets = np.full((len(reply.units), widest, 2), -1, dtype=np.int64)
+        for i, row in enumerate(reply.units):
+            for j, unit in enumerate(row):
+                offsets[i, j] = (unit["start"], unit["end"])
+        out["units.offsets"] = offsets
+    for name, part in zip(names, reply.segments or [], strict=False):
+        out[f"feature_mask.{name}"] = part  # the segments credited, [N, H, W]
     out.update(_answers(reply))
     for name, value in (reply.metrics or {}).items():  # metrics.infidelity, metrics.deletion.auc
         parts = value if isinstance(value, dict) else {"": value}
