@@ -29,10 +29,15 @@ SEGMENT_RGB = (255, 220, 0)
 
 
 def borders(labels: NDArray[np.int64]) -> NDArray[np.bool_]:
-    """The pixels of a label map whose right or lower neighbour has another label."""
+    """The pixels of a label map beside a pixel of another label (right, left, below or
+    above): a line two pixels wide, which survives a picture's downscale."""
     edge = np.zeros(labels.shape, dtype=bool)
-    edge[:, :-1] |= labels[:, :-1] != labels[:, 1:]
-    edge[:-1, :] |= labels[:-1, :] != labels[1:, :]
+    right = labels[:, :-1] != labels[:, 1:]
+    below = labels[:-1, :] != labels[1:, :]
+    edge[:, :-1] |= right
+    edge[:, 1:] |= right
+    edge[:-1, :] |= below
+    edge[1:, :] |= below
     return edge
 
 
