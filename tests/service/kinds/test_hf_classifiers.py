@@ -372,3 +372,42 @@ def test_partition_over_texts_equals_shaps_text_masker(hf_server: tuple[Server, 
         np.testing.assert_allclose(got["attributions"][i][:n], theirs.values[0][:, 0], atol=1e-9)
         assert all(v == 0 for v in got["attributions"][i][n:])  # the batch's padding
         np.testing.assert_allclose(got["base_values"][i], theirs.base_values[0][0], atol=1e-9)
+
+
+def test_units_group_a_fast_tokenizers_tokens_by_their_offsets(
+    hf_server: tuple[Server, Path],
+) -> None:
+    """Sentence and word units of a BERT classifier: each unit's word pieces ablated together
+    to the pad token ([CLS] and [SEP] kept), as Captum's FeatureAblation with that mask; the
+    answer is one value per unit with its character offsets."""
+    from captum.attr import FeatureAblation
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    server, path = hf_server
+    text = "the film was great. a dull plot!"
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path).double().eval()
+    enc = tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+    ids = torch.tensor([enc["input_ids"]])
+    specials = torch.tensor([enc["special_tokens_mask"]]).bool()
+    for units, starts in (("sentence", [0, 20]), ("word", [0, 4, 9, 13, 20, 22, 27])):
+        r = post(server, {"method": "feature_ablation", "inputs": [text], "target": "positive",
+                          "units": units})  # fmt: skip
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [u["start"] for u in body["units"][0]] == starts
+        pieces = zip(enc["offset_mapping"], enc["special_tokens_mask"], strict=True)
+        unit = [
+            0 if sp else max(k for k, s in enumerate(starts) if s <= a) for (a, _), sp in pieces
+        ]
+        mask = torch.tensor([unit])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = FeatureAblation(lambda x: model(input_ids=x).logits).attribute(
+                ids, target=2, baselines=torch.where(specials, ids, 0), feature_mask=mask
+            )
+        first = [
+            int((mask[0] == k).logical_and(~specials[0]).nonzero()[0]) for k in range(len(starts))
+        ]
+        np.testing.assert_allclose(body["attributions"][0], want[0, first].numpy(), rtol=1e-9)
+        assert body["tokens"][0] == [u["text"] for u in body["units"][0]]
