@@ -538,3 +538,46 @@ def test_a_predictor_that_takes_encoded_images_is_occluded_as_the_local_model(
     want = methods.attribute(cnn(), images, "occlusion", target=2, **params).attributions
     torch.testing.assert_close(torch.tensor(r.json()["attributions"]), want, rtol=1e-4,
                                atol=1e-5)  # fmt: skip
+
+
+def test_superpixels_and_units_of_remote_models_are_the_local_ones(served: Server) -> None:
+    """Regions are drawn by attrserve, not the predictor: a remote image model's superpixels
+    are those of the images sent, its answer the local model's on that mask; a remote text
+    model's sentences are the local text model's, and so are their attributions (dropping a
+    sentence's words is what the local model's padding baseline does)."""
+    from methods.engine import superpixels
+    from model_registry.builtin import image
+
+    images, _ = image.make_data(2, torch.Generator().manual_seed(3))
+    spec = {"superpixels": {"algorithm": "slic", "n_segments": 10, "compactness": 5}}
+    body = {"method": "feature_ablation", "inputs": images.tolist(), "target": "top-right",
+            "params": {"feature_mask": spec}}  # fmt: skip
+    r = post(served, "remote-cnn", body)
+    assert r.status_code == 200, r.text
+    segments = torch.from_numpy(superpixels.segment_batch(images.numpy(), spec["superpixels"]))
+    assert torch.equal(torch.tensor(r.json()["feature_mask"]), segments)
+    want = methods.attribute(cnn(), images, "feature_ablation", target=1,
+                             feature_mask=segments[:, None]).attributions  # fmt: skip
+    torch.testing.assert_close(torch.tensor(r.json()["attributions"]), want, rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    texts = ["The plot was great. The ending was awful!", "A boring, dull film. I hated it!"]
+    body = {"method": "feature_ablation", "inputs": texts, "target": "positive",
+            "units": "sentence"}  # fmt: skip
+    remote_answer = post(served, "remote-text-v1", body)
+    assert remote_answer.status_code == 200, remote_answer.text
+    got = remote_answer.json()
+    tokenizer = WordTokenizer()
+    ids, tokens = tokenizer(texts)
+    mask = torch.zeros_like(ids)
+    for i, spans in enumerate(tokenizer.offsets(texts)):
+        starts = [u["start"] for u in got["units"][i]]
+        for j, (a, _) in enumerate(spans):
+            mask[i, j] = max(k for k, s in enumerate(starts) if s <= a)
+    want = methods.attribute(text(), ids, "feature_ablation", target=1, baselines=0,
+                             feature_mask=mask).attributions  # fmt: skip
+    assert got["tokens"] == [["The plot was great.", "The ending was awful!"],
+                             ["A boring, dull film.", "I hated it!"]]  # fmt: skip
+    for i in range(2):
+        first = [int((mask[i, : len(tokens[i])] == k).nonzero()[0]) for k in range(2)]
+        torch.testing.assert_close(torch.tensor(got["attributions"][i]), want[i, first],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
