@@ -147,6 +147,7 @@ function chooseModel(id, preset = {}) {
   renderParams(preset.params || {});
   renderViews(m, preset.view, preset.viewParams);
   $("image-field").hidden = !(form === "image" || form === "encoded-image" || form === "image-text");
+  $("units-field").hidden = form !== "text"; // words, sentences, paragraphs of a text
   state.image = null;
   $("input").value = preset.input ?? (SAMPLES[form] || (form === "row" ? JSON.stringify([startRow(m)]) : ""));
   $("input-hint").textContent = {
@@ -790,6 +791,7 @@ function saveURL() {
   if (chosenMetrics().length) q.set("metrics", chosenMetrics().join(","));
   q.set("sign", $("sign").value);
   q.set("colormap", $("colormap").value);
+  if (!$("units-field").hidden && $("units").value !== "token") q.set("units", $("units").value);
   history.replaceState(null, "", `#${q}`);
 }
 
@@ -803,7 +805,7 @@ async function fromURL() {
     view: q.get("view") || undefined,
     viewParams: q.get("ask") ? parseJSON(q.get("ask"), "The link's question") : undefined,
   };
-  for (const [id, key] of [["sign", "sign"], ["colormap", "colormap"], ["target", "target"]]) {
+  for (const [id, key] of [["sign", "sign"], ["colormap", "colormap"], ["target", "target"], ["units", "units"]]) {
     if (q.has(key)) $(id).value = q.get(key);
   }
   const metrics = (q.get("metrics") || "").split(",");
@@ -869,6 +871,9 @@ async function explain(event) {
   const jobs = asked.map(async (d) => {
     const body = { method: d.name, inputs, target, params: given[d.name] || {} };
     if (state.methods.get(d.name)?.returns_delta && !isLM(m)) body.return_convergence_delta = true;
+    // a text's units, for the methods that perturb groups of features (the rest score tokens)
+    const takesMask = "feature_mask" in (state.methods.get(d.name)?.params?.properties || {});
+    if (!$("units-field").hidden && $("units").value !== "token" && takesMask) body.units = $("units").value;
     const scale = $("output").value; // what is attributed: the raw output or a probability scale
     if (scale !== "raw" && !isLM(m)) body.output = scale;
     const metrics = asJob ? [] : chosenMetricsFor(d.name);

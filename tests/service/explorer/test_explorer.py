@@ -266,6 +266,28 @@ def test_text_tokens_two_methods(page: Page) -> None:
     page.shot("text")
 
 
+def test_text_units_for_perturbation_methods(page: Page) -> None:
+    """Sentences as the features: the perturbation method is sent units and draws one score
+    per sentence; the gradient method beside it scores tokens."""
+    page.open()
+    page.choose("text-classifier", ["feature_ablation", "saliency"])
+    page.page.get_by_label("Features", exact=True).select_option("sentence")
+    text = "A wonderful film. The end was dull, though!"
+    page.page.get_by_label("Input", exact=True).fill(text)
+    page.explain()
+    (sent,) = page.requests("feature_ablation")
+    assert sent["units"] == "sentence"
+    want = api(page.server, "text-classifier", sent)
+    region = page.page.get_by_role("region", name="feature_ablation", exact=True)
+    shown = [s.inner_text() for s in region.locator("[data-score]").all()]
+    assert shown == ["A wonderful film.", "The end was dull, though!"] == want["tokens"][0]
+    np.testing.assert_allclose(page.scores("feature_ablation"), want["attributions"][0], rtol=1e-6)
+    (plain,) = page.requests("saliency")
+    assert "units" not in plain
+    assert "units=sentence" in page.page.url  # the link keeps them
+    page.shot("text-units")
+
+
 def test_an_error_is_an_alert_and_the_page_goes_on(page: Page) -> None:
     page.open()
     page.choose("tabular-mlp", ["saliency", "integrated_gradients"])
