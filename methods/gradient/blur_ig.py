@@ -58,13 +58,14 @@ def blur_matrix(size: int, sigma: float, device: torch.device) -> Tensor:
 
 def blurred(x: Tensor, sigma: float) -> Tensor:
     """``x`` (``[N, C, H, W]`` or ``[N, H, W]``) blurred over its last two dims by a Gaussian
-    of ``sigma`` (float64 sums, the input's dtype back)."""
+    of ``sigma``, in float64 (the path's slope is a difference of two blurs over a small
+    step: in float32 it would keep few digits)."""
+    x64 = x.to(torch.float64)
     if sigma == 0:
-        return x
+        return x64
     h, w = x.shape[-2:]
     rows, cols = blur_matrix(h, sigma, x.device), blur_matrix(w, sigma, x.device)
-    out = rows @ x.to(torch.float64) @ cols.T
-    return out.to(x.dtype)
+    return rows @ x64 @ cols.T
 
 
 def sigmas(p: BlurIGParams) -> list[float]:
@@ -117,9 +118,10 @@ def blur_ig(call: Call, p: BlurIGParams) -> Output:
         points, slopes = [], []
         for i in range(start, end):
             here = blurred(x, s[i])
-            points.append(here)
+            points.append(here.to(x.dtype))
             step = s[i + 1] - s[i]
-            slopes.append(step * (blurred(x, s[i] + p.grad_step) - here) / p.grad_step)
+            slope = step * (blurred(x, s[i] + p.grad_step) - here) / p.grad_step
+            slopes.append(slope.to(x.dtype))
         grads = plain_gradients(sub, (torch.cat(points),))[0]
         weighted = torch.stack(slopes) * grads.reshape(k, *x.shape)
         return (weighted.sum(0),)

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from methods.engine import superpixels
 from model_registry.spec import ModelSpec
 from model_registry.tasks import task_of
 from service import kinds
@@ -74,8 +75,10 @@ class Attributions(Capability[AttributionRequest]):
         return build_work(settings, spec, req, deadline, request_id)
 
     def offloaded(self, spec: ModelSpec, req: AttributionRequest) -> bool:
-        # large bodies (the route says), and images: decoded and resized, milliseconds each
-        return spec.images is not None
+        # large bodies (the route says), images (decoded and resized, milliseconds each) and
+        # superpixels (scikit-image: tens of milliseconds an image, quickshift seconds)
+        drawn = any(superpixels.is_spec(v) for v in req.params.values())
+        return spec.images is not None or drawn
 
     def options(self, req: AttributionRequest, work: Work) -> dict[str, Any]:
         return {"encoding": req.output_encoding, "requested": req.method}
