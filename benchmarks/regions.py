@@ -26,6 +26,7 @@ import torch
 
 import methods
 from methods.engine import superpixels
+from model_registry.hf_image import ImageClassifier
 
 SPECS = {
     "slic": {"algorithm": "slic", "n_segments": 50},
@@ -45,17 +46,7 @@ def model(quick: bool) -> torch.nn.Module:
     else:
         cfg = ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512],
                            depths=[2, 2, 2, 2], layer_type="basic", num_labels=5)  # fmt: skip
-    hf = ResNetForImageClassification(cfg).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hf = hf
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.hf(pixel_values=x).logits
-
-    return Logits().eval()
+    return ImageClassifier(ResNetForImageClassification(cfg)).eval()  # as attrserve serves it
 
 
 def photo(side: int) -> torch.Tensor:

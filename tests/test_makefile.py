@@ -35,7 +35,8 @@ def test_a_second_make_serve_plans_no_install(tmp_path: Path) -> None:
     (venv / "bin" / "python").touch()
     fake = (f"VENV={venv}", "PIP=echo pip")
     first = make("-n", "serve", *fake)
-    assert "pip install" in first and "-e '.[hf]'" in first  # the README's Hugging Face extra
+    # the README's Hugging Face extra, and scikit-image's superpixels (the regions extra)
+    assert "pip install" in first and "-e '.[hf,regions]'" in first
     make("install", *fake)  # the install, once
     second = make("-n", "serve", *fake)
     assert "pip" not in second

@@ -381,6 +381,31 @@ def test_oip_explain_texts_give_tokens(server: Server) -> None:
     assert res.as_numpy("attributions.ids").shape[0] == 2
 
 
+def test_oip_explain_carries_units_and_superpixels(server: Server) -> None:
+    """Units' offsets ([N, U, 2], -1 past a text's units) and the segments drawn (one
+    ``feature_mask.<input>`` per image input), read with Triton's client."""
+    texts = ["Great film. Awful end!", "Bad."]
+    head = {
+        "inputs": [{"name": "ids", "shape": [2], "datatype": "BYTES", "data": texts}],
+        "parameters": {"method": "feature_ablation", "target": "positive", "units": "sentence"},
+    }
+    res = oip_result(httpx.post(f"{server.url}/v2/models/text-classifier/explain", json=head))
+    offsets = res.as_numpy("units.offsets")
+    assert offsets.tolist() == [[[0, 11], [12, 22]], [[0, 4], [-1, -1]]]
+    want = attributions(server, "text-classifier", {**head["parameters"], "inputs": texts})
+    np.testing.assert_allclose(res.as_numpy("attributions.ids"), want["attributions"], rtol=1e-6)
+    image = np.random.default_rng(0).random((1, 3, 32, 32)).astype(np.float32)
+    grid = {"superpixels": {"algorithm": "grid", "size": [16, 16]}}
+    body, headers = oip_body([("image", image)],
+                             {"method": "feature_ablation", "target": 0,
+                              "params": {"feature_mask": grid}})  # fmt: skip
+    res = oip_result(
+        httpx.post(f"{server.url}/v2/models/image-cnn/explain", content=body, headers=headers)
+    )
+    segments = res.as_numpy("feature_mask.image")
+    assert segments.shape == (1, 32, 32) and segments.max() == 3 and segments[0, 0, 31] == 1
+
+
 def test_oip_errors(server: Server) -> None:
     url = f"{server.url}/v2/models/tabular-mlp/infer"
     ok_input = {"name": "x", "shape": [1, 8], "datatype": "FP32", "data": [0.0] * 8}

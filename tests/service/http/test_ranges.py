@@ -18,6 +18,8 @@ from service.core.settings import Settings
 from service.robustness.protocol import ATTACK_PARAMS, SEARCH_PARAMS
 
 X = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]
+#: the methods that attribute images only (xrai, blur_ig) are asked of image-cnn
+IMAGE = [[[[0.5] * 32] * 32] * 3]
 #: a counterfactual search's own valid params
 SEARCH = {"arg_min": 0, "arg_max": 1, "arg_step": 0.25}
 #: what each method needs besides the field under test, on tabular-mlp
@@ -84,9 +86,11 @@ def test_the_ranges_are_published() -> None:
 def test_a_value_out_of_range_is_a_422_naming_the_field(
     client: TestClient, method: str, field: str, bad: Any
 ) -> None:
-    params = {k: v for k, v in NEEDS.items() if k in registry.get(method).params.model_fields}
-    body = {"method": method, "inputs": X, "target": 0, "params": {**params, field: bad}}
-    r = client.post("/v1/models/tabular-mlp/attributions", json=body)
+    ms = registry.get(method)
+    params = {k: v for k, v in NEEDS.items() if k in ms.params.model_fields}
+    model, inputs = ("image-cnn", IMAGE) if ms.images_only else ("tabular-mlp", X)
+    body = {"method": method, "inputs": inputs, "target": 0, "params": {**params, field: bad}}
+    r = client.post(f"/v1/models/{model}/attributions", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["loc"][:3] == ["body", "params", field], r.json()
 
