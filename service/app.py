@@ -38,9 +38,11 @@ from service.influence import router as influence
 from service.jobs import router as jobs
 from service.jobs.runner import JobRunner
 from service.pool.pool import WorkerPool
+from service.predictions import router as predictions
 from service.repository import router as repository
 from service.robustness import router as robustness
 from service.serving.capability import Capability
+from service.summaries import router as summaries
 
 log = logging.getLogger("attrserve")
 #: each capability folder's router module, mounted in this order (the order requests are
@@ -52,6 +54,8 @@ CAPABILITIES = (
     contexts,
     compat,
     jobs,
+    summaries,
+    predictions,
     repository,
     concepts,
     influence,

@@ -28,33 +28,46 @@ W = TypeVar("W", bound="Work")
 WORK_TYPES: dict[str, type[Work]] = {}
 
 
-def rows(value: Any, n: int, ndim: int | tuple[int, ...], start: int, stop: int) -> Any:
-    """Per-example arrays cut to ``[start, stop)``: those with the batch dim (as many dims as
-    their input, ``ndim``, and ``n`` rows, ``n`` > 1). Others go whole: one row broadcasts, and
-    an array without the batch dim (a ``feature_mask`` of shape [C, H, W] for [N, C, H, W]
-    inputs) is the same for every example, whatever its first dim."""
+#: which examples of a piece of work: a run ``slice(start, stop)``, or their indices
+Index = slice | np.ndarray
+
+
+def picked(items: Any, index: Index) -> Any:
+    """A list's (or tuple's) entries at ``index`` (a slice, or an array of indices); an empty
+    one (no texts: tensor inputs) stays empty."""
+    if isinstance(index, slice) or not items:
+        return items[index] if isinstance(index, slice) else items
+    chosen = [items[int(i)] for i in index]
+    return tuple(chosen) if isinstance(items, tuple) else chosen
+
+
+def rows(value: Any, n: int, ndim: int | tuple[int, ...], index: Index) -> Any:
+    """Per-example arrays cut to the examples at ``index``: those with the batch dim (as many
+    dims as their input, ``ndim``, and ``n`` rows, ``n`` > 1). Others go whole: one row
+    broadcasts, and an array without the batch dim (a ``feature_mask`` of shape [C, H, W] for
+    [N, C, H, W] inputs) is the same for every example, whatever its first dim."""
     if isinstance(value, np.ndarray):
         want = ndim if isinstance(ndim, int) else ndim[0]
         per_example = n > 1 and value.ndim == want and value.shape[0] == n
-        return value[start:stop] if per_example else value
+        return value[index] if per_example else value
     if isinstance(value, tuple):  # one per input
         dims = ndim if isinstance(ndim, tuple) else (ndim,) * len(value)
         if len(dims) != len(value):
             dims = (dims[0],) * len(value)
-        return tuple(rows(v, n, d, start, stop) for v, d in zip(value, dims, strict=True))
+        return tuple(rows(v, n, d, index) for v, d in zip(value, dims, strict=True))
     if isinstance(value, dict):
-        return {k: rows(v, n, ndim, start, stop) for k, v in value.items()}
+        return {k: rows(v, n, ndim, index) for k, v in value.items()}
     return value
 
 
-def cut_target(target: WireTarget, start: int, stop: int) -> WireTarget:
-    """A resolved target cut to examples ``[start, stop)`` (one for all stays whole)."""
+def cut_target(target: WireTarget, index: Index) -> WireTarget:
+    """A resolved target cut to the examples at ``index`` (one for all stays whole)."""
     if target is not None and target["form"] in ("per_example", "per_example_tuple", "box"):
-        return {**target, "rows": target["rows"][start:stop]}
+        return {**target, "rows": picked(target["rows"], index)}
     if target is not None and target["form"] == "region":  # a class (and a mask) per example
         masks = target["masks"]
-        return {**target, "rows": target["rows"][start:stop],
-                "masks": None if masks is None else masks[start:stop]}  # fmt: skip
+        return {**target, "rows": picked(target["rows"], index),
+                "masks": None if masks is None else masks[index]}  # fmt: skip
     return target
 
 
@@ -102,20 +115,25 @@ class Work:
     def cut(self: W, start: int, stop: int) -> W:
         """The work of examples ``[start, stop)`` alone (a job's chunk, a request's piece):
         inputs and every per-example field cut, the cost shared out; never merged."""
-        size = stop - start
+        return self.take(slice(start, stop))
+
+    def take(self: W, index: Index) -> W:
+        """The work of the examples at ``index`` alone (a slice, or their indices: those a
+        condition chose), as ``cut``."""
+        size = len(range(self.n)[index]) if isinstance(index, slice) else len(index)
         ndim = tuple(a.ndim for a in self.arrays) or (2,)  # token ids from texts: [N, L]
         return dataclasses.replace(
             self,
-            arrays=tuple(a[start:stop] for a in self.arrays),
-            texts=self.texts[start:stop],
+            arrays=tuple(a[index] for a in self.arrays),
+            texts=picked(self.texts, index),
             n=size,
             cost=max(1, self.cost * size // max(1, self.n)),
             key=None,
-            **self._cut_fields(ndim, start, stop),
+            **self._cut_fields(ndim, index),
         )
 
-    def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
-        """A kind of work's own per-example fields cut to ``[start, stop)``."""
+    def _cut_fields(self, ndim: tuple[int, ...], index: Index) -> dict[str, Any]:
+        """A kind of work's own per-example fields cut to the examples at ``index``."""
         return {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -223,14 +241,14 @@ class Attribution(Work):
     def name(self) -> str:
         return self.method
 
-    def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
+    def _cut_fields(self, ndim: tuple[int, ...], index: Index) -> dict[str, Any]:
         baselines = self.baselines
         if not self.shared_baselines:  # else a distribution, sampled
-            baselines = rows(baselines, self.n, ndim, start, stop)
+            baselines = rows(baselines, self.n, ndim, index)
         return {
-            "target": cut_target(self.target, start, stop),
+            "target": cut_target(self.target, index),
             "baselines": baselines,
-            "params": rows(self.params, self.n, ndim, start, stop),
+            "params": rows(self.params, self.n, ndim, index),
         }
 
 

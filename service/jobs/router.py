@@ -51,7 +51,7 @@ def owner(request: Request) -> str:
     return "" if key is None else str(key.owner)
 
 
-def _job(state: AppState, request: Request, job_id: str) -> JobRow:
+def job_row(state: AppState, request: Request, job_id: str) -> JobRow:
     row = runner(state).get(owner(request), job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}", loc=("path", "job_id"))
@@ -68,7 +68,7 @@ def accepted(row: JobRow) -> OrjsonResponse:
 )
 async def get_job(job_id: str, state: State, request: Request) -> OrjsonResponse:
     """A job's status and progress (examples done of total)."""
-    return OrjsonResponse(_job(state, request, job_id).public())
+    return OrjsonResponse(job_row(state, request, job_id).public())
 
 
 @router.get(
@@ -96,7 +96,7 @@ async def get_job_result(
 ) -> Response:
     """The whole job's response (JSON: the body of the route it answers as, its
     ``operation``), or a .npz of its arrays (attributions, attacks, counterfactuals)."""
-    row = _job(state, request, job_id)
+    row = job_row(state, request, job_id)
     if row.status != "succeeded":
         raise Conflict(
             f"job {job_id} is {row.status}; its result is there once it has succeeded",
@@ -151,7 +151,7 @@ async def cancel_job(job_id: str, state: State, request: Request) -> OrjsonRespo
     listed, cancelled). A finished job (succeeded, failed or cancelled) is deleted with its
     result: afterwards GET answers 404 and the listing omits it. The answer is the job as it
     was."""
-    row = runner(state).shown(_job(state, request, job_id))
+    row = runner(state).shown(job_row(state, request, job_id))
     if row.status in FINISHED:
         import asyncio
 

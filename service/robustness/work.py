@@ -12,7 +12,7 @@ import numpy as np
 
 import methods
 from model_registry.spec import LoadedModel
-from service.core.work import Reply, WireTarget, Work, cut_target, rows, runs
+from service.core.work import Index, Reply, WireTarget, Work, cut_target, rows, runs
 from service.kinds import tensors
 from service.wire import targets
 
@@ -26,9 +26,9 @@ class Perturbation(Work):
     #: which (``name``), its params (tensors per input), and an attack's ``loss``
     study: dict[str, Any] = field(default_factory=dict)
 
-    def _cut_fields(self, ndim: tuple[int, ...], start: int, stop: int) -> dict[str, Any]:
-        params = rows(self.study["params"], self.n, ndim, start, stop)  # masks, baselines
-        target = cut_target(self.target, start, stop)
+    def _cut_fields(self, ndim: tuple[int, ...], index: Index) -> dict[str, Any]:
+        params = rows(self.study["params"], self.n, ndim, index)  # masks, baselines
+        target = cut_target(self.target, index)
         return {"target": target, "study": {**self.study, "params": params}}
 
 
