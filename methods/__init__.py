@@ -9,6 +9,7 @@ from methods.api import attribute, available
 from methods.cancel import cancel_scope
 from methods.concepts import TCAVResult, tcav
 from methods.data_influence import InfluenceResult, influence, self_influence
+from methods.dependence import FeatureDependence, partial_dependence
 from methods.engine.background import Background
 from methods.engine.batching import memory_budget, set_memory_budget
 from methods.engine.call import Result
@@ -40,6 +41,7 @@ __all__ = [
     "Background",
     "BaselineError",
     "ContextResult",
+    "FeatureDependence",
     "GenerationResult",
     "GenerationStep",
     "InfluenceResult",
@@ -68,6 +70,7 @@ __all__ = [
     "kmeans",
     "memory_budget",
     "min_perturbation",
+    "partial_dependence",
     "self_influence",
     "sensitivity_max",
     "set_memory_budget",

@@ -27,6 +27,7 @@ from service.contexts import router as contexts
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 from service.core.telemetry import Telemetry
+from service.dependence import router as dependence
 from service.explorer import router as explorer
 from service.http import docs, openapi_doc, problems
 from service.http.limits import BodyLimit
@@ -56,6 +57,7 @@ CAPABILITIES = (
     jobs,
     summaries,
     predictions,
+    dependence,
     repository,
     concepts,
     influence,

@@ -16,7 +16,7 @@ OPERATIONS = (PREDICTIONS,)
 routes.operation(
     router,
     PREDICTIONS,
-    operation_id="predictions",
+    operation_id="predictAndExplain",
     description="Every example's prediction (label, class, probability, output) and, only "
     "where ``explain_if`` (a JMESPath expression over the prediction) is true, its "
     "attributions by ``method`` (default: the model's default explanation): one call, and "
