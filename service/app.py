@@ -38,6 +38,7 @@ from service.http.state import AppState
 from service.influence import router as influence
 from service.jobs import router as jobs
 from service.jobs.runner import JobRunner
+from service.monitor import router as monitor
 from service.pool.pool import WorkerPool
 from service.predictions import router as predictions
 from service.repository import router as repository
@@ -58,6 +59,7 @@ CAPABILITIES = (
     summaries,
     predictions,
     dependence,
+    monitor,
     repository,
     concepts,
     influence,

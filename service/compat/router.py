@@ -43,6 +43,7 @@ from service.http.problems import HANDLED, problem, to_service_error
 from service.http.responses import OrjsonResponse
 from service.http.routing import OPEN, Policy, RawHandler, declare, raw
 from service.http.state import AppState, get_state
+from service.serving.capability import Done, tapped
 from service.wire.catalog import Health, Problem
 from service.wire.json import parse_json
 
@@ -129,7 +130,7 @@ async def _explain(
     predictions: bool,
 ) -> tuple[dict[str, Any], Any]:
     with Observed(state, request.scope, model_id, "explain", req.method) as seen:
-        result, _, reply = await attributions.attribute(
+        result, work, reply = await attributions.attribute(
             state.settings,
             state.pool,
             spec,
@@ -142,6 +143,7 @@ async def _explain(
             predictions=predictions,
         )
         seen.computed(reply.compute_ms)
+        tapped(state, "attributions", Done(spec, work, reply, {}, {}))  # a monitor's window
         return result, reply
 
 

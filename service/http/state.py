@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -29,6 +29,11 @@ class AppState:
     #: influence indexes of the models that serve influence
     #: (``service.influence.indexes.InfluenceIndexes``)
     influence: Any = None
+    #: attribution drift monitors (``service.monitor``: the store, its gauge, its flusher)
+    monitors: Any = None
+    #: what sees every synchronous answer (``tap(operation, done)``, after it is answered):
+    #: the drift monitors' live windows; a tap never fails a request
+    taps: list[Any] = field(default_factory=list)
 
     def spec(self, model_id: str) -> ModelSpec:
         """The spec of a served model; 404 for one unknown or unloaded."""

@@ -20,6 +20,7 @@ This module is the only one that talks to the worker pool (``execute``, ``queue`
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -48,6 +49,17 @@ from service.kinds.base import timing
 from service.pool.pool import Entry, WorkerPool
 
 R = TypeVar("R", bound=BaseModel)
+log = logging.getLogger("attrserve")
+
+
+def tapped(state: AppState, operation: str, done: Done) -> None:
+    """Every tap of the server sees a synchronous answer (a monitor's window); a tap's failure
+    is logged, never the request's."""
+    for tap in state.taps:
+        try:
+            tap(operation, done)
+        except Exception:  # an observer must not fail the answer it observes
+            log.exception("attrserve: a tap failed on %s of %s", operation, done.spec.id)
 
 
 @dataclass(frozen=True)
@@ -246,6 +258,7 @@ class Capability(Generic[R]):
             )
             body = await self.finish(req, done, self.answer(done))
             seen.computed(done.reply.compute_ms)
+            tapped(state, self.operation, done)
             return body
 
     async def submit(self, state: AppState, owner: str, model_id: str, req: R, size: int) -> Any:

@@ -16,7 +16,7 @@ from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
 from service.jobs.router import JOB_ERRORS, job_row, runner
 from service.serving import render
-from service.summaries.serving import summarize
+from service.serving.profiles import summarize
 from service.wire.attributions import RenderSpec
 from service.wire.catalog import Problem
 

@@ -1,5 +1,7 @@
-"""Global summaries of a finished attribution job (CONTRACT §9.6): which features drive the
-model overall, per label, as SageMaker Clarify's global SHAP and Vertex's mean attributions.
+"""Attribution profiles: which features drive a model over many examples, per label, as
+SageMaker Clarify's global SHAP and Vertex's mean attributions. A finished job's summary
+(``service.summaries``) and a drift monitor's reference and live window (``service.monitor``)
+are both read this way.
 
 Each example's attributions are flattened into named features (a row's feature names where
 the model declares them, else ``input[i, j]``; one input after the other); examples are
@@ -79,6 +81,15 @@ def _rows(body: dict[str, Any]) -> tuple[list[np.ndarray], list[Any], int]:
             parts = [p.reshape(n * k, *p.shape[2:]) for p in parts]
             return parts, [c for t in targets for c in t], k
     return parts, targets, 1
+
+
+def flat_rows(spec: ModelSpec, body: dict[str, Any]) -> tuple[np.ndarray, list[str], list[str]]:
+    """An answer's attributions as one flat row per attributed example ([rows, F]), each
+    row's label and the features' names (not for token models: their rows differ)."""
+    parts, targets, _ = _rows(body)
+    flat = np.concatenate([p.reshape(p.shape[0], -1) for p in parts], axis=1)
+    names = feature_names(spec, [tuple(p.shape[1:]) for p in parts])
+    return flat, [label_name(spec, t) for t in targets], names
 
 
 def summarize(spec: ModelSpec, body: dict[str, Any], agg: str) -> dict[str, Any]:
