@@ -29,6 +29,8 @@ function effect(m) {
 const URL_INPUT_MAX = 6000;
 /** more examples than this go as attribution jobs: progress shown, cancellable */
 const JOB_EXAMPLES = 32;
+/** the features a job's summary shows per label */
+const SUMMARY_TOP = 8;
 
 /** The questions the page answers: attributions (this file), and one module each for the
  * others (change.js, concepts.js, influence.js: offered, form, collect, run, draw). */
@@ -710,8 +712,27 @@ function drawResult(region, name, res, d) {
   }
   region.append(legend(look.sign, look.colormap, ...effect(m)));
   if (res.metrics) drawMetrics(region, res.metrics, i);
+  if (res.summary) drawSummary(region, res.summary, look);
   if (d && d.unmeasured && d.unmeasured.length) region.append(el("p", { class: "hint unmeasured" }, `Metrics not computed here: ${d.unmeasured.join("; ")}.`));
   region.dataset.state = "done";
+}
+
+/** A job's summary (GET /v1/jobs/{id}/summary): per label, the features of largest mean
+ * |attribution| over its examples, largest first (at most SUMMARY_TOP, three labels). */
+function drawSummary(region, summary, look) {
+  const box = el("section", { class: "summary", "aria-label": "Across the examples" });
+  box.append(el("h3", {}, `Across the ${summary.examples} examples (mean |attribution|)`));
+  const labels = Object.entries(summary.labels).sort((a, b) => b[1].examples - a[1].examples).slice(0, 3);
+  for (const [label, part] of labels) {
+    const top = part.ranking.slice(0, SUMMARY_TOP);
+    box.append(el("p", { class: "hint" }, `${label}: ${part.examples} example${part.examples === 1 ? "" : "s"}`));
+    drawBars(box, top.map((k) => part.values[k]), top.map((k) => String(part.features[k])), look);
+  }
+  for (const bar of box.querySelectorAll("[data-score]")) { // not the example's scores
+    bar.dataset.summary = bar.dataset.score;
+    delete bar.dataset.score;
+  }
+  region.append(box);
 }
 
 function drawFailure(region, name, err) {
@@ -967,7 +988,13 @@ async function runJob(m, body, region, signal) {
     const info = await call(`/v1/jobs/${job.id}`);
     bar.value = info.progress.done;
     note.textContent = `job ${job.id}: ${info.status}, ${info.progress.done} of ${info.progress.total} examples`;
-    if (info.status === "succeeded") return call(`/v1/jobs/${job.id}/result`);
+    if (info.status === "succeeded") {
+      const [result, summary] = await Promise.all([
+        call(`/v1/jobs/${job.id}/result`),
+        call(`/v1/jobs/${job.id}/summary`).catch(() => null), // what drives the model over them
+      ]);
+      return summary ? { ...result, summary } : result;
+    }
     if (info.status !== "queued" && info.status !== "running") throw new Problem(info.error || { status: 500, title: `job ${info.status}` });
     await new Promise((done) => setTimeout(done, 250));
   }

@@ -326,6 +326,16 @@ def test_many_examples_go_as_a_job_with_progress(page: Page) -> None:
         np.testing.assert_allclose(
             page.scores(method), by_method[method]["attributions"][0], rtol=1e-6
         )
+    # each job's summary: the features of largest mean |attribution| per label, as the API's
+    for method, job in by_method.items():
+        summary = httpx.get(f"{page.server.url}/v1/jobs/{job['job_id']}/summary").json()
+        region = page.page.get_by_role("region", name=method, exact=True)
+        shown = region.get_by_role("region", name="Across the examples")
+        values = [float(v) for v in shown.locator("[data-summary]").evaluate_all(
+            "els => els.map(e => e.dataset.summary)")]  # fmt: skip
+        first = max(summary["labels"].values(), key=lambda part: part["examples"])
+        want = [first["values"][k] for k in first["ranking"][:8]]
+        np.testing.assert_allclose(values[:8], want, rtol=1e-6)
     # the Example control reaches every example, each method's region follows it
     assert page.page.locator("#example-of").inner_text() == "Example 1 of 40"
     page.page.get_by_label("Example", exact=True).select_option("40")
