@@ -76,7 +76,15 @@ def test_every_route_is_found_by_its_own_path(client: TestClient) -> None:
     assert {p for p, policy in table.policies().items() if not policy.keyed} == OPEN
     assert {p for p, policy in table.policies().items() if policy.fast is not None} == FAST
     jobs = {p for p, policy in table.policies().items() if policy.job_body}
-    stems = ("attribution", "context-attribution", "attack", "counterfactual", "tcav", "influence")
+    stems = (
+        "attribution",
+        "context-attribution",
+        "attack",
+        "counterfactual",
+        "tcav",
+        "influence",
+        "dependence",
+    )
     assert jobs == {f"/v1/models/{{model_id}}/{stem}-jobs" for stem in stems}
 
 
