@@ -1,6 +1,7 @@
 """Attribution drift monitors as a capability: a reference profile from a finished job or from
 rows attributed now (the template runs that work), a tap on the attributions the model serves
-afterwards (``AppState.taps``: the attributions route and KServe's and OIP's explain), a
+afterwards (``AppState.taps``: the attributions route, KServe's and OIP's explain, and the
+examples ``predictions`` explains), a
 flusher that persists them and sets ``attrserve_attribution_ndcg{model,label}``."""
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from service.wire.attributions import AttributionRequest
 log = logging.getLogger("attrserve.monitor")
 #: seconds between the flusher's rounds
 FLUSH_S = 1.0
+#: the operations whose answers are attributions a monitor's window takes
+SERVED = frozenset({"attributions", "predictions"})
 
 
 def served_rows(spec: ModelSpec, reply: Reply) -> tuple[np.ndarray, list[str], list[str]] | None:
@@ -99,7 +102,8 @@ class Reference(Capability[InputsReference]):
         state.monitors = {"store": monitors, "gauge": gauge}
 
         def tap(operation: str, done: Done) -> None:
-            if operation != "attributions" or done.spec.id not in monitors.by_model:
+            # the attributions served: the route's, explain's, and the explained predictions'
+            if operation not in SERVED or done.spec.id not in monitors.by_model:
                 return
             found = served_rows(done.spec, done.reply)
             if found is not None:

@@ -67,8 +67,13 @@ def test_a_monitor_follows_what_the_model_serves(served: Server) -> None:
     kserve = {"instances": ROWS[180:190].tolist(), "parameters": {**IG, "target": "predicted"}}
     r = httpx.post(f"{served.url}/v1/models/tabular-mlp:explain", json=kserve, timeout=60)
     assert r.status_code == 200, r.text
+    asked = {"inputs": ROWS[190:200].tolist(), "explain_if": "class != `0`", **IG}
+    r = httpx.post(f"{served.url}/v1/models/tabular-mlp/predictions", json=asked, timeout=60)
+    assert r.status_code == 200, r.text
+    explained = r.json()["explained"]  # the explained ones join, the others do not
+    assert 0 < explained < 10
     state = monitor(served)
-    assert state["examples"] == 90 and state["seen"] == 90
+    assert state["examples"] == state["seen"] == 90 + explained
     assert state["status"] == "ok", state["ndcg"]
     for label, score in state["ndcg"].items():
         ref, live = state["reference"][label]["values"], state["live"][label]["values"]
