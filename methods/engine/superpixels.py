@@ -194,14 +194,23 @@ def is_image_shape(shape: tuple[int | None, ...]) -> bool:
     return len(shape) == 3 and shape[0] in (1, 3, None)
 
 
+def masks_of(arrays: list[np.ndarray], spec: Mapping[str, Any]) -> list[np.ndarray]:
+    """The feature masks of image batches (each ``[N, C, H, W]`` or ``[N, H, W]``) by a parsed
+    ``spec``: ``[N, 1, H, W]`` or ``[N, H, W]`` int64 each, ids running on across inputs."""
+    masks, start = [], 0
+    for a in arrays:
+        labels = segment_batch(a, spec) + start
+        start = int(labels.max()) + 1 if labels.size else start
+        masks.append(labels[:, None] if a.ndim == 4 else labels)
+    return masks
+
+
 def resolve(value: Any, xs: tuple[Any, ...], argument: str = "feature_mask") -> Any:
-    """A superpixels spec made the feature mask of image inputs: per input ``[N, 1, H, W]``
-    for ``[N, C, H, W]`` inputs, ``[N, H, W]`` for ``[N, H, W]`` ones (int64, on the inputs'
-    device), ids running on across inputs; one tensor for one input, else a tuple."""
+    """A superpixels spec made the feature mask of image inputs (``masks_of``, on the
+    inputs' device): one tensor for one input, else a tuple."""
     import torch
 
     spec = parse(value, f"{argument}.superpixels")
-    masks, start = [], 0
     for i, x in enumerate(xs):
         if x.dim() not in (3, 4) or not x.is_floating_point():
             raise InvalidArgumentError(
@@ -210,10 +219,8 @@ def resolve(value: Any, xs: tuple[Any, ...], argument: str = "feature_mask") -> 
                 f"{argument} instead",
                 argument=argument,
             )
-        labels = segment_batch(x.detach().cpu().numpy(), spec) + start
-        start = int(labels.max()) + 1 if labels.size else start
-        mask = torch.from_numpy(labels).to(x.device)
-        masks.append(mask.unsqueeze(1) if x.dim() == 4 else mask)
+    found = masks_of([x.detach().cpu().numpy() for x in xs], spec)
+    masks = [torch.from_numpy(m).to(x.device) for m, x in zip(found, xs, strict=True)]
     return masks[0] if len(masks) == 1 else tuple(masks)
 
 

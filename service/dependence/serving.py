@@ -104,9 +104,6 @@ class DependenceCapability(Capability[DependenceRequest]):
             batch_size=settings.max_internal_batch_size,
         )  # fmt: skip
 
-    def options(self, req: DependenceRequest, work: Work) -> dict[str, Any]:
-        return {"render": req.render}
-
     def answer(self, done: Done) -> dict[str, Any]:
         work = done.work
         names = done.spec.inputs[0].features or ()

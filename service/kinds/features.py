@@ -65,11 +65,7 @@ def draw_superpixels(
                 )
         try:
             parsed = superpixels.parse(value, f"{name}.superpixels")
-            masks, start = [], 0
-            for a in inputs.arrays:
-                labels = superpixels.segment_batch(a, parsed) + start
-                start = int(labels.max()) + 1
-                masks.append(labels[:, None])
+            masks = superpixels.masks_of(list(inputs.arrays), parsed)
         except AttributionError as exc:
             raise from_engine(exc) from None
         drawn = masks[0] if len(masks) == 1 else tuple(masks)

@@ -19,9 +19,9 @@ from service.http.routing import OrjsonRoute
 from service.http.state import AppState, get_state
 from service.jobs.router import owner, runner
 from service.monitor.protocol import InputsReference, MonitorRequest, MonitorState
-from service.monitor.serving import REFERENCE, check_request, profile, served_rows, set_gauge
+from service.monitor.serving import REFERENCE, check_request, served_rows, set_gauge
 from service.monitor.store import Monitor, Monitors
-from service.serving.profiles import flat_rows
+from service.serving.profiles import flat_rows, per_label
 from service.wire.catalog import Problem
 
 router = APIRouter(tags=["monitor"], route_class=OrjsonRoute)
@@ -104,7 +104,8 @@ async def put_monitor(
     monitor = Monitor(
         model_id=model_id, agg=body.agg, sample=body.sample, window=body.window,
         ndcg_threshold=body.ndcg_threshold, min_examples=minimum, features=names,
-        reference=profile(state.spec(model_id), rows, labels, body.agg), source=source,
+        reference={k: v.tolist() for k, v in per_label(rows, labels, body.agg).items()},
+        source=source,
     )  # fmt: skip
     await asyncio.to_thread(store.put, monitor)
     return OrjsonResponse(monitor.state())

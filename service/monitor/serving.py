@@ -22,7 +22,7 @@ from service.core.settings import Settings
 from service.core.work import Attribution, Reply, Work
 from service.http.state import AppState
 from service.monitor.protocol import InputsReference, MonitorRequest
-from service.monitor.store import AGGREGATES, Monitor, Monitors
+from service.monitor.store import Monitor, Monitors
 from service.serving.capability import Capability, Done
 from service.serving.profiles import flat_rows
 from service.wire.attributions import AttributionRequest
@@ -43,17 +43,6 @@ def served_rows(spec: ModelSpec, reply: Reply) -> tuple[np.ndarray, list[str], l
     body = {"attributions": parts if reply.as_tuple else parts[0], "target": reply.target,
             "params": reply.params}  # fmt: skip
     return flat_rows(spec, body)
-
-
-def profile(
-    spec: ModelSpec, rows: np.ndarray, labels: list[str], agg: str
-) -> dict[str, list[float]]:
-    """Each label's profile of ``rows``."""
-    out = {}
-    for label in dict.fromkeys(labels):
-        chosen = rows[[i for i, lb in enumerate(labels) if lb == label]]
-        out[label] = AGGREGATES[agg](chosen).tolist()
-    return out
 
 
 class Reference(Capability[InputsReference]):

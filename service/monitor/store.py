@@ -26,14 +26,9 @@ from typing import Any
 import numpy as np
 
 from service.monitor.ndcg import ndcg
+from service.serving.profiles import per_label
 
 log = logging.getLogger("attrserve.monitor")
-#: how each aggregate reads a window's rows of one label ([n, F] -> [F]); both are >= 0, as
-#: nDCG's relevances must be
-AGGREGATES = {
-    "mean_abs": lambda v: np.abs(v).mean(axis=0),
-    "mean_sq": lambda v: np.square(v).mean(axis=0),
-}
 
 
 @dataclass
@@ -61,13 +56,14 @@ class Monitor:
 
     def live(self) -> dict[str, dict[str, Any]]:
         """Each label's live profile over the window."""
-        by_label: dict[str, list[np.ndarray]] = {}
-        for label, vector in list(self.rows):
-            by_label.setdefault(label, []).append(vector)
-        fn = AGGREGATES[self.agg]
+        rows = list(self.rows)
+        if not rows:
+            return {}
+        labels = [label for label, _ in rows]
+        profiles = per_label(np.stack([v for _, v in rows]), labels, self.agg)
         return {
-            label: {"examples": len(vs), "values": fn(np.stack(vs)).tolist()}
-            for label, vs in by_label.items()
+            label: {"examples": labels.count(label), "values": values.tolist()}
+            for label, values in profiles.items()
         }
 
     def state(self) -> dict[str, Any]:

@@ -9,8 +9,7 @@ and the target to each example's predicted class. The work runs in one visit to 
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -19,7 +18,7 @@ from model_registry.tasks import task_of
 from service import kinds
 from service.core.errors import InvalidRequest, UnsupportedMethod
 from service.core.settings import Settings
-from service.core.work import Work
+from service.core.work import Work, retyped
 from service.kinds.attribution import AttributionKind, build_attribution
 from service.predictions.protocol import PredictionsRequest, PredictionsResponse
 from service.predictions.work import PredictExplain, compiled
@@ -80,8 +79,8 @@ class Predictions(Capability[PredictionsRequest]):
             update["target"] = "predicted"  # what an explanation of a prediction explains
         areq = req.model_copy(update=update)  # an attributions request, with its condition
         work = build_attribution(kind.rules, settings, spec, areq, deadline, request_id)
-        fields = {f.name: getattr(work, f.name) for f in dataclasses.fields(work) if f.init}
-        out = PredictExplain(**fields, explain_if=req.explain_if)
+        out = cast(PredictExplain, retyped(work, PredictExplain))
+        out.explain_if = req.explain_if
         out.key = None  # the condition chooses among this request's examples: never merged
         return out
 

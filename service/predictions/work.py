@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import jmespath
 import numpy as np
+import torch
 from jmespath.exceptions import JMESPathError
 
 from model_registry.spec import LoadedModel, ModelSpec
@@ -19,6 +20,7 @@ from model_registry.tasks import task_of
 from service.core.errors import InvalidRequest
 from service.core.work import Attribution, Reply, runs
 from service.kinds import tensor, tensors
+from service.wire import targets
 
 #: where a condition's error is told
 LOC = ("body", "explain_if")
@@ -98,6 +100,8 @@ def predict_explain(lm: LoadedModel, work: PredictExplain) -> Reply:
     reply = Reply(work_id=work.id, predictions=out, tokens=tokens)
     if chosen:  # the attribution's own work, of the chosen examples
         fields = {f.name: getattr(work, f.name) for f in dataclasses.fields(Attribution) if f.init}
+        if targets.predicted(work.target):  # the forward above predicted them: no second one
+            fields["target"] = targets.of_predictions(torch.from_numpy(out))
         sub = Attribution(**fields).take(np.asarray(chosen))
         explained = tensor.attribute(lm, sub)
         reply = explained  # the attributions of the chosen examples, in their order

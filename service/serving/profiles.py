@@ -33,6 +33,16 @@ AGGREGATES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 AGGS = tuple(AGGREGATES)
 
 
+def per_label(rows: np.ndarray, labels: list[str], agg: str) -> dict[str, np.ndarray]:
+    """Each label's profile: ``agg`` over its rows of ``rows`` ([n, F]), labels in order of
+    first appearance."""
+    fn = AGGREGATES[agg]
+    return {
+        label: fn(rows[[i for i, lb in enumerate(labels) if lb == label]])
+        for label in dict.fromkeys(labels)
+    }
+
+
 def label_name(spec: ModelSpec, target: Any) -> str:
     """What a summary calls an example's target: its label, else the class as text, else
     ``"output"`` (a model with one output and no target)."""
